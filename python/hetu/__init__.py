@@ -1,0 +1,1 @@
+"""hetu: define-then-run dataflow graphs for recommendation models."""

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# System and Python packages that hetu needs, on Debian/Ubuntu. Idempotent.
+set -euo pipefail
+APT_PACKAGES=(build-essential cmake ninja-build pkg-config
+  libzmq3-dev protobuf-compiler libprotobuf-dev
+  openmpi-bin libopenmpi-dev libucx-dev
+  iproute2 openssh-server openssh-client)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+python3 -m pip install -q "scikit-build-core>=0.8" "pybind11>=2.11" numpy pyyaml tqdm mpi4py pytest pytest-timeout

@@ -1,0 +1,123 @@
+// hetu._C: Python binding of the CPU kernels. Arrays come in as C-contiguous NumPy arrays;
+// every call releases the GIL while it computes.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "common/parallel.h"
+#include "kernels/kernels.h"
+
+namespace py = pybind11;
+using hetu::optim::Config;
+
+namespace {
+
+template <typename T>
+using Array = py::array_t<T, py::array::c_style>;
+
+template <typename T>
+T* mutable_data(Array<T>& a, const char* what) {
+  if (!a.writeable()) throw std::invalid_argument(std::string(what) + " must be writeable");
+  return a.mutable_data();
+}
+
+py::object gather_rows(Array<float> table, Array<int64_t> ids, Array<float> out) {
+  if (table.ndim() != 2) throw std::invalid_argument("gather_rows: table must be 2-D");
+  const int64_t rows = table.shape(0), width = table.shape(1), n = ids.size();
+  if (out.size() != n * width) throw std::invalid_argument("gather_rows: out has the wrong size");
+  int64_t bad;
+  {
+    py::gil_scoped_release nogil;
+    bad = hetu::kernels::gather_rows(table.data(), rows, width, ids.data(), n, mutable_data(out, "out"));
+  }
+  if (bad >= 0) return py::make_tuple(bad, ids.data()[bad]);
+  return py::none();
+}
+
+py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
+  const int64_t n = ids.size();
+  if (n == 0) return py::make_tuple(Array<int64_t>(0), Array<float>(std::vector<py::ssize_t>{0, grads.ndim() == 2 ? grads.shape(1) : 0}));
+  const int64_t width = grads.size() / n;
+  if (grads.size() != n * width) throw std::invalid_argument("unique_sum: grads rows do not match ids");
+  std::vector<int64_t> uniq;
+  std::vector<float> summed;
+  {
+    py::gil_scoped_release nogil;
+    hetu::kernels::unique_sum(ids.data(), grads.data(), n, width, &uniq, &summed);
+  }
+  const auto u = static_cast<py::ssize_t>(uniq.size());
+  Array<int64_t> out_ids(u);
+  Array<float> out_rows(std::vector<py::ssize_t>{u, static_cast<py::ssize_t>(width)});
+  std::copy(uniq.begin(), uniq.end(), out_ids.mutable_data());
+  std::copy(summed.begin(), summed.end(), out_rows.mutable_data());
+  return py::make_tuple(out_ids, out_rows);
+}
+
+void apply_rows(const Config& cfg, float lr, Array<float> table, Array<float> state, Array<int64_t> steps,
+                Array<int64_t> rows, Array<float> grads) {
+  if (table.ndim() != 2) throw std::invalid_argument("apply_rows: table must be 2-D");
+  const int64_t num_rows = table.shape(0), width = table.shape(1), n = rows.size();
+  if (grads.size() != n * width) throw std::invalid_argument("apply_rows: grads do not match rows x width");
+  if (state.size() != num_rows * width * hetu::optim::slots(cfg.kind))
+    throw std::invalid_argument("apply_rows: state has the wrong size for this optimizer");
+  if (steps.size() != num_rows) throw std::invalid_argument("apply_rows: steps must have one entry per row");
+  const int64_t* r = rows.data();
+  for (int64_t i = 0; i < n; ++i)
+    if (r[i] < 0 || r[i] >= num_rows) throw std::out_of_range("apply_rows: row " + std::to_string(r[i]) + " outside table of " + std::to_string(num_rows) + " rows");
+  float* t = mutable_data(table, "table");
+  float* s = mutable_data(state, "state");
+  int64_t* st = mutable_data(steps, "steps");
+  py::gil_scoped_release nogil;
+  hetu::kernels::apply_rows(cfg, lr, t, s, st, width, r, grads.data(), n);
+}
+
+void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state, Array<int64_t> step,
+                 Array<float> grad) {
+  const int64_t size = w.size();
+  if (grad.size() != size) throw std::invalid_argument("apply_dense: gradient size differs from parameter");
+  if (state.size() != size * hetu::optim::slots(cfg.kind))
+    throw std::invalid_argument("apply_dense: state has the wrong size for this optimizer");
+  if (step.size() != 1) throw std::invalid_argument("apply_dense: step must hold one count");
+  float* wp = mutable_data(w, "parameter");
+  float* sp = mutable_data(state, "state");
+  int64_t* tp = mutable_data(step, "step");
+  py::gil_scoped_release nogil;
+  hetu::kernels::apply_dense(cfg, lr, wp, sp, tp, grad.data(), size);
+}
+
+void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin,
+               Array<float> out) {
+  const int64_t rows = out.ndim() >= 1 ? out.shape(0) : 1;
+  const int64_t width = rows ? out.size() / rows : 0;
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  hetu::kernels::init_fill(kind, a, b, seed, stream, row_begin, row_begin + rows, width, o);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hetu CPU kernels";
+
+  py::class_<Config>(m, "OptimConfig")
+      .def(py::init<>())
+      .def_readwrite("kind", &Config::kind)
+      .def_readwrite("momentum", &Config::momentum)
+      .def_readwrite("beta1", &Config::beta1)
+      .def_readwrite("beta2", &Config::beta2)
+      .def_readwrite("eps", &Config::eps)
+      .def_readwrite("l2reg", &Config::l2reg)
+      .def_readwrite("weight_decay", &Config::weight_decay);
+  m.def("optim_slots", &hetu::optim::slots, "state arrays per row for an optimizer kind");
+
+  m.def("gather_rows", &gather_rows, "out[i] = table[ids[i]]; returns None or (position, id) of a bad id");
+  m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
+  m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
+  m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
+  m.def("init_fill", &init_fill, "rows [row_begin, row_begin + len(out)) of a counter-based initializer");
+  m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
+  m.def("num_threads", &hetu::num_threads);
+}

@@ -1,0 +1,90 @@
+// Row-wise optimizer steps, shared by every place that updates parameters: hetu's local
+// dense and sparse updates, the parameter server's tables and the worker caches. One
+// definition keeps a parameter-server run bit-compatible with a single-process run.
+//
+// A "row" is `width` contiguous floats. A dense tensor is updated as one row of its full size.
+// Optimizer state lives beside the row: `slots(kind)` arrays of `width` floats each, plus a
+// per-row step count (used by Adam's bias correction; each row counts its own steps, which for
+// a dense tensor is the global step).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+namespace hetu {
+namespace optim {
+
+enum Kind : int { kSGD = 0, kMomentum = 1, kNesterov = 2, kAdaGrad = 3, kAdam = 4, kAdamW = 5 };
+
+struct Config {
+  int kind = kSGD;
+  float momentum = 0.9f;      // Momentum, Nesterov
+  float beta1 = 0.9f;         // Adam, AdamW
+  float beta2 = 0.999f;       // Adam, AdamW
+  float eps = 1e-7f;          // AdaGrad, Adam, AdamW
+  float l2reg = 0.0f;         // added to the gradient: g + l2reg * w (all kinds but AdamW)
+  float weight_decay = 0.0f;  // AdamW's decoupled decay
+};
+
+// Number of state arrays of `width` floats that a row of this kind carries.
+inline int slots(int kind) {
+  switch (kind) {
+    case kMomentum:
+    case kNesterov:
+    case kAdaGrad: return 1;
+    case kAdam:
+    case kAdamW: return 2;
+    default: return 0;
+  }
+}
+
+// One step of one row. w: the row; state: slots(kind)*width floats (may be null for SGD);
+// step: the row's step count, incremented here; g: the row's summed gradient.
+inline void step_row(const Config& c, float lr, float* w, float* state, int64_t* step, const float* g,
+                     int64_t width) {
+  const int64_t t = ++*step;
+  switch (c.kind) {
+    case kSGD:
+      for (int64_t i = 0; i < width; ++i) w[i] -= lr * (g[i] + c.l2reg * w[i]);
+      break;
+    case kMomentum:
+    case kNesterov: {
+      float* v = state;
+      for (int64_t i = 0; i < width; ++i) {
+        const float gi = g[i] + c.l2reg * w[i];
+        v[i] = c.momentum * v[i] + gi;
+        w[i] -= lr * (c.kind == kNesterov ? gi + c.momentum * v[i] : v[i]);
+      }
+      break;
+    }
+    case kAdaGrad: {
+      float* acc = state;
+      for (int64_t i = 0; i < width; ++i) {
+        const float gi = g[i] + c.l2reg * w[i];
+        acc[i] += gi * gi;
+        w[i] -= lr * gi / (std::sqrt(acc[i]) + c.eps);
+      }
+      break;
+    }
+    case kAdam:
+    case kAdamW: {
+      float* m = state;
+      float* v = state + width;
+      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(t)));
+      const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(t)));
+      const bool decoupled = c.kind == kAdamW;
+      for (int64_t i = 0; i < width; ++i) {
+        if (decoupled) w[i] -= lr * c.weight_decay * w[i];
+        const float gi = decoupled ? g[i] : g[i] + c.l2reg * w[i];
+        m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * gi;
+        v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * gi * gi;
+        const float mhat = m[i] / bc1;
+        const float vhat = v[i] / bc2;
+        w[i] -= lr * mhat / (std::sqrt(vhat) + c.eps);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace optim
+}  // namespace hetu

@@ -1,0 +1,35 @@
+// CPU kernels behind hetu's hot paths. All are safe to call without the GIL.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "common/optim_rules.h"
+#include "common/rng.h"
+
+namespace hetu {
+namespace kernels {
+
+// out[i] = table[ids[i]]. Returns -1, or the position of the first id outside [0, num_rows).
+int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const int64_t* ids, int64_t n,
+                    float* out);
+
+// Sums the rows of `grads` that share an id. uniq comes out sorted ascending; each id's rows
+// are added in their order of occurrence. Returns the number of unique ids.
+int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
+                   std::vector<float>* summed);
+
+// One optimizer step of rows[i] (unique) of a table with gradient grads[i].
+// state: [num_rows, slots*width]; steps: [num_rows].
+void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,
+                const int64_t* rows, const float* grads, int64_t n);
+
+// One optimizer step of a dense tensor of `size` floats. state: slots arrays of `size` floats.
+void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,
+                 int64_t size);
+
+// Rows [row_begin, row_end) of a parameter initialised by rng::init_value.
+void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin, int64_t row_end,
+               int64_t width, float* out);
+
+}  // namespace kernels
+}  // namespace hetu
