@@ -1,0 +1,147 @@
+"""Dataloaders: batches of a (memory-mapped) array, prefetched in a background thread.
+
+Iteration t of an epoch reads global batch B_t = samples [t*W*b, (t+1)*W*b) of the epoch's
+order (seeded shuffle or the stored order); worker w of W takes slice w of it (DESIGN.md section 4).
+A scheduler may instead choose which samples of B_t each worker takes (`set_batch_plan`)."""
+import collections
+import concurrent.futures
+
+import numpy as np
+
+from .graph import Op
+
+
+class Dataloader:
+    def __init__(self, data, batch_size, name="default", drop_last=True, shuffle=False, seed=0, prefetch=2):
+        if batch_size <= 0:
+            raise ValueError(f"Dataloader {name!r}: batch_size must be positive, got {batch_size}")
+        self.data = data
+        self.batch_size = int(batch_size)
+        self.name = name
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.seed = seed
+        self.prefetch = max(0, int(prefetch))
+        self.rank, self.num_workers = 0, 1
+        self.batch_plan = None
+        self._cursor = 0
+        self._pending = collections.deque()
+        self._pool = None
+
+    # --- configuration by the executor and its passes ----------------------------------------
+    def set_worker(self, rank, num_workers):
+        """This process is worker `rank` of `num_workers`: it reads its slice of each global batch."""
+        self.rank, self.num_workers = int(rank), int(num_workers)
+        self._reset()
+
+    def set_batch_plan(self, plan):
+        """plan(t) -> the sample indices (within global batch t) this worker takes."""
+        self.batch_plan = plan
+        self._reset()
+
+    # --- shape and length --------------------------------------------------------------------
+    @property
+    def global_batch(self):
+        return self.batch_size * self.num_workers
+
+    @property
+    def batch_num(self):
+        n = len(self.data) // self.global_batch
+        if not self.drop_last and self.num_workers == 1 and len(self.data) % self.global_batch:
+            n += 1
+        return n
+
+    @property
+    def sample_shape(self):
+        return tuple(self.data.shape[1:])
+
+    @property
+    def dtype(self):
+        return np.dtype(self.data.dtype)
+
+    # --- batches -------------------------------------------------------------------------------
+    def epoch_order(self, epoch):
+        if not self.shuffle:
+            return None
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.data))
+
+    def global_indices(self, step):
+        """Sample indices of global batch `step` (counted over all epochs)."""
+        epoch, t = divmod(step, self.batch_num)
+        begin = t * self.global_batch
+        idx = np.arange(begin, min(begin + self.global_batch, len(self.data)), dtype=np.int64)
+        order = self.epoch_order(epoch)
+        return idx if order is None else order[idx]
+
+    def indices(self, step):
+        glob = self.global_indices(step)
+        if self.batch_plan is not None:
+            return glob[self.batch_plan(step)]
+        return glob[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+    def load(self, step):
+        idx = self.indices(step)
+        if not self.shuffle and self.batch_plan is None and len(idx) and idx[-1] - idx[0] + 1 == len(idx):
+            return np.ascontiguousarray(self.data[idx[0]:idx[-1] + 1])
+        return np.ascontiguousarray(self.data[idx])
+
+    def _reset(self):
+        self._cursor = 0
+        self._pending.clear()
+
+    def next_batch(self):
+        if self.batch_num == 0:
+            raise ValueError(f"Dataloader {self.name!r}: {len(self.data)} samples make no global batch of "
+                             f"{self.global_batch} ({self.num_workers} workers x {self.batch_size})")
+        if self.prefetch == 0:
+            batch = self.load(self._cursor)
+        else:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.name}")
+            while len(self._pending) <= self.prefetch:
+                step = self._cursor + len(self._pending)
+                self._pending.append(self._pool.submit(self.load, step))
+            batch = self._pending.popleft().result()
+        self._cursor += 1
+        return batch
+
+
+class DataloaderOp(Op):
+    """Feeds itself: in subgraph `name` it yields the next batch of that subgraph's dataloader."""
+
+    def __init__(self, dataloaders):
+        super().__init__()
+        self.dataloaders = {}
+        for d in dataloaders:
+            if not isinstance(d, Dataloader):
+                array, batch_size, name = d[:3]
+                d = Dataloader(array, batch_size, name)
+            self.dataloaders[d.name] = d
+
+    def loader(self, subgraph):
+        try:
+            return self.dataloaders[subgraph]
+        except KeyError:
+            raise KeyError(f"{self.name} has no dataloader for subgraph {subgraph!r} "
+                           f"(it has {sorted(self.dataloaders)})") from None
+
+    def shape_for(self, subgraph):
+        d = self.loader(subgraph)
+        return (d.batch_size,) + d.sample_shape
+
+    def dtype_for(self, subgraph):
+        return self.loader(subgraph).dtype
+
+    def infer_shape(self, s):
+        return None
+
+    def compute(self, vals, state):
+        return self.loader(state.subgraph).next_batch()
+
+    def gradient(self, g):
+        return []
+
+
+def dataloader_op(dataloaders):
+    """Hetu's form: ht.dataloader_op([[array, batch_size, 'train'], [array, batch_size, 'validate']])."""
+    return DataloaderOp(dataloaders)

@@ -1,0 +1,234 @@
+"""The Executor: compiles named subgraphs once (topological order, shape inference, the pass
+list of hetu.passes) and runs one step of a subgraph at a time.
+
+Data path of one step: DataloaderOp (next batch) -> ops in topological order -> OptimizerOp
+(local update, or the PS / cache / Herald update that a distribution pass bound it to)."""
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from . import _C
+from .context import cpu
+from .dataloader import DataloaderOp
+from .graph import Variable
+from .ndarray import NDArray
+from .passes import run_passes
+from .passes.graph import Graph
+
+
+class ExecutorConfig:
+    """What the passes read. Distributed options are interpreted by the distribution passes."""
+
+    def __init__(self, ctx=None, seed=None, dist_strategy=None, comm_mode=None, cstable_policy=None,
+                 cache_bound=0, cache_limit=None, bsp=0, prefetch=True, **extra):
+        self.ctx = ctx or cpu(0)
+        self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+        self.dist_strategy = dist_strategy
+        self.comm_mode = comm_mode
+        self.cstable_policy = cstable_policy
+        self.cache_bound = cache_bound
+        self.cache_limit = cache_limit
+        self.bsp = bsp
+        self.prefetch = prefetch
+        self.extra = extra
+
+
+class RunState:
+    """What an op's compute may use besides its inputs: reusable buffers, per-op scratch space,
+    persistent state (running statistics), parameter values, optimizer state, a seeded RNG."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self.xp = executor.config.ctx.array_module()
+        self.training = False
+        self.subgraph = None
+        self.iteration = 0
+        self.scratch = {}
+        self._buffers = {}
+
+    def buffer(self, node, shape, dtype):
+        """An output array for `node` that is reused by the node's later steps."""
+        key = (node.id, tuple(shape), np.dtype(dtype).str)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = self.xp.empty(shape, dtype=dtype)
+        return buf
+
+    def persistent(self, node, key, shape, fill):
+        store = self.executor.persistent
+        full = f"{node.name}/{key}"
+        if full not in store:
+            store[full] = self.xp.full(shape, fill, dtype=np.float32)
+        return store[full]
+
+    def param_value(self, param):
+        return self.executor.values[param.id]
+
+    def optimizer_state(self, param, optimizer, rowwise):
+        return self.executor.optimizer_state(param, optimizer, rowwise)
+
+    def rng(self, node):
+        return np.random.default_rng([self.executor.config.seed, _C.name_stream(node.name), self.iteration])
+
+
+class Executor:
+    def __init__(self, eval_node_dict, ctx=None, seed=None, **options):
+        if not isinstance(eval_node_dict, dict):
+            eval_node_dict = {"default": list(eval_node_dict)}
+        self.config = ExecutorConfig(ctx=ctx, seed=seed, **options)
+        self.graph = run_passes(Graph(eval_node_dict, self.config))
+        self.state = RunState(self)
+        self.values = {}          # parameter id -> array
+        self.opt_states = {}      # parameter id -> (state, steps)
+        self.persistent = {}      # "op/key" -> array (batch norm running statistics)
+        self._init_parameters()
+        self._check_unique_names()
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _init_parameters(self):
+        xp = self.state.xp
+        for p in self.graph.parameters:
+            if p.id in self.values:
+                continue
+            if p.value is not None:
+                value = np.array(p.value, dtype=np.float32)
+            else:
+                value = p.initializer.value(self.config.seed, _C.name_stream(p.name))
+            self.values[p.id] = value if xp is np else xp.asarray(value)
+
+    def _check_unique_names(self):
+        names = {}
+        for p in self.graph.parameters:
+            if names.setdefault(p.name, p) is not p:
+                raise ValueError(f"two parameters are named {p.name!r}: names identify parameters in "
+                                 f"initialisation, save/load and the parameter server")
+
+    def optimizer_state(self, param, optimizer, rowwise):
+        """(state, step counts) of a parameter; row-wise for tables updated by sparse gradients."""
+        entry = self.opt_states.get(param.id)
+        if entry is None:
+            value = self.values[param.id]
+            if rowwise:
+                state = np.zeros((value.shape[0], optimizer.slots * value.shape[1]), dtype=np.float32)
+                steps = np.zeros(value.shape[0], dtype=np.int64)
+            else:
+                state = np.zeros(optimizer.slots * value.size, dtype=np.float32)
+                steps = np.zeros(1, dtype=np.int64)
+            entry = self.opt_states[param.id] = (state, steps)
+        return entry
+
+    # --- running -------------------------------------------------------------------------------
+    def run(self, name="default", feed_dict=None, convert_to_numpy_ret_vals=False, eval_node_list=None):
+        if name not in self.graph.topo:
+            raise KeyError(f"no subgraph {name!r}; this executor has {sorted(self.graph.topo)}")
+        state = self.state
+        state.subgraph = name
+        state.training = self.graph.is_training(name)
+        feeds = self._check_feeds(name, feed_dict or {})
+        vals = {}
+        for node in self.graph.topo[name]:
+            if node.id in feeds:
+                vals[node.id] = feeds[node.id]
+            elif isinstance(node, Variable):
+                if node.is_placeholder:
+                    raise ValueError(f"placeholder {node.name} of subgraph {name!r} was not fed")
+                vals[node.id] = self.values[node.id]
+            else:
+                vals[node.id] = node.compute([vals[x.id] for x in node.inputs], state)
+        if state.training:
+            state.iteration += 1
+        outputs = eval_node_list or self.graph.subgraphs[name]
+        return [self._output(vals[n.id], convert_to_numpy_ret_vals) for n in outputs]
+
+    def _output(self, value, to_numpy):
+        if value is None:
+            return None
+        if to_numpy:
+            return value.get() if hasattr(value, "get") else np.array(value, copy=True)
+        return NDArray(self.state.xp.array(value, copy=True), self.config.ctx)
+
+    def _check_feeds(self, name, feed_dict):
+        xp = self.state.xp
+        feeds = {}
+        for node, value in feed_dict.items():
+            value = np.asarray(value) if not hasattr(value, "__cuda_array_interface__") else value
+            if isinstance(node, Variable):
+                want = node.dtype
+                if value.dtype.kind != want.kind and not (value.dtype.kind in "iu" and want.kind in "iu"):
+                    raise TypeError(f"placeholder {node.name} expects {want} values, was fed {value.dtype}")
+                if node.shape is not None and tuple(value.shape[1:]) != tuple(node.shape[1:]):
+                    raise ValueError(f"placeholder {node.name} expects shape {node.shape}, was fed {value.shape}")
+                value = value.astype(want, copy=False)
+            feeds[node.id] = xp.asarray(value)
+        return feeds
+
+    def get_batch_num(self, name="default"):
+        loaders = [d.loader(name) for d in self.graph.dataloaders if name in d.dataloaders]
+        if not loaders:
+            raise ValueError(f"subgraph {name!r} has no dataloader")
+        return min(d.batch_num for d in loaders)
+
+    # --- parameters ----------------------------------------------------------------------------
+    def parameters(self):
+        """name -> NumPy copy of every parameter."""
+        return {p.name: np.array(self._host(self.values[p.id]), copy=True) for p in self.graph.parameters}
+
+    def _host(self, x):
+        return x.get() if hasattr(x, "get") else x
+
+    def save(self, directory):
+        """Parameters, optimizer state and running statistics, written to a temporary folder
+        that is renamed into place, so an interrupted save never leaves a partial checkpoint."""
+        directory = os.path.abspath(directory)
+        parent = os.path.dirname(directory)
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory), dir=parent)
+        try:
+            arrays = {}
+            for p in self.graph.parameters:
+                arrays[f"param/{p.name}"] = self._host(self.values[p.id])
+                if p.id in self.opt_states:
+                    state, steps = self.opt_states[p.id]
+                    arrays[f"optstate/{p.name}"] = state
+                    arrays[f"optsteps/{p.name}"] = steps
+            for key, value in self.persistent.items():
+                arrays[f"persistent/{key}"] = self._host(value)
+            np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
+            meta = {"seed": self.config.seed, "iteration": self.state.iteration,
+                    "optimizer_steps": {op.name: op.step_count for op in self.graph.optimizer_ops}}
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump(meta, f)
+            if os.path.exists(directory):
+                shutil.rmtree(directory)
+            os.rename(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def load(self, directory):
+        path = os.path.join(directory, "arrays.npz")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no arrays.npz)")
+        xp = self.state.xp
+        with np.load(path) as data:
+            for p in self.graph.parameters:
+                key = f"param/{p.name}"
+                if key not in data:
+                    raise KeyError(f"checkpoint {directory} has no parameter {p.name}")
+                if data[key].shape != self.values[p.id].shape:
+                    raise ValueError(f"checkpoint {directory}: {p.name} has shape {data[key].shape}, "
+                                     f"the graph expects {self.values[p.id].shape}")
+                self.values[p.id][...] = xp.asarray(data[key])
+                if f"optstate/{p.name}" in data:
+                    self.opt_states[p.id] = (np.array(data[f"optstate/{p.name}"]), np.array(data[f"optsteps/{p.name}"]))
+            for key in data.files:
+                if key.startswith("persistent/"):
+                    self.persistent[key[len("persistent/"):]] = xp.asarray(data[key])
+        with open(os.path.join(directory, "meta.json")) as f:
+            meta = json.load(f)
+        self.state.iteration = meta["iteration"]
+        for op in self.graph.optimizer_ops:
+            op.step_count = meta["optimizer_steps"].get(op.name, op.step_count)

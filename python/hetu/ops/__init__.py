@@ -1,0 +1,7 @@
+"""The op vocabulary, one module per family; each op's forward and gradient sit together."""
+from .math import *  # noqa: F401,F403
+from .activation import *  # noqa: F401,F403
+from .shape import *  # noqa: F401,F403
+from .loss import *  # noqa: F401,F403
+from .norm import *  # noqa: F401,F403
+from .embedding import *  # noqa: F401,F403

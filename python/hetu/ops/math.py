@@ -1,0 +1,407 @@
+"""Arithmetic: elementwise ops with broadcasting, constants, matmul, reductions, broadcasting."""
+import numpy as np
+
+from ..context import array_module_of
+from ..graph import Op
+from .common import ShapeError, broadcast_shape, normalize_axes, sum_to_shape
+
+__all__ = [
+    "add_op", "minus_op", "mul_op", "div_op", "addbyconst_op", "mul_byconst_op", "div_const_op", "opposite_op",
+    "matmul_op", "reduce_sum_op", "reduce_mean_op", "broadcastto_op", "broadcast_shape_op", "sum_op",
+    "oneslike_op", "zeroslike_op", "sum_to_shape_op", "sqrt_op", "exp_op", "log_op", "power_op",
+]
+
+
+class _Elementwise(Op):
+    """Binary op with NumPy broadcasting; writes into a reused output buffer."""
+    ufunc = None
+
+    def infer_shape(self, s):
+        return broadcast_shape(self, s[0], s[1])
+
+    def compute(self, vals, state):
+        a, b = vals
+        out = state.buffer(self, np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
+        return type(self).ufunc(a, b, out=out)
+
+
+class AddOp(_Elementwise):
+    ufunc = np.add
+
+    def gradient(self, g):
+        return [sum_to_shape_op(g, self.inputs[0]), sum_to_shape_op(g, self.inputs[1])]
+
+
+class MinusOp(_Elementwise):
+    ufunc = np.subtract
+
+    def gradient(self, g):
+        return [sum_to_shape_op(g, self.inputs[0]), sum_to_shape_op(opposite_op(g), self.inputs[1])]
+
+
+class MulOp(_Elementwise):
+    ufunc = np.multiply
+
+    def gradient(self, g):
+        a, b = self.inputs
+        return [sum_to_shape_op(mul_op(g, b), a), sum_to_shape_op(mul_op(g, a), b)]
+
+
+class DivOp(_Elementwise):
+    ufunc = np.divide
+
+    def gradient(self, g):
+        a, b = self.inputs
+        return [sum_to_shape_op(div_op(g, b), a),
+                sum_to_shape_op(opposite_op(div_op(mul_op(g, self), b)), b)]
+
+
+class _Unary(Op):
+    def infer_shape(self, s):
+        return s[0]
+
+    def infer_dtype(self, d):
+        return d[0]
+
+
+class AddByConstOp(_Unary):
+    def __init__(self, x, const, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.const = const
+
+    def compute(self, vals, state):
+        return np.add(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
+
+    def gradient(self, g):
+        return [g]
+
+
+class MulByConstOp(_Unary):
+    def __init__(self, x, const, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.const = const
+
+    def compute(self, vals, state):
+        return np.multiply(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
+
+    def gradient(self, g):
+        return [mul_byconst_op(g, self.const)]
+
+
+class DivConstOp(_Unary):
+    """const / x."""
+
+    def __init__(self, const, x, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.const = const
+
+    def compute(self, vals, state):
+        return np.divide(self.const, vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
+
+    def gradient(self, g):
+        x = self.inputs[0]
+        return [opposite_op(div_op(mul_op(g, self), x))]
+
+
+class OppositeOp(_Unary):
+    def compute(self, vals, state):
+        return np.negative(vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
+
+    def gradient(self, g):
+        return [opposite_op(g)]
+
+
+class SqrtOp(_Unary):
+    def compute(self, vals, state):
+        return np.sqrt(vals[0])
+
+    def gradient(self, g):
+        return [div_op(mul_byconst_op(g, 0.5), self)]
+
+
+class ExpOp(_Unary):
+    def compute(self, vals, state):
+        return np.exp(vals[0])
+
+    def gradient(self, g):
+        return [mul_op(g, self)]
+
+
+class LogOp(_Unary):
+    def compute(self, vals, state):
+        return np.log(vals[0])
+
+    def gradient(self, g):
+        return [div_op(g, self.inputs[0])]
+
+
+class PowerOp(_Unary):
+    def __init__(self, x, p, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.p = p
+
+    def compute(self, vals, state):
+        return np.power(vals[0], self.p).astype(vals[0].dtype, copy=False)
+
+    def gradient(self, g):
+        x = self.inputs[0]
+        return [mul_op(g, mul_byconst_op(power_op(x, self.p - 1), self.p))]
+
+
+class MatMulOp(Op):
+    def __init__(self, a, b, trans_A=False, trans_B=False, ctx=None):
+        super().__init__(a, b, ctx=ctx)
+        self.trans_A, self.trans_B = trans_A, trans_B
+
+    def infer_shape(self, s):
+        a, b = s
+        if len(a) != 2 or len(b) != 2:
+            raise ShapeError(f"{self.name}: matmul takes 2-D inputs, got {self.inputs[0].name} {a} "
+                             f"and {self.inputs[1].name} {b}")
+        m, k = (a[1], a[0]) if self.trans_A else a
+        k2, n = (b[1], b[0]) if self.trans_B else b
+        if k != k2:
+            raise ShapeError(f"{self.name}: inner dimensions differ: {self.inputs[0].name} {a}"
+                             f"{' (transposed)' if self.trans_A else ''} and {self.inputs[1].name} {b}"
+                             f"{' (transposed)' if self.trans_B else ''}")
+        return (m, n)
+
+    def compute(self, vals, state):
+        a, b = vals
+        a = a.T if self.trans_A else a
+        b = b.T if self.trans_B else b
+        return np.matmul(a, b, out=state.buffer(self, (a.shape[0], b.shape[1]), np.float32))
+
+    def gradient(self, g):
+        a, b = self.inputs
+        tA, tB = self.trans_A, self.trans_B
+        if not tA and not tB:
+            return [matmul_op(g, b, False, True), matmul_op(a, g, True, False)]
+        if not tA and tB:
+            return [matmul_op(g, b, False, False), matmul_op(g, a, True, False)]
+        if tA and not tB:
+            return [matmul_op(b, g, False, True), matmul_op(a, g, False, False)]
+        return [matmul_op(b, g, True, True), matmul_op(g, a, True, True)]
+
+
+class ReduceOp(Op):
+    def __init__(self, x, axes=None, keepdims=False, mean=False, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.axes, self.keepdims, self.mean = axes, keepdims, mean
+
+    def infer_shape(self, s):
+        axes = normalize_axes(self.axes, len(s[0]))
+        if self.keepdims:
+            return tuple(1 if i in axes else d for i, d in enumerate(s[0]))
+        return tuple(d for i, d in enumerate(s[0]) if i not in axes)
+
+    def compute(self, vals, state):
+        x = vals[0]
+        axes = normalize_axes(self.axes, x.ndim)
+        r = x.mean(axis=axes, keepdims=self.keepdims) if self.mean else x.sum(axis=axes, keepdims=self.keepdims)
+        return r.astype(x.dtype, copy=False)
+
+    def gradient(self, g):
+        return [ReduceGradOp(g, self.inputs[0], self.axes, self.keepdims, self.mean)]
+
+
+class ReduceGradOp(Op):
+    """Spreads the gradient of a sum (or mean) back over the reduced axes of x."""
+
+    def __init__(self, g, x, axes, keepdims, mean, ctx=None):
+        super().__init__(g, x, ctx=ctx)
+        self.axes, self.keepdims, self.mean = axes, keepdims, mean
+
+    def infer_shape(self, s):
+        return s[1]
+
+    def compute(self, vals, state):
+        g, x = vals
+        axes = normalize_axes(self.axes, x.ndim)
+        if not self.keepdims:
+            g = g.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+        out = state.buffer(self, x.shape, np.float32)
+        out[...] = g
+        if self.mean:
+            out *= np.float32(1.0 / max(1, int(np.prod([x.shape[a] for a in axes]))))
+        return out
+
+    def gradient(self, g):
+        return [ReduceOp(g, self.axes, self.keepdims, self.mean), None]
+
+
+class BroadcastToOp(Op):
+    """Broadcasts x to the shape of `like` (Hetu's broadcastto_op)."""
+
+    def __init__(self, x, like, ctx=None):
+        super().__init__(x, like, ctx=ctx)
+
+    def infer_shape(self, s):
+        if broadcast_shape(self, s[0], s[1]) != tuple(s[1]):
+            raise ShapeError(f"{self.name}: {self.inputs[0].name} {s[0]} does not broadcast to "
+                             f"{self.inputs[1].name} {s[1]}")
+        return s[1]
+
+    def compute(self, vals, state):
+        out = state.buffer(self, vals[1].shape, vals[0].dtype)
+        out[...] = vals[0]
+        return out
+
+    def gradient(self, g):
+        return [sum_to_shape_op(g, self.inputs[0]), None]
+
+
+class BroadcastShapeOp(_Unary):
+    def __init__(self, x, shape, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.shape = tuple(shape)
+
+    def infer_shape(self, s):
+        try:
+            np.broadcast_shapes(s[0], self.shape)
+        except ValueError:
+            raise ShapeError(f"{self.name}: {self.inputs[0].name} {s[0]} does not broadcast to {self.shape}") from None
+        return self.shape
+
+    def compute(self, vals, state):
+        return np.ascontiguousarray(np.broadcast_to(vals[0], self.shape))
+
+    def gradient(self, g):
+        return [sum_to_shape_op(g, self.inputs[0])]
+
+
+class SumToShapeOp(Op):
+    """Sums g (a broadcast gradient) down to the shape of `like`."""
+
+    def __init__(self, g, like, ctx=None):
+        super().__init__(g, like, ctx=ctx)
+
+    def infer_shape(self, s):
+        return s[1]
+
+    def compute(self, vals, state):
+        return sum_to_shape(array_module_of(vals[0]), vals[0], vals[1].shape)
+
+    def gradient(self, g):
+        return [broadcastto_op(g, self.inputs[0]), None]
+
+
+class SumOp(Op):
+    """Sum of several same-shaped nodes (gradient fan-in)."""
+
+    def infer_shape(self, s):
+        for i, x in enumerate(s[1:], 1):
+            if tuple(x) != tuple(s[0]):
+                raise ShapeError(f"{self.name}: {self.inputs[0].name} {s[0]} and {self.inputs[i].name} {x} differ")
+        return s[0]
+
+    def compute(self, vals, state):
+        out = state.buffer(self, vals[0].shape, vals[0].dtype)
+        np.add(vals[0], vals[1], out=out) if len(vals) > 1 else np.copyto(out, vals[0])
+        for v in vals[2:]:
+            out += v
+        return out
+
+    def gradient(self, g):
+        return [g] * len(self.inputs)
+
+
+class FillLikeOp(_Unary):
+    def __init__(self, x, value, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.value = value
+
+    def infer_dtype(self, d):
+        return np.float32
+
+    def compute(self, vals, state):
+        out = state.buffer(self, vals[0].shape, np.float32)
+        out.fill(self.value)
+        return out
+
+    def gradient(self, g):
+        return [None]
+
+
+def add_op(a, b, ctx=None):
+    return AddOp(a, b, ctx=ctx)
+
+
+def minus_op(a, b, ctx=None):
+    return MinusOp(a, b, ctx=ctx)
+
+
+def mul_op(a, b, ctx=None):
+    return MulOp(a, b, ctx=ctx)
+
+
+def div_op(a, b, ctx=None):
+    return DivOp(a, b, ctx=ctx)
+
+
+def addbyconst_op(x, const, ctx=None):
+    return AddByConstOp(x, const, ctx=ctx)
+
+
+def mul_byconst_op(x, const, ctx=None):
+    return MulByConstOp(x, const, ctx=ctx)
+
+
+def div_const_op(const, x, ctx=None):
+    return DivConstOp(const, x, ctx=ctx)
+
+
+def opposite_op(x, ctx=None):
+    return OppositeOp(x, ctx=ctx)
+
+
+def sqrt_op(x, ctx=None):
+    return SqrtOp(x, ctx=ctx)
+
+
+def exp_op(x, ctx=None):
+    return ExpOp(x, ctx=ctx)
+
+
+def log_op(x, ctx=None):
+    return LogOp(x, ctx=ctx)
+
+
+def power_op(x, p, ctx=None):
+    return PowerOp(x, p, ctx=ctx)
+
+
+def matmul_op(a, b, trans_A=False, trans_B=False, ctx=None):
+    return MatMulOp(a, b, trans_A, trans_B, ctx=ctx)
+
+
+def reduce_sum_op(x, axes=None, keepdims=False, ctx=None):
+    return ReduceOp(x, axes, keepdims, mean=False, ctx=ctx)
+
+
+def reduce_mean_op(x, axes=None, keepdims=False, ctx=None):
+    return ReduceOp(x, axes, keepdims, mean=True, ctx=ctx)
+
+
+def broadcastto_op(x, like, ctx=None):
+    return BroadcastToOp(x, like, ctx=ctx)
+
+
+def broadcast_shape_op(x, shape, ctx=None):
+    return BroadcastShapeOp(x, shape, ctx=ctx)
+
+
+def sum_to_shape_op(g, like, ctx=None):
+    return SumToShapeOp(g, like, ctx=ctx)
+
+
+def sum_op(nodes, ctx=None):
+    return SumOp(*nodes, ctx=ctx)
+
+
+def oneslike_op(x, ctx=None):
+    return FillLikeOp(x, 1.0, ctx=ctx)
+
+
+def zeroslike_op(x, ctx=None):
+    return FillLikeOp(x, 0.0, ctx=ctx)

@@ -1,0 +1,174 @@
+"""Normalisation and regularisation: batch_norm, layer_norm, dropout.
+
+Backward passes that yield several gradients compute them together once; the parameter
+gradients are read back by small ops that depend on the combined one."""
+import numpy as np
+
+from ..context import array_module_of
+from ..graph import Op
+
+__all__ = ["batch_normalization_op", "layer_normalization_op", "dropout_op"]
+
+
+def _norm_backward(xp, g, xhat, rstd, gamma, axes):
+    """dx, dgamma, dbeta of y = gamma * xhat + beta, xhat normalised over `axes`."""
+    m = np.float32(np.prod([g.shape[a] for a in axes]))
+    dbeta = g.sum(axis=axes, keepdims=True)
+    dgamma = (g * xhat).sum(axis=axes, keepdims=True)
+    dxhat = g * gamma
+    dx = rstd / m * (m * dxhat - dxhat.sum(axis=axes, keepdims=True) - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
+    return dx, dgamma, dbeta
+
+
+class _Normalize(Op):
+    """Shared by batch and layer norm: y = scale * xhat + bias."""
+
+    def __init__(self, x, scale, bias, eps, ctx=None):
+        super().__init__(x, scale, bias, ctx=ctx)
+        self.eps = np.float32(eps)
+
+    def infer_shape(self, s):
+        return s[0]
+
+    def gradient(self, g):
+        dx = NormGradOp(g, self)
+        return [dx, NormParamGradOp(dx, self.inputs[1], "dgamma"), NormParamGradOp(dx, self.inputs[2], "dbeta")]
+
+
+class NormGradOp(Op):
+    """dx of a normalisation; keeps dgamma and dbeta for the NormParamGradOps that follow it."""
+
+    def __init__(self, g, fwd):
+        super().__init__(g, *fwd.inputs, ctx=fwd.ctx)
+        self.fwd = fwd
+
+    def infer_shape(self, s):
+        return s[1]
+
+    def compute(self, vals, state):
+        g, x, gamma, _ = vals
+        saved = state.scratch[self.fwd.id]
+        xp = array_module_of(g)
+        gamma_b = gamma.reshape(self.fwd.param_view_shape(x.ndim))
+        dx, dgamma, dbeta = _norm_backward(xp, g, saved["xhat"], saved["rstd"], gamma_b, self.fwd.reduce_axes(x.ndim))
+        state.scratch[self.id] = {"dgamma": dgamma.reshape(gamma.shape), "dbeta": dbeta.reshape(gamma.shape)}
+        return dx
+
+
+class NormParamGradOp(Op):
+    def __init__(self, norm_grad, param, which):
+        super().__init__(norm_grad, param, ctx=norm_grad.ctx)
+        self.norm_grad, self.which = norm_grad, which
+
+    def infer_shape(self, s):
+        return s[1]
+
+    def compute(self, vals, state):
+        return state.scratch[self.norm_grad.id][self.which]
+
+
+class BatchNormOp(_Normalize):
+    """Normalises over every axis but axis 1 (channels); running statistics for inference."""
+
+    def __init__(self, x, scale, bias, momentum=0.99, eps=0.01, ctx=None):
+        super().__init__(x, scale, bias, eps, ctx=ctx)
+        self.momentum = np.float32(momentum)
+
+    def reduce_axes(self, ndim):
+        return (0,) + tuple(range(2, ndim))
+
+    def param_view_shape(self, ndim):
+        return (1, -1) + (1,) * (ndim - 2)
+
+    def compute(self, vals, state):
+        x, gamma, beta = vals
+        xp = array_module_of(x)
+        axes = self.reduce_axes(x.ndim)
+        view = self.param_view_shape(x.ndim)
+        channels = x.shape[1]
+        running_mean = state.persistent(self, "running_mean", (channels,), 0.0)
+        running_var = state.persistent(self, "running_var", (channels,), 1.0)
+        if state.training:
+            mean = x.mean(axis=axes, keepdims=True)
+            var = x.var(axis=axes, keepdims=True)
+            running_mean *= self.momentum
+            running_mean += (1 - self.momentum) * mean.reshape(-1)
+            running_var *= self.momentum
+            running_var += (1 - self.momentum) * var.reshape(-1)
+        else:
+            mean, var = running_mean.reshape(view), running_var.reshape(view)
+        rstd = 1 / xp.sqrt(var + self.eps)
+        xhat = (x - mean) * rstd
+        state.scratch[self.id] = {"xhat": xhat, "rstd": rstd}
+        return (xhat * gamma.reshape(view) + beta.reshape(view)).astype(np.float32, copy=False)
+
+
+class LayerNormOp(_Normalize):
+    """Normalises over the last axis; scale and bias have the last axis' size."""
+
+    def reduce_axes(self, ndim):
+        return (ndim - 1,)
+
+    def param_view_shape(self, ndim):
+        return (1,) * (ndim - 1) + (-1,)
+
+    def compute(self, vals, state):
+        x, gamma, beta = vals
+        xp = array_module_of(x)
+        mean = x.mean(axis=-1, keepdims=True)
+        rstd = 1 / xp.sqrt(x.var(axis=-1, keepdims=True) + self.eps)
+        xhat = (x - mean) * rstd
+        state.scratch[self.id] = {"xhat": xhat, "rstd": rstd}
+        return (xhat * gamma + beta).astype(np.float32, copy=False)
+
+
+class DropoutOp(Op):
+    """Inverted dropout in training, identity in inference. The mask is drawn from the executor's
+    seed, the op's name and the step, so runs repeat exactly."""
+
+    def __init__(self, x, keep_prob, ctx=None):
+        super().__init__(x, ctx=ctx)
+        if not 0 < keep_prob <= 1:
+            raise ValueError(f"{self.name}: keep_prob must be in (0, 1], got {keep_prob}")
+        self.keep_prob = np.float32(keep_prob)
+
+    def infer_shape(self, s):
+        return s[0]
+
+    def compute(self, vals, state):
+        x = vals[0]
+        if not state.training or self.keep_prob == 1:
+            state.scratch[self.id] = None
+            return x
+        mask = state.rng(self).random(x.shape, dtype=np.float32) < self.keep_prob
+        scaled = array_module_of(x).asarray(mask, dtype=np.float32) / self.keep_prob
+        state.scratch[self.id] = scaled
+        return x * scaled
+
+    def gradient(self, g):
+        return [DropoutGradOp(g, self)]
+
+
+class DropoutGradOp(Op):
+    def __init__(self, g, fwd):
+        super().__init__(g, ctx=fwd.ctx)
+        self.fwd = fwd
+
+    def infer_shape(self, s):
+        return s[0]
+
+    def compute(self, vals, state):
+        scaled = state.scratch[self.fwd.id]
+        return vals[0] if scaled is None else vals[0] * scaled
+
+
+def batch_normalization_op(x, scale, bias, momentum=0.99, eps=0.01, ctx=None):
+    return BatchNormOp(x, scale, bias, momentum, eps, ctx=ctx)
+
+
+def layer_normalization_op(x, scale, bias, eps=0.01, ctx=None):
+    return LayerNormOp(x, scale, bias, eps, ctx=ctx)
+
+
+def dropout_op(x, keep_prob, ctx=None):
+    return DropoutOp(x, keep_prob, ctx=ctx)

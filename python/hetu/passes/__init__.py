@@ -1,0 +1,15 @@
+"""Compilation passes. Each is a plain function `graph -> graph` with one job; PASSES lists them
+in the order they run, so reading it tells what compilation does."""
+from .shapes import check_shapes
+from .placement import place_on_device
+
+PASSES = [
+    check_shapes,      # shape and dtype inference where shapes are static: errors name ops and shapes
+    place_on_device,   # every node gets the executor's context unless it asked for one
+]
+
+
+def run_passes(graph, passes=None):
+    for p in PASSES if passes is None else passes:
+        graph = p(graph)
+    return graph
