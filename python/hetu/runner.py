@@ -90,18 +90,19 @@ def _count(raw, key, where):
     return value
 
 
-def _parse_node(raw, index) -> Node:
-    where = f"nodes[{index}]"
+def _parse_node(raw, index, source) -> Node:
+    where = f"{source}: nodes[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with 'host', got {raw!r}")
+    host = raw.get("host")
+    if isinstance(host, str) and host.strip():
+        where = f"{where} (host {host})"
     unknown = sorted(set(raw) - NODE_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} "
                           f"(allowed: {', '.join(sorted(NODE_KEYS))})")
-    host = raw.get("host")
     if not isinstance(host, str) or not host.strip():
         raise ConfigError(f"{where}: missing 'host'")
-    where = f"nodes[{index}] (host {host})"
     chief = raw.get("chief", False)
     if not isinstance(chief, bool):
         raise ConfigError(f"{where}: 'chief' must be true or false, got {chief!r}")
@@ -117,20 +118,20 @@ def _parse_node(raw, index) -> Node:
                 user=raw.get("user"), python=raw.get("python"), interface=raw.get("interface"))
 
 
-def _check_cluster(nodes: List[Node]):
+def _check_cluster(nodes: List[Node], source):
     chiefs = [n.host for n in nodes if n.chief]
     if not chiefs:
-        raise ConfigError("no node has 'chief: true' (exactly one node must be the chief; "
+        raise ConfigError(f"{source}: no node has 'chief: true' (exactly one node must be the chief; "
                           "the scheduler runs there)")
     if len(chiefs) > 1:
-        raise ConfigError(f"more than one chief: {', '.join(chiefs)} (exactly one node must "
+        raise ConfigError(f"{source}: more than one chief: {', '.join(chiefs)} (exactly one node must "
                           "have 'chief: true')")
     if sum(n.workers for n in nodes) == 0:
-        raise ConfigError("zero workers in total: at least one node needs 'workers' > 0")
+        raise ConfigError(f"{source}: zero workers in total: at least one node needs 'workers' > 0")
     hosts = [n.host for n in nodes]
     dup = sorted({h for h in hosts if hosts.count(h) > 1})
     if dup:
-        raise ConfigError(f"host listed more than once: {', '.join(dup)} "
+        raise ConfigError(f"{source}: host listed more than once: {', '.join(dup)} "
                           "(put all its servers and workers on one node entry)")
 
 
@@ -144,8 +145,8 @@ def parse_cluster(data, source="cluster file") -> Cluster:
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ConfigError(f"{source}: 'nodes' must be a non-empty list")
-    nodes = [_parse_node(raw, i) for i, raw in enumerate(raw_nodes)]
-    _check_cluster(nodes)
+    nodes = [_parse_node(raw, i, source) for i, raw in enumerate(raw_nodes)]
+    _check_cluster(nodes, source)
     env = data.get("env") or {}
     if not isinstance(env, dict):
         raise ConfigError(f"{source}: 'env' must be a mapping of NAME: value")
@@ -535,7 +536,9 @@ class Job:
     # ---- scheduler and servers
 
     def launcher_argv(self, node: Node) -> List[str]:
-        return [node.python or sys.executable, "-m", "hetu.launcher"]
+        # HETU_LAUNCHER swaps in another scheduler/server module (tests, other PS builds).
+        module = os.environ.get("HETU_LAUNCHER", "hetu.launcher")
+        return [node.python or sys.executable, "-m", module]
 
     def start_ps_process(self, node: Node, role: str, rank: Optional[int], env: Dict[str, str]):
         env = {**env, **self.node_env(node), "DMLC_ROLE": role}
@@ -710,6 +713,8 @@ class Job:
 
     @staticmethod
     def _close_stdin(p: Proc):
+        if p.popen.stdin is None:
+            return
         try:
             p.popen.stdin.close()
         except (OSError, ValueError):
@@ -719,8 +724,9 @@ class Job:
         self.log("summary:")
         for p in self.procs:
             end = p.ended if p.ended is not None else time.monotonic()
-            label = ("workers 0-%d (mpirun)" % (self.cluster.num_workers - 1)
-                     if p.role == "workers" else p.label)
+            n = self.cluster.num_workers
+            label = p.label if p.role != "workers" else \
+                ("worker 0 (mpirun)" if n == 1 else f"workers 0-{n - 1} (mpirun)")
             self.log(f"  {label:<24} {p.host:<16} {describe_status(p.returncode):<20} "
                      f"{end - p.started:8.2f} s")
 

@@ -1,0 +1,282 @@
+"""The launcher, end to end: real runner, real mpirun, real worker processes.
+
+Scheduler/server behaviour is exercised with a small stand-in module (HETU_LAUNCHER) so the
+supervision paths are covered before ps-lite exists; the last test uses the real hetu.launcher.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "python" / "runner.py"
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
+    reason="mpirun (openmpi-bin) not installed")
+
+# Stand-in for hetu.launcher: records its environment and pid, then behaves per FAKE_MODE.
+FAKE_LAUNCHER = textwrap.dedent("""
+    import json, os, sys, time
+    out = os.environ["OUT"]
+    role = os.environ["DMLC_ROLE"]
+    name = role if role == "scheduler" else f"server.{os.getpid()}"
+    with open(os.path.join(out, f"ps.{name}.json"), "w") as f:
+        json.dump({**os.environ, "pid": os.getpid()}, f)
+    mode = os.environ.get("FAKE_MODE", "wait_workers")
+    if mode == "server_fails" and role == "server":
+        time.sleep(0.5)
+        sys.exit(5)
+    if mode == "hang":
+        time.sleep(300)
+    deadline = time.time() + 60
+    n = int(os.environ["DMLC_NUM_WORKER"])
+    while time.time() < deadline:
+        if sum(p.startswith("done.") for p in os.listdir(out)) == n:
+            sys.exit(0)
+        time.sleep(0.05)
+    sys.exit(9)
+""")
+
+
+def run_runner(args, tmp_path, timeout=60, env=None, **kw):
+    full_env = {**os.environ, "OUT": str(tmp_path), **(env or {})}
+    return subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=tmp_path, **kw)
+
+
+def py(code):
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def fake_launcher_env(tmp_path, mode):
+    (tmp_path / "fake_launcher.py").write_text(FAKE_LAUNCHER)
+    return {"HETU_LAUNCHER": "fake_launcher", "FAKE_MODE": mode,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                        os.environ.get("PYTHONPATH")]))}
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_files(paths, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(p.exists() and p.stat().st_size for p in paths):
+            return
+        time.sleep(0.05)
+    missing = [str(p) for p in paths if not p.exists()]
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}: {missing}")
+
+
+WRITE_ENV = """
+    import json, os
+    r = os.environ["DMLC_WORKER_ID"]
+    with open(os.path.join(os.environ["OUT"], f"env.{r}.json"), "w") as f:
+        json.dump(dict(os.environ), f)
+"""
+
+
+def test_workers_get_dmlc_env_and_rank(tmp_path):
+    res = run_runner(["-w", "2", "-s", "0", *py(WRITE_ENV)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    for rank in (0, 1):
+        env = json.loads((tmp_path / f"env.{rank}.json").read_text())
+        assert env["DMLC_ROLE"] == "worker"
+        assert env["DMLC_WORKER_ID"] == env["OMPI_COMM_WORLD_RANK"] == str(rank)
+        assert env["DMLC_NUM_WORKER"] == "2" and env["DMLC_NUM_SERVER"] == "0"
+        assert env["DMLC_PS_ROOT_URI"] == "127.0.0.1"
+        assert 0 < int(env["DMLC_PS_ROOT_PORT"]) < 65536
+        assert env["DMLC_PS_VAN_TYPE"] == "zmq"
+    assert "summary" in res.stderr
+
+
+def test_cluster_file_env_and_van_reach_workers(tmp_path):
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("van: ucx\nenv:\n  HETU_TEST_VAR: forty two\n"
+                   "nodes:\n  - host: localhost\n    workers: 2\n    chief: true\n"
+                   "    interface: lo\n")
+    res = run_runner(["-c", str(cfg), *py(WRITE_ENV)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    env = json.loads((tmp_path / "env.1.json").read_text())
+    assert env["HETU_TEST_VAR"] == "forty two"
+    assert env["DMLC_PS_VAN_TYPE"] == "ucx" and env["DMLC_INTERFACE"] == "lo"
+
+
+def test_output_is_tagged_by_rank_even_for_partial_writes(tmp_path):
+    res = run_runner(["-w", "2", "-s", "0", *py("""
+        import os, sys, time
+        r = os.environ["DMLC_WORKER_ID"]
+        for part in ("hel", "lo ", r + "\\n"):   # one line in three writes
+            sys.stdout.write(part); sys.stdout.flush(); time.sleep(0.05)
+        print("oops", r, file=sys.stderr)
+    """)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "[worker 0] hello 0" in res.stdout.splitlines()
+    assert "[worker 1] hello 1" in res.stdout.splitlines()
+    assert "[worker 1] oops 1" in res.stderr.splitlines()
+
+
+def test_failing_worker_fails_job_and_stops_the_others(tmp_path):
+    t0 = time.monotonic()
+    res = run_runner(["-w", "3", "-s", "0", *py("""
+        import os, sys, time
+        r = int(os.environ["DMLC_WORKER_ID"])
+        open(os.path.join(os.environ["OUT"], f"pid.{r}"), "w").write(str(os.getpid()))
+        if r == 1:
+            time.sleep(0.5)
+            sys.exit(3)
+        time.sleep(120)
+    """)], tmp_path, timeout=60)
+    assert res.returncode != 0
+    assert time.monotonic() - t0 < 40, "the other workers were not stopped"
+    assert "worker 1 on localhost failed (exit 3)" in res.stderr
+    for r in (0, 2):
+        pid = int((tmp_path / f"pid.{r}").read_text())
+        assert not alive(pid), f"worker {r} (pid {pid}) survived"
+
+
+def test_timeout_stops_the_job(tmp_path):
+    res = run_runner(["-w", "1", "-s", "0", "--timeout", "2", *py("import time; time.sleep(60)")],
+                     tmp_path)
+    assert res.returncode == 124
+    assert "timed out after 2 s" in res.stderr
+
+
+BAD_CONFIGS = [
+    ("nodes: [{host: a, workers: 1, chief: true}]\nfoo: 1\n", "unknown top-level key(s) foo"),
+    ("nodes: [{host: a, workers: 1, chief: true, gpus: 2}]\n", "nodes[0] (host a): unknown key(s) gpus"),
+    ("nodes: [{host: a, workers: 1}]\n", "no node has 'chief: true'"),
+    ("nodes: [{host: a, workers: 1, chief: true}, {host: b, workers: 1, chief: true}]\n",
+     "more than one chief: a, b"),
+    ("nodes: [{host: a, workers: 0, servers: 1, chief: true}]\n", "zero workers in total"),
+    ("nodes: [{host: a, workers: -1, chief: true}]\n", "'workers' must not be negative"),
+    ("nodes: [{host: a, workers: 1, servers: -2, chief: true}]\n", "'servers' must not be negative"),
+    ("nodes: [{workers: 1, chief: true}]\n", "nodes[0]: missing 'host'"),
+    ("nodes: [{host: a, workers: two, chief: true}]\n", "'workers' must be an integer"),
+    ("nodes: []\n", "'nodes' must be a non-empty list"),
+    ("nodes: [{host: a, workers: 1, chief: true}]\nvan: carrier-pigeon\n", "'van' must be one of"),
+    ("nodes: [{host: a, workers: 1, chief: true}, {host: a, workers: 1}]\n",
+     "host listed more than once: a"),
+    ("nodes: [\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
+def test_bad_cluster_file_is_rejected(tmp_path, text, message):
+    cfg = tmp_path / "bad.yml"
+    cfg.write_text(text)
+    res = run_runner(["-c", str(cfg), "true"], tmp_path, timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["true"], "give either -c CLUSTER.yml or -w N"),
+    (["-w", "0", "true"], "-w must be at least 1"),
+    (["-w", "1", "-s", "-1", "true"], "-s must not be negative"),
+    (["-w", "1"], "no worker command given"),
+    (["-c", "/nonexistent.yml", "true"], "cannot read cluster file"),
+])
+def test_bad_command_line_is_rejected(tmp_path, args, message):
+    res = run_runner(args, tmp_path, timeout=30)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_sigint_tears_down_every_process(tmp_path):
+    env = fake_launcher_env(tmp_path, "hang")
+    proc = subprocess.Popen(
+        [sys.executable, str(RUNNER), "-w", "2", "-s", "1", *py("""
+            import os, time
+            r = os.environ["DMLC_WORKER_ID"]
+            open(os.path.join(os.environ["OUT"], f"pid.{r}"), "w").write(str(os.getpid()))
+            time.sleep(120)
+        """)], env={**os.environ, "OUT": str(tmp_path), **env}, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_files([tmp_path / "pid.0", tmp_path / "pid.1", tmp_path / "ps.scheduler.json"],
+                       30, "workers and scheduler to start")
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("ps.server.*.json")):
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        pids = [int((tmp_path / f"pid.{r}").read_text()) for r in (0, 1)]
+        pids += [json.loads(p.read_text())["pid"] for p in tmp_path.glob("ps.*.json")]
+        assert len(pids) == 4 and all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "interrupted by SIGINT" in err
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if alive(p)] == []
+
+
+DONE = py("""
+    import os
+    open(os.path.join(os.environ["OUT"], "done." + os.environ["DMLC_WORKER_ID"]), "w").close()
+""")
+
+
+def test_job_with_servers_succeeds_and_servers_get_their_env(tmp_path):
+    res = run_runner(["-w", "2", "-s", "2", *DONE], tmp_path,
+                     env=fake_launcher_env(tmp_path, "wait_workers"))
+    assert res.returncode == 0, res.stderr
+    sched = json.loads((tmp_path / "ps.scheduler.json").read_text())
+    servers = [json.loads(p.read_text()) for p in tmp_path.glob("ps.server.*.json")]
+    assert len(servers) == 2
+    for env in [sched, *servers]:
+        assert env["DMLC_NUM_WORKER"] == "2" and env["DMLC_NUM_SERVER"] == "2"
+        assert env["DMLC_PS_ROOT_URI"] == "127.0.0.1"
+        assert env["DMLC_PS_ROOT_PORT"] == sched["DMLC_PS_ROOT_PORT"]
+    assert {s["DMLC_ROLE"] for s in servers} == {"server"}
+    for label in ("scheduler", "server 0", "server 1", "workers 0-1 (mpirun)"):
+        assert f"[heturun]   {label}" in res.stderr
+
+
+def test_failing_server_is_named(tmp_path):
+    res = run_runner(["-w", "2", "-s", "1", *py("import time; time.sleep(60)")], tmp_path,
+                     env=fake_launcher_env(tmp_path, "server_fails"))
+    assert res.returncode == 1
+    assert "server 0 on localhost failed (exit 5)" in res.stderr
+
+
+def test_servers_that_do_not_exit_after_workers_are_killed_and_named(tmp_path):
+    res = run_runner(["-w", "1", "-s", "1", "--shutdown-timeout", "1", *DONE], tmp_path,
+                     env=fake_launcher_env(tmp_path, "hang"))
+    assert res.returncode == 1
+    assert "scheduler on localhost, server 0 on localhost did not exit within 1 s" in res.stderr
+    pids = [json.loads(p.read_text())["pid"] for p in tmp_path.glob("ps.*.json")]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
+def test_real_parameter_server_init_finalize(tmp_path):
+    pytest.importorskip("hetu.launcher", reason="hetu.launcher (ps-lite) not built yet")
+    pytest.importorskip("hetu._ps", reason="hetu._ps (ps-lite bindings) not built yet")
+    ps = pytest.importorskip("hetu.ps")
+    if not (hasattr(ps, "init") and hasattr(ps, "finalize")):
+        pytest.skip("hetu.ps has no init/finalize")
+    res = run_runner(["-w", "2", "-s", "1", "--timeout", "60", *py("""
+        import hetu.ps as ps
+        ps.init()
+        ps.finalize()
+        print("finalized")
+    """)], tmp_path, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[worker 0] finalized" in res.stdout and "[worker 1] finalized" in res.stdout
