@@ -1,0 +1,163 @@
+"""MovieLens ratings -> (user, item) fields with a click-style label.
+
+Accepted files (format picked from the first line):
+  * ``u.data`` (ml-100k): ``user<TAB>item<TAB>rating<TAB>timestamp``, no header;
+  * ``ratings.dat`` (ml-1m, ml-10m): ``user::item::rating::timestamp``, no header;
+  * ``ratings.csv`` (ml-20m, ml-25m, ml-latest): header ``userId,movieId,rating,timestamp``.
+
+Users and items are re-numbered densely from 0 in ascending order of their raw ids (user field
+first, items offset by the number of users). Label: by default binary, 1.0 when
+rating >= ``threshold`` (4.0), the usual implicit-feedback reading of explicit ratings; with
+``label="rating"`` the raw rating itself (float32). The raw ratings are kept in ``ratings.npy``
+either way, so the other label can be derived without re-reading the source.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import store
+from .tabular import shuffle_into_place
+from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
+                     count_lines, iter_line_chunks, parse_float_column, parse_int_column,
+                     require_input_file, split_lines)
+
+CSV_HEADER = ("userId", "movieId", "rating", "timestamp")
+FIELD_NAMES = ("user", "item")
+NUM_COLUMNS = 4
+LABEL_KINDS = ("binary", "rating")
+RATINGS_FILE = "ratings.npy"
+
+
+def detect_format(path):
+    """(delimiter, header lines) of a ratings file, from its first line."""
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        first = f.readline().rstrip("\r\n")
+    if first.split(",")[:2] == list(CSV_HEADER[:2]):
+        return ",", 1
+    if "::" in first:
+        return "::", 0
+    if "\t" in first:
+        return "\t", 0
+    if "," in first:
+        return ",", 0
+    raise DataFormatError(f"{path}:1: not a MovieLens ratings line (expected tab, '::' or "
+                          f"comma separated user, item, rating, timestamp): {first[:200]!r}")
+
+
+def parse_ratings_chunk(path, first_line_number, lines, delimiter, tracker):
+    """(users int64, items int64, ratings float64) of the good lines of one chunk."""
+    rows = split_lines(lines, delimiter)
+    problems = {}
+    for i, fields in enumerate(rows):
+        problem = column_count_problem(fields, NUM_COLUMNS, lines[i])
+        if problem:
+            problems[i] = BadLine(str(path), first_line_number + i, 0, problem)
+    while True:
+        candidates = [i for i in range(len(rows)) if i not in problems]
+        columns = list(zip(*(rows[i] for i in candidates))) if candidates else [()] * NUM_COLUMNS
+        found = {}
+        users, bad_users = parse_int_column(columns[0], allow_empty=False)
+        items, bad_items = parse_int_column(columns[1], allow_empty=False)
+        ratings, bad_ratings = parse_float_column(columns[2])
+        for column, bad in ((1, bad_users), (2, bad_items), (3, bad_ratings)):
+            for j in bad:
+                found.setdefault(candidates[j], BadLine(
+                    str(path), first_line_number + candidates[j], column,
+                    f"expected a number, found {columns[column - 1][j]!r}"))
+        if ratings is not None:
+            for j in np.flatnonzero(~((ratings > 0) & (ratings <= 10))):
+                found.setdefault(candidates[j], BadLine(
+                    str(path), first_line_number + candidates[j], 3,
+                    f"rating out of range (0, 10]: {columns[2][j]!r}"))
+        if not found:
+            break
+        problems.update(found)
+    for i in sorted(problems):
+        tracker.report(problems[i])
+    return users, items, ratings
+
+
+def iter_ratings(path, tracker, chunk_lines, progress, description):
+    delimiter, skip = detect_format(path)
+    total = count_lines(path) - skip if progress else None
+    with tqdm(total=total, unit="line", desc=description, disable=not progress,
+              file=sys.stderr, mininterval=1.0) as bar:
+        for first_line, lines in iter_line_chunks(path, chunk_lines, skip_lines=skip):
+            users, items, ratings = parse_ratings_chunk(path, first_line, lines, delimiter,
+                                                        tracker)
+            bar.update(len(lines))
+            if len(users):
+                yield users, items, ratings
+
+
+def make_labels(ratings, label, threshold):
+    if label == "binary":
+        return (ratings >= threshold).astype(np.float32)
+    return ratings.astype(np.float32)
+
+
+def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
+                      skip_bad_lines=False, val_fraction=0.1, shuffle_seed=0, overwrite=False,
+                      progress=True, chunk_lines=500_000, log=None):
+    """Encode a MovieLens ratings file into a dataset folder (two passes: distinct ids, encode).
+
+    Ratings files are sorted by user (or time), so rows are shuffled with ``shuffle_seed`` by
+    default before the contiguous train/validation split; pass ``shuffle_seed=None`` to keep
+    file order."""
+    log = log if log is not None else sys.stderr
+    if label not in LABEL_KINDS:
+        raise ValueError(f"label must be one of {LABEL_KINDS}, got {label!r}")
+    path = require_input_file(input_path)
+    tracker = BadLineTracker(skip_bad_lines, stream=log)
+    user_ids = np.empty(0, dtype=np.int64)
+    item_ids = np.empty(0, dtype=np.int64)
+    num_rows = 0
+    for users, items, _ in iter_ratings(path, tracker, chunk_lines, progress,
+                                        "movielens pass 1/2 (ids)"):
+        user_ids = np.union1d(user_ids, users)
+        item_ids = np.union1d(item_ids, items)
+        num_rows += len(users)
+    if num_rows == 0:
+        raise DataFormatError(f"{path}: no usable rows")
+    field_sizes = [len(user_ids), len(item_ids)]
+    train_rows, val_rows = store.contiguous_split(num_rows, val_fraction)
+
+    with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
+        names = ("dense", "sparse", "labels", "ratings")
+        suffix = ".unshuffled.npy" if shuffle_seed is not None else ".npy"
+        files = [name + suffix for name in names]
+        dense = store.create_array(tmp_dir, files[0], np.float32, (num_rows, 0))
+        sparse = store.create_array(tmp_dir, files[1], np.int64, (num_rows, 2))
+        labels = store.create_array(tmp_dir, files[2], np.float32, (num_rows, 1))
+        raw_ratings = store.create_array(tmp_dir, files[3], np.float32, (num_rows, 1))
+        start = 0
+        quiet = BadLineTracker(skip_bad_lines=True, max_reported=0)
+        for users, items, ratings in iter_ratings(path, quiet, chunk_lines, progress,
+                                                  "movielens pass 2/2 (encode)"):
+            stop = start + len(users)
+            sparse[start:stop, 0] = np.searchsorted(user_ids, users)
+            sparse[start:stop, 1] = np.searchsorted(item_ids, items) + field_sizes[0]
+            labels[start:stop, 0] = make_labels(ratings, label, threshold)
+            raw_ratings[start:stop, 0] = ratings
+            start = stop
+        store.flush_arrays(dense, sparse, labels, raw_ratings)
+        if shuffle_seed is not None:
+            shuffle_into_place(tmp_dir, [dense, sparse, labels, raw_ratings], files,
+                               shuffle_seed)
+        source = {"kind": "movielens", "path": str(path.resolve()),
+                  "skip_bad_lines": bool(skip_bad_lines), "bad_lines_skipped": tracker.skipped,
+                  "truncated": tracker.truncated}
+        label_meta = ({"kind": "binary", "rule": "rating >= threshold", "threshold": threshold}
+                      if label == "binary" else {"kind": "rating"})
+        store.write_meta(tmp_dir, store.dataset_meta(
+            "movielens", num_rows, 0, FIELD_NAMES, field_sizes, train_rows, val_rows,
+            val_fraction, shuffle_seed, source, label=label_meta,
+            extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]"},
+            raw_id_ranges={"user": [int(user_ids[0]), int(user_ids[-1])],
+                           "item": [int(item_ids[0]), int(item_ids[-1])]}))
+    summary = tracker.summary(path)
+    if summary:
+        print(summary, file=log)
+    return Path(output_dir)

@@ -1,0 +1,184 @@
+"""Dataset folders on disk.
+
+A dataset folder holds ``dense.npy`` (float32 [N, D]), ``sparse.npy`` (int64 [N, F]),
+``labels.npy`` (float32 [N, 1]) and ``meta.json``.  A folder is only ever created under a hidden
+temporary name and renamed into place once every file is written, so a folder that carries a
+readable ``meta.json`` under its final name is complete: an interrupted writer leaves at most a
+``.NAME.partial-*`` folder behind, which nothing mistakes for a dataset.
+"""
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+DENSE_FILE = "dense.npy"
+SPARSE_FILE = "sparse.npy"
+LABELS_FILE = "labels.npy"
+ID_DTYPE = np.int64
+VALUE_DTYPE = np.float32
+
+
+def is_complete_dataset(folder):
+    """True when ``folder`` is a finished dataset folder (its meta.json parses)."""
+    meta_path = Path(folder) / META_FILE
+    if not meta_path.is_file():
+        return False
+    try:
+        read_meta(folder)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def read_meta(folder):
+    with open(Path(folder) / META_FILE, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_meta(folder, meta):
+    meta = dict(meta)
+    meta.setdefault("format_version", FORMAT_VERSION)
+    path = Path(folder) / META_FILE
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def create_array(folder, file_name, dtype, shape):
+    """A writable memory-mapped .npy file, so outputs larger than RAM can be filled in chunks."""
+    return np.lib.format.open_memmap(
+        str(Path(folder) / file_name), mode="w+", dtype=dtype, shape=tuple(int(s) for s in shape))
+
+
+def flush_arrays(*arrays):
+    for array in arrays:
+        if isinstance(array, np.memmap):
+            array.flush()
+
+
+def load_arrays(folder, mmap=True):
+    """(dense, sparse, labels) of a dataset folder; memory-mapped read-only by default so that
+    several processes on one host share a single copy through the page cache."""
+    folder = Path(folder)
+    mode = "r" if mmap else None
+    dense = np.load(folder / DENSE_FILE, mmap_mode=mode)
+    sparse = np.load(folder / SPARSE_FILE, mmap_mode=mode)
+    labels = np.load(folder / LABELS_FILE, mmap_mode=mode)
+    return dense, sparse, labels
+
+
+def _fsync_tree(folder):
+    for entry in Path(folder).iterdir():
+        if entry.is_file():
+            fd = os.open(entry, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(final_dir, overwrite=False):
+    """Yield a temporary folder next to ``final_dir``; rename it to ``final_dir`` when the block
+    finishes, delete it when the block raises (or the process dies before the rename)."""
+    final_dir = Path(final_dir)
+    parent = final_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if final_dir.exists() and not overwrite:
+        raise FileExistsError(
+            f"output folder {final_dir} already exists (pass --force / overwrite=True to replace it)")
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.partial-", dir=parent))
+    try:
+        yield tmp_dir
+        _fsync_tree(tmp_dir)
+        if final_dir.exists():
+            # rename the old folder away first: rename() cannot replace a non-empty folder.
+            trash = parent / f".{final_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final_dir, trash)
+            os.rename(tmp_dir, final_dir)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp_dir, final_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(lock_path):
+    """Exclusive advisory lock (fcntl.flock) held for the block; released if the holder dies."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def permute_rows(source, target, permutation, chunk_rows=1 << 18):
+    """target[i] = source[permutation[i]], a chunk of target rows at a time (bounded memory)."""
+    for start in range(0, len(permutation), chunk_rows):
+        rows = permutation[start:start + chunk_rows]
+        # reading source rows in sorted order is far kinder to a memmap than random order.
+        order = np.argsort(rows, kind="stable")
+        gathered = np.asarray(source[rows[order]])
+        block = np.empty_like(gathered)
+        block[order] = gathered
+        target[start:start + len(rows)] = block
+
+
+def contiguous_split(num_rows, val_fraction):
+    """Rows [0, train_rows) train, the rest validate; at least one row each when possible."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    val_rows = int(round(num_rows * val_fraction))
+    if val_fraction > 0 and num_rows >= 2:
+        val_rows = min(max(val_rows, 1), num_rows - 1)
+    return num_rows - val_rows, val_rows
+
+
+def field_offsets(field_sizes):
+    sizes = np.asarray(field_sizes, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+def dataset_meta(name, num_rows, num_dense, field_names, field_sizes, train_rows, val_rows,
+                 val_fraction, shuffle_seed, source, label, **extra):
+    """The meta.json content every writer produces (readers and the generator alike)."""
+    sizes = [int(s) for s in field_sizes]
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "source": source,
+        "num_rows": int(num_rows),
+        "num_dense": int(num_dense),
+        "num_fields": len(sizes),
+        "field_names": list(field_names),
+        "field_sizes": sizes,
+        "field_offsets": [int(o) for o in field_offsets(sizes)],
+        "num_embeddings": int(sum(sizes)),
+        "id_dtype": "int64",
+        "label": label,
+        "split": {
+            "kind": "contiguous",
+            "train_rows": int(train_rows),
+            "val_rows": int(val_rows),
+            "val_fraction": float(val_fraction),
+            "shuffle_seed": shuffle_seed,
+        },
+    }
+    meta.update(extra)
+    return meta

@@ -1,0 +1,251 @@
+"""Two-pass streaming encoder for click logs made of a label, integer columns and categorical
+columns (Criteo, Avazu).
+
+Pass 1 counts every categorical value per field; the per-field dictionaries are then built
+(values seen at least ``min_count`` times, most frequent first, local ids from 1; local id 0 is
+the field's bucket for missing and rare values). Pass 2 re-reads the file and writes encoded rows
+into memory-mapped outputs. Memory is bounded by the chunk size plus the dictionaries, never by
+the row count: the 45M-row Criteo file streams through the same way as a 40-line test file.
+"""
+import collections
+import itertools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import store
+from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
+                     count_lines, iter_line_chunks, parse_int_column, require_input_file,
+                     split_lines)
+
+MISSING_OR_RARE_ID = 0
+CLICK_LABELS = ("0", "1")
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    name: str
+    delimiter: str
+    num_columns: int
+    label_column: int
+    dense_columns: tuple
+    categorical_columns: tuple
+    field_names: tuple
+    dense_names: tuple = ()
+    header: tuple = None  # expected header row, for files that have one
+
+
+@dataclass
+class ParsedChunk:
+    labels: np.ndarray       # float32 [n]
+    dense: np.ndarray        # float32 [n, num_dense]
+    categorical: list        # one list of n raw strings per field ('' = missing)
+
+    def __len__(self):
+        return len(self.labels)
+
+
+def dense_transform(raw):
+    """log(x + 1) of the integer counts. Criteo has a few negative values (column I2 goes down to
+    -3); they are clipped to 0 first, since log of a negative count has no meaning."""
+    return np.log1p(np.maximum(raw, 0).astype(np.float64)).astype(np.float32)
+
+
+def _find_value_problems(layout, columns, path, first_line_number, candidates):
+    """Bad lines found by checking label and integer columns of the candidate rows."""
+    problems = {}
+    labels = np.array(columns[layout.label_column], dtype=str)
+    for j in np.flatnonzero(~np.isin(labels, CLICK_LABELS)):
+        row = candidates[j]
+        problems.setdefault(row, BadLine(
+            str(path), first_line_number + row, layout.label_column + 1,
+            f"label must be 0 or 1, found {labels[j]!r}"))
+    for column in layout.dense_columns:
+        _, bad = parse_int_column(columns[column])
+        for j in bad:
+            row = candidates[j]
+            problems.setdefault(row, BadLine(
+                str(path), first_line_number + row, column + 1,
+                f"expected an integer or empty, found {columns[column][j]!r}"))
+    return problems
+
+
+def parse_chunk(layout, path, first_line_number, lines, tracker, row_limit=None):
+    """Parse one chunk of lines; bad lines go to ``tracker`` (which raises unless skipping).
+    With ``row_limit``, stop after that many good rows and ignore the lines past them."""
+    rows = split_lines(lines, layout.delimiter)
+    problems = {}
+    for i, fields in enumerate(rows):
+        problem = column_count_problem(fields, layout.num_columns, lines[i])
+        if problem:
+            problems[i] = BadLine(str(path), first_line_number + i, 0, problem)
+    while True:
+        candidates = [i for i in range(len(rows)) if i not in problems]
+        columns = list(zip(*(rows[i] for i in candidates))) if candidates else \
+            [()] * layout.num_columns
+        found = _find_value_problems(layout, columns, path, first_line_number, candidates)
+        if not found:
+            break
+        problems.update(found)
+
+    last_line = len(rows) - 1
+    if row_limit is not None and len(candidates) > row_limit:
+        last_line = candidates[row_limit - 1] if row_limit > 0 else -1
+        candidates = candidates[:row_limit]
+        columns = [column[:row_limit] for column in columns]
+    for i in sorted(problems):
+        if i <= last_line:
+            tracker.report(problems[i])
+
+    labels = np.array(columns[layout.label_column], dtype=str).astype(np.float32)
+    dense = np.empty((len(candidates), len(layout.dense_columns)), dtype=np.float32)
+    for k, column in enumerate(layout.dense_columns):
+        raw, _ = parse_int_column(columns[column])
+        dense[:, k] = dense_transform(raw)
+    categorical = [list(columns[column]) for column in layout.categorical_columns]
+    return ParsedChunk(labels, dense, categorical)
+
+
+def check_header(layout, path):
+    if layout.header is None:
+        return 0
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        first = f.readline().rstrip("\r\n")
+    found = tuple(first.split(layout.delimiter))
+    if found != tuple(layout.header):
+        raise DataFormatError(
+            f"{path}:1: expected the {layout.name} header "
+            f"{layout.delimiter.join(layout.header)!r}, found {first[:200]!r}")
+    return 1
+
+
+def iter_parsed_chunks(layout, path, tracker, rows, chunk_lines, progress, description):
+    skip = check_header(layout, path)
+    total_lines = count_lines(path) - skip if progress else None
+    remaining = rows
+    with tqdm(total=total_lines, unit="line", desc=description, disable=not progress,
+              file=sys.stderr, mininterval=1.0) as bar:
+        for first_line, lines in iter_line_chunks(path, chunk_lines, skip_lines=skip):
+            chunk = parse_chunk(layout, path, first_line, lines, tracker, remaining)
+            bar.update(len(lines))
+            if len(chunk):
+                yield chunk
+            if remaining is not None:
+                remaining -= len(chunk)
+                if remaining <= 0:
+                    return
+
+
+def count_values(layout, path, tracker, rows, chunk_lines, progress):
+    """Pass 1: number of good rows and a value -> count dict per categorical field."""
+    counters = [collections.Counter() for _ in layout.categorical_columns]
+    num_rows = 0
+    for chunk in iter_parsed_chunks(layout, path, tracker, rows, chunk_lines, progress,
+                                    f"{layout.name} pass 1/2 (count)"):
+        num_rows += len(chunk)
+        for counter, values in zip(counters, chunk.categorical):
+            counter.update(values)  # Counter.update counts an iterable in C
+    return num_rows, counters
+
+
+def build_vocabulary(counter, min_count):
+    """value -> local id: most frequent first (hot ids get small numbers), ties broken by value
+    so the result does not depend on dict order; id 0 is left for missing and rare values."""
+    kept = [(value, count) for value, count in counter.items()
+            if value != "" and count >= min_count]
+    kept.sort(key=lambda item: (-item[1], item[0]))
+    return {value: index + 1 for index, (value, _) in enumerate(kept)}
+
+
+def encode_values(values, vocabulary):
+    lookup = vocabulary.get
+    return np.fromiter(map(lookup, values, itertools.repeat(MISSING_OR_RARE_ID)),
+                       dtype=np.int64, count=len(values))
+
+
+def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
+                  skip_bad_lines=False, val_fraction=0.1, shuffle_seed=None,
+                  chunk_lines=200_000, overwrite=False, progress=True, log=None):
+    """Read ``input_path`` and write a dataset folder at ``output_dir``; returns its path."""
+    log = log if log is not None else sys.stderr
+    path = require_input_file(input_path)
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    if rows is not None and rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    tracker = BadLineTracker(skip_bad_lines, stream=log)
+    num_rows, counters = count_values(layout, path, tracker, rows, chunk_lines, progress)
+    if num_rows == 0:
+        raise DataFormatError(f"{path}: no usable rows")
+    vocabularies = []
+    for i in range(len(counters)):
+        vocabularies.append(build_vocabulary(counters[i], min_count))
+        counters[i] = None  # release the counts field by field
+    field_sizes = [len(vocabulary) + 1 for vocabulary in vocabularies]
+    offsets = store.field_offsets(field_sizes)
+    train_rows, val_rows = store.contiguous_split(num_rows, val_fraction)
+
+    with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
+        write_encoded(layout, path, tmp_dir, num_rows, vocabularies, offsets, rows,
+                      chunk_lines, progress, shuffle_seed)
+        summary = tracker.summary(path)
+        source = {
+            "kind": layout.name, "path": str(path.resolve()), "row_limit": rows,
+            "min_count": int(min_count), "skip_bad_lines": bool(skip_bad_lines),
+            "bad_lines_skipped": tracker.skipped, "truncated": tracker.truncated,
+        }
+        store.write_meta(tmp_dir, store.dataset_meta(
+            layout.name, num_rows, len(layout.dense_columns), layout.field_names, field_sizes,
+            train_rows, val_rows, val_fraction, shuffle_seed, source,
+            label={"kind": "click", "values": [0.0, 1.0]},
+            dense_names=list(layout.dense_names),
+            encoding={
+                "missing_or_rare_local_id": MISSING_OR_RARE_ID,
+                "local_id_order": "descending count, ties by value",
+                "dense": "log(max(x, 0) + 1), missing -> 0",
+            }))
+    if summary:
+        print(summary, file=log)
+    return Path(output_dir)
+
+
+def write_encoded(layout, path, out_dir, num_rows, vocabularies, offsets, rows, chunk_lines,
+                  progress, shuffle_seed):
+    """Pass 2: encode every good row into memmapped arrays (then shuffle them if asked)."""
+    suffix = ".unshuffled.npy" if shuffle_seed is not None else ".npy"
+    names = ["dense" + suffix, "sparse" + suffix, "labels" + suffix]
+    num_dense = len(layout.dense_columns)
+    dense = store.create_array(out_dir, names[0], np.float32, (num_rows, num_dense))
+    sparse = store.create_array(out_dir, names[1], np.int64, (num_rows, len(vocabularies)))
+    labels = store.create_array(out_dir, names[2], np.float32, (num_rows, 1))
+    quiet = BadLineTracker(skip_bad_lines=True, max_reported=0)  # pass 1 already reported
+    start = 0
+    for chunk in iter_parsed_chunks(layout, path, quiet, rows, chunk_lines, progress,
+                                    f"{layout.name} pass 2/2 (encode)"):
+        stop = start + len(chunk)
+        dense[start:stop] = chunk.dense
+        labels[start:stop, 0] = chunk.labels
+        for f, (values, vocabulary) in enumerate(zip(chunk.categorical, vocabularies)):
+            sparse[start:stop, f] = encode_values(values, vocabulary) + offsets[f]
+        start = stop
+    if start != num_rows:
+        raise DataFormatError(f"{path}: changed while being read ({num_rows} rows in pass 1, "
+                              f"{start} in pass 2)")
+    store.flush_arrays(dense, sparse, labels)
+    if shuffle_seed is not None:
+        shuffle_into_place(out_dir, [dense, sparse, labels], names, shuffle_seed)
+
+
+def shuffle_into_place(out_dir, arrays, unshuffled_names, shuffle_seed):
+    num_rows = len(arrays[0])
+    permutation = np.random.default_rng(shuffle_seed).permutation(num_rows)
+    for array, name in zip(arrays, unshuffled_names):
+        final = store.create_array(out_dir, name.replace(".unshuffled", ""), array.dtype,
+                                   array.shape)
+        store.permute_rows(array, final, permutation)
+        store.flush_arrays(final)
+        del final
+        (Path(out_dir) / name).unlink()
