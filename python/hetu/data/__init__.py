@@ -1,0 +1,26 @@
+"""Datasets for CTR models: readers for Criteo, Avazu and MovieLens, the synthetic default data,
+and memory-mapped loading (``load_dataset``). Depends only on numpy, the standard library and
+tqdm, so it can be imported on its own.
+
+Folder format (written by every reader and by the generator): ``dense.npy`` float32 [N, D]
+(D = 0 when there are no dense features), ``sparse.npy`` int64 [N, F] holding global ids
+(field offset + local id, all fields in one id space), ``labels.npy`` float32 [N, 1], and
+``meta.json`` (field sizes and offsets, num_embeddings, split, source). The first
+``split.train_rows`` rows train, the rest validate.
+"""
+from .avazu import prepare_avazu
+from .cache import data_home, ensure_synthetic, synthetic_dataset_dir
+from .criteo import prepare_criteo
+from .dataset import Dataset, DatasetMeta, DatasetPart, load_dataset
+from .movielens import prepare_movielens
+from .stats import rank_auc, top_rows_lookup_share
+from .store import is_complete_dataset
+from .synthetic import SyntheticSpec, generate_synthetic, synthetic_spec
+from .textio import DataFormatError
+
+__all__ = [
+    "Dataset", "DatasetMeta", "DatasetPart", "DataFormatError", "SyntheticSpec", "data_home",
+    "ensure_synthetic", "generate_synthetic", "is_complete_dataset", "load_dataset",
+    "prepare_avazu", "prepare_criteo", "prepare_movielens", "rank_auc", "synthetic_dataset_dir",
+    "synthetic_spec", "top_rows_lookup_share",
+]

@@ -11,7 +11,6 @@ import fcntl
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -97,7 +96,9 @@ def atomic_directory(final_dir, overwrite=False):
     if final_dir.exists() and not overwrite:
         raise FileExistsError(
             f"output folder {final_dir} already exists (pass --force / overwrite=True to replace it)")
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.partial-", dir=parent))
+    # mkdir (unlike mkdtemp's 0700) honours the umask, so a shared cache stays readable by all
+    tmp_dir = parent / f".{final_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp_dir.mkdir()
     try:
         yield tmp_dir
         _fsync_tree(tmp_dir)

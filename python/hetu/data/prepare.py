@@ -1,0 +1,120 @@
+"""Command line: turn raw click logs into dataset folders, or generate synthetic ones.
+
+    python -m hetu.data.prepare criteo    --input train.txt  --output DIR [--rows N] [--min-count K]
+    python -m hetu.data.prepare avazu     --input train      --output DIR [--rows N] [--min-count K]
+    python -m hetu.data.prepare movielens --input u.data     --output DIR [--label binary|rating]
+    python -m hetu.data.prepare synthetic --output DIR [--shape criteo|avazu|movielens] [--rows N]
+                                          [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
+
+Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
+"""
+import argparse
+import json
+import sys
+
+from .avazu import prepare_avazu
+from .criteo import prepare_criteo
+from .movielens import prepare_movielens
+from .store import read_meta
+from .synthetic import SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
+from .textio import DataFormatError
+
+DEFAULTS = SyntheticSpec()
+
+
+def add_common(parser, shuffle_default):
+    parser.add_argument("--input", required=True, help="raw file to read")
+    parser.add_argument("--output", required=True, help="dataset folder to create")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="skip malformed lines (counted at the end) instead of stopping")
+    parser.add_argument("--val-fraction", type=float, default=0.1,
+                        help="last fraction of rows used for validation (default 0.1)")
+    parser.add_argument("--shuffle-seed", type=int, default=shuffle_default,
+                        help="shuffle rows with this seed before the split "
+                             f"(default {shuffle_default}: "
+                             f"{'keep file order' if shuffle_default is None else 'shuffled'})")
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_click_log(subparsers, name, help_text):
+    parser = subparsers.add_parser(name, help=help_text)
+    add_common(parser, shuffle_default=None)
+    parser.add_argument("--rows", type=int, default=None, help="use only the first N good rows")
+    parser.add_argument("--min-count", type=int, default=1,
+                        help="values seen fewer times share the field's rare/missing id 0")
+    return parser
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m hetu.data.prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_click_log(subparsers, "criteo", "Criteo Kaggle train.txt")
+    add_click_log(subparsers, "avazu", "Avazu train CSV")
+    movielens = subparsers.add_parser("movielens", help="MovieLens u.data / ratings.dat / .csv")
+    add_common(movielens, shuffle_default=0)
+    movielens.add_argument("--label", choices=("binary", "rating"), default="binary",
+                           help="binary: 1 when rating >= --threshold (default); rating: raw")
+    movielens.add_argument("--threshold", type=float, default=4.0)
+    synthetic = subparsers.add_parser("synthetic", help="generate a synthetic dataset")
+    synthetic.add_argument("--output", required=True)
+    synthetic.add_argument("--shape", choices=sorted(SHAPES), default="criteo")
+    synthetic.add_argument("--rows", type=int, default=DEFAULTS.rows)
+    synthetic.add_argument("--scale", type=float, default=None,
+                           help="field sizes = real sizes x scale (default per shape: "
+                           + ", ".join(f"{k} {v.default_scale}" for k, v in SHAPES.items()) + ")")
+    synthetic.add_argument("--min-field-size", type=int, default=DEFAULTS.min_field_size)
+    synthetic.add_argument("--zipf-exponent", type=float, default=DEFAULTS.zipf_exponent)
+    synthetic.add_argument("--drift", type=float, default=DEFAULTS.drift)
+    synthetic.add_argument("--positive-rate", type=float, default=DEFAULTS.positive_rate)
+    synthetic.add_argument("--linear-signal", type=float, default=DEFAULTS.linear_signal)
+    synthetic.add_argument("--interaction-signal", type=float,
+                           default=DEFAULTS.interaction_signal)
+    synthetic.add_argument("--val-fraction", type=float, default=DEFAULTS.val_fraction)
+    synthetic.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    synthetic.add_argument("--force", action="store_true")
+    synthetic.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def run(args):
+    progress = not args.quiet
+    if args.command in ("criteo", "avazu"):
+        prepare = prepare_criteo if args.command == "criteo" else prepare_avazu
+        return prepare(args.input, args.output, rows=args.rows, min_count=args.min_count,
+                       skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
+                       shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress)
+    if args.command == "movielens":
+        return prepare_movielens(args.input, args.output, label=args.label,
+                                 threshold=args.threshold, skip_bad_lines=args.skip_bad_lines,
+                                 val_fraction=args.val_fraction, shuffle_seed=args.shuffle_seed,
+                                 overwrite=args.force, progress=progress)
+    params = {name: getattr(args, name) for name in (
+        "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
+        "interaction_signal", "val_fraction", "seed")}
+    if args.scale is not None:
+        params["scale"] = args.scale
+    spec = synthetic_spec(args.shape, **params)
+    return generate_synthetic(args.output, spec, overwrite=args.force, progress=progress)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        output = run(args)
+    except (DataFormatError, FileNotFoundError, FileExistsError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    meta = read_meta(output)
+    summary = {key: meta[key] for key in ("name", "num_rows", "num_fields", "num_dense",
+                                          "num_embeddings")}
+    summary["split"] = meta["split"]
+    if "measured" in meta["source"]:
+        summary["measured"] = meta["source"]["measured"]
+    print(f"wrote {output}: {json.dumps(summary)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
