@@ -621,7 +621,7 @@ class Job:
         popen = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=True)
-        proc = Proc(role="workers", rank=None, host=self.cluster.chief.host, popen=popen)
+        proc = Proc(role="workers", rank=None, host=socket.gethostname(), popen=popen)
         for pipe, stream in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
             demux = MpiOutputDemux(self.on_worker_line,
                                    lambda line, s=stream: self.on_mpirun_line(line, s))
@@ -643,7 +643,7 @@ class Job:
             r = self.mpi_failed_rank
             return (f"worker {r} on {self.rank_host.get(r, '?')} failed "
                     f"({self.mpi_failed_status or describe_status(rc)})")
-        return f"mpirun (workers) on {proc.host} failed ({describe_status(rc)})"
+        return f"mpirun (all workers) failed ({describe_status(rc)})"
 
     def check_deadline(self):
         if self.timeout is not None and time.monotonic() - self.t0 > self.timeout:
