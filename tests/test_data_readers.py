@@ -1,0 +1,266 @@
+"""Readers on tiny hand-written files: expected arrays are worked out by hand in the comments."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hetu.data import (DataFormatError, load_dataset, prepare_avazu, prepare_criteo,
+                       prepare_movielens)
+from hetu.data import store
+
+NUM_INTS, NUM_CATS = 13, 26
+
+
+def criteo_line(label, ints=None, cats=None, other_cat="f0"):
+    ints = ints or {}
+    cats = cats or {}
+    columns = [str(label)]
+    columns += [str(ints.get(i, "")) for i in range(1, NUM_INTS + 1)]
+    columns += [cats.get(c, other_cat) for c in range(1, NUM_CATS + 1)]
+    return "\t".join(columns) + "\n"
+
+
+# C1 counts: a 3, b 2, missing 1 -> a=1, b=2 (size 3).
+# C2 counts: y 2, z 2 (tie broken by value), x 1, missing 1 -> y=1, z=2, x=3 (size 4).
+# C3..C26 are 'f0' everywhere -> local id 1, size 2 each.
+CRITEO_ROWS = [
+    criteo_line(1, {1: 0, 2: -1}, {1: "a", 2: "z"}),
+    criteo_line(0, {1: 3, 2: 7}, {1: "a", 2: "y"}),
+    criteo_line(0, {2: 0}, {1: "b", 2: ""}),
+    criteo_line(1, {1: 1}, {1: "a", 2: "z"}),
+    criteo_line(0, {}, {1: "b", 2: "y"}),
+    criteo_line(1, {13: 20}, {1: "", 2: "x"}),
+]
+CRITEO_LOCAL = [(1, 2), (1, 1), (2, 0), (1, 2), (2, 1), (0, 3)]
+CRITEO_LABELS = [1, 0, 0, 1, 0, 1]
+
+
+def criteo_expected_sparse(c2_local, c2_size):
+    offsets = [0, 3] + [3 + c2_size + 2 * k for k in range(24)]
+    rows = []
+    for c1, c2 in CRITEO_LOCAL:
+        rows.append([offsets[0] + c1, offsets[1] + c2_local(c2)] + offsets[2:])
+    return np.array(rows, dtype=np.int64) + np.array([0, 0] + [1] * 24)
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_criteo_parses_to_hand_computed_arrays(tmp_path):
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS * 5))  # 30 lines
+    out = prepare_criteo(src, tmp_path / "out", progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["num_rows"] == 30 and meta["num_fields"] == 26 and meta["num_dense"] == 13
+    assert meta["field_sizes"][:3] == [3, 4, 2] and meta["field_sizes"][3:] == [2] * 23
+    assert meta["field_offsets"][:4] == [0, 3, 7, 9]
+    assert meta["num_embeddings"] == 3 + 4 + 2 * 24
+    assert meta["split"]["train_rows"] == 27 and meta["split"]["val_rows"] == 3
+
+    sparse = np.load(out / "sparse.npy")
+    assert sparse.dtype == np.int64 and sparse.shape == (30, 26)
+    expected = criteo_expected_sparse(lambda c2: c2, 4)
+    np.testing.assert_array_equal(sparse, np.tile(expected, (5, 1)))
+
+    dense = np.load(out / "dense.npy")
+    assert dense.dtype == np.float32 and dense.shape == (30, 13)
+    expected_dense = np.zeros((6, 13), dtype=np.float32)
+    expected_dense[1, 0] = math.log(4)    # I1 = 3
+    expected_dense[1, 1] = math.log(8)    # I2 = 7
+    expected_dense[3, 0] = math.log(2)    # I1 = 1
+    expected_dense[5, 12] = math.log(21)  # I13 = 20; I2 = -1 in row 0 is clipped to 0
+    np.testing.assert_allclose(dense, np.tile(expected_dense, (5, 1)), rtol=1e-6)
+
+    labels = np.load(out / "labels.npy")
+    assert labels.dtype == np.float32 and labels.shape == (30, 1)
+    np.testing.assert_array_equal(labels[:, 0], np.tile(CRITEO_LABELS, 5))
+
+
+def test_criteo_min_count_and_row_limit(tmp_path):
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS))
+    out = prepare_criteo(src, tmp_path / "out", min_count=2, progress=False)
+    # C2: x seen once -> rare bucket 0; y=1, z=2 (size 3)
+    sparse = np.load(out / "sparse.npy")
+    expected = criteo_expected_sparse(lambda c2: 0 if c2 == 3 else c2, 3)
+    np.testing.assert_array_equal(sparse, expected)
+    limited = prepare_criteo(src, tmp_path / "first4", rows=4, progress=False)
+    assert np.load(limited / "sparse.npy").shape == (4, 26)
+    assert json.loads((limited / "meta.json").read_text())["num_rows"] == 4
+
+
+def test_criteo_shuffle_is_a_seeded_permutation(tmp_path):
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS * 4))
+    plain = prepare_criteo(src, tmp_path / "plain", progress=False)
+    shuffled = prepare_criteo(src, tmp_path / "shuffled", shuffle_seed=3, progress=False)
+    order = np.random.default_rng(3).permutation(24)
+    for name in ("sparse.npy", "dense.npy", "labels.npy"):
+        np.testing.assert_array_equal(np.load(shuffled / name), np.load(plain / name)[order])
+    assert not list(shuffled.glob("*unshuffled*"))
+
+
+BAD_CRITEO = (CRITEO_ROWS[0] + CRITEO_ROWS[1]
+              + "1\t2\t3\n"                                       # line 3: 3 columns
+              + CRITEO_ROWS[2]
+              + CRITEO_ROWS[3].replace("\t\t", "\tQ\t", 1)        # line 5: I2 (column 3) = Q
+              + "7" + CRITEO_ROWS[4][1:]                          # line 6: label 7
+              + CRITEO_ROWS[5]
+              + CRITEO_ROWS[0][:25])                              # line 8: cut mid-record
+
+
+def test_criteo_bad_line_stops_with_file_line_and_column(tmp_path):
+    src = write(tmp_path, "train.txt", BAD_CRITEO)
+    with pytest.raises(DataFormatError, match=r"train\.txt:3: expected 40 columns, found 3"):
+        prepare_criteo(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["train.txt"]  # no partial folder left
+
+
+def test_criteo_skip_bad_lines_counts_and_reports(tmp_path, capsys):
+    src = write(tmp_path, "train.txt", BAD_CRITEO)
+    out = prepare_criteo(src, tmp_path / "out", skip_bad_lines=True, progress=False)
+    err = capsys.readouterr().err
+    assert "train.txt:3: expected 40 columns" in err
+    assert "train.txt:5: column 3: expected an integer" in err
+    assert "train.txt:6: column 1: label must be 0 or 1" in err
+    assert "train.txt:8: file truncated" in err
+    assert "skipped 4 bad line(s)" in err and "truncated" in err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["num_rows"] == 4
+    assert meta["source"]["bad_lines_skipped"] == 4 and meta["source"]["truncated"]
+    np.testing.assert_array_equal(np.load(out / "labels.npy")[:, 0], [1, 0, 0, 1])
+
+
+def test_truncated_file_alone_is_reported(tmp_path):
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS) + CRITEO_ROWS[0][:30])
+    with pytest.raises(DataFormatError, match=r"train\.txt:7: file truncated"):
+        prepare_criteo(src, tmp_path / "out", progress=False)
+
+
+def test_missing_input_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        prepare_criteo(tmp_path / "nope.txt", tmp_path / "out", progress=False)
+
+
+def test_interrupted_write_leaves_nothing_that_looks_valid(tmp_path, monkeypatch):
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS))
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "write_meta", fail)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_criteo(src, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt"]
+
+
+def test_existing_output_is_not_overwritten_without_force(tmp_path):
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS))
+    out = prepare_criteo(src, tmp_path / "out", progress=False)
+    with pytest.raises(FileExistsError):
+        prepare_criteo(src, out, progress=False)
+    prepare_criteo(src, out, rows=2, overwrite=True, progress=False)
+    assert json.loads((out / "meta.json").read_text())["num_rows"] == 2
+
+
+AVAZU_HEADER = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,"
+                "app_domain,app_category,device_id,device_ip,device_model,device_type,"
+                "device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21\n")
+
+
+def avazu_line(row_id, click, hour, site_id):
+    # the 19 columns after site_id are the same constant in every row
+    return ",".join([str(row_id), str(click), hour, "1005", "0", site_id] + ["k"] * 18) + "\n"
+
+
+def test_avazu_parses_to_hand_computed_arrays(tmp_path):
+    rows = [avazu_line(10000000 + i, click, hour, site)
+            for i, (click, hour, site) in enumerate([
+                (0, "14102100", "s1"), (1, "14102100", "s2"), (0, "14102101", "s1"),
+                (1, "14102101", "s1"), (0, "14102100", "")])]
+    src = write(tmp_path, "train", AVAZU_HEADER + "".join(rows))
+    out = prepare_avazu(src, tmp_path / "out", progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["num_fields"] == 22 and meta["num_dense"] == 0
+    assert meta["field_names"][0] == "hour" and meta["field_names"][3] == "site_id"
+    # hour: 14102100 x3 -> 1, 14102101 x2 -> 2 (size 3); C1, banner_pos constant (size 2);
+    # site_id: s1 x3 -> 1, s2 -> 2, missing -> 0 (size 3); the 18 others constant (size 2).
+    assert meta["field_sizes"] == [3, 2, 2, 3] + [2] * 18
+    offsets = [0, 3, 5, 7] + [10 + 2 * k for k in range(18)]
+    assert meta["field_offsets"] == offsets
+    local = [(1, 1), (1, 2), (2, 1), (2, 1), (1, 0)]
+    expected = np.array([[h, 1, 1, s] + [1] * 18 for h, s in local]) + np.array(offsets)
+    np.testing.assert_array_equal(np.load(out / "sparse.npy"), expected)
+    assert np.load(out / "dense.npy").shape == (5, 0)
+    np.testing.assert_array_equal(np.load(out / "labels.npy")[:, 0], [0, 1, 0, 1, 0])
+    assert load_dataset(out).train.dense is None
+
+
+def test_avazu_bad_header_and_bad_label(tmp_path):
+    src = write(tmp_path, "train", "id,hour,C1\n" + avazu_line(1, 0, "14102100", "s"))
+    with pytest.raises(DataFormatError, match=r"train:1: expected the avazu header"):
+        prepare_avazu(src, tmp_path / "out", progress=False)
+    src = write(tmp_path, "train2", AVAZU_HEADER + avazu_line(1, 0, "14102100", "s")
+                + avazu_line(2, "yes", "14102100", "s"))
+    with pytest.raises(DataFormatError, match=r"train2:3: column 2: label must be 0 or 1"):
+        prepare_avazu(src, tmp_path / "out", progress=False)
+
+
+U_DATA = "196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n" \
+         "196\t377\t4\t881250950\n22\t242\t5\t878887117\n"
+# users 22, 186, 196 -> 0, 1, 2; items 242, 302, 377 -> 0, 1, 2 (+3 offset)
+ML_SPARSE = np.array([[2, 3], [1, 4], [0, 5], [2, 5], [0, 3]], dtype=np.int64)
+
+
+def test_movielens_u_data_binary_and_rating_labels(tmp_path):
+    src = write(tmp_path, "u.data", U_DATA)
+    out = prepare_movielens(src, tmp_path / "bin", shuffle_seed=None, progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["field_sizes"] == [3, 3] and meta["num_embeddings"] == 6
+    assert meta["label"] == {"kind": "binary", "rule": "rating >= threshold", "threshold": 4.0}
+    np.testing.assert_array_equal(np.load(out / "sparse.npy"), ML_SPARSE)
+    np.testing.assert_array_equal(np.load(out / "labels.npy")[:, 0], [0, 0, 0, 1, 1])
+    rated = prepare_movielens(src, tmp_path / "rating", label="rating", shuffle_seed=None,
+                              progress=False)
+    np.testing.assert_array_equal(np.load(rated / "labels.npy")[:, 0], [3, 3, 1, 4, 5])
+
+
+def test_movielens_csv_and_dat_formats(tmp_path):
+    csv = "userId,movieId,rating,timestamp\n" + U_DATA.replace("\t", ",").replace(",4,", ",4.5,")
+    out = prepare_movielens(write(tmp_path, "ratings.csv", csv), tmp_path / "csv",
+                            label="rating", shuffle_seed=None, progress=False)
+    np.testing.assert_array_equal(np.load(out / "sparse.npy"), ML_SPARSE)
+    np.testing.assert_array_equal(np.load(out / "labels.npy")[:, 0], [3, 3, 1, 4.5, 5])
+    dat = prepare_movielens(write(tmp_path, "ratings.dat", U_DATA.replace("\t", "::")),
+                            tmp_path / "dat", shuffle_seed=None, progress=False)
+    np.testing.assert_array_equal(np.load(dat / "sparse.npy"), ML_SPARSE)
+
+
+def test_movielens_bad_line(tmp_path):
+    src = write(tmp_path, "u.data", U_DATA + "7\tabc\t3\t1\n")
+    with pytest.raises(DataFormatError, match=r"u\.data:6: column 2: expected a number"):
+        prepare_movielens(src, tmp_path / "out", progress=False)
+    out = prepare_movielens(src, tmp_path / "out", skip_bad_lines=True, progress=False)
+    assert json.loads((out / "meta.json").read_text())["num_rows"] == 5
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hetu.data.prepare", *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_exit_status_and_messages(tmp_path):
+    src = write(tmp_path, "train.txt", BAD_CRITEO)
+    failed = run_cli("criteo", "--input", src, "--output", tmp_path / "a", "--quiet")
+    assert failed.returncode == 2 and "train.txt:3: expected 40 columns" in failed.stderr
+    assert not (tmp_path / "a").exists()
+    skipped = run_cli("criteo", "--input", src, "--output", tmp_path / "a", "--quiet",
+                      "--skip-bad-lines")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipped 4 bad line(s)" in skipped.stderr
+    missing = run_cli("avazu", "--input", tmp_path / "absent.csv", "--output", tmp_path / "b")
+    assert missing.returncode == 2 and "absent.csv" in missing.stderr
