@@ -259,9 +259,12 @@ def remote_command(cwd: str, env: Dict[str, str], argv: List[str]) -> str:
     """
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     cmd = " ".join(shlex.quote(a) for a in argv)
-    return (f"cd {shlex.quote(cwd)} && {{ env {assigns} {cmd} & p=$!; "
-            f"{{ cat >/dev/null; kill -TERM $p; sleep 5; kill -KILL $p; }} "
-            f">/dev/null 2>&1 & w=$!; wait $p; rc=$?; kill $w 2>/dev/null; exit $rc; }}")
+    # Background jobs of a non-interactive shell read /dev/null, so the watchdog gets the
+    # session's stdin through fd 3 explicitly.
+    return (f"cd {shlex.quote(cwd)} && exec 3<&0 && {{ env {assigns} {cmd} 3<&- & p=$!; "
+            f"{{ cat <&3 >/dev/null; kill -TERM $p; sleep 5; kill -KILL $p; }} "
+            f">/dev/null 2>&1 & w=$!; exec 3<&-; wait $p; rc=$?; kill $w 2>/dev/null; "
+            f"exit $rc; }}")
 
 
 # --------------------------------------------------------------------------- processes
