@@ -15,6 +15,7 @@ from .context import cpu
 from .dataloader import DataloaderOp
 from .graph import Variable
 from .ndarray import NDArray
+from .ops.embedding import IndexedSlices
 from .passes import run_passes
 from .passes.graph import Graph
 
@@ -121,12 +122,15 @@ class Executor:
         return entry
 
     # --- running -------------------------------------------------------------------------------
-    def run(self, name="default", feed_dict=None, convert_to_numpy_ret_vals=False, eval_node_list=None):
+    def run(self, name="default", feed_dict=None, convert_to_numpy_ret_vals=False, eval_node_list=None,
+            training=None):
+        """One step of subgraph `name`. Training mode (dropout active, batch statistics) is on
+        for subgraphs with an optimizer unless `training` says otherwise."""
         if name not in self.graph.topo:
             raise KeyError(f"no subgraph {name!r}; this executor has {sorted(self.graph.topo)}")
         state = self.state
         state.subgraph = name
-        state.training = self.graph.is_training(name)
+        state.training = self.graph.is_training(name) if training is None else training
         feeds = self._check_feeds(name, feed_dict or {})
         vals = {}
         for node in self.graph.topo[name]:
@@ -144,8 +148,12 @@ class Executor:
         return [self._output(vals[n.id], convert_to_numpy_ret_vals) for n in outputs]
 
     def _output(self, value, to_numpy):
+        """A copy the caller may keep: the executor reuses its buffers on the next step."""
         if value is None:
             return None
+        if isinstance(value, IndexedSlices):
+            return IndexedSlices(self._output(value.indices, to_numpy), self._output(value.values, to_numpy),
+                                 value.dense_shape)
         if to_numpy:
             return value.get() if hasattr(value, "get") else np.array(value, copy=True)
         return NDArray(self.state.xp.array(value, copy=True), self.config.ctx)

@@ -10,12 +10,17 @@ from ..graph import Op
 __all__ = ["batch_normalization_op", "layer_normalization_op", "dropout_op"]
 
 
-def _norm_backward(xp, g, xhat, rstd, gamma, axes):
-    """dx, dgamma, dbeta of y = gamma * xhat + beta, xhat normalised over `axes`."""
+def _norm_backward(xp, g, xhat, rstd, gamma, axes, fixed_stats):
+    """dx, dgamma, dbeta of y = gamma * xhat + beta, xhat normalised over `axes` with statistics
+    of the batch itself, or with fixed (running) statistics in inference."""
     m = np.float32(np.prod([g.shape[a] for a in axes]))
-    dbeta = g.sum(axis=axes, keepdims=True)
-    dgamma = (g * xhat).sum(axis=axes, keepdims=True)
+    # gamma and beta are shared along every axis where their view has size 1.
+    param_axes = tuple(i for i, d in enumerate(gamma.shape) if d == 1)
+    dbeta = g.sum(axis=param_axes)
+    dgamma = (g * xhat).sum(axis=param_axes)
     dxhat = g * gamma
+    if fixed_stats:
+        return dxhat * rstd, dgamma, dbeta
     dx = rstd / m * (m * dxhat - dxhat.sum(axis=axes, keepdims=True) - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
     return dx, dgamma, dbeta
 
@@ -50,7 +55,8 @@ class NormGradOp(Op):
         saved = state.scratch[self.fwd.id]
         xp = array_module_of(g)
         gamma_b = gamma.reshape(self.fwd.param_view_shape(x.ndim))
-        dx, dgamma, dbeta = _norm_backward(xp, g, saved["xhat"], saved["rstd"], gamma_b, self.fwd.reduce_axes(x.ndim))
+        dx, dgamma, dbeta = _norm_backward(xp, g, saved["xhat"], saved["rstd"], gamma_b, self.fwd.reduce_axes(x.ndim),
+                                           saved["fixed_stats"])
         state.scratch[self.id] = {"dgamma": dgamma.reshape(gamma.shape), "dbeta": dbeta.reshape(gamma.shape)}
         return dx
 
@@ -99,7 +105,7 @@ class BatchNormOp(_Normalize):
             mean, var = running_mean.reshape(view), running_var.reshape(view)
         rstd = 1 / xp.sqrt(var + self.eps)
         xhat = (x - mean) * rstd
-        state.scratch[self.id] = {"xhat": xhat, "rstd": rstd}
+        state.scratch[self.id] = {"xhat": xhat, "rstd": rstd, "fixed_stats": not state.training}
         return (xhat * gamma.reshape(view) + beta.reshape(view)).astype(np.float32, copy=False)
 
 
@@ -118,7 +124,7 @@ class LayerNormOp(_Normalize):
         mean = x.mean(axis=-1, keepdims=True)
         rstd = 1 / xp.sqrt(x.var(axis=-1, keepdims=True) + self.eps)
         xhat = (x - mean) * rstd
-        state.scratch[self.id] = {"xhat": xhat, "rstd": rstd}
+        state.scratch[self.id] = {"xhat": xhat, "rstd": rstd, "fixed_stats": False}
         return (xhat * gamma + beta).astype(np.float32, copy=False)
 
 

@@ -1,0 +1,33 @@
+"""Pieces every CTR model shares: the embedding tables, the MLP tower, the loss and train op."""
+import hetu as ht
+from hetu import layers
+
+
+def embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding"):
+    """One table for all fields (they share one id space) -> [batch, num_fields * embedding_size]."""
+    table = layers.Embedding(num_embeddings, embedding_size, name=name)
+    rows = table(sparse_input)
+    return table, ht.array_reshape_op(rows, (-1, num_fields * embedding_size))
+
+
+def mlp(in_features, hidden, name, logit=True):
+    """Linear+ReLU layers, then (with `logit`) a linear layer to one logit."""
+    blocks, width = [], in_features
+    for i, h in enumerate(hidden):
+        blocks.append(layers.Linear(width, h, activation=ht.relu_op, name=f"{name}_fc{i}"))
+        width = h
+    if logit:
+        blocks.append(layers.Linear(width, 1, name=f"{name}_out"))
+    return layers.Sequence(*blocks)
+
+
+def default_optimizer(optimizer):
+    return optimizer if optimizer is not None else ht.optim.SGDOptimizer(learning_rate=0.01)
+
+
+def finish(logit, y_, optimizer):
+    """prediction, mean log loss over the batch, and the train op."""
+    prediction = ht.sigmoid_op(logit)
+    loss = ht.reduce_mean_op(ht.binarycrossentropywithlogits_op(logit, y_), [0])
+    train_op = default_optimizer(optimizer).minimize(loss)
+    return loss, prediction, y_, train_op

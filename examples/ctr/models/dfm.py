@@ -1,0 +1,29 @@
+"""DeepFM: first-order weights, factorisation-machine pairwise interactions and an MLP, summed."""
+import hetu as ht
+from hetu import layers
+
+from .common import embed_fields, finish, mlp
+
+
+def dfm(dense_input, sparse_input, y_, num_embeddings, num_fields, num_dense, embedding_size=128,
+        hidden=(256, 256, 256), optimizer=None):
+    _, first_order = embed_fields(sparse_input, num_embeddings, 1, num_fields, name="fm_first_order")
+    _, embedded = embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding")
+    linear = ht.reduce_sum_op(first_order, axes=1, keepdims=True)
+    # FM: 0.5 * ((sum_f v_f)^2 - sum_f v_f^2), summed over the embedding dimension.
+    v = ht.array_reshape_op(embedded, (-1, num_fields, embedding_size))
+    sum_v = ht.reduce_sum_op(v, axes=1)
+    pairwise = ht.reduce_sum_op(sum_v * sum_v - ht.reduce_sum_op(v * v, axes=1), axes=1, keepdims=True) * 0.5
+    deep_in = embedded if dense_input is None else ht.concat_op(embedded, dense_input, axis=1)
+    logit = linear + pairwise + mlp(num_fields * embedding_size + num_dense, hidden, "dfm_deep")(deep_in)
+    if dense_input is not None:
+        logit = logit + layers.Linear(num_dense, 1, name="dfm_dense_linear")(dense_input)
+    return finish(logit, y_, optimizer)
+
+
+def dfm_criteo(dense_input, sparse_input, y_, num_embeddings=33762577, embedding_size=128, optimizer=None):
+    return dfm(dense_input, sparse_input, y_, num_embeddings, 26, 13, embedding_size, optimizer=optimizer)
+
+
+def dfm_avazu(dense_input, sparse_input, y_, num_embeddings=9449445, embedding_size=128, optimizer=None):
+    return dfm(None, sparse_input, y_, num_embeddings, 22, 0, embedding_size, optimizer=optimizer)

@@ -1,0 +1,149 @@
+"""The CTR training driver behind run_hetu.py (HET baseline) and run_laia.py (Herald).
+
+Data path: hetu.data.load_dataset (memory-mapped arrays) -> ht.Dataloader per split ->
+dataloader ops feeding the model graph -> ht.Executor (with the distribution, cache and
+scheduler options) -> per-epoch loss / accuracy / AUC."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+import hetu as ht
+from hetu.data import load_dataset
+from models import MODELS, dataset_of
+
+OPTIMIZERS = {
+    "sgd": lambda lr: ht.optim.SGDOptimizer(learning_rate=lr),
+    "momentum": lambda lr: ht.optim.MomentumOptimizer(learning_rate=lr),
+    "adagrad": lambda lr: ht.optim.AdaGradOptimizer(learning_rate=lr),
+    "adam": lambda lr: ht.optim.AdamOptimizer(learning_rate=lr),
+}
+
+
+def build_parser(herald):
+    p = argparse.ArgumentParser(description="Train a CTR model with hetu" + (" and the Herald scheduler" if herald else ""))
+    p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS))
+    p.add_argument("--batch-size", type=int, default=128, help="per-worker batch size")
+    p.add_argument("--embedding-size", type=int, default=128)
+    p.add_argument("--nepoch", type=float, default=1, help="epochs to train (fractions allowed)")
+    p.add_argument("--val", action="store_true", help="validate after every epoch")
+    p.add_argument("--all", action="store_true", help="train on the whole training split each epoch "
+                                                        "(default: at most --iters-per-epoch iterations)")
+    p.add_argument("--iters-per-epoch", type=int, default=1000)
+    p.add_argument("--comm", default=None, choices=[None, "PS", "AllReduce", "Hybrid"],
+                   help="distribution: PS, AllReduce or Hybrid (default: one process, no communication)")
+    p.add_argument("--cache", default=None, choices=[None, "lru", "lfu", "lfuopt"], help="embedding cache policy")
+    p.add_argument("--bound", type=int, default=0, help="cache staleness bound (0: exact)")
+    p.add_argument("--bsp", type=int, default=0, help="0: BSP, -1: ASP, k>0: SSP with staleness k")
+    p.add_argument("--cache-limit-ratio", type=float, default=0.1, help="cache rows / table rows")
+    p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to csv/")
+    p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
+    p.add_argument("--learning-rate", type=float, default=0.01)
+    p.add_argument("--dataset", default="synthetic", help="dataset name or prepared folder (default: synthetic)")
+    p.add_argument("--data-dir", default=None, help="a prepared dataset folder (overrides --dataset)")
+    p.add_argument("--rows", type=int, default=None, help="synthetic data: number of samples")
+    p.add_argument("--scale", type=float, default=None, help="synthetic data: table-size scale of real Criteo")
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs and CI)")
+    if herald:
+        p.add_argument("--lookahead", type=int, default=2, help="iterations the scheduler plans ahead")
+        p.add_argument("--allocator", default="greedy", choices=["greedy", "none"])
+    return p
+
+
+def load(args):
+    source = args.data_dir or args.dataset
+    if args.data_dir is None and (args.dataset == "synthetic" or args.dataset.startswith("synthetic-")):
+        name = args.dataset if args.dataset != "synthetic" else f"synthetic-{dataset_of(args.model)}"
+        params = {k: v for k, v in (("rows", args.rows), ("scale", args.scale)) if v is not None}
+        return load_dataset(name, **params)
+    return load_dataset(source)
+
+
+def distribution_options(args, herald):
+    """Executor options for the distributed modes; None values are left to the executor."""
+    if args.comm is None:
+        if args.cache is not None or herald:
+            raise SystemExit("--cache and the Herald scheduler need --comm PS or Hybrid")
+        return {}
+    opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
+            "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf}
+    if herald:
+        opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator)
+    return opts
+
+
+def make_inputs(data, batch_size, seed):
+    def op(array_of):
+        train, val = array_of(data.train), array_of(data.val)
+        if train is None:
+            return None
+        return ht.dataloader_op([ht.Dataloader(train, batch_size, "train", seed=seed),
+                                 ht.Dataloader(val, batch_size, "validate", seed=seed)])
+    return op(lambda p: p.dense), op(lambda p: p.sparse), op(lambda p: p.labels)
+
+
+def run_epoch(executor, name, iterations, progress, desc):
+    losses, preds, labels = [], [], []
+    bar = tqdm(range(iterations), desc=desc, disable=not progress, leave=False, file=sys.stdout)
+    for _ in bar:
+        out = executor.run(name, convert_to_numpy_ret_vals=True)
+        losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
+        preds.append(out[1])
+        labels.append(out[2])
+        if progress and len(losses) % 20 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+    pred, label = np.concatenate(preds), np.concatenate(labels)
+    return {"loss": float(np.mean(losses)), "acc": ht.metrics.accuracy(label, pred),
+            "auc": ht.metrics.auc(label, pred), "iterations": iterations}
+
+
+def main(argv=None, herald=False):
+    args = build_parser(herald).parse_args(argv)
+    data = load(args)
+    meta = data.meta
+    dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
+    model = MODELS[args.model]
+    loss, prediction, y_, train_op = model(dense_input, sparse_input, y_, num_embeddings=meta.num_embeddings,
+                                           embedding_size=args.embedding_size,
+                                           optimizer=OPTIMIZERS[args.optimizer](args.learning_rate))
+    executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
+                           ctx=ht.cpu(0), seed=args.seed, **distribution_options(args, herald))
+    per_epoch = executor.get_batch_num("train")
+    if not args.all:
+        per_epoch = min(per_epoch, args.iters_per_epoch)
+    total = int(round(args.nepoch * per_epoch))
+    print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
+          f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
+          f"{total} iterations", flush=True)
+    progress = not args.no_progress and sys.stdout.isatty()
+    start, done, epoch, history = time.time(), 0, 0, []
+    while done < total:
+        n = min(per_epoch, total - done)
+        t0 = time.time()
+        stats = run_epoch(executor, "train", n, progress, f"epoch {epoch}")
+        stats["seconds"] = time.time() - t0
+        line = (f"epoch {epoch}: train loss {stats['loss']:.4f} acc {stats['acc']:.4f} auc {stats['auc']:.4f} "
+                f"({n / stats['seconds']:.1f} it/s, {n * args.batch_size / stats['seconds']:.0f} samples/s)")
+        if args.val:
+            val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
+            stats["val"] = val
+            line += f" | val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f}"
+        print(line, flush=True)
+        history.append(stats)
+        done += n
+        epoch += 1
+    elapsed = time.time() - start
+    summary = {"model": args.model, "iterations": total, "seconds": elapsed,
+               "samples_per_second": total * args.batch_size / elapsed, "final": history[-1]}
+    print("summary " + json.dumps(summary), flush=True)
+    if args.save_params:
+        tmp = args.save_params + ".tmp.npz"
+        np.savez(tmp, **executor.parameters())
+        os.replace(tmp, args.save_params)
+    return summary
