@@ -1,0 +1,110 @@
+"""load_dataset: memory-mapped train/val views, the synthetic cache, and concurrent first use."""
+import importlib.util
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hetu.data.cache as cache
+from hetu.data import ensure_synthetic, generate_synthetic, load_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def data_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETU_DATA_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_parts_are_memmap_views_of_one_file(tmp_path):
+    folder = generate_synthetic(tmp_path / "d", rows=2000, progress=False)
+    ds = load_dataset(folder)
+    assert isinstance(ds.train.sparse, np.memmap) and isinstance(ds.val.sparse, np.memmap)
+    assert ds.train.sparse.filename == ds.val.sparse.filename
+    full = np.load(folder / "sparse.npy")
+    np.testing.assert_array_equal(ds.train.sparse, full[:1800])
+    np.testing.assert_array_equal(ds.val.sparse, full[1800:])
+    assert ds.meta.num_fields == 26 and ds.meta.num_dense == 13
+    assert ds.meta.field_offsets[1] == ds.meta.field_sizes[0]
+    batches = list(ds.val.batches(64))
+    assert len(batches) == 4 and batches[-1][1].shape == (8, 26)
+    assert len(list(ds.val.batches(64, drop_last=True))) == 3
+
+
+def test_synthetic_name_generates_once_into_data_home(data_home):
+    first = load_dataset("synthetic", rows=1500)
+    second = load_dataset("synthetic-criteo", rows=1500)
+    assert first.path == second.path and first.path.parent == data_home
+    assert first.path.name.startswith("synthetic-criteo-")
+    other = load_dataset("synthetic", rows=1500, seed=1)
+    assert other.path != first.path
+    assert not [p for p in data_home.iterdir() if ".partial-" in p.name]
+
+
+def test_prepared_name_without_data_says_how_to_prepare(data_home):
+    with pytest.raises(FileNotFoundError, match="hetu.data.prepare criteo"):
+        load_dataset("criteo")
+
+
+def test_inconsistent_arrays_are_rejected(tmp_path):
+    folder = generate_synthetic(tmp_path / "d", rows=100, progress=False)
+    np.save(folder / "sparse.npy", np.load(folder / "sparse.npy").astype(np.float32))
+    with pytest.raises(ValueError, match="sparse.npy is float32"):
+        load_dataset(folder)
+
+
+def _first_use(home, barrier, log_path, results):
+    import os
+    os.environ["HETU_DATA_HOME"] = home
+    real_generate = cache.generate_synthetic
+
+    def logged_generate(*args, **kwargs):
+        with open(log_path, "a") as log:
+            log.write(f"{os.getpid()}\n")
+        return real_generate(*args, **kwargs)
+
+    cache.generate_synthetic = logged_generate
+    barrier.wait()
+    folder = ensure_synthetic("criteo", rows=30_000)
+    results.put((str(folder), int(load_dataset(folder).train.sparse[-1, 0])))
+
+
+def test_concurrent_first_use_generates_once(tmp_path):
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    results = context.Queue()
+    log_path = tmp_path / "generations.log"
+    workers = [context.Process(target=_first_use,
+                               args=(str(tmp_path / "home"), barrier, str(log_path), results))
+               for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    outcomes = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    assert outcomes[0] == outcomes[1]
+    assert len(log_path.read_text().split()) == 1
+
+
+def load_example_module():
+    spec = importlib.util.spec_from_file_location(
+        "load_data", REPO / "examples" / "ctr" / "models" / "load_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_loaders(data_home, tmp_path):
+    load_data = load_example_module()
+    criteo = load_data.load_criteo(rows=1000)
+    assert criteo.meta.name == "synthetic-criteo" and criteo.train.dense.shape == (900, 13)
+    avazu = load_data.load("avazu", rows=1000)
+    assert avazu.meta.num_fields == 22 and avazu.train.dense is None
+    assert load_data.load_movielens(rows=1000).meta.num_fields == 2
+    prepared = generate_synthetic(tmp_path / "prepared", rows=500, progress=False)
+    assert len(load_data.load_criteo(data_dir=prepared).val) == 50
+    with pytest.raises(TypeError):
+        load_data.load_criteo(data_dir=prepared, rows=10)
