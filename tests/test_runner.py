@@ -194,7 +194,8 @@ def test_bad_command_line_is_rejected(tmp_path, args, message):
     assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
-def test_sigint_tears_down_every_process(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_tears_down_every_process(tmp_path, sig):
     env = fake_launcher_env(tmp_path, "hang")
     proc = subprocess.Popen(
         [sys.executable, str(RUNNER), "-w", "2", "-s", "1", *py("""
@@ -214,14 +215,14 @@ def test_sigint_tears_down_every_process(tmp_path):
         pids = [int((tmp_path / f"pid.{r}").read_text()) for r in (0, 1)]
         pids += [json.loads(p.read_text())["pid"] for p in tmp_path.glob("ps.*.json")]
         assert len(pids) == 4 and all(alive(p) for p in pids)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    assert proc.returncode == 128 + signal.SIGINT, err
-    assert "interrupted by SIGINT" in err
+    assert proc.returncode == 128 + sig, err
+    assert f"interrupted by {sig.name}" in err
     deadline = time.monotonic() + 5
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

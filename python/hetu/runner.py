@@ -639,7 +639,10 @@ class Job:
     def describe_failure(self, proc: Proc) -> str:
         rc = proc.returncode
         if proc.role != "workers":
-            return (f"{proc.label} on {proc.host} failed ({describe_status(rc)})")
+            hint = ""
+            if rc == 255 and not self.local.get(proc.host, True):
+                hint = "; 255 is also ssh's own status when it cannot reach or log in to the host"
+            return f"{proc.label} on {proc.host} failed ({describe_status(rc)}{hint})"
         for t in proc.threads:   # mpirun's own report names the rank; let it be read
             t.join(timeout=5)
         if self.mpi_failed_rank is not None:
