@@ -212,10 +212,10 @@ def root_address(cluster: Cluster) -> str:
     chief = cluster.chief
     remote = [n.host for n in cluster.nodes if not is_local(n.host)]
     addr = resolve(chief.host)
-    if remote and ipaddress.ip_address(addr).is_loopback:
-        raise ConfigError(f"chief host {chief.host!r} is a loopback name but nodes "
-                          f"{', '.join(remote)} are remote: name the chief by an address "
-                          "they can reach")
+    loopback = [n.host for n in cluster.nodes if ipaddress.ip_address(resolve(n.host)).is_loopback]
+    if remote and loopback:
+        raise ConfigError(f"host {loopback[0]!r} is a loopback name but nodes "
+                          f"{', '.join(remote)} are remote: name it by an address they can reach")
     return "127.0.0.1" if not remote and is_local(chief.host) else addr
 
 
