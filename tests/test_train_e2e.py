@@ -1,0 +1,41 @@
+"""End to end: run_hetu.py trains WDL on the synthetic Criteo-shaped data to a useful AUC."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def run_hetu(data_home, *args, timeout=240):
+    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("summary ")]
+    assert summary, proc.stdout
+    return json.loads(summary[-1][len("summary "):]), proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_wdl_reaches_auc_on_synthetic_criteo(data_home):
+    summary, out = run_hetu(data_home, "--model", "wdl_criteo", "--rows", "100000", "--embedding-size", "16",
+                            "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "600", "--val")
+    assert summary["final"]["val"]["auc"] >= 0.70, out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model", ["dfm_criteo", "dcn_criteo"])
+def test_other_criteo_models_learn(data_home, model):
+    summary, out = run_hetu(data_home, "--model", model, "--rows", "100000", "--embedding-size", "8",
+                            "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "300", "--val")
+    assert summary["final"]["val"]["auc"] >= 0.65, out
+
+
+def test_distributed_flags_without_comm_are_rejected(data_home):
+    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cache", "lru", "--rows", "100000"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and "--comm" in proc.stderr
