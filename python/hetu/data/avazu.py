@@ -26,7 +26,7 @@ LAYOUT = TableLayout(
 
 def prepare_avazu(input_path, output_dir, *, rows=None, min_count=1, skip_bad_lines=False,
                   val_fraction=0.1, shuffle_seed=None, overwrite=False, progress=True,
-                  chunk_lines=200_000, log=None):
+                  chunk_lines=100_000, log=None):
     """Encode the Avazu ``train`` CSV (with its header row) into a dataset folder.
 
     The ``id`` column is dropped, ``click`` is the label, the other 22 columns are categorical

@@ -25,7 +25,7 @@ LAYOUT = TableLayout(
 
 def prepare_criteo(input_path, output_dir, *, rows=None, min_count=1, skip_bad_lines=False,
                    val_fraction=0.1, shuffle_seed=None, overwrite=False, progress=True,
-                   chunk_lines=200_000, log=None):
+                   chunk_lines=100_000, log=None):
     """Encode Criteo ``train.txt`` into a dataset folder.
 
     Categorical values seen fewer than ``min_count`` times, and missing ones, share local id 0 of

@@ -168,7 +168,7 @@ def encode_values(values, vocabulary):
 
 def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
                   skip_bad_lines=False, val_fraction=0.1, shuffle_seed=None,
-                  chunk_lines=200_000, overwrite=False, progress=True, log=None):
+                  chunk_lines=100_000, overwrite=False, progress=True, log=None):
     """Read ``input_path`` and write a dataset folder at ``output_dir``; returns its path."""
     log = log if log is not None else sys.stderr
     path = require_input_file(input_path)
