@@ -1,0 +1,400 @@
+// hetu._ps: the node life cycle and the worker's table operations for Python. Arrays are
+// NumPy (int64 keys, float32 values); every operation returns a Handle at once and
+// Handle.wait() blocks with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+
+#include "common/optim_rules.h"
+#include "common/rng.h"
+#include "customer.h"
+#include "kv_server.h"
+#include "kv_worker.h"
+#include "postoffice.h"
+
+namespace py = pybind11;
+using namespace ps;
+
+namespace {
+
+template <typename T>
+using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+struct NodeState {
+  std::unique_ptr<Postoffice> po;
+  std::unique_ptr<Customer> customer;
+  std::unique_ptr<KVServer> server;
+  std::unique_ptr<KVWorker> worker;
+};
+std::unique_ptr<NodeState> g_node;
+
+NodeState& Node() {
+  if (!g_node) throw std::runtime_error("hetu.ps: this process has not started a node (call hetu.ps.start())");
+  return *g_node;
+}
+
+KVWorker& Worker() {
+  if (!Node().worker) throw std::runtime_error("hetu.ps: table operations need DMLC_ROLE=worker");
+  return *g_node->worker;
+}
+
+double DefaultWaitTimeout() {
+  const char* e = std::getenv("PS_WAIT_TIMEOUT");
+  return e ? std::atof(e) : 600.0;
+}
+
+enum ResultKind { kNothing, kRows, kDenseRows, kStale, kState };
+
+template <typename T>
+py::array WrapBlob(const Blob& b, std::vector<py::ssize_t> shape) {
+  auto* holder = new Blob(b);
+  py::capsule owner(holder, [](void* p) { delete static_cast<Blob*>(p); });
+  return py::array_t<T>(shape, reinterpret_cast<const T*>(holder->data), owner);
+}
+
+// Copies one part's answer (blob `bi`, `per` elements per key) into out at the part's positions.
+template <typename T>
+void Scatter(const Part& p, size_t bi, int64_t per, T* out) {
+  if (p.size() == 0 || per == 0) return;
+  const T* src = p.response.data.at(bi).as<T>();
+  if (p.response.data[bi].size != static_cast<size_t>(p.size() * per) * sizeof(T))
+    throw std::runtime_error("server answer has the wrong size");
+  if (p.contiguous) {
+    std::copy(src, src + p.size() * per, out + p.begin * per);
+    return;
+  }
+  for (int64_t i = 0; i < p.size(); ++i) std::copy(src + i * per, src + (i + 1) * per, out + p.pos[i] * per);
+}
+
+template <typename T>
+py::array Gathered(Request& r, size_t bi, int64_t per, std::vector<py::ssize_t> shape) {
+  // One server answered for all keys in order: hand its buffer to NumPy as is.
+  if (r.parts.size() == 1 && r.parts[0].contiguous && r.parts[0].begin == 0 && r.parts[0].end == r.num_keys &&
+      r.parts[0].response.data.size() > bi &&
+      r.parts[0].response.data[bi].size == static_cast<size_t>(r.num_keys * per) * sizeof(T))
+    return WrapBlob<T>(r.parts[0].response.data[bi], shape);
+  py::array_t<T> out(shape);
+  T* o = out.mutable_data();
+  for (const Part& p : r.parts) Scatter<T>(p, bi, per, o);
+  return out;
+}
+
+class Handle {
+ public:
+  Handle(std::shared_ptr<Request> req, py::list keep, int kind) : req_(std::move(req)), keep_(std::move(keep)), kind_(kind) {}
+  ~Handle() {
+    // The request may still read the caller's arrays (zero-copy sends): let it finish first.
+    if (req_ && !req_->finished() && g_node) {
+      py::gil_scoped_release nogil;
+      try {
+        g_node->customer->Wait(req_, DefaultWaitTimeout());
+      } catch (...) {
+      }
+    }
+  }
+
+  bool done() { return req_->finished(); }
+
+  py::object wait(py::object timeout) {
+    if (!result_.is_none() || consumed_) return result_;
+    const double t = timeout.is_none() ? DefaultWaitTimeout() : timeout.cast<double>();
+    {
+      py::gil_scoped_release nogil;
+      Node().customer->Wait(req_, t);
+    }
+    consumed_ = true;
+    keep_ = py::list();
+    result_ = Build();
+    return result_;
+  }
+
+ private:
+  py::object Build() {
+    Request& r = *req_;
+    const py::ssize_t n = r.num_keys, w = r.width;
+    switch (kind_) {
+      case kRows: return Gathered<float>(r, 0, w, {n, w});
+      case kDenseRows: return Gathered<float>(r, 0, 1, {n});
+      case kState: {
+        py::array rows = Gathered<float>(r, 0, w, {n, w});
+        py::array state = Gathered<float>(r, 1, r.slots * w, {n, static_cast<py::ssize_t>(r.slots * w)});
+        py::array steps = Gathered<int64_t>(r, 2, 1, {n});
+        py::array versions = Gathered<int64_t>(r, 3, 1, {n});
+        return py::make_tuple(rows, state, steps, versions);
+      }
+      case kStale: {
+        // Positions are mapped back to the caller's key array and sorted.
+        std::vector<std::tuple<int64_t, const Part*, int64_t>> hits;
+        for (const Part& p : r.parts) {
+          const Blob& idx = p.response.data.at(0);
+          for (size_t i = 0; i < idx.count<int64_t>(); ++i) {
+            const int64_t local = idx.as<int64_t>()[i];
+            if (local < 0 || local >= p.size()) throw std::runtime_error("server answer has a bad position");
+            hits.emplace_back(p.at(local), &p, static_cast<int64_t>(i));
+          }
+        }
+        std::sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+        const py::ssize_t m = static_cast<py::ssize_t>(hits.size());
+        py::array_t<int64_t> pos(m), versions(m);
+        py::array_t<float> rows({m, w});
+        for (py::ssize_t i = 0; i < m; ++i) {
+          const auto& [g, part, j] = hits[i];
+          pos.mutable_data()[i] = g;
+          versions.mutable_data()[i] = part->response.data.at(2).as<int64_t>()[j];
+          const float* src = part->response.data.at(1).as<float>() + j * w;
+          std::copy(src, src + w, rows.mutable_data() + i * w);
+        }
+        return py::make_tuple(pos, rows, versions);
+      }
+      default: return py::none();
+    }
+  }
+
+  std::shared_ptr<Request> req_;
+  py::list keep_;  // the caller's arrays, alive while the van may still read them
+  int kind_;
+  py::object result_ = py::none();
+  bool consumed_ = false;
+};
+
+TableRef Ref(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t slots = 0) {
+  TableRef t;
+  t.name = name;
+  t.rows = rows;
+  t.width = width;
+  t.dense = dense;
+  t.slots = slots;
+  return t;
+}
+
+void CheckSize(const std::string& table, const char* what, py::ssize_t got, int64_t want) {
+  if (got != want)
+    throw py::value_error("table '" + table + "': " + what + " has " + std::to_string(got) + " elements, expected " +
+                          std::to_string(want));
+}
+
+void Start() {
+  if (g_node) throw std::runtime_error("hetu.ps: a node is already running in this process");
+  auto node = std::make_unique<NodeState>();
+  node->po = std::make_unique<Postoffice>(Config::FromEnv());
+  Postoffice* po = node->po.get();
+  node->customer = std::make_unique<Customer>([po](int id) { return po->Describe(id); });
+  Customer* customer = node->customer.get();
+  if (po->role() == kServer) {
+    node->server = std::make_unique<KVServer>(po);
+    KVServer* server = node->server.get();
+    po->SetDataHandler([server](Message& m) { server->Handle(m); });
+  } else if (po->role() == kWorker) {
+    node->worker = std::make_unique<KVWorker>(po, customer);
+    po->SetDataHandler([customer](Message& m) {
+      if (!m.meta.request()) customer->OnResponse(m);
+    });
+    po->SetDeathHandler([customer](const std::string& why) { customer->FailAll(why); });
+  }
+  {
+    py::gil_scoped_release nogil;
+    po->Start();
+  }
+  g_node = std::move(node);
+}
+
+void Finalize() {
+  if (!g_node) return;
+  {
+    py::gil_scoped_release nogil;
+    g_node->po->Finalize();
+  }
+  g_node.reset();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ps, m) {
+  m.doc() = "hetu parameter server (ps-lite): node life cycle and worker table operations";
+
+  m.def("start", &Start, "Starts this process's node; role and peers from DMLC_* variables. Returns once all nodes are connected.");
+  m.def("finalize", &Finalize, "Worker: tells the scheduler it is done. All roles: stops the node.");
+  m.def(
+      "wait_for_end",
+      [](double timeout) {
+        Postoffice* po = Node().po.get();
+        std::string why;
+        bool ended;
+        {
+          py::gil_scoped_release nogil;
+          ended = po->WaitForEnd(timeout, &why);
+        }
+        return ended ? py::object(py::str(why)) : py::object(py::none());
+      },
+      py::arg("timeout") = 0.0,
+      "Scheduler/server: blocks until the job ends: '' if it ended cleanly, else why it failed; None on timeout.");
+  m.def("rank", [] { return Node().po->rank(); });
+  m.def("role", [] { return std::string(RoleName(Node().po->role())); });
+  m.def("num_workers", [] { return Node().po->num_workers(); });
+  m.def("num_servers", [] { return Node().po->num_servers(); });
+  m.def("describe", [](int id) { return Node().po->Describe(id); });
+  m.def("failure", [] { return Node().po->failure(); });
+  m.def("dropped_messages", [] { return Node().po->dropped_messages(); });
+  m.def(
+      "barrier",
+      [](int group, double timeout) {
+        Postoffice* po = Node().po.get();
+        py::gil_scoped_release nogil;
+        po->Barrier(group, timeout);
+      },
+      py::arg("group"), py::arg("timeout"));
+  m.attr("WORKERS") = static_cast<int>(kWorkerGroup);
+  m.attr("SERVERS") = static_cast<int>(kServerGroup);
+  m.attr("ALL") = static_cast<int>(kAllGroup);
+  m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
+  m.def("optim_slots", &hetu::optim::slots);
+
+  py::class_<Handle>(m, "Handle", "An operation in flight. wait(timeout=None) returns its result or raises.")
+      .def("wait", &Handle::wait, py::arg("timeout") = py::none(),
+           "Blocks (GIL released) until every server answered; returns the result. Raises RuntimeError naming "
+           "the table, the key or the peer on error, timeout (default PS_WAIT_TIMEOUT, 600 s) or a dead node.")
+      .def("done", &Handle::done);
+
+  m.def(
+      "init_table",
+      [](const std::string& name, int64_t rows, int64_t width, bool dense, int init_kind, double a, double b,
+         uint64_t seed, uint64_t stream, int optim_kind, float momentum, float beta1, float beta2, float eps,
+         float l2reg, float weight_decay, bool bsp, int staleness) {
+        pb::TableSpec spec;
+        spec.set_rows(rows);
+        spec.set_width(width);
+        spec.set_dense(dense);
+        spec.set_init_kind(init_kind);
+        spec.set_init_a(a);
+        spec.set_init_b(b);
+        spec.set_seed(seed);
+        spec.set_stream(stream);
+        spec.set_optim_kind(optim_kind);
+        spec.set_momentum(momentum);
+        spec.set_beta1(beta1);
+        spec.set_beta2(beta2);
+        spec.set_eps(eps);
+        spec.set_l2reg(l2reg);
+        spec.set_weight_decay(weight_decay);
+        spec.set_bsp(bsp);
+        spec.set_staleness(staleness);
+        KVWorker& w = Worker();
+        std::shared_ptr<Request> req;
+        {
+          py::gil_scoped_release nogil;
+          req = w.Init(name, spec);
+        }
+        return Handle(req, py::list(), kNothing);
+      });
+
+  m.def("push", [](const std::string& name, int64_t rows, int64_t width, bool dense, Arr<int64_t> keys,
+                   Arr<float> grads, std::optional<Arr<int64_t>> counts, int64_t iteration, float lr, bool pull) {
+    TableRef t = Ref(name, rows, width, dense);
+    const int64_t n = dense ? 0 : keys.size();
+    CheckSize(name, "gradient", grads.size(), dense ? rows * width : n * width);
+    if (counts) CheckSize(name, "counts", counts->size(), n);
+    py::list keep;
+    keep.append(keys);
+    keep.append(grads);
+    if (counts) keep.append(*counts);
+    const int64_t* k = keys.data();
+    const float* g = grads.data();
+    const int64_t* c = counts ? counts->data() : nullptr;
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.Push(t, pull ? kPushPull : kPush, k, n, g, c, iteration, lr);
+    }
+    return Handle(req, keep, pull ? (dense ? kDenseRows : kRows) : kNothing);
+  });
+
+  m.def("pull", [](const std::string& name, int64_t rows, int64_t width, bool dense, Arr<int64_t> keys,
+                   int64_t iteration) {
+    TableRef t = Ref(name, rows, width, dense);
+    py::list keep;
+    keep.append(keys);
+    const int64_t* k = keys.data();
+    const int64_t n = dense ? 0 : keys.size();
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.Pull(t, k, n, iteration);
+    }
+    return Handle(req, keep, dense ? kDenseRows : kRows);
+  });
+
+  m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, Arr<int64_t> keys,
+                         Arr<int64_t> versions, int64_t bound) {
+    TableRef t = Ref(name, rows, width, false);
+    CheckSize(name, "versions", versions.size(), keys.size());
+    py::list keep;
+    keep.append(keys);
+    keep.append(versions);
+    const int64_t *k = keys.data(), *v = versions.data();
+    const int64_t n = keys.size();
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.PullStale(t, k, v, n, bound);
+    }
+    return Handle(req, keep, kStale);
+  });
+
+  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys) {
+    TableRef t = Ref(name, rows, width, false, slots);
+    py::list keep;
+    keep.append(keys);
+    const int64_t* k = keys.data();
+    const int64_t n = keys.size();
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.PullState(t, k, n);
+    }
+    return Handle(req, keep, kState);
+  });
+
+  m.def("assign", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
+                     Arr<float> values, Arr<float> state, Arr<int64_t> steps, Arr<int64_t> version_add) {
+    TableRef t = Ref(name, rows, width, false, slots);
+    const int64_t n = keys.size();
+    CheckSize(name, "values", values.size(), n * width);
+    CheckSize(name, "optimizer state", state.size(), n * slots * width);
+    CheckSize(name, "steps", steps.size(), n);
+    CheckSize(name, "version_add", version_add.size(), n);
+    py::list keep;
+    for (py::object o : {py::object(keys), py::object(values), py::object(state), py::object(steps), py::object(version_add)})
+      keep.append(o);
+    const int64_t *k = keys.data(), *st = steps.data(), *va = version_add.data();
+    const float *v = values.data(), *s = state.data();
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.Assign(t, k, n, v, s, st, va);
+    }
+    return Handle(req, keep, kNothing);
+  });
+
+  m.def("admin", [](const std::string& name, int64_t rows, int64_t width, bool dense, const std::string& op,
+                    const std::string& path) {
+    TableRef t = Ref(name, rows, width, dense);
+    int code = op == "save" ? kSave : op == "load" ? kLoad : op == "clear" ? kClear : 0;
+    if (!code) throw py::value_error("admin op must be save, load or clear");
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.Admin(t, code, path);
+    }
+    return Handle(req, py::list(), kNothing);
+  });
+}

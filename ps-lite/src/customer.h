@@ -1,0 +1,68 @@
+// Customer: the worker's outstanding requests. A request goes out as one message per server
+// ("part"); it completes when every part has been answered, fails with the servers' error
+// text, or fails when a peer dies. Waits always have a deadline and name who did not answer.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "message.h"
+
+namespace ps {
+
+struct Part {
+  int node = -1;
+  // Positions of this part's keys in the caller's key array: [begin, end) when contiguous,
+  // else the explicit list `pos`.
+  int64_t begin = 0, end = 0;
+  std::vector<int64_t> pos;
+  bool contiguous = true;
+  int64_t size() const { return contiguous ? end - begin : static_cast<int64_t>(pos.size()); }
+  int64_t at(int64_t i) const { return contiguous ? begin + i : pos[i]; }
+  Message response;
+  bool answered = false;
+};
+
+struct Request {
+  std::string what;  // "pull of table 'emb'": how errors name the request
+  int op = 0;
+  int64_t num_keys = 0, width = 0, slots = 0;
+  std::vector<Part> parts;
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = 0;
+  std::string error;
+  bool finished() {
+    std::lock_guard<std::mutex> lk(mu);
+    return remaining == 0 || !error.empty();
+  }
+};
+
+class Customer {
+ public:
+  // Describes a node id for error messages.
+  explicit Customer(std::function<std::string(int)> describe) : describe_(std::move(describe)) {}
+
+  // Registers the request before its parts are sent; returns its timestamp.
+  int64_t Track(const std::shared_ptr<Request>& req);
+  void OnResponse(Message& msg);
+  // Fails every outstanding and future request (a peer died).
+  void FailAll(const std::string& why);
+  // Throws std::runtime_error on error or timeout; the message names the missing servers.
+  void Wait(const std::shared_ptr<Request>& req, double timeout_s);
+  std::string failure();
+
+ private:
+  std::function<std::string(int)> describe_;
+  std::mutex mu_;
+  int64_t next_ts_ = 1;
+  std::map<int64_t, std::shared_ptr<Request>> pending_;
+  std::string failure_;
+};
+
+}  // namespace ps

@@ -1,0 +1,30 @@
+// Data operations shared by KVWorker and KVServer. Blobs per op (request -> response):
+//   kInit       -                                  -> -
+//   kPush       keys, grads[, counts] (dense: grads) -> -
+//   kPull       keys (dense: -)                    -> rows
+//   kPushPull   as kPush                           -> rows after the push's iteration is applied
+//   kPullStale  keys, versions; arg = bound        -> positions, rows, versions
+//   kPullState  keys                               -> rows, state, steps, versions
+//   kAssign     keys, rows, state, steps, version_add -> -
+//   kSave/kLoad path                               -> -
+//   kClear      -                                  -> -
+#pragma once
+
+namespace ps {
+
+enum Op : int {
+  kInit = 1,
+  kPush = 2,
+  kPull = 3,
+  kPushPull = 4,
+  kPullStale = 5,
+  kPullState = 6,
+  kAssign = 7,
+  kSave = 8,
+  kLoad = 9,
+  kClear = 10,
+};
+
+const char* OpName(int op);
+
+}  // namespace ps

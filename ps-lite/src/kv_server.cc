@@ -1,0 +1,311 @@
+#include "kv_server.h"
+
+#include <filesystem>
+#include <set>
+
+#include "logging.h"
+
+namespace ps {
+
+const char* OpName(int op) {
+  switch (op) {
+    case kInit: return "init";
+    case kPush: return "push";
+    case kPull: return "pull";
+    case kPushPull: return "push_pull";
+    case kPullStale: return "pull_stale";
+    case kPullState: return "pull_with_state";
+    case kAssign: return "assign";
+    case kSave: return "save";
+    case kLoad: return "load";
+    case kClear: return "clear";
+    default: return "unknown op";
+  }
+}
+
+namespace {
+
+// Blob i must hold exactly n elements of T; "" or the error.
+template <typename T>
+std::string Expect(const Message& msg, size_t i, int64_t n, const char* what, const std::string& table) {
+  if (msg.data.size() <= i) return "table '" + table + "': request has no " + what;
+  if (msg.data[i].size != static_cast<size_t>(n) * sizeof(T))
+    return "table '" + table + "': " + what + " has " + std::to_string(msg.data[i].size / sizeof(T)) +
+           " elements, expected " + std::to_string(n);
+  return "";
+}
+
+int64_t NumKeys(const Message& msg) { return msg.data.empty() ? 0 : static_cast<int64_t>(msg.data[0].count<int64_t>()); }
+
+}  // namespace
+
+void KVServer::Handle(Message& msg) {
+  const int sender = msg.meta.sender();
+  // Only workers send data requests; anything else cannot even be answered.
+  if (!msg.meta.request() || sender < po_->WorkerId(0) || sender >= po_->WorkerId(po_->num_workers())) {
+    PS_VLOG(1) << "dropped a data message from node " << sender;
+    return;
+  }
+  PS_VLOG(2) << "server " << po_->rank() << ": " << OpName(msg.meta.op()) << " '" << msg.meta.table() << "' from "
+             << po_->Describe(sender);
+  try {
+    if (msg.meta.op() == kInit) return Init(msg);
+    auto it = tables_.find(msg.meta.table());
+    if (it == tables_.end()) {
+      return Reply(msg, {}, "table '" + msg.meta.table() + "' is not initialised on server " +
+                                std::to_string(po_->rank()));
+    }
+    Entry& e = it->second;
+    bool queued = false;
+    for (const auto& d : e.deferred) queued = queued || d.msg.meta.sender() == sender;
+    bool push_done = false;
+    if (queued || !Process(e, msg, &push_done)) e.deferred.push_back(Deferred{std::move(msg), push_done});
+    if (!e.deferred.empty()) ServeDeferred(e);
+  } catch (const std::exception& ex) {
+    Reply(msg, {}, "table '" + msg.meta.table() + "': server " + std::to_string(po_->rank()) + " failed on " +
+                       OpName(msg.meta.op()) + ": " + ex.what());
+  }
+}
+
+void KVServer::Init(Message& msg) {
+  const auto& spec = msg.meta.spec();
+  const std::string& name = msg.meta.table();
+  if (name.empty() || spec.rows() <= 0 || spec.width() <= 0 || spec.optim_kind() < 0 || spec.optim_kind() > 5 ||
+      spec.init_kind() < 0 || spec.init_kind() > 3 || spec.staleness() < 0)
+    return Reply(msg, {}, "table '" + name + "': invalid init spec (rows " + std::to_string(spec.rows()) +
+                              ", width " + std::to_string(spec.width()) + ")");
+  auto it = tables_.find(name);
+  if (it != tables_.end()) {
+    const auto& old = it->second.shard->spec();
+    if (old.rows() != spec.rows() || old.width() != spec.width() || old.dense() != spec.dense())
+      return Reply(msg, {}, "table '" + name + "' already exists with shape " + std::to_string(old.rows()) + "x" +
+                                std::to_string(old.width()) + (old.dense() ? " (dense)" : "") + ", not " +
+                                std::to_string(spec.rows()) + "x" + std::to_string(spec.width()) +
+                                (spec.dense() ? " (dense)" : ""));
+    return Reply(msg, {}, "");  // same shape: idempotent, keeps the current values
+  }
+  tables_[name].shard = std::make_unique<TableShard>(name, spec, po_->rank(), po_->num_servers());
+  Reply(msg, {}, "");
+}
+
+bool KVServer::Servable(const TableShard& t, const Message& msg, int64_t iteration) const {
+  if (!msg.meta.has_iteration() || !t.spec().bsp() || t.pending.empty()) return true;
+  return t.pending.begin()->first > iteration - 1 - t.spec().staleness();
+}
+
+bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
+  TableShard& t = *e.shard;
+  const std::string& name = t.name();
+  const int op = msg.meta.op();
+  const bool sparse_op = op == kPullStale || op == kPullState || op == kAssign;
+  if (sparse_op && t.dense()) {
+    Reply(msg, {}, "table '" + name + "' is dense; " + OpName(op) + " needs an embedding table");
+    return true;
+  }
+  switch (op) {
+    case kPush: Reply(msg, {}, Push(e, msg)); return true;
+    case kPushPull:
+    case kPull: {
+      int64_t iteration = msg.meta.iteration();
+      if (op == kPushPull) {
+        if (!*push_done) {
+          std::string err = Push(e, msg);
+          *push_done = true;
+          if (!err.empty()) {
+            Reply(msg, {}, err);
+            return true;
+          }
+        }
+        ++iteration;  // the rows as they are after this push's iteration is applied
+      }
+      if (!Servable(t, msg, iteration)) return false;
+      float* out;
+      if (t.dense()) {
+        Blob rows = Blob::Alloc<float>((t.hi() - t.lo()) * t.width(), &out);
+        t.GatherDense(out);
+        Reply(msg, {rows}, "");
+        return true;
+      }
+      const int64_t n = NumKeys(msg);
+      const int64_t* keys = n ? msg.data[0].as<int64_t>() : nullptr;
+      std::string err = t.CheckKeys(keys, n);
+      if (!err.empty()) {
+        Reply(msg, {}, err);
+        return true;
+      }
+      Blob rows = Blob::Alloc<float>(n * t.width(), &out);
+      t.Gather(keys, n, out);
+      Reply(msg, {rows}, "");
+      return true;
+    }
+    case kPullStale: {
+      const int64_t n = NumKeys(msg);
+      std::string err = Expect<int64_t>(msg, 1, n, "versions", name);
+      if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), n);
+      if (!err.empty()) {
+        Reply(msg, {}, err);
+        return true;
+      }
+      const int64_t* keys = msg.data[0].as<int64_t>();
+      std::vector<int64_t> idx = t.Stale(keys, msg.data[1].as<int64_t>(), n, msg.meta.arg());
+      const int64_t m = static_cast<int64_t>(idx.size());
+      float* rows;
+      int64_t* versions;
+      Blob rb = Blob::Alloc<float>(m * t.width(), &rows);
+      Blob vb = Blob::Alloc<int64_t>(m, &versions);
+      for (int64_t i = 0; i < m; ++i) {
+        t.Gather(keys + idx[i], 1, rows + i * t.width());
+        versions[i] = t.Version(keys[idx[i]]);
+      }
+      Reply(msg, {Blob::FromVector(std::move(idx)), rb, vb}, "");
+      return true;
+    }
+    case kPullState: {
+      const int64_t n = NumKeys(msg);
+      const int64_t* keys = n ? msg.data[0].as<int64_t>() : nullptr;
+      std::string err = t.CheckKeys(keys, n);
+      if (!err.empty()) {
+        Reply(msg, {}, err);
+        return true;
+      }
+      float *rows, *state;
+      int64_t *steps, *versions;
+      Blob rb = Blob::Alloc<float>(n * t.width(), &rows);
+      Blob sb = Blob::Alloc<float>(n * t.slots() * t.width(), &state);
+      Blob stb = Blob::Alloc<int64_t>(n, &steps);
+      Blob vb = Blob::Alloc<int64_t>(n, &versions);
+      t.Gather(keys, n, rows);
+      t.GatherState(keys, n, state, steps, versions);
+      Reply(msg, {rb, sb, stb, vb}, "");
+      return true;
+    }
+    case kAssign: {
+      const int64_t n = NumKeys(msg);
+      std::string err = Expect<float>(msg, 1, n * t.width(), "rows", name);
+      if (err.empty()) err = Expect<float>(msg, 2, n * t.slots() * t.width(), "optimizer state", name);
+      if (err.empty()) err = Expect<int64_t>(msg, 3, n, "steps", name);
+      if (err.empty()) err = Expect<int64_t>(msg, 4, n, "version increments", name);
+      if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), n);
+      if (err.empty())
+        t.Assign(msg.data[0].as<int64_t>(), n, msg.data[1].as<float>(), msg.data[2].as<float>(),
+                 msg.data[3].as<int64_t>(), msg.data[4].as<int64_t>());
+      Reply(msg, {}, err);
+      return true;
+    }
+    case kSave: {
+      std::error_code ec;
+      std::filesystem::create_directories(msg.meta.path(), ec);
+      Reply(msg, {}, t.Save(msg.meta.path(), po_->rank(), po_->num_servers()));
+      return true;
+    }
+    case kLoad: Reply(msg, {}, t.Load(msg.meta.path(), po_->rank(), po_->num_servers())); return true;
+    case kClear: t.Reset(); Reply(msg, {}, ""); return true;
+    default: Reply(msg, {}, "table '" + name + "': unknown op " + std::to_string(op)); return true;
+  }
+}
+
+std::string KVServer::Push(Entry& e, Message& msg) {
+  TableShard& t = *e.shard;
+  const std::string& name = t.name();
+  std::string err;
+  TableShard::Push p;
+  if (t.dense()) {
+    p.n = (t.hi() - t.lo()) * t.width();
+    if (msg.data.empty()) p.n = 0;  // an empty BSP push: nothing to add this iteration
+    else err = Expect<float>(msg, 0, p.n, "gradient", name);
+    if (err.empty() && p.n) p.values = msg.data[0].as<float>();
+  } else {
+    p.n = NumKeys(msg);
+    if (p.n) {
+      err = Expect<float>(msg, 1, p.n * t.width(), "gradient", name);
+      if (err.empty() && msg.meta.has_counts()) err = Expect<int64_t>(msg, 2, p.n, "counts", name);
+      if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), p.n);
+      if (err.empty()) {
+        p.keys = msg.data[0].as<int64_t>();
+        p.values = msg.data[1].as<float>();
+        p.counts = msg.meta.has_counts() ? msg.data[2].as<int64_t>() : nullptr;
+      }
+    }
+  }
+  if (!msg.meta.has_iteration() || !t.spec().bsp()) {
+    if (err.empty()) t.Apply({p}, msg.meta.lr());
+    return err;
+  }
+  const int64_t it = msg.meta.iteration();
+  const int rank = po_->WorkerRank(msg.meta.sender());
+  if (it <= t.applied)
+    return "table '" + name + "': push for iteration " + std::to_string(it) + " from worker " +
+           std::to_string(rank) + " arrived after that iteration was applied";
+  auto& slots = t.pending[it];
+  slots.resize(po_->num_workers());
+  if (slots[rank].meta.op() != 0)
+    return "table '" + name + "': worker " + std::to_string(rank) + " pushed twice for iteration " +
+           std::to_string(it);
+  // A rejected push still counts as this worker's (empty) message for the iteration, so the
+  // other workers are not held up by one bad request.
+  slots[rank].meta = msg.meta;
+  if (err.empty()) slots[rank].data = msg.data;
+  ++t.arrived[it];
+  TryApply(e);
+  return err;
+}
+
+void KVServer::TryApply(Entry& e) {
+  TableShard& t = *e.shard;
+  const int workers = po_->num_workers();
+  while (!t.pending.empty()) {
+    auto it = t.pending.begin();
+    if (t.arrived[it->first] < workers) return;
+    std::vector<TableShard::Push> pushes;
+    for (const Message& m : it->second) {
+      TableShard::Push p;
+      if (t.dense()) {
+        p.n = m.data.empty() ? 0 : static_cast<int64_t>(m.data[0].count<float>());
+        p.values = p.n ? m.data[0].as<float>() : nullptr;
+      } else {
+        p.n = NumKeys(m);
+        if (p.n) {
+          p.keys = m.data[0].as<int64_t>();
+          p.values = m.data[1].as<float>();
+          p.counts = m.meta.has_counts() ? m.data[2].as<int64_t>() : nullptr;
+        }
+      }
+      pushes.push_back(p);
+    }
+    // Every worker sends the same learning rate; rank 0's is the one used.
+    t.Apply(pushes, it->second[0].meta.lr());
+    t.applied = it->first;
+    t.arrived.erase(it->first);
+    t.pending.erase(it);
+  }
+}
+
+void KVServer::ServeDeferred(Entry& e) {
+  bool progress = true;
+  while (progress && !e.deferred.empty()) {
+    progress = false;
+    std::set<int> blocked;  // a worker's later messages wait behind its first deferred one
+    for (auto it = e.deferred.begin(); it != e.deferred.end(); ++it) {
+      const int sender = it->msg.meta.sender();
+      if (blocked.count(sender)) continue;
+      if (Process(e, it->msg, &it->push_done)) {
+        e.deferred.erase(it);
+        progress = true;
+        break;
+      }
+      blocked.insert(sender);
+    }
+  }
+}
+
+void KVServer::Reply(const Message& req, std::vector<Blob> data, const std::string& error) {
+  Message r;
+  r.meta.set_timestamp(req.meta.timestamp());
+  r.meta.set_op(req.meta.op());
+  r.meta.set_table(req.meta.table());
+  r.meta.set_error(error);
+  r.data = std::move(data);
+  if (!po_->Send(req.meta.sender(), &r)) PS_VLOG(1) << "cannot answer " << po_->Describe(req.meta.sender());
+}
+
+}  // namespace ps

@@ -1,0 +1,49 @@
+// KVServer: answers data requests against this server's table shards, on the receive thread
+// (so messages from one worker are handled in the order that worker sent them).
+//
+// BSP: a push that carries iteration t is buffered per worker rank; when all workers' pushes
+// for the oldest pending iteration are in, they are summed in rank order and applied once. A
+// pull for iteration t waits (is deferred, with the later messages of the same worker for the
+// same table queued behind it) while an iteration <= t-1-staleness is still pending.
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kv.h"
+#include "message.h"
+#include "postoffice.h"
+#include "table.h"
+
+namespace ps {
+
+class KVServer {
+ public:
+  explicit KVServer(Postoffice* po) : po_(po) {}
+  void Handle(Message& msg);
+
+ private:
+  struct Deferred {
+    Message msg;
+    bool push_done = false;  // push-pull whose push half is already buffered
+  };
+  struct Entry {
+    std::unique_ptr<TableShard> shard;
+    std::deque<Deferred> deferred;
+  };
+
+  void Init(Message& msg);
+  // false: the request must wait (its pull half is not servable yet).
+  bool Process(Entry& e, Message& msg, bool* push_done);
+  std::string Push(Entry& e, Message& msg);
+  void TryApply(Entry& e);
+  void ServeDeferred(Entry& e);
+  bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;
+  void Reply(const Message& req, std::vector<Blob> data, const std::string& error);
+
+  Postoffice* po_;
+  std::map<std::string, Entry> tables_;
+};
+
+}  // namespace ps

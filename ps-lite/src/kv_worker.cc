@@ -1,0 +1,176 @@
+#include "kv_worker.h"
+
+#include <algorithm>
+
+#include "table.h"
+
+namespace ps {
+
+std::shared_ptr<Request> KVWorker::NewRequest(const TableRef& t, int op) {
+  auto req = std::make_shared<Request>();
+  req->what = std::string(OpName(op)) + " of table '" + t.name + "'";
+  req->op = op;
+  req->width = t.width;
+  req->slots = t.slots;
+  return req;
+}
+
+void KVWorker::AllServers(Request* req) {
+  for (int s = 0; s < po_->num_servers(); ++s) {
+    Part p;
+    p.node = po_->ServerId(s);
+    req->parts.push_back(std::move(p));
+  }
+}
+
+void KVWorker::Partition(const TableRef& t, const int64_t* keys, int64_t n, bool all_servers, Request* req) {
+  req->num_keys = n;
+  const int S = po_->num_servers();
+  const int64_t per = std::max<int64_t>(1, (t.rows + S - 1) / S);
+  // Keys outside the table go to the nearest server, which rejects them with a clear error.
+  auto server_of = [&](int64_t k) { return k < 0 ? 0 : static_cast<int>(std::min<int64_t>(S - 1, k / per)); };
+  std::vector<int> sv(n);
+  bool grouped = true;
+  for (int64_t i = 0; i < n; ++i) {
+    sv[i] = S == 1 ? 0 : server_of(keys[i]);
+    if (i && sv[i] < sv[i - 1]) grouped = false;
+  }
+  std::vector<Part> parts(S);
+  for (int s = 0; s < S; ++s) parts[s].node = po_->ServerId(s);
+  if (grouped) {
+    for (int64_t i = 0; i < n;) {
+      int64_t j = i;
+      while (j < n && sv[j] == sv[i]) ++j;
+      parts[sv[i]].begin = i;
+      parts[sv[i]].end = j;
+      i = j;
+    }
+  } else {
+    for (auto& p : parts) p.contiguous = false;
+    for (int64_t i = 0; i < n; ++i) parts[sv[i]].pos.push_back(i);
+  }
+  for (auto& p : parts)
+    if (all_servers || p.size() > 0) req->parts.push_back(std::move(p));
+}
+
+void KVWorker::PartitionDense(const TableRef& t, Request* req) {
+  req->num_keys = t.rows * t.width;
+  for (int s = 0; s < po_->num_servers(); ++s) {
+    int64_t lo, hi;
+    TableShard::Range(t.rows, s, po_->num_servers(), &lo, &hi);
+    Part p;
+    p.node = po_->ServerId(s);
+    p.begin = lo * t.width;  // dense parts count elements, not rows
+    p.end = hi * t.width;
+    req->parts.push_back(std::move(p));
+  }
+}
+
+void KVWorker::Send(const std::shared_ptr<Request>& req, const std::string& table,
+                    const std::function<void(Message&, const Part&)>& fill) {
+  const int64_t ts = customer_->Track(req);
+  if (ts == 0) return;  // the job already failed; the request carries the error
+  for (const Part& p : req->parts) {
+    Message msg;
+    msg.meta.set_request(true);
+    msg.meta.set_timestamp(ts);
+    msg.meta.set_op(req->op);
+    msg.meta.set_table(table);
+    fill(msg, p);
+    if (!po_->Send(p.node, &msg)) {
+      Message fail;
+      fail.meta.set_timestamp(ts);
+      fail.meta.set_sender(p.node);
+      fail.meta.set_error("cannot send to " + po_->Describe(p.node));
+      customer_->OnResponse(fail);
+    }
+  }
+}
+
+std::shared_ptr<Request> KVWorker::Init(const std::string& name, const pb::TableSpec& spec) {
+  TableRef t;
+  t.name = name;
+  auto req = NewRequest(t, kInit);
+  AllServers(req.get());
+  Send(req, name, [&](Message& m, const Part&) { *m.meta.mutable_spec() = spec; });
+  return req;
+}
+
+std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t* keys, int64_t n, const float* grads,
+                                        const int64_t* counts, int64_t iteration, float lr) {
+  auto req = NewRequest(t, op);
+  const bool bsp = iteration >= 0;
+  if (t.dense) PartitionDense(t, req.get());
+  else Partition(t, keys, n, bsp, req.get());
+  Send(req, t.name, [&](Message& m, const Part& p) {
+    m.meta.set_lr(lr);
+    m.meta.set_has_iteration(bsp);
+    m.meta.set_iteration(iteration);
+    if (t.dense) {
+      if (p.size() > 0) m.data.push_back(SliceOf(p, grads, 1));
+      return;
+    }
+    if (p.size() == 0) return;
+    m.data.push_back(SliceOf(p, keys, 1));
+    m.data.push_back(SliceOf(p, grads, t.width));
+    if (counts) {
+      m.meta.set_has_counts(true);
+      m.data.push_back(SliceOf(p, counts, 1));
+    }
+  });
+  return req;
+}
+
+std::shared_ptr<Request> KVWorker::Pull(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration) {
+  auto req = NewRequest(t, kPull);
+  if (t.dense) PartitionDense(t, req.get());
+  else Partition(t, keys, n, false, req.get());
+  Send(req, t.name, [&](Message& m, const Part& p) {
+    m.meta.set_has_iteration(iteration >= 0);
+    m.meta.set_iteration(iteration);
+    if (!t.dense) m.data.push_back(SliceOf(p, keys, 1));
+  });
+  return req;
+}
+
+std::shared_ptr<Request> KVWorker::PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions,
+                                             int64_t n, int64_t bound) {
+  auto req = NewRequest(t, kPullStale);
+  Partition(t, keys, n, false, req.get());
+  Send(req, t.name, [&](Message& m, const Part& p) {
+    m.meta.set_arg(bound);
+    m.data.push_back(SliceOf(p, keys, 1));
+    m.data.push_back(SliceOf(p, versions, 1));
+  });
+  return req;
+}
+
+std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* keys, int64_t n) {
+  auto req = NewRequest(t, kPullState);
+  Partition(t, keys, n, false, req.get());
+  Send(req, t.name, [&](Message& m, const Part& p) { m.data.push_back(SliceOf(p, keys, 1)); });
+  return req;
+}
+
+std::shared_ptr<Request> KVWorker::Assign(const TableRef& t, const int64_t* keys, int64_t n, const float* values,
+                                          const float* state, const int64_t* steps, const int64_t* version_add) {
+  auto req = NewRequest(t, kAssign);
+  Partition(t, keys, n, false, req.get());
+  Send(req, t.name, [&](Message& m, const Part& p) {
+    m.data.push_back(SliceOf(p, keys, 1));
+    m.data.push_back(SliceOf(p, values, t.width));
+    m.data.push_back(SliceOf(p, state, t.slots * t.width));
+    m.data.push_back(SliceOf(p, steps, 1));
+    m.data.push_back(SliceOf(p, version_add, 1));
+  });
+  return req;
+}
+
+std::shared_ptr<Request> KVWorker::Admin(const TableRef& t, int op, const std::string& path) {
+  auto req = NewRequest(t, op);
+  AllServers(req.get());
+  Send(req, t.name, [&](Message& m, const Part&) { m.meta.set_path(path); });
+  return req;
+}
+
+}  // namespace ps

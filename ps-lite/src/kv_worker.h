@@ -1,0 +1,64 @@
+// KVWorker: turns one table operation into one message per server (keys split by the
+// contiguous row ranges), tracked as one Request by the Customer. Arrays are sent without
+// copying when a server's keys are a contiguous run of the caller's arrays; the caller keeps
+// them alive until the request finishes.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "customer.h"
+#include "kv.h"
+#include "postoffice.h"
+
+namespace ps {
+
+struct TableRef {
+  std::string name;
+  int64_t rows = 0, width = 0, slots = 0;
+  bool dense = false;
+};
+
+class KVWorker {
+ public:
+  KVWorker(Postoffice* po, Customer* customer) : po_(po), customer_(customer) {}
+
+  std::shared_ptr<Request> Init(const std::string& name, const pb::TableSpec& spec);
+  // op: kPush or kPushPull. iteration < 0: apply on arrival (ASP). Under BSP every server
+  // gets a message, empty if it owns none of the keys, so it can count this worker in.
+  std::shared_ptr<Request> Push(const TableRef& t, int op, const int64_t* keys, int64_t n, const float* grads,
+                                const int64_t* counts, int64_t iteration, float lr);
+  std::shared_ptr<Request> Pull(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration);
+  std::shared_ptr<Request> PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions, int64_t n,
+                                     int64_t bound);
+  std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n);
+  std::shared_ptr<Request> Assign(const TableRef& t, const int64_t* keys, int64_t n, const float* values,
+                                  const float* state, const int64_t* steps, const int64_t* version_add);
+  // kSave, kLoad (path) or kClear, on every server.
+  std::shared_ptr<Request> Admin(const TableRef& t, int op, const std::string& path);
+
+ private:
+  std::shared_ptr<Request> NewRequest(const TableRef& t, int op);
+  void Partition(const TableRef& t, const int64_t* keys, int64_t n, bool all_servers, Request* req);
+  void PartitionDense(const TableRef& t, Request* req);
+  void AllServers(Request* req);
+  // Sends one message per part; fill() adds the part's meta fields and blobs.
+  void Send(const std::shared_ptr<Request>& req, const std::string& table,
+            const std::function<void(Message&, const Part&)>& fill);
+
+  Postoffice* po_;
+  Customer* customer_;
+};
+
+// The part's rows of an array with `per` elements per key: a view when contiguous, else a copy.
+template <typename T>
+Blob SliceOf(const Part& p, const T* data, int64_t per) {
+  if (p.contiguous) return Blob::View(data + p.begin * per, (p.end - p.begin) * per * sizeof(T));
+  T* out;
+  Blob b = Blob::Alloc<T>(p.pos.size() * per, &out);
+  for (size_t i = 0; i < p.pos.size(); ++i)
+    std::copy(data + p.pos[i] * per, data + (p.pos[i] + 1) * per, out + i * per);
+  return b;
+}
+
+}  // namespace ps

@@ -1,0 +1,232 @@
+#include "scheduler.h"
+
+#include <algorithm>
+
+#include "logging.h"
+
+namespace ps {
+
+void Scheduler::Handle(Message& msg) {
+  const int from = msg.meta.sender();
+  switch (msg.meta.control()) {
+    case kAddNode: OnAddNode(msg); return;
+    case kHeartbeat: {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!nodes_.count(from)) return;
+        last_seen_[from] = NowSeconds();
+      }
+      Message ack;
+      ack.meta.set_control(kHeartbeatAck);
+      po_->Send(from, &ack);
+      return;
+    }
+    case kBarrier: {
+      const int group = static_cast<int>(msg.meta.arg());
+      std::vector<int> members;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!nodes_.count(from) || group < 1 || group > kAllGroup) return;
+        for (const auto& kv : nodes_) {
+          const int r = kv.second.role;
+          if ((r == kWorker && (group & kWorkerGroup)) || (r == kServer && (group & kServerGroup)))
+            members.push_back(kv.first);
+        }
+        auto& arrived = barrier_[group];
+        arrived.insert(from);
+        for (int id : members)
+          if (!arrived.count(id)) return;
+        arrived.clear();
+      }
+      for (int id : members) {
+        Message done;
+        done.meta.set_control(kBarrierDone);
+        done.meta.set_arg(group);
+        po_->Send(id, &done);
+      }
+      return;
+    }
+    case kExit: {
+      bool all_done;
+      std::vector<int> servers;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!nodes_.count(from)) return;
+        exited_.insert(from);
+        int workers = 0;
+        for (const auto& kv : nodes_) {
+          if (kv.second.role == kWorker && exited_.count(kv.first)) ++workers;
+          if (kv.second.role == kServer) servers.push_back(kv.first);
+        }
+        all_done = workers == po_->num_workers();
+      }
+      Message ack;
+      ack.meta.set_control(kExitAck);
+      po_->Send(from, &ack);
+      PS_VLOG(1) << po_->Describe(from) << " finished";
+      if (all_done) {
+        for (int id : servers) {
+          Message term;
+          term.meta.set_control(kTerminate);
+          po_->Send(id, &term);
+        }
+        po_->EndJob("");
+      }
+      return;
+    }
+    default: PS_VLOG(1) << "scheduler ignored control " << msg.meta.control() << " from node " << from;
+  }
+}
+
+void Scheduler::OnAddNode(const Message& msg) {
+  if (msg.meta.nodes_size() != 1) return;
+  const auto& n = msg.meta.nodes(0);
+  if (n.role() != kServer && n.role() != kWorker) return;
+  NodeInfo info;
+  info.role = n.role();
+  info.host = n.host();
+  info.port = n.port();
+  info.requested_rank = n.requested_rank();
+  bool complete;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!nodes_.empty()) return;  // late or duplicate registration after rendezvous
+    pending_.push_back(info);
+    complete = static_cast<int>(pending_.size()) == po_->num_workers() + po_->num_servers();
+  }
+  PS_VLOG(1) << "registered " << RoleName(info.role) << " at " << info.host << ":" << info.port;
+  if (complete) AssignRanks();
+}
+
+// Requested ranks (DMLC_WORKER_ID, e.g. the MPI rank) are honoured; the others fill the free
+// ranks in registration order.
+void Scheduler::AssignRanks() {
+  std::vector<NodeInfo> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    all = pending_;
+  }
+  for (int role : {kServer, kWorker}) {
+    const int count = role == kServer ? po_->num_servers() : po_->num_workers();
+    std::vector<bool> taken(count, false);
+    for (auto& n : all) {
+      if (n.role != role || n.requested_rank < 0) continue;
+      const char* var = role == kServer ? "DMLC_SERVER_ID" : "DMLC_WORKER_ID";
+      if (n.requested_rank >= count || taken[n.requested_rank]) {
+        Reject(std::string(RoleName(role)) + " at " + n.host + ":" + std::to_string(n.port) + " asked for " + var +
+               "=" + std::to_string(n.requested_rank) +
+               (n.requested_rank >= count ? " but there are only " + std::to_string(count)
+                                          : std::string(", which another node already has")));
+        return;
+      }
+      taken[n.requested_rank] = true;
+      n.rank = n.requested_rank;
+    }
+    int next = 0;
+    for (auto& n : all) {
+      if (n.role != role || n.rank >= 0) continue;
+      while (taken[next]) ++next;
+      taken[next] = true;
+      n.rank = next;
+    }
+  }
+  Message list;
+  list.meta.set_control(kNodeList);
+  auto* self = list.meta.add_nodes();
+  self->set_id(0);
+  self->set_role(kScheduler);
+  self->set_host(po_->config().host);
+  self->set_port(po_->config().port);
+  for (auto& n : all) {
+    n.id = n.role == kServer ? po_->ServerId(n.rank) : po_->WorkerId(n.rank);
+    auto* p = list.meta.add_nodes();
+    p->set_id(n.id);
+    p->set_role(n.role);
+    p->set_rank(n.rank);
+    p->set_host(n.host);
+    p->set_port(n.port);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& n : all) {
+      nodes_[n.id] = n;
+      last_seen_[n.id] = NowSeconds();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(po_->mu_);
+    NodeInfo s;
+    s.id = 0;
+    s.role = kScheduler;
+    s.rank = 0;
+    s.host = po_->config().host;
+    s.port = po_->config().port;
+    po_->nodes_[0] = s;
+    for (const auto& n : all) po_->nodes_[n.id] = n;
+  }
+  for (const auto& n : all) {
+    po_->van_->Connect(n.id, n.host, n.port);
+    list.meta.set_arg(n.id);
+    po_->Send(n.id, &list);
+  }
+  std::lock_guard<std::mutex> lk(po_->mu_);
+  po_->started_ = true;
+  po_->cv_.notify_all();
+}
+
+void Scheduler::Reject(const std::string& why) {
+  std::vector<NodeInfo> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    all = pending_;
+  }
+  int temp = -1;
+  for (const auto& n : all) {
+    po_->van_->Connect(temp, n.host, n.port);
+    Message msg;
+    msg.meta.set_control(kRejected);
+    msg.meta.set_error("rendezvous rejected: " + why);
+    po_->Send(temp--, &msg);
+  }
+  po_->Fail("rendezvous rejected: " + why);
+  po_->EndJob("rendezvous rejected: " + why);
+}
+
+void Scheduler::CheckHeartbeats() {
+  std::string why;
+  int dead = -1;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const double now = NowSeconds();
+    for (const auto& kv : last_seen_) {
+      if (exited_.count(kv.first)) continue;
+      if (now - kv.second > po_->config().heartbeat_timeout) {
+        dead = kv.first;
+        why = po_->Describe(dead) + " is dead: no heartbeat for " + std::to_string(now - kv.second) +
+              " s (PS_HEARTBEAT_TIMEOUT=" + std::to_string(po_->config().heartbeat_timeout) + ")";
+        break;
+      }
+    }
+  }
+  if (dead < 0) return;
+  Broadcast(kNodeDead, why);
+  po_->Fail(why);
+  po_->EndJob(why);
+}
+
+void Scheduler::Broadcast(int control, const std::string& error) {
+  std::vector<int> ids;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& kv : nodes_)
+      if (!exited_.count(kv.first)) ids.push_back(kv.first);
+  }
+  for (int id : ids) {
+    Message msg;
+    msg.meta.set_control(control);
+    msg.meta.set_error(error);
+    po_->Send(id, &msg);
+  }
+}
+
+}  // namespace ps

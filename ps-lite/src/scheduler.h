@@ -1,0 +1,36 @@
+// The scheduler role's bookkeeping: registration and rank assignment, barrier counting,
+// heartbeat monitoring, and ending the job when all workers have exited or a node died.
+#pragma once
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "message.h"
+#include "postoffice.h"
+
+namespace ps {
+
+class Scheduler {
+ public:
+  explicit Scheduler(Postoffice* po) : po_(po) {}
+  void Handle(Message& msg);   // control messages addressed to the scheduler
+  void CheckHeartbeats();      // called periodically; declares silent nodes dead
+
+ private:
+  void OnAddNode(const Message& msg);
+  void AssignRanks();
+  void Reject(const std::string& why);
+  void Broadcast(int control, const std::string& error);
+
+  Postoffice* po_;
+  std::mutex mu_;
+  std::vector<NodeInfo> pending_;
+  std::map<int, NodeInfo> nodes_;  // by id, once assigned
+  std::map<int, double> last_seen_;
+  std::set<int> exited_;
+  std::map<int, std::set<int>> barrier_;  // group -> ids arrived
+};
+
+}  // namespace ps

@@ -1,0 +1,246 @@
+#include "table.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+
+#include "common/rng.h"
+
+namespace ps {
+namespace {
+
+struct FileHeader {
+  char magic[8];
+  int64_t rows, width, dense, lo, hi, optim_kind, slots, applied;
+};
+const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
+
+std::string Sanitize(const std::string& name) {
+  std::string s = name;
+  for (char& c : s)
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
+  return s;
+}
+
+}  // namespace
+
+void TableShard::Range(int64_t rows, int rank, int num_servers, int64_t* lo, int64_t* hi) {
+  const int64_t per = (rows + num_servers - 1) / num_servers;
+  *lo = std::min(rows, per * rank);
+  *hi = std::min(rows, per * (rank + 1));
+}
+
+TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int rank, int num_servers)
+    : name_(name), spec_(spec) {
+  Range(spec.rows(), rank, num_servers, &lo_, &hi_);
+  cfg_.kind = spec.optim_kind();
+  cfg_.momentum = spec.momentum();
+  cfg_.beta1 = spec.beta1();
+  cfg_.beta2 = spec.beta2();
+  cfg_.eps = spec.eps();
+  cfg_.l2reg = spec.l2reg();
+  cfg_.weight_decay = spec.weight_decay();
+  slots_ = hetu::optim::slots(cfg_.kind);
+  units_ = dense() ? 1 : hi_ - lo_;
+  unit_width_ = dense() ? (hi_ - lo_) * width() : width();
+  Reset();
+}
+
+void TableShard::Reset() {
+  values_.resize((hi_ - lo_) * width());
+  hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), lo_, hi_,
+                       width(), values_.data());
+  state_.assign(units_ * slots_ * unit_width_, 0.0f);
+  steps_.assign(units_, 0);
+  versions_.assign(units_, 0);
+  pending.clear();
+  arrived.clear();
+  applied = -1;
+}
+
+std::string TableShard::CheckKeys(const int64_t* keys, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (keys[i] >= lo_ && keys[i] < hi_) continue;
+    if (keys[i] < 0 || keys[i] >= spec_.rows())
+      return "table '" + name_ + "': key " + std::to_string(keys[i]) + " is outside the table's rows [0, " +
+             std::to_string(spec_.rows()) + ")";
+    return "table '" + name_ + "': key " + std::to_string(keys[i]) + " was sent to the server owning rows [" +
+           std::to_string(lo_) + ", " + std::to_string(hi_) + ")";
+  }
+  return "";
+}
+
+void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
+  const int64_t w = width();
+  if (dense()) {
+    std::vector<float> sum;
+    int64_t contributions = 0;
+    for (const Push& p : pushes) {
+      if (p.n == 0) continue;
+      if (contributions++ == 0) sum.assign(p.values, p.values + p.n);
+      else
+        for (int64_t j = 0; j < p.n; ++j) sum[j] += p.values[j];
+    }
+    if (contributions == 0) return;
+    hetu::optim::step_row(cfg_, lr, values_.data(), state_.data(), &steps_[0], sum.data(), unit_width_);
+    versions_[0] += contributions;
+    return;
+  }
+  // Unique keys in first-seen order; a row's gradient is the sum of its occurrences in push
+  // order, which is worker-rank order under BSP.
+  int64_t total = 0;
+  for (const Push& p : pushes) total += p.n;
+  std::unordered_map<int64_t, int64_t> index;
+  index.reserve(static_cast<size_t>(total));
+  std::vector<int64_t> order, add, last_push;
+  order.reserve(total);
+  for (size_t pi = 0; pi < pushes.size(); ++pi) {
+    const Push& p = pushes[pi];
+    for (int64_t i = 0; i < p.n; ++i) {
+      auto ins = index.emplace(p.keys[i], static_cast<int64_t>(order.size()));
+      const int64_t u = ins.first->second;
+      if (ins.second) {
+        order.push_back(p.keys[i]);
+        add.push_back(p.counts ? p.counts[i] : 1);
+        last_push.push_back(static_cast<int64_t>(pi));
+      } else if (p.counts) {
+        add[u] += p.counts[i];
+      } else if (last_push[u] != static_cast<int64_t>(pi)) {
+        add[u] += 1;  // default: one contribution per distinct key per push
+        last_push[u] = static_cast<int64_t>(pi);
+      }
+    }
+  }
+  const float* grads;
+  std::vector<float> sum;
+  if (pushes.size() == 1 && static_cast<int64_t>(order.size()) == total) {
+    grads = pushes[0].values;  // nothing to sum: step straight from the received buffer
+  } else {
+    sum.resize(order.size() * w);
+    std::vector<char> seen(order.size(), 0);
+    for (const Push& p : pushes) {
+      for (int64_t i = 0; i < p.n; ++i) {
+        const int64_t u = index[p.keys[i]];
+        float* s = &sum[u * w];
+        const float* g = p.values + i * w;
+        if (!seen[u]) {
+          std::memcpy(s, g, w * sizeof(float));
+          seen[u] = 1;
+        } else {
+          for (int64_t j = 0; j < w; ++j) s[j] += g[j];
+        }
+      }
+    }
+    grads = sum.data();
+  }
+  for (size_t u = 0; u < order.size(); ++u) {
+    const int64_t r = order[u] - lo_;
+    hetu::optim::step_row(cfg_, lr, &values_[r * w], slots_ ? &state_[r * slots_ * w] : nullptr, &steps_[r],
+                          grads + u * w, w);
+    versions_[r] += add[u];
+  }
+}
+
+void TableShard::Gather(const int64_t* keys, int64_t n, float* out) const {
+  const int64_t w = width();
+  for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * w, &values_[(keys[i] - lo_) * w], w * sizeof(float));
+}
+
+void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size() * sizeof(float)); }
+
+std::vector<int64_t> TableShard::Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const {
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < n; ++i)
+    if (versions_[Unit(keys[i])] - versions[i] > bound) idx.push_back(i);
+  return idx;
+}
+
+void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const {
+  const int64_t sw = slots_ * width();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = keys[i] - lo_;
+    if (sw) std::memcpy(state + i * sw, &state_[r * sw], sw * sizeof(float));
+    steps[i] = steps_[r];
+    versions[i] = versions_[r];
+  }
+}
+
+void TableShard::Assign(const int64_t* keys, int64_t n, const float* values, const float* state, const int64_t* steps,
+                        const int64_t* version_add) {
+  const int64_t w = width(), sw = slots_ * w;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = keys[i] - lo_;
+    std::memcpy(&values_[r * w], values + i * w, w * sizeof(float));
+    if (sw) std::memcpy(&state_[r * sw], state + i * sw, sw * sizeof(float));
+    steps_[r] = steps[i];
+    versions_[r] += version_add[i];
+  }
+}
+
+std::string TableShard::FileName(const std::string& dir, int rank, int num_servers) const {
+  return dir + "/" + Sanitize(name_) + ".shard" + std::to_string(rank) + "-of-" + std::to_string(num_servers) + ".bin";
+}
+
+std::string TableShard::Save(const std::string& dir, int rank, int num_servers) const {
+  const std::string path = FileName(dir, rank, num_servers);
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return "table '" + name_ + "': cannot write " + tmp + ": " + std::strerror(errno);
+  FileHeader h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.rows = spec_.rows();
+  h.width = width();
+  h.dense = dense();
+  h.lo = lo_;
+  h.hi = hi_;
+  h.optim_kind = cfg_.kind;
+  h.slots = slots_;
+  h.applied = applied;
+  bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
+  auto put = [&](const void* p, size_t bytes) { ok = ok && (bytes == 0 || std::fwrite(p, bytes, 1, f) == 1); };
+  put(values_.data(), values_.size() * sizeof(float));
+  put(state_.data(), state_.size() * sizeof(float));
+  put(steps_.data(), steps_.size() * sizeof(int64_t));
+  put(versions_.data(), versions_.size() * sizeof(int64_t));
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return "table '" + name_ + "': writing " + path + " failed: " + std::strerror(errno);
+  }
+  return "";
+}
+
+std::string TableShard::Load(const std::string& dir, int rank, int num_servers) {
+  const std::string path = FileName(dir, rank, num_servers);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return "table '" + name_ + "': cannot read " + path + ": " + std::strerror(errno);
+  FileHeader h{};
+  bool ok = std::fread(&h, sizeof(h), 1, f) == 1 && std::memcmp(h.magic, kMagic, 8) == 0;
+  if (!ok || h.rows != spec_.rows() || h.width != width() || h.dense != dense() || h.lo != lo_ || h.hi != hi_ ||
+      h.optim_kind != cfg_.kind) {
+    std::fclose(f);
+    return "table '" + name_ + "': " + path + " does not hold this shard (different shape, optimizer or server count)";
+  }
+  std::vector<float> values(values_.size()), state(state_.size());
+  std::vector<int64_t> steps(steps_.size()), versions(versions_.size());
+  auto get = [&](void* p, size_t bytes) { ok = ok && (bytes == 0 || std::fread(p, bytes, 1, f) == 1); };
+  get(values.data(), values.size() * sizeof(float));
+  get(state.data(), state.size() * sizeof(float));
+  get(steps.data(), steps.size() * sizeof(int64_t));
+  get(versions.data(), versions.size() * sizeof(int64_t));
+  std::fclose(f);
+  if (!ok) return "table '" + name_ + "': " + path + " is truncated";
+  values_.swap(values);
+  state_.swap(state);
+  steps_.swap(steps);
+  versions_.swap(versions);
+  pending.clear();
+  arrived.clear();
+  applied = h.applied;
+  return "";
+}
+
+}  // namespace ps

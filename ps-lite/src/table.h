@@ -1,0 +1,79 @@
+// One server's shard of a table: rows [lo, hi) of a rows x width float32 matrix, with the
+// optimizer state, step count and version of each row. A dense tensor is a table too, but
+// its shard is stepped as one unit (one step count, one version), exactly like a local dense
+// update of the same elements.
+//
+// All methods run on the server's receive thread, so the shard needs no locks.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/optim_rules.h"
+#include "message.h"
+
+namespace ps {
+
+class TableShard {
+ public:
+  TableShard(const std::string& name, const pb::TableSpec& spec, int server_rank, int num_servers);
+
+  // Rows [lo, hi) owned by server `rank` of `num_servers` for a table of `rows` rows.
+  static void Range(int64_t rows, int rank, int num_servers, int64_t* lo, int64_t* hi);
+
+  const std::string& name() const { return name_; }
+  const pb::TableSpec& spec() const { return spec_; }
+  bool dense() const { return spec_.dense(); }
+  int64_t width() const { return spec_.width(); }
+  int64_t slots() const { return slots_; }
+  int64_t lo() const { return lo_; }
+  int64_t hi() const { return hi_; }
+
+  // "" if every key is a row of this shard, else an error naming the table and the key.
+  std::string CheckKeys(const int64_t* keys, int64_t n) const;
+
+  // One optimizer step per touched row from the pushes (in worker-rank order; one for ASP).
+  // Each push: keys (sparse), values, optional per-key contribution counts. Sums run in the
+  // given order, so the result does not depend on arrival order.
+  struct Push {
+    const int64_t* keys = nullptr;
+    const float* values = nullptr;
+    const int64_t* counts = nullptr;
+    int64_t n = 0;  // keys (sparse) or elements (dense)
+  };
+  void Apply(const std::vector<Push>& pushes, float lr);
+
+  void Gather(const int64_t* keys, int64_t n, float* out) const;
+  void GatherDense(float* out) const;
+  // Rows whose version is more than `bound` ahead of the worker's: positions into keys.
+  std::vector<int64_t> Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const;
+  void GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const;
+  int64_t Version(int64_t key) const { return versions_[dense() ? 0 : key - lo_]; }
+  void Assign(const int64_t* keys, int64_t n, const float* values, const float* state, const int64_t* steps,
+              const int64_t* version_add);
+
+  // Back to the initializer's values, zero optimizer state, steps, versions.
+  void Reset();
+  // One file per shard; "" on success, else the error.
+  std::string Save(const std::string& dir, int rank, int num_servers) const;
+  std::string Load(const std::string& dir, int rank, int num_servers);
+
+  // BSP bookkeeping: pushes of not yet applied iterations, kept per worker rank.
+  std::map<int64_t, std::vector<Message>> pending;
+  std::map<int64_t, int> arrived;
+  int64_t applied = -1;
+
+ private:
+  std::string FileName(const std::string& dir, int rank, int num_servers) const;
+  int64_t Unit(int64_t key) const { return dense() ? 0 : key - lo_; }
+
+  std::string name_;
+  pb::TableSpec spec_;
+  hetu::optim::Config cfg_;
+  int64_t lo_, hi_, slots_, unit_width_, units_;
+  std::vector<float> values_, state_;
+  std::vector<int64_t> steps_, versions_;
+};
+
+}  // namespace ps

@@ -1,0 +1,32 @@
+// Van: the transport. One receiving endpoint per node, one outgoing channel per peer id.
+// Messages from one sender to one receiver arrive in send order. The interface is kept to
+// what an RDMA/UCX van can also provide (bind, connect, send, blocking receive, stop), so a
+// second implementation plugs in behind Van::Create.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "message.h"
+
+namespace ps {
+
+class Van {
+ public:
+  virtual ~Van() = default;
+  // Binds the receiving endpoint on host (port 0: any free port); returns the bound port.
+  virtual int Bind(const std::string& host, int port) = 0;
+  // Opens (or replaces) the channel to peer `id`.
+  virtual void Connect(int id, const std::string& host, int port) = 0;
+  // Sends to peer `id`; false if the van is stopped or the peer was never connected.
+  virtual bool Send(int id, const Message& msg) = 0;
+  // Blocks for the next well-formed message; false once Stop() was called. Malformed input
+  // is dropped here (counted in dropped()), never handed on.
+  virtual bool Recv(Message* msg) = 0;
+  virtual void Stop() = 0;
+  virtual long dropped() const = 0;
+
+  // DMLC_PS_VAN_TYPE: "zmq" (default). Throws on any other name.
+  static std::unique_ptr<Van> Create(const std::string& type);
+};
+
+}  // namespace ps

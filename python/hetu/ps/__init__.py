@@ -1,0 +1,304 @@
+"""hetu.ps: the parameter-server client and node life cycle (Python front end of ``hetu._ps``).
+
+Every process of a job is one node whose role comes from ``DMLC_ROLE``: one scheduler
+(rendezvous, barriers, heartbeats), ``DMLC_NUM_SERVER`` servers (hold the tables) and
+``DMLC_NUM_WORKER`` workers (call the operations below). Scheduler and servers are normally
+run by ``python -m hetu.launcher``; a worker does::
+
+    import hetu.ps as ps
+    ps.start()                                   # reads DMLC_*; returns once all nodes are up
+    c = ps.client()
+    emb = c.init_table("emb", rows=1000, width=16, init=("normal", 0.0, 0.01), seed=0,
+                       optimizer=("adam", dict(beta1=0.9)), bsp=True)
+    rows = emb.pull(keys, iteration=t).wait()    # (len(keys), 16) float32
+    emb.push(keys, grads, iteration=t, lr=0.01).wait()
+    ps.finalize()
+
+Conventions
+-----------
+* keys are int64 row ids (any order, repeats allowed), values float32, one row per key.
+* Every operation returns a :class:`Handle` at once; ``h.wait(timeout=None)`` blocks with the
+  GIL released and returns the result, or raises ``RuntimeError`` naming the table and key
+  (bad input), or the peer (no answer within the timeout -- default ``PS_WAIT_TIMEOUT``,
+  600 s -- or a node declared dead after ``PS_HEARTBEAT_TIMEOUT`` seconds without heartbeat).
+  Arrays passed in must not be modified before the handle is done (they are sent without
+  copying).
+* Tables are split over servers in contiguous row ranges: server s holds rows
+  [s*ceil(R/S), (s+1)*ceil(R/S)).
+* Synchronisation (table created with ``bsp=True``): a push with ``iteration=t`` is buffered;
+  when all W workers' pushes for t have reached a server, it sums them per row in worker-rank
+  order (so the result is bit-identical whatever the arrival order) and applies one optimizer
+  step per touched row. Every worker must push for every iteration (an empty push is fine:
+  ``push(empty_keys, empty_grads, iteration=t)``) -- a BSP push reaches every server. A pull
+  with ``iteration=t`` waits until no iteration <= t-1-staleness is pending on the server, i.e.
+  it sees the table after iteration t-1. ``iteration=None`` (or a table made with
+  ``bsp=False``) applies a push on arrival and pulls without waiting (ASP).
+* Messages from one worker to one server are handled in send order; a deferred pull holds
+  back that worker's later messages for the same table. To make ``assign`` (owner-computes
+  write-back) of iteration t visible to every pull of t+1, send it before the push of t.
+* A row's version counts gradient contributions applied to it: by default one per distinct
+  key per push (duplicates within one push are summed, in order, and count once); ``counts``
+  gives per-key contributions instead.
+"""
+import os
+
+import numpy as np
+
+from hetu import _ps
+
+__all__ = [
+    "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
+    "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
+    "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
+]
+
+INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
+OPTIMIZERS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5}
+_OPTIM_DEFAULTS = dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0)
+_GROUPS = {"workers": _ps.WORKERS, "servers": _ps.SERVERS, "all": _ps.ALL}
+
+
+# ---- node life cycle -------------------------------------------------------------------
+
+def start():
+    """Starts this process's node (role from DMLC_ROLE); returns once every node is connected."""
+    _ps.start()
+
+
+def finalize():
+    """Worker: tells the scheduler it is done (the job ends when all workers are). Stops the node."""
+    _ps.finalize()
+
+
+def _start_as(expected):
+    def init():
+        role = os.environ.get("DMLC_ROLE")
+        if role != expected:
+            raise RuntimeError(f"{expected}_init() called with DMLC_ROLE={role!r}")
+        start()
+    init.__name__ = f"{expected}_init"
+    init.__doc__ = f"start() for a {expected}; checks DMLC_ROLE."
+    return init
+
+
+scheduler_init, server_init, worker_init = (_start_as(r) for r in ("scheduler", "server", "worker"))
+scheduler_finish = server_finish = worker_finish = finalize
+
+
+def wait_for_end(timeout=None):
+    """Scheduler/server: blocks until the job ends. Returns '' if every worker finished, else the
+    reason the job failed (e.g. a dead node); None if `timeout` seconds passed first."""
+    return _ps.wait_for_end(0.0 if timeout is None else float(timeout))
+
+
+def rank():
+    """This node's rank within its role (workers: DMLC_WORKER_ID when set, e.g. the MPI rank)."""
+    return _ps.rank()
+
+
+def role():
+    return _ps.role()
+
+
+def num_workers():
+    return _ps.num_workers()
+
+
+def num_servers():
+    return _ps.num_servers()
+
+
+def barrier(group="workers", timeout=600.0):
+    """Blocks until every node of `group` ('workers', 'servers' or 'all') has called barrier."""
+    _ps.barrier(_GROUPS[group], float(timeout))
+
+
+# ---- operations ------------------------------------------------------------------------
+
+class Handle:
+    """An operation in flight. ``wait(timeout=None)`` returns its result (see the operation)."""
+
+    __slots__ = ("_h", "_post")
+
+    def __init__(self, h, post=None):
+        self._h, self._post = h, post
+
+    def wait(self, timeout=None):
+        r = self._h.wait(timeout)
+        return self._post(r) if self._post else r
+
+    def done(self):
+        return self._h.done()
+
+
+def _keys(keys):
+    return np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+
+
+def _f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _iter(iteration):
+    if iteration is None:
+        return -1
+    if iteration < 0:
+        raise ValueError("iteration must be >= 0 (or None for no synchronisation)")
+    return int(iteration)
+
+
+def _lr(lr):
+    if lr is None:
+        raise ValueError("push needs lr= (sent with every push so schedules work)")
+    return float(lr)
+
+
+class Table:
+    """A table on the servers. Embedding tables use the row operations; dense tensors (made by
+    :meth:`Client.init_dense`) use ``dense_pull``/``dense_push``/``dense_push_pull``."""
+
+    def __init__(self, name, rows, width, optimizer="sgd", dense=False, shape=None):
+        self.name, self.rows, self.width, self.dense = name, int(rows), int(width), bool(dense)
+        self.optimizer = optimizer
+        self.slots = _ps.optim_slots(OPTIMIZERS[optimizer])
+        self.shape = tuple(shape) if shape is not None else (self.rows, self.width)
+
+    def __repr__(self):
+        kind = "dense" if self.dense else "embedding"
+        return f"Table({self.name!r}, {kind}, shape={self.shape}, optimizer={self.optimizer!r})"
+
+    def _sparse(self):
+        if self.dense:
+            raise ValueError(f"table {self.name!r} is dense: use dense_pull/dense_push")
+
+    # rows
+    def pull(self, keys, iteration=None):
+        """Rows of `keys` -> (n, width) float32. With `iteration=t` (BSP table) the rows as they
+        are after iteration t-1 was applied."""
+        self._sparse()
+        return Handle(_ps.pull(self.name, self.rows, self.width, False, _keys(keys), _iter(iteration)))
+
+    def push(self, keys, grads, iteration=None, lr=None, counts=None):
+        """Sends gradients (n, width) of `keys`. Result: None. `counts`: per-key contributions
+        added to the rows' versions (default: 1 per distinct key)."""
+        return self._push(keys, grads, iteration, lr, counts, False)
+
+    def push_pull(self, keys, grads, iteration=None, lr=None, counts=None):
+        """push, then the rows of `keys` as they are once this push's iteration is applied."""
+        return self._push(keys, grads, iteration, lr, counts, True)
+
+    def _push(self, keys, grads, iteration, lr, counts, pull):
+        self._sparse()
+        c = None if counts is None else _keys(counts)
+        return Handle(_ps.push(self.name, self.rows, self.width, False, _keys(keys), _f32(grads), c,
+                               _iter(iteration), _lr(lr), pull))
+
+    def pull_stale(self, keys, versions, bound=0):
+        """Rows whose server version exceeds the given local version by more than `bound`.
+        Result: (positions into keys (sorted), rows (m, width), server versions (m,))."""
+        self._sparse()
+        return Handle(_ps.pull_stale(self.name, self.rows, self.width, _keys(keys), _keys(versions),
+                                     int(bound)))
+
+    def pull_with_state(self, keys):
+        """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,))."""
+        self._sparse()
+        return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.slots, _keys(keys)))
+
+    def assign(self, keys, values, state=None, steps=None, version_add=1):
+        """Writes rows, their optimizer state (n, slots*width) and step counts (owner-computes
+        write-back) and adds `version_add` (scalar or per key) to their versions. Result: None."""
+        self._sparse()
+        k = _keys(keys)
+        n = len(k)
+        state = np.zeros((n, self.slots * self.width), np.float32) if state is None else state
+        steps = np.zeros(n, np.int64) if steps is None else steps
+        vadd = np.broadcast_to(np.asarray(version_add, np.int64), (n,))
+        return Handle(_ps.assign(self.name, self.rows, self.width, self.slots, k, _f32(values), _f32(state),
+                                 _keys(steps), _keys(vadd)))
+
+    # dense tensors
+    def dense_pull(self, iteration=None):
+        """The whole tensor, in its shape."""
+        return Handle(_ps.pull(self.name, self.rows, self.width, True, _keys([]), _iter(iteration)),
+                      self._reshape)
+
+    def dense_push(self, grad, iteration=None, lr=None):
+        return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
+                               _iter(iteration), _lr(lr), False))
+
+    def dense_push_pull(self, grad, iteration=None, lr=None):
+        return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
+                               _iter(iteration), _lr(lr), True), self._reshape)
+
+    def _reshape(self, flat):
+        return flat.reshape(self.shape)
+
+    # whole table
+    def save(self, directory):
+        """Every server writes its shard (values, optimizer state, steps, versions) to
+        directory/<name>.shard<s>-of-<S>.bin (temp file + atomic rename). Call with no pushes
+        in flight (e.g. after a barrier): buffered BSP pushes are not saved."""
+        return Handle(_ps.admin(self.name, self.rows, self.width, self.dense, "save", os.path.abspath(directory)))
+
+    def load(self, directory):
+        """Reads what save() wrote; the table must have the same shape, optimizer and server count."""
+        return Handle(_ps.admin(self.name, self.rows, self.width, self.dense, "load", os.path.abspath(directory)))
+
+    def clear(self):
+        """Back to the initializer's values; optimizer state, steps, versions and the BSP
+        iteration counter are reset."""
+        return Handle(_ps.admin(self.name, self.rows, self.width, self.dense, "clear", ""))
+
+
+class Client:
+    """A worker's entry point to the tables (get it with :func:`client`)."""
+
+    def init_table(self, name, rows, width, init=("normal", 0.0, 0.01), seed=0, stream=None,
+                   optimizer=("sgd", {}), bsp=True, staleness=0, dense=False, timeout=None, _shape=None):
+        """Creates the table on every server (idempotent for the same shape; an error for a
+        different one) and returns its :class:`Table`. Blocks until all servers answered.
+
+        init: (kind, a, b): ('constant', value), ('uniform', low, high), ('normal', mean, std),
+            ('truncated_normal', mean, std) -- drawn with hetu's counter-based RNG from
+            (seed, stream, element index), so the values equal ``hetu._C.init_fill`` of the table.
+        stream: defaults to ``name_stream(name)``, as hetu's local initializers use.
+        optimizer: 'sgd' | 'momentum' | 'nesterov' | 'adagrad' | 'adam' | 'adamw', or a pair
+            (kind, dict of momentum, beta1, beta2, eps, l2reg, weight_decay). lr comes with each push.
+        bsp: buffer iteration-tagged pushes and apply each iteration once (see module doc);
+            staleness k > 0 lets a pull for t proceed once t-1-k is applied (SSP).
+        """
+        kind, a, b = (tuple(init) + (0.0, 0.0))[:3]
+        opt, cfg = (optimizer, {}) if isinstance(optimizer, str) else optimizer
+        unknown = set(cfg) - set(_OPTIM_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown optimizer settings {sorted(unknown)}")
+        c = dict(_OPTIM_DEFAULTS, **cfg)
+        stream = _ps.name_stream(name) if stream is None else int(stream)
+        _ps.init_table(name, int(rows), int(width), bool(dense), INITIALIZERS[kind], float(a), float(b),
+                       int(seed), stream, OPTIMIZERS[opt], c["momentum"], c["beta1"], c["beta2"], c["eps"],
+                       c["l2reg"], c["weight_decay"], bool(bsp), int(staleness)).wait(timeout)
+        return Table(name, rows, width, opt, dense, _shape)
+
+    def init_dense(self, name, shape, init=("constant", 0.0), **kwargs):
+        """A dense tensor of `shape`, split over servers by elements; same options as init_table."""
+        shape = tuple(int(s) for s in np.atleast_1d(shape))
+        size = int(np.prod(shape))
+        return self.init_table(name, size, 1, init=init, dense=True, _shape=shape, **kwargs)
+
+    def table(self, name, rows, width, optimizer="sgd", dense=False):
+        """A handle to a table some other worker initialises (no server call)."""
+        return Table(name, rows, width, optimizer, dense)
+
+
+_client = None
+
+
+def client():
+    """The worker's :class:`Client` (after start())."""
+    global _client
+    if _ps.role() != "worker":
+        raise RuntimeError("hetu.ps.client() is for workers")
+    if _client is None:
+        _client = Client()
+    return _client
