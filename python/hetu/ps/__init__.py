@@ -171,6 +171,10 @@ class Table:
         if self.dense:
             raise ValueError(f"table {self.name!r} is dense: use dense_pull/dense_push")
 
+    def _dense(self):
+        if not self.dense:
+            raise ValueError(f"table {self.name!r} is an embedding table, not dense: use pull/push")
+
     # rows
     def pull(self, keys, iteration=None):
         """Rows of `keys` -> (n, width) float32. With `iteration=t` (BSP table) the rows as they
@@ -220,14 +224,19 @@ class Table:
     # dense tensors
     def dense_pull(self, iteration=None):
         """The whole tensor, in its shape."""
+        self._dense()
         return Handle(_ps.pull(self.name, self.rows, self.width, True, _keys([]), _iter(iteration)),
                       self._reshape)
 
     def dense_push(self, grad, iteration=None, lr=None):
+        """Sends the gradient of the whole tensor (same BSP/ASP rules as push). Result: None."""
+        self._dense()
         return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
                                _iter(iteration), _lr(lr), False))
 
     def dense_push_pull(self, grad, iteration=None, lr=None):
+        """dense_push, then the tensor once this push's iteration is applied."""
+        self._dense()
         return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
                                _iter(iteration), _lr(lr), True), self._reshape)
 

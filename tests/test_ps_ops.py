@@ -1,0 +1,248 @@
+"""Parameter-server operations against a NumPy model of the server (hetu._C kernels), with
+real scheduler/server/worker processes on loopback."""
+import numpy as np
+import pytest
+
+from hetu import _C
+from ps_helpers import BATCH_CODE, cluster_fixture, optim_config
+
+cluster = pytest.fixture(cluster_fixture)
+
+ROWS, WIDTH, ITERS = 40, 6, 6
+DENSE_SHAPE = (3, 5)
+OPT_KW = {"sgd": {}, "momentum": dict(momentum=0.8), "adagrad": dict(eps=1e-6), "adam": dict(beta1=0.8, beta2=0.99),
+          "adamw": dict(weight_decay=0.01), "nesterov": dict(l2reg=0.01)}
+
+TRAIN = BATCH_CODE + """
+r, W = ps.rank(), ps.num_workers()
+assert W == ARGS["workers"]
+c = ps.client()
+opt = (ARGS["opt"], ARGS["kw"])
+emb = c.init_table("emb", ARGS["rows"], ARGS["width"], init=("normal", 0.0, 0.1), seed=7, optimizer=opt)
+dense = c.init_dense("dense", (3, 5), init=("uniform", -1.0, 1.0), seed=7, optimizer=opt)
+everything = np.arange(ARGS["rows"])
+delay = np.random.default_rng(r + 99)
+pulled, dpulled = [], []
+for t in range(ARGS["iters"]):
+    keys, grads, dgrad = batch(r, t, ARGS["rows"], ARGS["width"])
+    lr = 0.1 / (1 + t)  # a schedule: lr travels with each push
+    time.sleep(delay.uniform(0, 0.03))  # vary the order in which workers' pushes arrive
+    pushes = [lambda: emb.push(keys, grads, iteration=t, lr=lr), lambda: dense.dense_push(dgrad, iteration=t, lr=lr)]
+    if delay.random() < 0.5:
+        pushes.reverse()
+    for h in [p() for p in pushes]:
+        h.wait()
+    pulled.append(emb.pull(everything[::-1].copy(), iteration=t + 1).wait()[::-1])
+    dpulled.append(dense.dense_pull(iteration=t + 1).wait())
+rows, state, steps, versions = emb.pull_with_state(everything).wait()
+np.savez(OUT + ".npz", pulled=np.stack(pulled), dpulled=np.stack(dpulled), rows=rows, state=state, steps=steps,
+         versions=versions)
+ps.finalize()
+"""
+
+
+def model(workers, opt, kw):
+    """The server's computation, in NumPy + hetu._C: per iteration, sum each row's gradients in
+    worker-rank order, one optimizer step per touched row."""
+    cfg = optim_config(opt, **kw)
+    ns = {"np": np}
+    exec(BATCH_CODE, ns)
+    slots = _C.optim_slots(cfg.kind)
+    table = np.empty((ROWS, WIDTH), np.float32)
+    _C.init_fill(2, 0.0, 0.1, 7, _C.name_stream("emb"), 0, table)
+    state = np.zeros((ROWS, slots * WIDTH), np.float32)
+    steps = np.zeros(ROWS, np.int64)
+    versions = np.zeros(ROWS, np.int64)
+    dense = np.empty(DENSE_SHAPE, np.float32)
+    _C.init_fill(1, -1.0, 1.0, 7, _C.name_stream("dense"), 0, dense.reshape(-1, 1))
+    dstate = np.zeros(slots * dense.size, np.float32)
+    dstep = np.zeros(1, np.int64)
+    history, dhistory = [], []
+    for t in range(ITERS):
+        acc, dsum = {}, None
+        for w in range(workers):
+            keys, grads, dgrad = ns["batch"](w, t, ROWS, WIDTH)
+            for i, k in enumerate(keys):
+                acc[k] = acc[k] + grads[i] if k in acc else grads[i].copy()
+            for k in set(keys.tolist()):
+                versions[k] += 1
+            dsum = dgrad.copy() if dsum is None else dsum + dgrad
+        lr = np.float32(0.1 / (1 + t))
+        if acc:
+            rows = np.array(sorted(acc), np.int64)
+            _C.apply_rows(cfg, lr, table, state, steps, rows, np.stack([acc[k] for k in rows]))
+        _C.apply_dense(cfg, lr, dense, dstate, dstep, dsum)
+        history.append(table.copy())
+        dhistory.append(dense.copy())
+    return np.stack(history), np.stack(dhistory), table, state, steps, versions
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("servers,workers,opt", [(1, 1, "sgd"), (3, 1, "adagrad"), (1, 4, "momentum"),
+                                                 (3, 4, "adam"), (2, 4, "adamw"), (3, 2, "nesterov")])
+def test_bsp_training_matches_numpy_bit_for_bit(cluster, tmp_path, servers, workers, opt):
+    c = cluster(servers, workers)
+    c.run(TRAIN, dict(rows=ROWS, width=WIDTH, iters=ITERS, opt=opt, kw=OPT_KW[opt], workers=workers), timeout=90)
+    history, dhistory, table, state, steps, versions = model(workers, opt, OPT_KW[opt])
+    for w in range(workers):
+        got = np.load(tmp_path / f"worker{w}.npz")
+        for t in range(ITERS):
+            assert np.array_equal(got["pulled"][t], history[t]), f"worker {w}, rows after iteration {t}"
+            assert np.array_equal(got["dpulled"][t], dhistory[t]), f"worker {w}, dense after iteration {t}"
+        assert np.array_equal(got["rows"], table)
+        assert np.array_equal(got["state"], state)
+        assert np.array_equal(got["steps"], steps)
+        assert np.array_equal(got["versions"], versions)
+
+
+INIT = """
+from hetu import _C
+c = ps.client()
+for i, (kind, a, b) in enumerate([("constant", 0.5, 0.0), ("uniform", -0.2, 0.3), ("normal", 0.0, 0.01),
+                                  ("truncated_normal", 1.0, 2.0)]):
+    t = c.init_table(f"t{i}", 101, 7, init=(kind, a, b), seed=42 + i)
+    got = t.pull(np.arange(101)).wait()
+    want = np.empty((101, 7), np.float32)
+    _C.init_fill(ps.INITIALIZERS[kind], a, b, 42 + i, _C.name_stream(f"t{i}"), 0, want)
+    assert got.dtype == np.float32 and got.shape == (101, 7)
+    assert np.array_equal(got, want), kind
+    # unsorted keys with repeats come back in the order asked
+    keys = np.array([100, 3, 3, 57, 0, 99, 34])
+    assert np.array_equal(t.pull(keys).wait(), want[keys])
+d = c.init_dense("d", (4, 9), init=("normal", 0.0, 1.0), seed=5, stream=77)
+want = np.empty((36, 1), np.float32)
+_C.init_fill(2, 0.0, 1.0, 5, 77, 0, want)
+assert np.array_equal(d.dense_pull().wait(), want.reshape(4, 9))
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("servers", [1, 3])
+def test_server_initialised_tables_equal_init_fill(cluster, servers):
+    cluster(servers, 1).run(INIT)
+
+
+STATE = """
+from hetu import _C
+c = ps.client()
+R, Wd = 50, 4
+t = c.init_table("emb", R, Wd, init=("uniform", -1, 1), seed=1, optimizer=("adam", {}), bsp=False)
+slots = t.slots
+assert slots == 2
+# ASP pushes (no iteration): applied on arrival, one step per distinct key, duplicates summed
+keys = np.array([7, 3, 7, 49, 20])
+g = np.arange(5 * Wd, dtype=np.float32).reshape(5, Wd) / 10
+t.push(keys, g, lr=0.05).wait()
+table = np.empty((R, Wd), np.float32); _C.init_fill(1, -1, 1, 1, _C.name_stream("emb"), 0, table)
+state = np.zeros((R, 2 * Wd), np.float32); steps = np.zeros(R, np.int64)
+uk = np.array([7, 3, 49, 20])
+ug = np.stack([g[0] + g[2], g[1], g[3], g[4]])
+cfg = _C.OptimConfig(); cfg.kind = 4
+_C.apply_rows(cfg, np.float32(0.05), table, state, steps, uk, ug)
+rows, st, sp, ver = t.pull_with_state(np.arange(R)).wait()
+assert np.array_equal(rows, table) and np.array_equal(st, state) and np.array_equal(sp, steps)
+expect_ver = np.zeros(R, np.int64); expect_ver[uk] = 1
+assert np.array_equal(ver, expect_ver)
+# explicit contribution counts
+t.push(np.array([3, 3, 10]), np.ones((3, Wd)), lr=0.05, counts=np.array([2, 1, 4])).wait()
+cfg_rows = np.array([3, 10]); _C.apply_rows(cfg, np.float32(0.05), table, state, steps, cfg_rows,
+                                            np.stack([np.full(Wd, 2, np.float32), np.ones(Wd, np.float32)]))
+expect_ver[3] += 3; expect_ver[10] += 4
+rows, st, sp, ver = t.pull_with_state(np.arange(R)).wait()
+assert np.array_equal(rows, table) and np.array_equal(st, state) and np.array_equal(ver, expect_ver)
+# versioned pull: only rows whose server version is more than `bound` ahead of ours
+local = np.array([0, 0, 1, 5, 0])
+keys = np.array([3, 10, 7, 49, 1])   # server versions 4, 4, 1, 1, 0
+pos, prow, pver = t.pull_stale(keys, local, bound=0).wait()
+assert pos.tolist() == [0, 1], pos
+assert np.array_equal(prow, table[[3, 10]]) and pver.tolist() == [4, 4]
+pos, prow, pver = t.pull_stale(keys, local, bound=3).wait()
+assert pos.tolist() == [0, 1]
+pos, prow, pver = t.pull_stale(keys, local, bound=4).wait()
+assert len(pos) == 0 and prow.shape == (0, Wd)
+# assign: write rows + state + steps, add to versions
+ak = np.array([45, 2, 30])
+av = np.random.default_rng(0).standard_normal((3, Wd)).astype(np.float32)
+ast = np.abs(np.random.default_rng(1).standard_normal((3, 2 * Wd))).astype(np.float32)  # Adam v >= 0
+t.assign(ak, av, ast, np.array([5, 6, 7]), version_add=np.array([1, 2, 3])).wait()
+rows, st, sp, ver = t.pull_with_state(ak).wait()
+assert np.array_equal(rows, av) and np.array_equal(st, ast) and sp.tolist() == [5, 6, 7]
+assert ver.tolist() == [expect_ver[45] + 1, expect_ver[2] + 2, expect_ver[30] + 3]
+table[ak] = av; state[ak] = ast; steps[ak] = [5, 6, 7]; expect_ver[ak] += [1, 2, 3]
+# an ASP step after assign continues from the assigned state
+t.push(np.array([2]), np.ones((1, Wd)), lr=0.01).wait()
+_C.apply_rows(cfg, np.float32(0.01), table, state, steps, np.array([2]), np.ones((1, Wd), np.float32))
+expect_ver[2] += 1
+# save / clear / load round trip
+before = t.pull_with_state(np.arange(R)).wait()
+assert np.array_equal(before[0], table), np.argwhere(before[0] != table)
+assert np.array_equal(before[1], state), np.argwhere(before[1] != state)
+assert np.array_equal(before[3], expect_ver), (before[3], expect_ver)
+t.save(ARGS["dir"]).wait()
+files = sorted(os.listdir(ARGS["dir"]))
+assert files == [f"emb.shard{s}-of-{ps.num_servers()}.bin" for s in range(ps.num_servers())], files
+t.clear().wait()
+init = np.empty((R, Wd), np.float32); _C.init_fill(1, -1, 1, 1, _C.name_stream("emb"), 0, init)
+cleared = t.pull_with_state(np.arange(R)).wait()
+assert np.array_equal(cleared[0], init) and not cleared[1].any() and not cleared[2].any() and not cleared[3].any()
+t.load(ARGS["dir"]).wait()
+after = t.pull_with_state(np.arange(R)).wait()
+for a, b in zip(before, after):
+    assert np.array_equal(a, b)
+# loading into a table of another shape is refused
+other = c.init_table("other", R + 1, Wd, optimizer="adam")
+try:
+    other.load(ARGS["dir"]).wait()
+    raise AssertionError("load of a missing/mismatched shard succeeded")
+except RuntimeError as e:
+    assert "'other'" in str(e), e
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("servers", [1, 3])
+def test_versions_state_assign_save_load(cluster, tmp_path, servers):
+    cluster(servers, 1).run(STATE, dict(dir=str(tmp_path / "ckpt")))
+
+
+BAD = """
+c = ps.client()
+t = c.init_table("emb", 30, 4, optimizer="sgd")
+def fails(h, *words):
+    try:
+        h.wait() if hasattr(h, "wait") else h()
+    except (RuntimeError, ValueError) as e:
+        for w in words:
+            assert w in str(e), (w, str(e))
+        return
+    raise AssertionError(f"no error; expected one mentioning {words}")
+fails(t.pull([1, 2, 30]), "'emb'", "key 30")
+fails(t.pull([-5]), "'emb'", "key -5")
+fails(t.push([4, 31], np.ones((2, 4)), lr=0.1), "'emb'", "key 31")
+fails(lambda: t.push([4, 5], np.ones((2, 3)), lr=0.1), "'emb'", "gradient")
+fails(lambda: t.push([4, 5], np.ones(9), lr=0.1).wait(), "'emb'")
+ghost = c.table("ghost", 30, 4)
+fails(ghost.push([1], np.ones((1, 4)), lr=0.1), "'ghost'", "not initialised")
+fails(ghost.pull([1]), "'ghost'", "not initialised")
+fails(lambda: c.init_table("emb", 31, 4), "'emb'", "30x4")
+fails(lambda: c.init_table("emb", 30, 5), "'emb'", "30x4")
+c.init_table("emb", 30, 4)   # same shape again: fine, keeps values
+# a rejected BSP push counts as that worker's empty push, so the iteration still completes
+fails(t.push([3, 99], np.ones((2, 4)), iteration=0, lr=0.1), "'emb'", "key 99")
+fails(t.push([3], np.ones((1, 4)), iteration=0, lr=0.1), "iteration 0", "was applied")
+before = t.pull(np.arange(30)).wait()
+assert np.array_equal(t.pull(np.arange(30), iteration=1).wait(), before)
+t.push([3], np.ones((1, 4)), iteration=1, lr=0.5).wait()
+after = t.pull(np.arange(30), iteration=2).wait()
+assert np.array_equal(after[3], before[3] - 0.5) and np.array_equal(np.delete(after, 3, 0), np.delete(before, 3, 0))
+fails(t.push([3], np.ones((1, 4)), iteration=1, lr=0.5), "was applied")
+fails(lambda: t.dense_pull(), "dense")
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_is_an_error_naming_table_and_key(cluster):
+    cluster(3, 1).run(BAD)
