@@ -61,7 +61,8 @@ class Cluster:
         env = dict(self.base_env, DMLC_ROLE="scheduler")
         self._spawn("scheduler", [sys.executable, "-m", "hetu.launcher"], env)
         for s in range(self.servers):
-            env = dict(self.base_env, DMLC_ROLE="server")
+            # fixed server ranks, so a test knows which process holds which key range
+            env = dict(self.base_env, DMLC_ROLE="server", DMLC_SERVER_ID=str(s))
             if fixed_ports:
                 port = free_port()
                 self.server_ports.append(port)

@@ -1,0 +1,156 @@
+"""Dead peers end the job with an error that names them (never a hang); garbage on the
+ports is dropped; rendezvous options (worker rank override, van type)."""
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from ps_helpers import cluster_fixture
+
+cluster = pytest.fixture(cluster_fixture)
+
+PULL_LOOP = """
+t = ps.client().init_table("emb", 100, 8)
+keys = np.arange(100)
+t.pull(keys).wait()
+open(OUT + ".ready", "w").close()
+start = time.time()
+try:
+    while time.time() - start < 60:
+        t.pull(keys).wait()
+        time.sleep(0.01)
+except RuntimeError as e:
+    print("ERROR:", e, flush=True)
+    sys.exit(3)
+sys.exit(0)
+"""
+
+
+def wait_for_file(path, timeout, c):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        assert time.time() < deadline, f"{path} never appeared; logs:\n{c.logs()}"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_killed_server_fails_workers_within_heartbeat_timeout(cluster, tmp_path):
+    c = cluster(2, 2, heartbeat_timeout=3.0)
+    c.start_servers().start_workers(PULL_LOOP)
+    for w in range(2):
+        wait_for_file(str(tmp_path / f"worker{w}.ready"), 30, c)
+    killed_at = time.time()
+    c.kill("server0")
+    codes = c.wait(["worker0", "worker1", "scheduler", "server1"], timeout=20)
+    elapsed = time.time() - killed_at
+    assert elapsed < 3.0 + 4.0, elapsed
+    for w in range(2):
+        assert codes[f"worker{w}"] == 3, c.logs()
+        log = c.log(f"worker{w}")
+        assert "ERROR:" in log and "server 0" in log and "dead" in log, log
+    for n in ("scheduler", "server1"):
+        assert codes[n] != 0
+        assert "server 0" in c.log(n), c.log(n)
+
+
+@pytest.mark.timeout(60)
+def test_killed_worker_ends_scheduler_and_servers_with_its_name(cluster, tmp_path):
+    c = cluster(1, 2, heartbeat_timeout=2.0)
+    c.start_servers().start_workers(PULL_LOOP, env_per_worker={w: {"DMLC_WORKER_ID": str(w)} for w in range(2)})
+    wait_for_file(str(tmp_path / "worker1.ready"), 30, c)
+    c.kill("worker1")
+    codes = c.wait(["scheduler", "server0", "worker0"], timeout=20)
+    assert codes["scheduler"] == 1 and codes["server0"] == 1
+    assert codes["worker0"] == 3
+    for n in ("scheduler", "server0", "worker0"):
+        assert "worker 1" in c.log(n), c.log(n)
+
+
+def _wait_port(port, timeout=20):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert time.time() < deadline, f"nothing listens on {port}"
+            time.sleep(0.05)
+
+
+def _garbage(port):
+    import zmq
+    rng = np.random.default_rng(port)
+    # raw bytes: not even the ZMTP handshake
+    for n in (1, 17, 4096):
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+            time.sleep(0.05)
+    # valid ZMTP, invalid content: random frames, a meta promising blobs that never come,
+    # a huge frame count, an empty frame
+    ctx = zmq.Context()
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 2000)
+    d.connect(f"tcp://127.0.0.1:{port}")
+    for n in (3, 64, 100000):
+        d.send(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    d.send(b"\x78\x05")  # protobuf: num_blobs = 5, no frames follow
+    d.send_multipart([b""] * 50)
+    d.send(b"")
+    d.close()
+    ctx.term()
+
+
+GOOD = """
+t = ps.client().init_table("emb", 64, 4, init=("constant", 1.0))
+t.push(np.arange(64), np.ones((64, 4)), iteration=0, lr=0.5).wait()
+got = t.pull(np.arange(64), iteration=1).wait()
+assert np.all(got == 1.0 - 0.5 * ps.num_workers()), got
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster):
+    pytest.importorskip("zmq")
+    c = cluster(2, 2, env={"PS_VERBOSE": "1"})
+    c.start_servers(fixed_ports=True)
+    for port in [c.port] + c.server_ports:
+        _wait_port(port)
+        _garbage(port)
+    c.start_workers(GOOD)
+    codes = c.wait(c.worker_names() + c.server_names(), timeout=40)
+    assert all(v == 0 for v in codes.values()), (codes, c.logs())
+    for n in ("scheduler", "server0", "server1"):
+        assert "dropped a malformed message" in c.log(n), c.log(n)
+
+
+RANKS = """
+print("RANK", ps.rank(), flush=True)
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_worker_rank_follows_dmlc_worker_id(cluster):
+    c = cluster(1, 3)
+    c.run(RANKS, env_per_worker={0: {"DMLC_WORKER_ID": "2"}, 1: {"DMLC_WORKER_ID": "0"}})
+    assert "RANK 2" in c.log("worker0") and "RANK 0" in c.log("worker1") and "RANK 1" in c.log("worker2")
+
+
+@pytest.mark.timeout(60)
+def test_duplicate_worker_id_is_rejected(cluster):
+    c = cluster(1, 2)
+    c.start_servers().start_workers(RANKS, env_per_worker={0: {"DMLC_WORKER_ID": "1"}, 1: {"DMLC_WORKER_ID": "1"}})
+    codes = c.wait(c.worker_names() + c.server_names(), timeout=30)
+    assert all(v != 0 for v in codes.values()), codes
+    assert "DMLC_WORKER_ID=1" in c.log("worker0") and "DMLC_WORKER_ID=1" in c.log("scheduler")
+
+
+@pytest.mark.timeout(30)
+def test_unknown_van_type_is_a_clear_error(cluster):
+    c = cluster(1, 1, env={"DMLC_PS_VAN_TYPE": "ucx"})
+    c._spawn("scheduler", [__import__("sys").executable, "-m", "hetu.launcher"], dict(c.base_env, DMLC_ROLE="scheduler"))
+    assert c.wait(["scheduler"], 20)["scheduler"] == 1
+    assert "DMLC_PS_VAN_TYPE='ucx'" in c.log("scheduler")
