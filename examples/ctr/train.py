@@ -142,7 +142,7 @@ def main(argv=None, herald=False):
     summary = {"model": args.model, "iterations": total, "seconds": elapsed,
                "samples_per_second": total * args.batch_size / elapsed, "final": history[-1]}
     print("summary " + json.dumps(summary), flush=True)
-    if args.save_params:
+    if args.save_params and executor.graph.rank == 0:
         tmp = args.save_params + ".tmp.npz"
         np.savez(tmp, **executor.parameters())
         os.replace(tmp, args.save_params)

@@ -90,9 +90,16 @@ class Executor:
 
     # --- set-up --------------------------------------------------------------------------------
     def _init_parameters(self):
+        """Local parameters from their initializers (or values); parameters on the parameter
+        server are created there by bind_ps, and only dense ones get a local copy."""
         xp = self.state.xp
+        remote = getattr(self.graph, "remote", {})
         for p in self.graph.parameters:
             if p.id in self.values:
+                continue
+            if p.id in remote:
+                if hasattr(remote[p.id], "table") and getattr(remote[p.id].table, "dense", False):
+                    self.values[p.id] = np.array(remote[p.id].fetch(0), dtype=np.float32).reshape(p.shape)
                 continue
             if p.value is not None:
                 value = np.array(p.value, dtype=np.float32)
@@ -181,8 +188,16 @@ class Executor:
 
     # --- parameters ----------------------------------------------------------------------------
     def parameters(self):
-        """name -> NumPy copy of every parameter."""
-        return {p.name: np.array(self._host(self.values[p.id]), copy=True) for p in self.graph.parameters}
+        """name -> NumPy copy of every parameter (tables on the parameter server are pulled as of
+        the last completed step)."""
+        out = {}
+        remote = getattr(self.graph, "remote", {})
+        for p in self.graph.parameters:
+            if p.id in remote:
+                out[p.name] = np.asarray(remote[p.id].fetch(self.state.iteration)).reshape(p.shape)
+            else:
+                out[p.name] = np.array(self._host(self.values[p.id]), copy=True)
+        return out
 
     def _host(self, x):
         return x.get() if hasattr(x, "get") else x
@@ -196,7 +211,12 @@ class Executor:
         tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory), dir=parent)
         try:
             arrays = {}
+            remote = getattr(self.graph, "remote", {})
             for p in self.graph.parameters:
+                if p.id in remote:
+                    # The servers write their shards (values, optimizer state, versions).
+                    remote[p.id].table.save(os.path.join(tmp, "ps")).wait()
+                    continue
                 arrays[f"param/{p.name}"] = self._host(self.values[p.id])
                 if p.id in self.opt_states:
                     state, steps = self.opt_states[p.id]
@@ -221,8 +241,14 @@ class Executor:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no arrays.npz)")
         xp = self.state.xp
+        remote = getattr(self.graph, "remote", {})
         with np.load(path) as data:
             for p in self.graph.parameters:
+                if p.id in remote:
+                    remote[p.id].table.load(os.path.join(os.path.abspath(directory), "ps")).wait()
+                    if p.id in self.values:
+                        self.values[p.id][...] = np.asarray(remote[p.id].fetch(self.state.iteration)).reshape(p.shape)
+                    continue
                 key = f"param/{p.name}"
                 if key not in data:
                     raise KeyError(f"checkpoint {directory} has no parameter {p.name}")

@@ -98,6 +98,9 @@ class OptimizerOp(Op):
         self.params = [p for p, _ in pairs]
         self.optimizer = optimizer
         self.step_count = 0
+        # param id -> object with update(state, param, grad, lr): set by the distribution passes
+        # for parameters that are summed across workers or live on the parameter server.
+        self.updaters = {}
 
     def infer_shape(self, s):
         return None
@@ -114,14 +117,22 @@ class OptimizerOp(Op):
         return None
 
     def step_param(self, state, param, grad, lr):
-        """Local update of one parameter; distribution passes replace this for remote ones."""
-        value = state.param_value(param)
-        sparse = isinstance(grad, IndexedSlices)
-        opt_state, steps = state.optimizer_state(param, self.optimizer, rowwise=sparse)
-        if sparse:
-            self.optimizer.step_rows(lr, value, opt_state, steps, grad)
+        updater = self.updaters.get(param.id)
+        if updater is not None:
+            updater.update(state, param, grad, lr)
         else:
-            self.optimizer.step_dense(lr, value, opt_state, steps, grad)
+            local_update(state, self.optimizer, param, grad, lr)
+
+
+def local_update(state, optimizer, param, grad, lr):
+    """One optimizer step of a parameter held by this process."""
+    value = state.param_value(param)
+    sparse = isinstance(grad, IndexedSlices)
+    opt_state, steps = state.optimizer_state(param, optimizer, rowwise=sparse)
+    if sparse:
+        optimizer.step_rows(lr, value, opt_state, steps, grad)
+    else:
+        optimizer.step_dense(lr, value, opt_state, steps, grad)
 
 
 __all__ = ["Optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "AdamOptimizer",

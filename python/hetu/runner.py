@@ -37,7 +37,13 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 
 # The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
 # equal to the one mpirun tracks, so mpirun's signals and exit codes reach the real process.
-WORKER_SHIM = 'export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; exec "$@"'
+# It also splits the host's cores among the workers on it: several workers each running BLAS and
+# kernel threads for every core spin against each other (a 2-core host with 2 workers ran 40x
+# slower). Variables the user set are kept.
+WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
+               't=$(( $(nproc) / HETU_LOCAL_WORKERS )); [ "$t" -ge 1 ] || t=1; '
+               'for v in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS HETU_NUM_THREADS; do '
+               '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
 # Local variables that remote workers need to find the same interpreter and libraries.
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
 
@@ -577,7 +583,10 @@ class Job:
         return sorted(nodes, key=lambda n: not n.chief)
 
     def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
-        argv = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output"]
+        # yield_when_idle: oversubscribed ranks waiting in a collective must not spin on a core
+        # that the parameter server or another rank needs.
+        argv = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output",
+                "--mca", "mpi_yield_when_idle", "1"]
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
         if any(not self.local[n.host] for n in self.cluster.nodes):
@@ -590,7 +599,8 @@ class Job:
         for node in self.worker_nodes():
             # One MPI app context per node: the ranks of a context are contiguous, and each can
             # carry its own node-specific variables.
-            assigns = [f"{k}={v}" for k, v in {**shared, **self.node_env(node)}.items()]
+            assigns = [f"{k}={v}" for k, v in {**shared, **self.node_env(node),
+                                                "HETU_LOCAL_WORKERS": str(node.workers)}.items()]
             host = "localhost" if self.local[node.host] else node.host
             contexts.append(["-np", str(node.workers), "--host", f"{host}:{node.workers}",
                              "env", *assigns, "/bin/sh", "-c", WORKER_SHIM, "hetu-worker",

@@ -65,18 +65,22 @@ class EmbeddingLookupOp(Op):
 
 
 class EmbeddingLookupGradOp(Op):
+    """Reads only the table's shape, never its value (the table may live on the servers); a fed
+    table of unknown static shape is an input so its shape is known at run time."""
     produces_sparse = True
 
     def __init__(self, g, ids, table, ctx=None):
-        super().__init__(g, ids, table, ctx=ctx)
+        extra = (table,) if getattr(table, "shape", None) is None else ()
+        super().__init__(g, ids, *extra, ctx=ctx)
+        self.table = table
 
     def infer_shape(self, s):
-        return s[2]
+        return s[2] if len(s) > 2 else self.table.shape
 
     def compute(self, vals, state):
-        g, ids, table = vals
-        width = table.shape[1]
-        return IndexedSlices(ids.reshape(-1), g.reshape(-1, width), table.shape)
+        g, ids = vals[:2]
+        shape = vals[2].shape if len(vals) > 2 else self.table.shape
+        return IndexedSlices(ids.reshape(-1), g.reshape(-1, shape[1]), shape)
 
 
 class SparseSumOp(Op):

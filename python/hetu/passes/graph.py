@@ -8,6 +8,7 @@ class Graph:
     def __init__(self, subgraphs, config):
         self.subgraphs = {name: list(nodes) for name, nodes in subgraphs.items()}
         self.config = config
+        self.ps_params = {}   # param id -> (param, optimizer op, sparse): bound to the parameter server
         self.refresh()
 
     def refresh(self):
@@ -25,6 +26,12 @@ class Graph:
                     self.dataloaders.append(node)
                 elif isinstance(node, OptimizerOp):
                     self.optimizer_ops.append(node)
+        # Tables on the parameter server stay parameters of the graph after their lookups were
+        # rewritten to pulls.
+        for param, _, _ in self.ps_params.values():
+            if param.id not in seen:
+                seen.add(param.id)
+                self.parameters.append(param)
         return self
 
     def is_training(self, name):

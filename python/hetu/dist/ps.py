@@ -1,0 +1,143 @@
+"""Parameters that live on the parameter server (hetu.ps): the lookup op that pulls rows, and the
+updaters that push gradients. Iteration tags carry the BSP/SSP protocol: a push of step t is
+applied once every worker's push of t arrived; a pull for step t sees the table after t-1."""
+import atexit
+import os
+
+import numpy as np
+
+from .. import _C
+from ..graph import Op
+from ..ops.embedding import IndexedSlices
+
+_started = False
+
+
+def start_worker():
+    """Starts this process's PS node once (environment from python/runner.py)."""
+    global _started
+    if _started:
+        return
+    if os.environ.get("DMLC_ROLE") != "worker" or int(os.environ.get("DMLC_NUM_SERVER", "0")) < 1:
+        raise RuntimeError("parameters on the parameter server need a PS job: launch with "
+                           "python/runner.py -s N (or a cluster file with servers), which sets DMLC_ROLE=worker")
+    import hetu.ps as ps
+    ps.start()
+    atexit.register(ps.finalize)
+    _started = True
+
+
+class SyncMode:
+    """--bsp: 0 BSP, k > 0 SSP with staleness k, -1 ASP (no iteration tags)."""
+
+    def __init__(self, bsp):
+        self.bsp = int(bsp)
+
+    @property
+    def synchronous(self):
+        return self.bsp >= 0
+
+    @property
+    def staleness(self):
+        return max(0, self.bsp)
+
+    def tag(self, iteration):
+        return iteration if self.synchronous else None
+
+
+def init_spec(param):
+    if param.initializer is None:
+        raise ValueError(f"parameter {param.name} is placed on the parameter server but has an explicit value; "
+                         f"give it an initializer (ht.init.*) so the servers can create it")
+    return param.initializer.spec()
+
+
+class RemoteTable:
+    """An embedding table on the servers, as the executor sees it."""
+
+    def __init__(self, client, param, optimizer, seed, sync):
+        rows, width = param.shape
+        self.param, self.sync = param, sync
+        self.table = client.init_table(param.name, rows, width, init=init_spec(param), seed=seed,
+                                       stream=_C.name_stream(param.name),
+                                       optimizer=(optimizer.rule()["kind"], _rule_settings(optimizer)),
+                                       bsp=sync.synchronous, staleness=sync.staleness)
+
+    def pull(self, keys, iteration):
+        return self.table.pull(keys, iteration=self.sync.tag(iteration)).wait()
+
+    def fetch(self, iteration, chunk=1 << 16):
+        """The whole table (for checks and checkpoints), as of `iteration`."""
+        rows = self.param.shape[0]
+        return np.concatenate([self.pull(np.arange(b, min(rows, b + chunk), dtype=np.int64), iteration)
+                               for b in range(0, rows, chunk)])
+
+
+class RemoteDense:
+    """A dense parameter on the servers; the worker keeps a copy that every step refreshes."""
+
+    def __init__(self, client, param, optimizer, seed, sync):
+        self.param, self.sync = param, sync
+        self.table = client.init_dense(param.name, param.shape, init=init_spec(param), seed=seed,
+                                       stream=_C.name_stream(param.name),
+                                       optimizer=(optimizer.rule()["kind"], _rule_settings(optimizer)),
+                                       bsp=sync.synchronous, staleness=sync.staleness)
+
+    def fetch(self, iteration):
+        return self.table.dense_pull(iteration=self.sync.tag(iteration)).wait()
+
+
+def _rule_settings(optimizer):
+    rule = optimizer.rule()
+    return {k: v for k, v in rule.items() if k != "kind"}
+
+
+class PSEmbeddingLookupOp(Op):
+    """table[ids] for a table on the servers: pulls each distinct id once."""
+
+    def __init__(self, ids, remote, ctx=None):
+        super().__init__(ids, ctx=ctx, name=None)
+        self.remote = remote
+
+    def infer_shape(self, s):
+        return tuple(s[0]) + (self.remote.param.shape[1],)
+
+    def compute(self, vals, state):
+        ids = vals[0]
+        if ids.dtype != np.int64:
+            raise TypeError(f"{self.name}: ids are {ids.dtype}, expected int64")
+        flat = ids.reshape(-1)
+        rows = self.remote.param.shape[0]
+        if flat.size and (flat.min() < 0 or flat.max() >= rows):
+            bad = int(flat.max() if flat.max() >= rows else flat.min())
+            raise IndexError(f"{self.name}: id {bad} outside the table {self.remote.param.name} of {rows} rows")
+        uniq, inverse = np.unique(flat, return_inverse=True)
+        pulled = self.remote.pull(uniq, state.iteration)
+        out = state.buffer(self, ids.shape + (pulled.shape[1],), np.float32)
+        np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
+        return out
+
+
+class PSSparseUpdater:
+    """Sums this worker's rows per id (in sample order) and pushes them with the step's tag."""
+
+    def __init__(self, remote):
+        self.remote = remote
+
+    def update(self, state, param, grad, lr):
+        uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
+                                     np.ascontiguousarray(grad.values, np.float32))
+        self.remote.table.push(uniq, summed, iteration=self.remote.sync.tag(state.iteration), lr=lr).wait()
+
+
+class PSDenseUpdater:
+    """Pushes the gradient and takes back the tensor as the servers stepped it."""
+
+    def __init__(self, remote):
+        self.remote = remote
+
+    def update(self, state, param, grad, lr):
+        if isinstance(grad, IndexedSlices):
+            grad = grad.to_dense()
+        fresh = self.remote.table.dense_push_pull(grad, iteration=self.remote.sync.tag(state.iteration), lr=lr).wait()
+        state.param_value(param)[...] = fresh

@@ -1,0 +1,42 @@
+"""Parameter-server binding: the parameters that the distribution pass placed on the PS are
+created on the servers (same initializer, seed and stream as a local run), embedding lookups of
+PS tables become sparse pulls, and their updates become pushes tagged with the iteration."""
+from ..dist.ps import (PSDenseUpdater, PSEmbeddingLookupOp, PSSparseUpdater, RemoteDense, RemoteTable, SyncMode,
+                       start_worker)
+from ..ops.embedding import EmbeddingLookupOp
+
+
+def bind_ps(graph):
+    graph.remote = {}
+    if not graph.ps_params:
+        return graph
+    start_worker()
+    import hetu.ps as ps
+    client, sync, seed = ps.client(), SyncMode(graph.config.bsp), graph.config.seed
+    for param, opt_op, sparse in graph.ps_params.values():
+        if sparse:
+            remote = RemoteTable(client, param, opt_op.optimizer, seed, sync)
+            opt_op.updaters[param.id] = PSSparseUpdater(remote)
+        else:
+            remote = RemoteDense(client, param, opt_op.optimizer, seed, sync)
+            opt_op.updaters[param.id] = PSDenseUpdater(remote)
+        graph.remote[param.id] = remote
+    _replace_lookups(graph)
+    return graph.refresh()
+
+
+def _replace_lookups(graph):
+    """Rewires every consumer of a PS table lookup to a PSEmbeddingLookupOp."""
+    replacements = {}
+    for order in graph.topo.values():
+        for node in order:
+            if isinstance(node, EmbeddingLookupOp) and node.inputs[0].id in graph.remote:
+                replacements[node.id] = PSEmbeddingLookupOp(node.inputs[1], graph.remote[node.inputs[0].id],
+                                                            ctx=node.ctx)
+    if not replacements:
+        return
+    for order in graph.topo.values():
+        for node in order:
+            node.inputs = [replacements.get(x.id, x) for x in node.inputs]
+    for name, nodes in graph.subgraphs.items():
+        graph.subgraphs[name] = [replacements.get(n.id, n) for n in nodes]
