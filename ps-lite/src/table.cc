@@ -88,6 +88,22 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
     versions_[0] += contributions;
     return;
   }
+  // One push of strictly increasing keys (what a worker's deduplicated batch is): nothing to
+  // sum or count, step straight from the received buffer.
+  if (pushes.size() == 1) {
+    const Push& p = pushes[0];
+    bool increasing = true;
+    for (int64_t i = 1; i < p.n && increasing; ++i) increasing = p.keys[i - 1] < p.keys[i];
+    if (increasing) {
+      for (int64_t i = 0; i < p.n; ++i) {
+        const int64_t r = p.keys[i] - lo_;
+        hetu::optim::step_row(cfg_, lr, &values_[r * w], slots_ ? &state_[r * slots_ * w] : nullptr, &steps_[r],
+                              p.values + i * w, w);
+        versions_[r] += p.counts ? p.counts[i] : 1;
+      }
+      return;
+    }
+  }
   // Unique keys in first-seen order; a row's gradient is the sum of its occurrences in push
   // order, which is worker-rank order under BSP.
   int64_t total = 0;

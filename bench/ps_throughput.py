@@ -1,0 +1,236 @@
+"""Parameter-server throughput on loopback: sparse pull and push of 128-wide float32 rows.
+
+Runs real jobs (scheduler + servers through ``python -m hetu.launcher``, worker processes)
+for each (workers, servers) shape and batch size, and next to each a raw ZMQ round trip of
+the same bytes (pyzmq DEALER/ROUTER: the client sends the keys -- plus the rows for a push --
+split over the same number of server processes, which answer with a ready buffer of rows, or
+an empty frame for a push). Prints rows/s, row-payload GB/s and the PS / raw ratio.
+
+    python bench/ps_throughput.py                      # the default matrix
+    python bench/ps_throughput.py --shapes 1x1 --batches 16384 --seconds 2
+
+Throughput is the sum over workers; every worker issues one request at a time.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+WIDTH = 128
+ROWS = 1 << 18  # 256K rows x 128 floats = 128 MiB per table
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(fn, seconds):
+    for _ in range(2):
+        fn()
+    n, start = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        el = time.perf_counter() - start
+        if el >= seconds:
+            return n, el
+
+
+def batch_keys(rank, batch):
+    # A deduplicated batch: sorted unique ids spread over the whole table.
+    rng = np.random.default_rng(rank)
+    return np.sort(rng.choice(ROWS, batch, replace=False)).astype(np.int64)
+
+
+def ps_worker(args):
+    import hetu.ps as ps
+    ps.start()
+    t = ps.client().init_table("bench", ROWS, WIDTH, init=("constant", 0.0), optimizer="sgd", bsp=False)
+    out = {}
+    for b in args.batches:
+        keys = batch_keys(ps.rank(), b)
+        grads = np.full((b, WIDTH), 1e-3, np.float32)
+        ps.barrier()
+        out[f"pull{b}"] = timed(lambda: t.pull(keys).wait(), args.seconds)
+        ps.barrier()
+        out[f"push{b}"] = timed(lambda: t.push(keys, grads, lr=0.1).wait(), args.seconds)
+    print("RESULT " + json.dumps(out), flush=True)
+    ps.finalize()
+
+
+def tune_malloc():
+    # The same malloc setting hetu._ps applies (PS_MALLOC_TUNE), so the baseline is not
+    # handicapped by mmap/munmap of every large message.
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+
+
+def raw_server(args):
+    import zmq
+    tune_malloc()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.bind(f"tcp://127.0.0.1:{args.port}")
+    rows = np.zeros(max(args.batches) * WIDTH, np.float32)
+    while True:
+        frames = s.recv_multipart(copy=False)
+        ident, op = frames[0], frames[1].bytes
+        if op == b"stop":
+            break
+        if op == b"pull":  # answer rows for the keys asked
+            n = len(frames[2].buffer) // 8
+            s.send_multipart([ident, memoryview(rows)[: n * WIDTH * 4]], copy=n * WIDTH * 4 < 65536)
+        else:
+            s.send_multipart([ident, b""])
+
+
+def raw_client(args):
+    import zmq
+    tune_malloc()
+    ctx = zmq.Context()
+    socks = []
+    for p in args.ports:
+        d = ctx.socket(zmq.DEALER)
+        d.connect(f"tcp://127.0.0.1:{p}")
+        socks.append(d)
+    out = {}
+    for b in args.batches:
+        keys = batch_keys(args.rank, b)
+        grads = np.full((b, WIDTH), 1e-3, np.float32)
+        parts = np.array_split(np.arange(b), len(socks))
+        big = b * WIDTH * 4 // len(socks) >= 65536  # pyzmq: zero-copy only pays for large frames
+
+        def pull():
+            for d, p in zip(socks, parts):
+                d.send_multipart([b"pull", keys[p[0]:p[-1] + 1]], copy=not big)
+            for d in socks:
+                d.recv(copy=not big)
+
+        def push():
+            for d, p in zip(socks, parts):
+                d.send_multipart([b"push", keys[p[0]:p[-1] + 1], grads[p[0]:p[-1] + 1]], copy=not big)
+            for d in socks:
+                d.recv(copy=not big)
+
+        barrier(args, f"pull{b}")
+        out[f"pull{b}"] = timed(pull, args.seconds)
+        barrier(args, f"push{b}")
+        out[f"push{b}"] = timed(push, args.seconds)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def barrier(args, name):
+    # File barrier among the raw clients: all start a measurement together, like ps.barrier().
+    open(os.path.join(args.dir, f"{name}.{args.rank}"), "w").close()
+    deadline = time.time() + 60
+    while sum(os.path.exists(os.path.join(args.dir, f"{name}.{r}")) for r in range(args.workers)) < args.workers:
+        if time.time() > deadline:
+            raise RuntimeError(f"raw barrier {name}: not all {args.workers} clients arrived")
+        time.sleep(0.001)
+
+
+def collect(procs, timeout):
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode != 0 or not line:
+            raise RuntimeError(f"bench process failed (exit {p.returncode}):\n{out[-3000:]}")
+        results.append(json.loads(line[0][7:]))
+    return results
+
+
+def run_shape(workers, servers, args):
+    me = [sys.executable, os.path.abspath(__file__), "--seconds", str(args.seconds), "--batches",
+          *map(str, args.batches)]
+    port = free_port()
+    env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER=str(workers),
+               DMLC_NUM_SERVER=str(servers))
+    logs = subprocess.PIPE
+    nodes = [subprocess.Popen([sys.executable, "-m", "hetu.launcher"], env=dict(env, DMLC_ROLE=r), stdout=logs,
+                              stderr=subprocess.STDOUT, text=True) for r in ["scheduler"] + ["server"] * servers]
+    wk = [subprocess.Popen(me + ["--role", "ps-worker"], env=dict(env, DMLC_ROLE="worker"), stdout=logs,
+                           stderr=subprocess.STDOUT, text=True) for _ in range(workers)]
+    try:
+        ps_res = collect(wk, 600)
+        for n in nodes:
+            n.wait(30)
+    finally:
+        for p in nodes + wk:
+            if p.poll() is None:
+                p.kill()
+    ports = [free_port() for _ in range(servers)]
+    rs = [subprocess.Popen(me + ["--role", "raw-server", "--port", str(p)]) for p in ports]
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        rc = [subprocess.Popen(me + ["--role", "raw-client", "--rank", str(w), "--workers", str(workers), "--dir", d,
+                                     "--ports", *map(str, ports)], stdout=subprocess.PIPE, text=True)
+              for w in range(workers)]
+        try:
+            raw_res = collect(rc, 600)
+        finally:
+            import zmq
+            ctx = zmq.Context()
+            for p in ports:
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 1000)
+                s.connect(f"tcp://127.0.0.1:{p}")
+                s.send(b"stop")
+                s.close()
+            ctx.term()
+            for p in rs + rc:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    return ps_res, raw_res
+
+
+def rate(results, key, batch):
+    rows = sum(r[key][0] * batch / r[key][1] for r in results)
+    return rows, rows * WIDTH * 4 / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["1x1", "1x2", "2x1", "4x2"], help="WORKERSxSERVERS")
+    ap.add_argument("--batches", nargs="+", type=int, default=[1024, 4096, 16384, 65536])
+    ap.add_argument("--seconds", type=float, default=0.5, help="measuring time per cell")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per shape, alternating PS and raw; the best of each is reported (shared machines)")
+    ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--ports", nargs="+", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role != "main":
+        return {"ps-worker": ps_worker, "raw-server": raw_server, "raw-client": raw_client}[args.role](args)
+    print(f"loopback, {os.cpu_count()} cores, rows of {WIDTH} float32 ({WIDTH * 4} B), table {ROWS} rows, "
+          f"{args.seconds} s per cell, best of {args.repeat}; GB/s counts row payload only")
+    head = f"{'W':>2} {'S':>2} {'op':>4} {'batch':>6} | {'PS rows/s':>11} {'PS GB/s':>8} | {'raw rows/s':>11} {'raw GB/s':>8} | {'PS/raw':>6}"
+    print(head)
+    print("-" * len(head))
+    for shape in args.shapes:
+        w, s = map(int, shape.split("x"))
+        runs = [run_shape(w, s, args) for _ in range(args.repeat)]
+        for op in ("pull", "push"):
+            for b in args.batches:
+                pr, pg = max(rate(ps_res, f"{op}{b}", b) for ps_res, _ in runs)
+                rr, rg = max(rate(raw_res, f"{op}{b}", b) for _, raw_res in runs)
+                print(f"{w:>2} {s:>2} {op:>4} {b:>6} | {pr:>11.3e} {pg:>8.2f} | {rr:>11.3e} {rg:>8.2f} | {pr / rr:>6.2f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
