@@ -23,13 +23,55 @@ int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const i
   return -1;
 }
 
+namespace {
+
+// Positions 0..n-1 ordered by ids[position], ties in position order (a stable sort), by an LSD
+// radix sort of (id - min id) on as many 11-bit digits as the id range needs.
+std::vector<int64_t> stable_order_by_id(const int64_t* ids, int64_t n) {
+  std::vector<int64_t> order(n);
+  if (n == 0) return order;
+  int64_t lo = ids[0], hi = ids[0];
+  for (int64_t i = 1; i < n; ++i) {
+    lo = std::min(lo, ids[i]);
+    hi = std::max(hi, ids[i]);
+  }
+  const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+  int bits = 0;
+  while (bits < 64 && (range >> bits) != 0) ++bits;
+  constexpr int kDigit = 11;
+  constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
+  const int passes = (bits + kDigit - 1) / kDigit;
+  if (n < 64 || passes > 3) {  // tiny inputs or a huge id range: a comparison sort is as good
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+    return order;
+  }
+  struct Item {
+    uint64_t key;
+    int64_t pos;
+  };
+  std::vector<Item> a(n), b(n);
+  for (int64_t i = 0; i < n; ++i) a[i] = {static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo), i};
+  std::vector<int64_t> count(kMask + 2);
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pass * kDigit;
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t i = 0; i < n; ++i) ++count[((a[i].key >> shift) & kMask) + 1];
+    for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
+    for (int64_t i = 0; i < n; ++i) b[count[(a[i].key >> shift) & kMask]++] = a[i];
+    a.swap(b);
+  }
+  for (int64_t i = 0; i < n; ++i) order[i] = a[i].pos;
+  return order;
+}
+
+}  // namespace
+
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
                    std::vector<float>* summed) {
-  // Stable sort of positions by id keeps each id's rows in occurrence order, so the sum is
+  // A stable sort of positions by id keeps each id's rows in occurrence order, so the sum is
   // taken in a fixed order whatever the thread count.
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  const std::vector<int64_t> order = stable_order_by_id(ids, n);
   std::vector<int64_t> run_start;
   run_start.reserve(n + 1);
   for (int64_t i = 0; i < n; ++i)
@@ -71,19 +113,24 @@ void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int
   const int nslots = optim::slots(cfg.kind);
   const int64_t t0 = *step;
   parallel_for(size, 1 << 15, [&](int64_t b, int64_t e) {
-    const int64_t len = e - b;
     int64_t t = t0;
     if (nslots < 2) {
-      optim::step_row(cfg, lr, w + b, nslots ? state + b : nullptr, &t, g + b, len);
+      optim::step_row(cfg, lr, w + b, nslots ? state + b : nullptr, &t, g + b, e - b);
       return;
     }
-    // Two-slot state: gather this chunk's m and v side by side, step, scatter back.
-    std::vector<float> local(2 * len);
-    std::memcpy(local.data(), state + b, sizeof(float) * len);
-    std::memcpy(local.data() + len, state + size + b, sizeof(float) * len);
-    optim::step_row(cfg, lr, w + b, local.data(), &t, g + b, len);
-    std::memcpy(state + b, local.data(), sizeof(float) * len);
-    std::memcpy(state + size + b, local.data() + len, sizeof(float) * len);
+    // Two-slot state: step blocks whose m and v are gathered side by side in a small local
+    // buffer (cache-resident, no allocation), then scattered back.
+    constexpr int64_t kBlock = 1024;
+    float local[2 * kBlock];
+    for (int64_t lo = b; lo < e; lo += kBlock) {
+      const int64_t len = std::min(kBlock, e - lo);
+      std::memcpy(local, state + lo, sizeof(float) * len);
+      std::memcpy(local + len, state + size + lo, sizeof(float) * len);
+      t = t0;
+      optim::step_row(cfg, lr, w + lo, local, &t, g + lo, len);
+      std::memcpy(state + lo, local, sizeof(float) * len);
+      std::memcpy(state + size + lo, local + len, sizeof(float) * len);
+    }
   });
   *step = t0 + 1;
 }

@@ -1,0 +1,266 @@
+"""Single-worker training throughput: hetu vs PyTorch on WDL (issue 2, item 13).
+
+Trains examples/ctr/models/wdl.py::wdl_criteo in hetu and the same architecture in PyTorch
+(one shared sparse nn.Embedding table, deep MLP 256-256-256-1 on concat(flattened embeddings,
+dense), wide linear on dense, mean BCE-with-logits) on the synthetic Criteo-shaped data, and
+prints samples/s side by side.
+
+Every measurement runs in a fresh subprocess (thread and malloc settings must be in the
+environment before start). Both frameworks use 2 threads and are fed pre-sliced contiguous
+batches of in-memory arrays (hetu through ht.dataloader_op without prefetch, whose batches are
+views of the same arrays); data generation and model set-up are outside the timed windows.
+Each measurement: warm-up steps, then --windows windows of N steps; the median window is
+reported. PyTorch runs twice: with glibc's default malloc and with
+MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736; hetu is compared with the faster one.
+
+    python bench/single_worker.py            # all 12 configs
+    python bench/single_worker.py --quick    # batch 128 and 4096, embedding 16, SGD and Adam
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+THREADS = 2
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def thread_env():
+    t = str(THREADS)
+    return {"OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t, "HETU_NUM_THREADS": t}
+
+
+def steps_per_window(batch):
+    return max(5, 16384 // batch)
+
+
+# --- data ----------------------------------------------------------------------------------------
+def load_batches(rows, batch, count):
+    """`count` pre-sliced contiguous batches (dense, sparse, labels) of in-memory arrays."""
+    import numpy as np
+    from hetu.data import load_dataset
+    data = load_dataset("synthetic-criteo", rows=rows)
+    n = min(len(data.train), count * batch)
+    dense = np.ascontiguousarray(data.train.dense[:n], dtype=np.float32)
+    sparse = np.ascontiguousarray(data.train.sparse[:n], dtype=np.int64)
+    labels = np.ascontiguousarray(data.train.labels[:n], dtype=np.float32).reshape(n, 1)
+    return dense, sparse, labels, int(data.meta.num_embeddings)
+
+
+def serve_windows(step, warmup, n):
+    """Warm up, say READY, then time one window of n steps per line read from stdin."""
+    for _ in range(warmup):
+        step()
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "window":
+            break
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        print(f"WINDOW {time.perf_counter() - t0!r}", flush=True)
+
+
+# --- hetu ----------------------------------------------------------------------------------------
+def run_hetu(cfg):
+    import hetu as ht
+    sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
+    from models.wdl import wdl_criteo
+    batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
+    dense, sparse, labels, num_emb = load_batches(cfg["rows"], batch, cfg["batches"])
+
+    def loader(a):
+        return ht.dataloader_op([ht.Dataloader(a, batch, "train", prefetch=0)])
+
+    optimizer = (ht.optim.SGDOptimizer(learning_rate=0.01) if opt == "sgd"
+                 else ht.optim.AdamOptimizer(learning_rate=0.001))
+    loss, prediction, y_, train_op = wdl_criteo(loader(dense), loader(sparse), loader(labels),
+                                                num_embeddings=num_emb, embedding_size=emb, optimizer=optimizer)
+    executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=123)
+
+    def step():
+        executor.run("train")
+
+    return serve_windows(step, cfg["warmup"], cfg["steps"])
+
+
+# --- PyTorch -------------------------------------------------------------------------------------
+def run_torch(cfg):
+    import torch
+    from torch import nn
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(123)
+    batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
+    dense, sparse, labels, num_emb = load_batches(cfg["rows"], batch, cfg["batches"])
+    nb = len(dense) // batch
+    batches = [(torch.from_numpy(dense[i * batch:(i + 1) * batch]), torch.from_numpy(sparse[i * batch:(i + 1) * batch]),
+                torch.from_numpy(labels[i * batch:(i + 1) * batch])) for i in range(nb)]
+
+    class WDL(nn.Module):
+        def __init__(self, num_embeddings, embedding_size, num_fields=26, num_dense=13, hidden=(256, 256, 256)):
+            super().__init__()
+            self.embedding = nn.Embedding(num_embeddings, embedding_size, sparse=True)
+            nn.init.normal_(self.embedding.weight, std=0.01)
+            layers, width = [], num_fields * embedding_size + num_dense
+            for h in hidden:
+                layers += [nn.Linear(width, h), nn.ReLU()]
+                width = h
+            layers.append(nn.Linear(width, 1))
+            self.deep = nn.Sequential(*layers)
+            self.wide = nn.Linear(num_dense, 1)
+            self.flat = num_fields * embedding_size
+
+        def forward(self, dense_x, sparse_x):
+            e = self.embedding(sparse_x).reshape(-1, self.flat)
+            return self.deep(torch.cat([e, dense_x], dim=1)) + self.wide(dense_x)
+
+    model = WDL(num_emb, emb)
+    lossf = nn.BCEWithLogitsLoss()
+    table = [model.embedding.weight]
+    others = [p for n, p in model.named_parameters() if not n.startswith("embedding.")]
+    if opt == "sgd":
+        optimizers = [torch.optim.SGD(model.parameters(), lr=0.01)]
+    else:
+        optimizers = [torch.optim.SparseAdam(table, lr=0.001), torch.optim.Adam(others, lr=0.001)]
+    it = [0]
+
+    def step():
+        d, s, y = batches[it[0] % nb]
+        it[0] += 1
+        for o in optimizers:
+            o.zero_grad(set_to_none=True)
+        logit = model(d, s)
+        loss = lossf(logit, y)
+        loss.backward()
+        for o in optimizers:
+            o.step()
+        # what hetu's executor hands back each step: loss and prediction
+        loss.item()
+        torch.sigmoid(logit.detach())
+
+    return serve_windows(step, cfg["warmup"], cfg["steps"])
+
+
+# --- driver --------------------------------------------------------------------------------------
+def worker(argv):
+    cfg = json.loads(argv)
+    (run_hetu if cfg["framework"] == "hetu" else run_torch)(cfg)
+
+
+class Worker:
+    """One framework in its own process (thread and malloc settings in its environment)."""
+
+    def __init__(self, framework, cfg, tuned_malloc=False):
+        env = dict(os.environ)
+        env.update(thread_env())
+        for k in TUNED_MALLOC:
+            env.pop(k, None)
+        if tuned_malloc:
+            env.update(TUNED_MALLOC)
+        self.name = framework + (" (tuned malloc)" if tuned_malloc else "")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker",
+                                      json.dumps(dict(cfg, framework=framework))],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.times = []
+
+    def _expect(self, prefix):
+        line = self.proc.stdout.readline()
+        if not line.startswith(prefix):
+            self.proc.kill()
+            raise RuntimeError(f"{self.name} worker failed: {line}{self.proc.stdout.read()[-2000:]}"
+                               f"{self.proc.stderr.read()[-4000:]}")
+        return line[len(prefix):].strip()
+
+    def ready(self):
+        self._expect("READY")
+
+    def window(self):
+        self.proc.stdin.write("window\n")
+        self.proc.stdin.flush()
+        self.times.append(float(self._expect("WINDOW ")))
+
+    def close(self):
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def measure(cfg, frameworks):
+    """Median samples/s of each framework; their windows are interleaved (hetu, torch, torch
+    tuned, hetu, ...) so that the machine's noise falls on all of them alike. The workers set
+    up and warm up one after another, and only one runs a window at a time."""
+    workers = {}
+    try:
+        for key in frameworks:
+            w = workers[key] = Worker("hetu" if key == "hetu" else "torch", cfg, tuned_malloc=key == "torch-tuned")
+            w.ready()
+        for _ in range(cfg["windows"]):
+            for w in workers.values():
+                w.window()
+    finally:
+        for w in workers.values():
+            w.close()
+    out = {}
+    for key, w in workers.items():
+        rates = [cfg["batch"] * cfg["steps"] / t for t in w.times]
+        out[key] = (statistics.median(rates), rates)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="batch 128 and 4096, embedding 16 only")
+    ap.add_argument("--batch", type=int, nargs="*", default=None)
+    ap.add_argument("--emb", type=int, nargs="*", default=None)
+    ap.add_argument("--opt", nargs="*", default=None, choices=["sgd", "adam"])
+    ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=200000)
+    ap.add_argument("--frameworks", default="hetu,torch,torch-tuned")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker)
+    batches = args.batch or ([128, 4096] if args.quick else [128, 1024, 4096])
+    embs = args.emb or ([16] if args.quick else [16, 128])
+    opts = args.opt or ["sgd", "adam"]
+    frameworks = args.frameworks.split(",")
+    print(f"WDL criteo, synthetic-criteo rows={args.rows}, {THREADS} threads, median of {args.windows} windows",
+          flush=True)
+    header = f"{'config':<22}{'hetu':>10}{'torch':>10}{'torch-tuned':>13}{'hetu/best':>11}  target"
+    print(header + "\n" + "-" * len(header), flush=True)
+    results = []
+    for batch in batches:
+        for emb in embs:
+            for opt in opts:
+                n = steps_per_window(batch)
+                cfg = {"batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
+                       "warmup": max(3, n // 3), "windows": args.windows,
+                       "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
+                r = {"config": f"b{batch} e{emb} {opt}", **{k: cfg[k] for k in ("batch", "emb", "opt", "steps")}}
+                for key, (median, rates) in measure(cfg, frameworks).items():
+                    key = key.replace("-", "_")
+                    r[key], r[key + "_windows"] = median, rates
+                best = max(r.get("torch", 0), r.get("torch_tuned", 0))
+                target = 1.0 if batch >= 1024 else 0.8
+                ratio = r["hetu"] / best if best and "hetu" in r else float("nan")
+                r["ratio"], r["target"] = ratio, target
+                results.append(r)
+                print(f"{r['config']:<22}{r.get('hetu', 0):>10.0f}{r.get('torch', 0):>10.0f}"
+                      f"{r.get('torch_tuned', 0):>13.0f}{ratio:>10.2f}x  >={target}x "
+                      f"{'ok' if ratio >= target else 'BELOW'}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
