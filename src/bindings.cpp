@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cache/policy.h"
 #include "common/parallel.h"
 #include "kernels/kernels.h"
 
@@ -97,6 +98,30 @@ void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int
   hetu::kernels::init_fill(kind, a, b, seed, stream, row_begin, row_begin + rows, width, o);
 }
 
+template <typename T>
+Array<T> to_array(const std::vector<T>& v) {
+  Array<T> out(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {
+  hetu::cache::AccessResult r;
+  {
+    py::gil_scoped_release nogil;
+    r = p.Access(keys.data(), keys.size());
+  }
+  Array<bool> hit(static_cast<py::ssize_t>(r.hit.size()));
+  std::copy(r.hit.begin(), r.hit.end(), hit.mutable_data());
+  return py::make_tuple(to_array(r.slot), hit, to_array(r.evicted_keys), to_array(r.evicted_slots));
+}
+
+Array<int64_t> policy_slots(const hetu::cache::CachePolicy& p, Array<int64_t> keys) {
+  Array<int64_t> out(keys.size());
+  for (py::ssize_t i = 0; i < keys.size(); ++i) out.mutable_data()[i] = p.SlotOf(keys.data()[i]);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -120,4 +145,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("init_fill", &init_fill, "rows [row_begin, row_begin + len(out)) of a counter-based initializer");
   m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
   m.def("num_threads", &hetu::num_threads);
+
+  using hetu::cache::CachePolicy;
+  py::class_<CachePolicy>(m, "CachePolicy", "which rows a cache holds (LRU, LFU, LFU-opt); no values")
+      .def(py::init([](const std::string& kind, int64_t capacity, int64_t pin_threshold) {
+             return new CachePolicy(hetu::cache::ParsePolicy(kind), capacity, pin_threshold);
+           }),
+           py::arg("kind"), py::arg("capacity"), py::arg("pin_threshold") = 8)
+      .def("access", &policy_access,
+           "one iteration's distinct ascending keys -> (slots (-1: bypass), hit, evicted_keys, evicted_slots)")
+      .def("slots", &policy_slots, "slot of each key, -1 where absent")
+      .def("erase", [](CachePolicy& p, Array<int64_t> keys) {
+        for (py::ssize_t i = 0; i < keys.size(); ++i) p.Erase(keys.data()[i]);
+      })
+      .def("keys", [](const CachePolicy& p) { return to_array(p.Keys()); })
+      .def_property_readonly("size", &CachePolicy::size)
+      .def_property_readonly("capacity", &CachePolicy::capacity);
 }

@@ -78,6 +78,14 @@ def distribution_options(args, herald):
     return opts
 
 
+def mode_name(args, herald):
+    if args.comm is None:
+        return "single"
+    if herald:
+        return f"herald-{args.comm}-{args.cache}"
+    return f"het-{args.comm}-{args.cache}-b{args.bound}" if args.cache else args.comm
+
+
 def make_inputs(data, batch_size, seed):
     def op(array_of):
         train, val = array_of(data.train), array_of(data.val)
@@ -138,8 +146,15 @@ def main(argv=None, herald=False):
         history.append(stats)
         done += n
         epoch += 1
+    executor.flush()   # every worker: pending cached updates reach the servers
     elapsed = time.time() - start
-    summary = {"model": args.model, "iterations": total, "seconds": elapsed,
+    print(executor.counters.summary_line(), flush=True)
+    if args.cache_perf:
+        path = os.path.join("csv", f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
+        executor.counters.write_csv(path)
+        print(f"per-iteration counters written to {path}", flush=True)
+    summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total, "seconds": elapsed,
+               "counters": executor.counters.totals(),
                "samples_per_second": total * args.batch_size / elapsed, "final": history[-1]}
     print("summary " + json.dumps(summary), flush=True)
     if args.save_params and executor.graph.rank == 0:

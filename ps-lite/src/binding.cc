@@ -213,6 +213,10 @@ void Finalize() {
 
 }  // namespace
 
+namespace ps {
+void RegisterRawBench(py::module& m);
+}
+
 PYBIND11_MODULE(_ps, m) {
   m.doc() = "hetu parameter server (ps-lite): node life cycle and worker table operations";
 
@@ -252,6 +256,7 @@ PYBIND11_MODULE(_ps, m) {
   m.attr("ALL") = static_cast<int>(kAllGroup);
   m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
   m.def("optim_slots", &hetu::optim::slots);
+  ps::RegisterRawBench(m);
 
   py::class_<Handle>(m, "Handle", "An operation in flight. wait(timeout=None) returns its result or raises.")
       .def("wait", &Handle::wait, py::arg("timeout") = py::none(),
@@ -330,7 +335,7 @@ PYBIND11_MODULE(_ps, m) {
   });
 
   m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, Arr<int64_t> keys,
-                         Arr<int64_t> versions, int64_t bound) {
+                         Arr<int64_t> versions, int64_t bound, int64_t iteration) {
     TableRef t = Ref(name, rows, width, false);
     CheckSize(name, "versions", versions.size(), keys.size());
     py::list keep;
@@ -342,7 +347,7 @@ PYBIND11_MODULE(_ps, m) {
     std::shared_ptr<Request> req;
     {
       py::gil_scoped_release nogil;
-      req = w.PullStale(t, k, v, n, bound);
+      req = w.PullStale(t, k, v, n, bound, iteration);
     }
     return Handle(req, keep, kStale);
   });

@@ -139,6 +139,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       return true;
     }
     case kPullStale: {
+      if (!Servable(t, msg, msg.meta.iteration())) return false;
       const int64_t n = NumKeys(msg);
       std::string err = Expect<int64_t>(msg, 1, n, "versions", name);
       if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), n);

@@ -134,11 +134,13 @@ std::shared_ptr<Request> KVWorker::Pull(const TableRef& t, const int64_t* keys, 
 }
 
 std::shared_ptr<Request> KVWorker::PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions,
-                                             int64_t n, int64_t bound) {
+                                             int64_t n, int64_t bound, int64_t iteration) {
   auto req = NewRequest(t, kPullStale);
   Partition(t, keys, n, false, req.get());
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_arg(bound);
+    // Like a pull for `iteration`, it waits until the previous iteration is applied (BSP/SSP).
+    if (iteration >= 0) m.meta.set_iteration(iteration);
     m.data.push_back(SliceOf(p, keys, 1));
     m.data.push_back(SliceOf(p, versions, 1));
   });

@@ -93,13 +93,13 @@ class Executor:
         """Local parameters from their initializers (or values); parameters on the parameter
         server are created there by bind_ps, and only dense ones get a local copy."""
         xp = self.state.xp
-        remote = getattr(self.graph, "remote", {})
+        remote = self.graph.remote
         for p in self.graph.parameters:
             if p.id in self.values:
                 continue
             if p.id in remote:
                 if hasattr(remote[p.id], "table") and getattr(remote[p.id].table, "dense", False):
-                    self.values[p.id] = np.array(remote[p.id].fetch(0), dtype=np.float32).reshape(p.shape)
+                    self.values[p.id] = np.array(remote[p.id].fetch(), dtype=np.float32).reshape(p.shape)
                 continue
             if p.value is not None:
                 value = np.array(p.value, dtype=np.float32)
@@ -138,6 +138,8 @@ class Executor:
         state = self.state
         state.subgraph = name
         state.training = self.graph.is_training(name) if training is None else training
+        if not state.training:
+            self.flush()
         feeds = self._check_feeds(name, feed_dict or {})
         vals = {}
         for node in self.graph.topo[name]:
@@ -150,6 +152,7 @@ class Executor:
             else:
                 vals[node.id] = node.compute([vals[x.id] for x in node.inputs], state)
         if state.training:
+            self.graph.counters.end_iteration(state.iteration)
             state.iteration += 1
         outputs = eval_node_list or self.graph.subgraphs[name]
         return [self._output(vals[n.id], convert_to_numpy_ret_vals) for n in outputs]
@@ -180,6 +183,19 @@ class Executor:
             feeds[node.id] = xp.asarray(value)
         return feeds
 
+    def flush(self):
+        """Writes every pending cached update to the parameter server (all workers call it at the
+        same points: before validation, a checkpoint and the end of training)."""
+        lr = self.graph.optimizer_ops[0].optimizer.lr.get(self.graph.optimizer_ops[0].step_count) \
+            if self.graph.optimizer_ops else 0.0
+        for cache in self.graph.caches.values():
+            cache.flush(lr)
+
+    @property
+    def counters(self):
+        """Embedding transmission counters of this worker (hetu.cache.counters.Counters)."""
+        return self.graph.counters
+
     def get_batch_num(self, name="default"):
         loaders = [d.loader(name) for d in self.graph.dataloaders if name in d.dataloaders]
         if not loaders:
@@ -189,12 +205,12 @@ class Executor:
     # --- parameters ----------------------------------------------------------------------------
     def parameters(self):
         """name -> NumPy copy of every parameter (tables on the parameter server are pulled as of
-        the last completed step)."""
+        the last completed step). With a bounded cache, every worker calls flush() first."""
         out = {}
-        remote = getattr(self.graph, "remote", {})
+        remote = self.graph.remote
         for p in self.graph.parameters:
             if p.id in remote:
-                out[p.name] = np.asarray(remote[p.id].fetch(self.state.iteration)).reshape(p.shape)
+                out[p.name] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
             else:
                 out[p.name] = np.array(self._host(self.values[p.id]), copy=True)
         return out
@@ -204,14 +220,15 @@ class Executor:
 
     def save(self, directory):
         """Parameters, optimizer state and running statistics, written to a temporary folder
-        that is renamed into place, so an interrupted save never leaves a partial checkpoint."""
+        that is renamed into place, so an interrupted save never leaves a partial checkpoint.
+        With a bounded cache, every worker calls flush() first (a collective push)."""
         directory = os.path.abspath(directory)
         parent = os.path.dirname(directory)
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory), dir=parent)
         try:
             arrays = {}
-            remote = getattr(self.graph, "remote", {})
+            remote = self.graph.remote
             for p in self.graph.parameters:
                 if p.id in remote:
                     # The servers write their shards (values, optimizer state, versions).
@@ -241,13 +258,13 @@ class Executor:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no arrays.npz)")
         xp = self.state.xp
-        remote = getattr(self.graph, "remote", {})
+        remote = self.graph.remote
         with np.load(path) as data:
             for p in self.graph.parameters:
                 if p.id in remote:
                     remote[p.id].table.load(os.path.join(os.path.abspath(directory), "ps")).wait()
                     if p.id in self.values:
-                        self.values[p.id][...] = np.asarray(remote[p.id].fetch(self.state.iteration)).reshape(p.shape)
+                        self.values[p.id][...] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
                     continue
                 key = f"param/{p.name}"
                 if key not in data:

@@ -53,23 +53,48 @@ def init_spec(param):
 
 
 class RemoteTable:
-    """An embedding table on the servers, as the executor sees it."""
+    """An embedding table on the servers, as the executor sees it.
 
-    def __init__(self, client, param, optimizer, seed, sync):
+    `clock` counts this table's pushes. Every worker pushes once per training step and once per
+    flush, in the same order, so the clocks agree across workers and serve as the BSP iteration
+    tags: a push carries the clock, a pull for clock c sees every push before c applied."""
+
+    def __init__(self, client, param, optimizer, seed, sync, counters):
         rows, width = param.shape
-        self.param, self.sync = param, sync
+        self.param, self.sync, self.counters = param, sync, counters
+        self.clock = 0
         self.table = client.init_table(param.name, rows, width, init=init_spec(param), seed=seed,
                                        stream=_C.name_stream(param.name),
                                        optimizer=(optimizer.rule()["kind"], _rule_settings(optimizer)),
                                        bsp=sync.synchronous, staleness=sync.staleness)
 
-    def pull(self, keys, iteration):
-        return self.table.pull(keys, iteration=self.sync.tag(iteration)).wait()
+    def pull(self, keys):
+        return self.table.pull(keys, iteration=self.sync.tag(self.clock)).wait()
 
-    def fetch(self, iteration, chunk=1 << 16):
-        """The whole table (for checks and checkpoints), as of `iteration`."""
+    def pull_stale(self, keys, versions, bound):
+        """(positions, rows, versions) of the keys whose server version is more than `bound`
+        ahead of `versions`."""
+        return self.table.pull_stale(keys, versions, bound, iteration=self.sync.tag(self.clock)).wait()
+
+    def push(self, keys, grads, lr, counts=None):
+        self.table.push(keys, grads, iteration=self.sync.tag(self.clock), lr=lr, counts=counts).wait()
+        self.clock += 1
+
+    # The uncached path of PSEmbeddingLookupOp and PSSparseUpdater.
+    def lookup(self, uniq):
+        width = self.param.shape[1]
+        self.counters.add(rows_pulled=len(uniq), bytes_pulled=len(uniq) * (width * 4 + 8), misses=len(uniq))
+        return self.pull(uniq)
+
+    def update(self, uniq, summed, lr):
+        width = self.param.shape[1]
+        self.counters.add(rows_pushed=len(uniq), bytes_pushed=len(uniq) * (width * 4 + 8))
+        self.push(uniq, summed, lr)
+
+    def fetch(self, chunk=1 << 16):
+        """The whole table (for checks and checkpoints) after every push so far."""
         rows = self.param.shape[0]
-        return np.concatenate([self.pull(np.arange(b, min(rows, b + chunk), dtype=np.int64), iteration)
+        return np.concatenate([self.pull(np.arange(b, min(rows, b + chunk), dtype=np.int64))
                                for b in range(0, rows, chunk)])
 
 
@@ -78,13 +103,19 @@ class RemoteDense:
 
     def __init__(self, client, param, optimizer, seed, sync):
         self.param, self.sync = param, sync
+        self.clock = 0
         self.table = client.init_dense(param.name, param.shape, init=init_spec(param), seed=seed,
                                        stream=_C.name_stream(param.name),
                                        optimizer=(optimizer.rule()["kind"], _rule_settings(optimizer)),
                                        bsp=sync.synchronous, staleness=sync.staleness)
 
-    def fetch(self, iteration):
-        return self.table.dense_pull(iteration=self.sync.tag(iteration)).wait()
+    def fetch(self):
+        return self.table.dense_pull(iteration=self.sync.tag(self.clock)).wait()
+
+    def push_pull(self, grad, lr):
+        fresh = self.table.dense_push_pull(grad, iteration=self.sync.tag(self.clock), lr=lr).wait()
+        self.clock += 1
+        return fresh
 
 
 def _rule_settings(optimizer):
@@ -93,11 +124,13 @@ def _rule_settings(optimizer):
 
 
 class PSEmbeddingLookupOp(Op):
-    """table[ids] for a table on the servers: pulls each distinct id once."""
+    """table[ids] for a table on the servers: each distinct id is fetched once, from the servers
+    or through the worker's cache (`source`: a RemoteTable or a CachedTable, both with lookup)."""
 
     def __init__(self, ids, remote, ctx=None):
         super().__init__(ids, ctx=ctx, name=None)
         self.remote = remote
+        self.source = remote
 
     def infer_shape(self, s):
         return tuple(s[0]) + (self.remote.param.shape[1],)
@@ -112,22 +145,24 @@ class PSEmbeddingLookupOp(Op):
             bad = int(flat.max() if flat.max() >= rows else flat.min())
             raise IndexError(f"{self.name}: id {bad} outside the table {self.remote.param.name} of {rows} rows")
         uniq, inverse = np.unique(flat, return_inverse=True)
-        pulled = self.remote.pull(uniq, state.iteration)
+        pulled = self.source.lookup(uniq)
         out = state.buffer(self, ids.shape + (pulled.shape[1],), np.float32)
         np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
         return out
 
 
 class PSSparseUpdater:
-    """Sums this worker's rows per id (in sample order) and pushes them with the step's tag."""
+    """Sums this worker's rows per id (in sample order) and hands them to the table (a push) or
+    to the worker's cache in front of it."""
 
     def __init__(self, remote):
         self.remote = remote
+        self.target = remote
 
     def update(self, state, param, grad, lr):
         uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
                                      np.ascontiguousarray(grad.values, np.float32))
-        self.remote.table.push(uniq, summed, iteration=self.remote.sync.tag(state.iteration), lr=lr).wait()
+        self.target.update(uniq, summed, lr)
 
 
 class PSDenseUpdater:
@@ -139,5 +174,4 @@ class PSDenseUpdater:
     def update(self, state, param, grad, lr):
         if isinstance(grad, IndexedSlices):
             grad = grad.to_dense()
-        fresh = self.remote.table.dense_push_pull(grad, iteration=self.remote.sync.tag(state.iteration), lr=lr).wait()
-        state.param_value(param)[...] = fresh
+        state.param_value(param)[...] = self.remote.push_pull(grad, lr)

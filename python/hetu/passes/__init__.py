@@ -1,5 +1,6 @@
 """Compilation passes. Each is a plain function `graph -> graph` with one job; PASSES lists them
 in the order they run, so reading it tells what compilation does."""
+from .bind_cache import bind_cache
 from .bind_ps import bind_ps
 from .distribute import distribute
 from .placement import place_on_device
@@ -9,6 +10,7 @@ PASSES = [
     check_shapes,      # shape and dtype inference where shapes are static: errors name ops and shapes
     distribute,        # worker slices of each global batch, 1/W loss scale, AllReduce updaters
     bind_ps,           # PS parameters created on the servers; lookups pull, updates push
+    bind_cache,        # with a cache policy: PS tables read and updated through the worker's cache
     place_on_device,   # every node gets the executor's context unless it asked for one
 ]
 

@@ -7,7 +7,6 @@ from ..ops.embedding import EmbeddingLookupOp
 
 
 def bind_ps(graph):
-    graph.remote = {}
     if not graph.ps_params:
         return graph
     start_worker()
@@ -15,7 +14,7 @@ def bind_ps(graph):
     client, sync, seed = ps.client(), SyncMode(graph.config.bsp), graph.config.seed
     for param, opt_op, sparse in graph.ps_params.values():
         if sparse:
-            remote = RemoteTable(client, param, opt_op.optimizer, seed, sync)
+            remote = RemoteTable(client, param, opt_op.optimizer, seed, sync, graph.counters)
             opt_op.updaters[param.id] = PSSparseUpdater(remote)
         else:
             remote = RemoteDense(client, param, opt_op.optimizer, seed, sync)

@@ -1,4 +1,5 @@
 """The object that passes take and return: the executor's subgraphs and what compiling found."""
+from ..cache.counters import Counters
 from ..dataloader import DataloaderOp
 from ..graph import Variable, topo_sort
 from ..optim import OptimizerOp
@@ -9,6 +10,9 @@ class Graph:
         self.subgraphs = {name: list(nodes) for name, nodes in subgraphs.items()}
         self.config = config
         self.ps_params = {}   # param id -> (param, optimizer op, sparse): bound to the parameter server
+        self.remote = {}      # param id -> RemoteTable / RemoteDense (bind_ps)
+        self.caches = {}      # param id -> CachedTable (bind_cache)
+        self.counters = Counters()
         self.refresh()
 
     def refresh(self):

@@ -197,12 +197,13 @@ class Table:
         return Handle(_ps.push(self.name, self.rows, self.width, False, _keys(keys), _f32(grads), c,
                                _iter(iteration), _lr(lr), pull))
 
-    def pull_stale(self, keys, versions, bound=0):
+    def pull_stale(self, keys, versions, bound=0, iteration=None):
         """Rows whose server version exceeds the given local version by more than `bound`.
-        Result: (positions into keys (sorted), rows (m, width), server versions (m,))."""
+        Result: (positions into keys (sorted), rows (m, width), server versions (m,)). With
+        `iteration=t` (BSP table) it waits like a pull for t: versions as of iteration t-1."""
         self._sparse()
         return Handle(_ps.pull_stale(self.name, self.rows, self.width, _keys(keys), _keys(versions),
-                                     int(bound)))
+                                     int(bound), _iter(iteration)))
 
     def pull_with_state(self, keys):
         """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,))."""

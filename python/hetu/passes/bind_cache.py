@@ -1,0 +1,40 @@
+"""Embedding-cache binding (HET, DESIGN.md section 6): with a cache policy set, every embedding
+table on the parameter server is read and updated through a per-worker cache of
+`cache_limit_ratio` x rows (or `cache_limit` rows) with staleness bound `cache_bound`."""
+import math
+
+from ..cache import CachedTable
+from ..dist.ps import PSEmbeddingLookupOp, PSSparseUpdater, RemoteTable
+
+
+def cache_capacity(config, rows):
+    if config.cache_limit is not None:
+        return int(config.cache_limit)
+    ratio = config.extra.get("cache_limit_ratio", 0.1)
+    if not 0 < ratio <= 1:
+        raise ValueError(f"cache_limit_ratio must be in (0, 1], got {ratio}")
+    return max(1, math.ceil(ratio * rows))
+
+
+def bind_cache(graph):
+    policy = graph.config.cstable_policy
+    if policy is None:
+        return graph
+    if not any(isinstance(r, RemoteTable) for r in graph.remote.values()):
+        raise ValueError(f"cstable_policy={policy!r} caches embedding tables on the parameter server: "
+                         f"use comm_mode 'PS' or 'Hybrid'")
+    for pid, remote in graph.remote.items():
+        if not isinstance(remote, RemoteTable):
+            continue
+        _, opt_op, _ = graph.ps_params[pid]
+        graph.caches[pid] = CachedTable(remote, policy, cache_capacity(graph.config, remote.param.shape[0]),
+                                        graph.config.cache_bound, opt_op.optimizer, graph.counters)
+    for order in graph.topo.values():
+        for node in order:
+            if isinstance(node, PSEmbeddingLookupOp) and node.remote.param.id in graph.caches:
+                node.source = graph.caches[node.remote.param.id]
+    for opt_op in graph.optimizer_ops:
+        for updater in opt_op.updaters.values():
+            if isinstance(updater, PSSparseUpdater) and updater.remote.param.id in graph.caches:
+                updater.target = graph.caches[updater.remote.param.id]
+    return graph

@@ -1,0 +1,75 @@
+// Which embedding rows a worker's cache holds: the replacement policy alone, without values.
+//
+// The real cache (values, versions, pending updates) and Herald's scheduler, which predicts
+// every worker's cache, both drive this class with the same key sequence, so the prediction is
+// exact by construction.
+//
+// One call to Access() is one iteration: the batch's distinct keys, ascending. The resident keys
+// (hits) are touched first, in key order; then each miss, in key order, is inserted, evicting a
+// row that the current batch does not use. When every resident row is in use by the batch (the
+// cache is smaller than the batch's distinct rows), the miss bypasses the cache this iteration.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace hetu {
+namespace cache {
+
+enum PolicyKind : int { kLRU = 0, kLFU = 1, kLFUOpt = 2 };
+
+PolicyKind ParsePolicy(const std::string& name);
+
+struct AccessResult {
+  std::vector<int64_t> slot;          // per key: its slot, or -1 if it bypasses the cache
+  std::vector<uint8_t> hit;           // per key: 1 if it was resident before this access
+  std::vector<int64_t> evicted_keys;  // rows removed to make room ...
+  std::vector<int64_t> evicted_slots; // ... and the slots they held (now reused)
+};
+
+class CachePolicy {
+ public:
+  // pin_threshold: LFU-opt pins a row once it has been used this many times.
+  CachePolicy(PolicyKind kind, int64_t capacity, int64_t pin_threshold = 8);
+
+  AccessResult Access(const int64_t* keys, int64_t n);
+  // Removes a row (e.g. invalidated and written back); no-op if absent.
+  void Erase(int64_t key);
+  int64_t SlotOf(int64_t key) const;  // -1 if absent
+  bool Contains(int64_t key) const { return SlotOf(key) >= 0; }
+  int64_t size() const { return static_cast<int64_t>(where_.size()); }
+  int64_t capacity() const { return capacity_; }
+  PolicyKind kind() const { return kind_; }
+  std::vector<int64_t> Keys() const;
+
+ private:
+  struct Entry {
+    int64_t slot;
+    int64_t freq;
+    int64_t last_use;
+    bool pinned;
+    std::list<int64_t>::iterator lru_pos;  // LRU only
+  };
+  using Rank = std::tuple<int64_t, int64_t, int64_t>;  // (freq, last_use, key): LFU order
+
+  bool Evictable(const Entry& e) const { return e.last_use != tick_ && !e.pinned; }
+  int64_t PickVictim();  // -1 if every resident row is protected
+  void Touch(int64_t key, Entry& e);
+  void Remove(int64_t key, Entry& e);
+
+  PolicyKind kind_;
+  int64_t capacity_;
+  int64_t pin_threshold_;
+  int64_t tick_ = 0;
+  std::unordered_map<int64_t, Entry> where_;
+  std::list<int64_t> lru_;  // most recent first
+  std::set<Rank> lfu_;      // unpinned rows, least frequent (then least recent) first
+  std::vector<int64_t> free_slots_;
+};
+
+}  // namespace cache
+}  // namespace hetu

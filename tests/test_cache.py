@@ -1,0 +1,132 @@
+"""The embedding cache: replacement policies against small Python models on random traces, and
+the HET protocol in real clusters (exact at bound 0, fewer transmissions at bound > 0)."""
+import collections
+
+import numpy as np
+import pytest
+
+from hetu import _C
+from dist_harness import assert_same_parameters, run_cluster, run_single
+
+
+class ModelLRU:
+    def __init__(self, capacity):
+        self.capacity, self.order = capacity, collections.OrderedDict()
+
+    def access(self, keys):
+        """Hits are touched first, then misses inserted, both in key order."""
+        hits = [k in self.order for k in keys]
+        evicted, bypass = [], []
+        for k in keys:
+            if k in self.order:
+                self.order.move_to_end(k)
+        for k in keys:
+            if k in self.order:
+                continue
+            if len(self.order) >= self.capacity:
+                victim = next(iter(self.order))
+                if victim in keys:          # least recent is in use: everything is
+                    bypass.append(k)
+                    continue
+                del self.order[victim]
+                evicted.append(victim)
+            self.order[k] = True
+        return hits, evicted, bypass
+
+
+class ModelLFU:
+    def __init__(self, capacity, pin=None):
+        self.capacity, self.pin = capacity, pin
+        self.freq, self.last, self.tick = {}, {}, 0
+
+    def access(self, keys):
+        self.tick += 1
+        hits = [k in self.freq for k in keys]
+        evicted, bypass = [], []
+        for k in [k for k in keys if k in self.freq] + [k for k in keys if k not in self.freq]:
+            if k not in self.freq:
+                if len(self.freq) >= self.capacity:
+                    candidates = [(self.freq[x], self.last[x], x) for x in self.freq
+                                  if self.last[x] != self.tick and not (self.pin and self.freq[x] >= self.pin)]
+                    if not candidates:
+                        bypass.append(k)
+                        continue
+                    victim = min(candidates)[2]
+                    del self.freq[victim], self.last[victim]
+                    evicted.append(victim)
+                self.freq[k] = 0
+            self.freq[k] += 1
+            self.last[k] = self.tick
+        return hits, evicted, bypass
+
+
+@pytest.mark.parametrize("kind,model", [("lru", lambda c: ModelLRU(c)), ("lfu", lambda c: ModelLFU(c)),
+                                        ("lfuopt", lambda c: ModelLFU(c, pin=3))])
+@pytest.mark.parametrize("capacity", [1, 7, 40])
+def test_policy_matches_model_on_random_traces(kind, model, capacity):
+    rng = np.random.default_rng(capacity)
+    policy, ref = _C.CachePolicy(kind, capacity, 3), model(capacity)
+    for step in range(300):
+        keys = np.unique(rng.zipf(1.3, size=12) % 60).astype(np.int64)
+        slots, hit, ev_keys, ev_slots = policy.access(keys)
+        r_hit, r_ev, r_bypass = ref.access(list(keys))
+        assert list(hit) == r_hit, step
+        assert sorted(ev_keys) == sorted(r_ev), step
+        assert sorted(keys[slots < 0]) == sorted(r_bypass), step
+        resident = policy.keys()
+        assert len(resident) <= capacity
+        assert len(set(policy.slots(resident))) == len(resident)   # one slot per row
+
+
+def test_policy_rejects_unsorted_keys():
+    with pytest.raises(ValueError, match="ascending"):
+        _C.CachePolicy("lru", 4).access(np.array([3, 1], np.int64))
+    with pytest.raises(ValueError, match="unknown cache policy"):
+        _C.CachePolicy("fifo", 4)
+
+
+CACHE_ARGS = ["--model", "wdl_criteo", "--optimizer", "sgd", "--learning-rate", "0.02"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("ratio", ["0.01", "0.1"])
+def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, ratio):
+    args = ["--model", "wdl_criteo", "--optimizer", opt, "--learning-rate", "0.02" if opt == "sgd" else "0.001"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    got, out = run_cluster(tmp_path, data_home, "run_hetu.py",
+                           ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
+                            "--cache-limit-ratio", ratio, *args], workers, 1, 64 // workers)
+    assert "embedding transmissions" in out
+    assert_same_parameters(reference, got, exact_rows=(opt == "sgd"))
+
+
+def _transmitted(stdout):
+    import re
+    found = re.findall(r"\[worker 0\] embedding transmissions: (\d+) rows", stdout)
+    assert found, stdout
+    return int(found[-1])
+
+
+@pytest.mark.timeout(600)
+def test_bounded_staleness_trains_and_transmits_less(tmp_path, data_home):
+    common = ["--comm", "Hybrid", "--cache", "lfuopt", "--bsp", "0", "--cache-limit-ratio", "0.1",
+              "--model", "wdl_criteo", "--optimizer", "adam", "--learning-rate", "0.001",
+              "--iters-per-epoch", "150", "--val"]
+    _, exact = run_cluster(tmp_path, data_home, "run_hetu.py", [*common, "--bound", "0"], 2, 1, 64)
+    _, stale = run_cluster(tmp_path, data_home, "run_hetu.py", [*common, "--bound", "3"], 2, 1, 64)
+    assert _transmitted(stale) < _transmitted(exact)
+    import re
+    auc = float(re.findall(r"\[worker 0\] epoch \d+: .* val loss \S+ acc \S+ auc (\S+)", stale)[-1])
+    assert auc > 0.65, stale
+
+
+@pytest.mark.timeout(300)
+def test_cache_smaller_than_a_batch_still_exact(tmp_path, data_home):
+    args = ["--model", "wdl_criteo", "--optimizer", "sgd", "--learning-rate", "0.02"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    got, _ = run_cluster(tmp_path, data_home, "run_hetu.py",
+                         ["--comm", "PS", "--cache", "lru", "--bound", "0", "--bsp", "0",
+                          "--cache-limit-ratio", "0.0001", *args], 2, 1, 32)
+    assert_same_parameters(reference, got, exact_rows=True)
