@@ -9,6 +9,7 @@
 
 #include "cache/policy.h"
 #include "common/parallel.h"
+#include "herald/allocate.h"
 #include "kernels/kernels.h"
 
 namespace py = pybind11;
@@ -161,4 +162,19 @@ PYBIND11_MODULE(_C, m) {
       .def("keys", [](const CachePolicy& p) { return to_array(p.Keys()); })
       .def_property_readonly("size", &CachePolicy::size)
       .def_property_readonly("capacity", &CachePolicy::capacity);
+
+  m.def("greedy_allocate", [](Array<int32_t> scores, int64_t per_worker, int64_t iteration) {
+    if (scores.ndim() != 2) throw std::invalid_argument("greedy_allocate: scores must be [samples, workers]");
+    const int64_t n = scores.shape(0);
+    const int workers = static_cast<int>(scores.shape(1));
+    if (n != workers * per_worker)
+      throw std::invalid_argument("greedy_allocate: " + std::to_string(n) + " samples cannot give " +
+                                  std::to_string(workers) + " workers " + std::to_string(per_worker) + " each");
+    Array<int32_t> out(n);
+    int32_t* o = out.mutable_data();
+    const int32_t* sc = scores.data();
+    py::gil_scoped_release nogil;
+    hetu::herald::GreedyAllocate(sc, n, workers, per_worker, iteration, o);
+    return out;
+  }, "Herald's allocation of a global batch: worker of each sample");
 }

@@ -352,7 +352,8 @@ PYBIND11_MODULE(_ps, m) {
     return Handle(req, keep, kStale);
   });
 
-  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys) {
+  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
+                              int64_t iteration) {
     TableRef t = Ref(name, rows, width, false, slots);
     py::list keep;
     keep.append(keys);
@@ -362,7 +363,7 @@ PYBIND11_MODULE(_ps, m) {
     std::shared_ptr<Request> req;
     {
       py::gil_scoped_release nogil;
-      req = w.PullState(t, k, n);
+      req = w.PullState(t, k, n, iteration);
     }
     return Handle(req, keep, kState);
   });

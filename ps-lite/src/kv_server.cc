@@ -162,6 +162,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       return true;
     }
     case kPullState: {
+      if (!Servable(t, msg, msg.meta.iteration())) return false;
       const int64_t n = NumKeys(msg);
       const int64_t* keys = n ? msg.data[0].as<int64_t>() : nullptr;
       std::string err = t.CheckKeys(keys, n);

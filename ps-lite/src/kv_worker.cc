@@ -147,10 +147,13 @@ std::shared_ptr<Request> KVWorker::PullStale(const TableRef& t, const int64_t* k
   return req;
 }
 
-std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* keys, int64_t n) {
+std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration) {
   auto req = NewRequest(t, kPullState);
   Partition(t, keys, n, false, req.get());
-  Send(req, t.name, [&](Message& m, const Part& p) { m.data.push_back(SliceOf(p, keys, 1)); });
+  Send(req, t.name, [&](Message& m, const Part& p) {
+    if (iteration >= 0) m.meta.set_iteration(iteration);  // waits like a pull for `iteration`
+    m.data.push_back(SliceOf(p, keys, 1));
+  });
   return req;
 }
 

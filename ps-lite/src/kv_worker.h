@@ -32,7 +32,7 @@ class KVWorker {
   std::shared_ptr<Request> PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions, int64_t n,
                                      int64_t bound,
                                      int64_t iteration = -1);
-  std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n);
+  std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration = -1);
   std::shared_ptr<Request> Assign(const TableRef& t, const int64_t* keys, int64_t n, const float* values,
                                   const float* state, const int64_t* steps, const int64_t* version_add);
   // kSave, kLoad (path) or kClear, on every server.

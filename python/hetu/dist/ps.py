@@ -145,7 +145,9 @@ class PSEmbeddingLookupOp(Op):
             bad = int(flat.max() if flat.max() >= rows else flat.min())
             raise IndexError(f"{self.name}: id {bad} outside the table {self.remote.param.name} of {rows} rows")
         uniq, inverse = np.unique(flat, return_inverse=True)
-        pulled = self.source.lookup(uniq)
+        # Reads outside training (validation) go straight to the servers, after the executor
+        # flushed every cache, and are not counted as training transmissions.
+        pulled = self.source.lookup(uniq) if state.training else self.remote.pull(uniq)
         out = state.buffer(self, ids.shape + (pulled.shape[1],), np.float32)
         np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
         return out

@@ -4,13 +4,15 @@ from .bind_cache import bind_cache
 from .bind_ps import bind_ps
 from .distribute import distribute
 from .placement import place_on_device
+from .schedule_embeddings import schedule_embeddings
 from .shapes import check_shapes
 
 PASSES = [
     check_shapes,      # shape and dtype inference where shapes are static: errors name ops and shapes
     distribute,        # worker slices of each global batch, 1/W loss scale, AllReduce updaters
     bind_ps,           # PS parameters created on the servers; lookups pull, updates push
-    bind_cache,        # with a cache policy: PS tables read and updated through the worker's cache
+    schedule_embeddings,  # Herald: scheduler-allocated inputs, PS tables through plan-driven caches
+    bind_cache,        # HET: PS tables read and updated through the worker's cache (if not Herald's)
     place_on_device,   # every node gets the executor's context unless it asked for one
 ]
 

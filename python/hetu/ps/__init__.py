@@ -205,10 +205,12 @@ class Table:
         return Handle(_ps.pull_stale(self.name, self.rows, self.width, _keys(keys), _keys(versions),
                                      int(bound), _iter(iteration)))
 
-    def pull_with_state(self, keys):
-        """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,))."""
+    def pull_with_state(self, keys, iteration=None):
+        """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,)).
+        With `iteration=t` (BSP table) it waits like a pull for t."""
         self._sparse()
-        return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.slots, _keys(keys)))
+        return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.slots, _keys(keys),
+                                          _iter(iteration)))
 
     def assign(self, keys, values, state=None, steps=None, version_add=1):
         """Writes rows, their optimizer state (n, slots*width) and step counts (owner-computes

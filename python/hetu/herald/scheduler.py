@@ -1,0 +1,216 @@
+"""Herald's embedding scheduler (DESIGN.md section 7).
+
+Every worker runs the same Scheduler on the same sample stream and computes the same plan, in a
+background thread, `lookahead` iterations ahead. For each iteration it keeps a model of every
+worker's cache (the C++ CachePolicy that the real caches use, plus which cached rows are valid
+and which are dirty), and:
+
+1. allocates the global batch: score(s, w) = rows of sample s valid in w's cache; each sample
+   goes to its best-scoring worker with room (hetu._C.greedy_allocate), b samples per worker;
+2. plans, for this worker: the rows to pull (not cached or invalidated), the rows it steps
+   itself (used by no other worker: owner-computes), the rows whose gradients go to the servers
+   (used by several workers), the cached rows to invalidate (updated elsewhere), and the rows
+   to write back at the end of the iteration (dirty rows another worker reads next iteration,
+   evicted dirty rows, owner rows that bypassed a full cache).
+
+The write-back of iteration t depends on who reads what at t+1, so plan(t) is final once
+iteration t+1 is allocated: the lookahead is at least 1."""
+import threading
+import time
+
+import numpy as np
+
+from .. import _C
+
+
+class Plan:
+    """One iteration of this worker. Arrays over `keys` (its distinct rows, ascending):
+    `hit` (resident before this iteration, per the policy), `pull` (must be fetched), `owner`
+    (stepped here); key lists: `invalidate` (cached here, updated elsewhere), `writeback`."""
+    __slots__ = ("iteration", "samples", "keys", "hit", "pull", "owner", "invalidate", "writeback",
+                 "scheduler_seconds")
+
+    def __init__(self, iteration, samples, keys, hit, pull, owner, invalidate, writeback, seconds):
+        self.iteration, self.samples, self.keys = iteration, samples, keys
+        self.hit, self.pull, self.owner = hit, pull, owner
+        self.invalidate, self.writeback = invalidate, writeback
+        self.scheduler_seconds = seconds
+
+
+class CacheModel:
+    """The scheduler's picture of one worker's cache: same policy code, same capacity."""
+
+    def __init__(self, policy, capacity, pin_threshold):
+        self.policy = _C.CachePolicy(policy, capacity, pin_threshold)
+        self.valid = np.zeros(capacity, bool)
+        self.dirty = np.zeros(capacity, bool)
+        self.slot_key = np.full(capacity, -1, np.int64)
+
+    def valid_mask(self, keys):
+        slots = self.policy.slots(np.ascontiguousarray(keys.reshape(-1))).reshape(keys.shape)
+        out = np.zeros(keys.shape, bool)
+        resident = slots >= 0
+        out[resident] = self.valid[slots[resident]]
+        return out
+
+    def dirty_keys(self):
+        return self.slot_key[self.dirty]
+
+    def clean(self, keys):
+        slots = self.policy.slots(keys)
+        self.dirty[slots[slots >= 0]] = False
+
+
+class Scheduler:
+    def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
+                 allocator="greedy", pin_threshold=8):
+        if lookahead < 1:
+            raise ValueError(f"Herald needs --lookahead >= 1 (got {lookahead}): the write-back plan of iteration t "
+                             f"depends on which worker reads which rows at t+1")
+        if allocator not in ("greedy", "none"):
+            raise ValueError(f"unknown allocator {allocator!r}: expected 'greedy' or 'none'")
+        if capacity < 1:
+            raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
+        if loader.batch_num < 1:
+            raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
+                             f"{num_workers} x {batch_size}")
+        self.sparse, self.loader = sparse, loader
+        self.W, self.rank, self.b = num_workers, rank, batch_size
+        self.lookahead, self.allocator = lookahead, allocator
+        self.models = [CacheModel(policy, capacity, pin_threshold) for _ in range(num_workers)]
+        self._alloc, self._plans, self._pending = {}, {}, None
+        self._next = 0
+        self._consumed = -1
+        self._requested = 0
+        self._error = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="herald-scheduler", daemon=True)
+        self._thread.start()
+
+    # --- consumers ----------------------------------------------------------------------------
+    def samples(self, t):
+        """Positions within global batch t of the samples this worker trains (dataloader plan)."""
+        return self._wait(lambda: t in self._alloc, t, lambda: self._alloc[t], requested=t)
+
+    def plan(self, t):
+        """Blocks until plan t is final; returns (plan, seconds waited)."""
+        start = time.perf_counter()
+        plan = self._wait(lambda: t in self._plans, t, lambda: self._plans[t], requested=t + 1)
+        with self._cond:
+            if t > self._consumed:
+                self._consumed = t
+                for old in [k for k in self._plans if k < t - 2]:
+                    del self._plans[old]
+                for old in [k for k in self._alloc if k < t - 2 * self.lookahead - 8]:
+                    del self._alloc[old]
+                self._cond.notify_all()
+        return plan, time.perf_counter() - start
+
+    def _wait(self, ready, t, get, requested, timeout=600.0):
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if requested > self._requested:
+                self._requested = requested
+                self._cond.notify_all()
+            while not ready():
+                if self._error is not None:
+                    raise RuntimeError(f"Herald scheduler failed: {self._error!r}") from self._error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"Herald scheduler produced nothing for iteration {t} in {timeout:.0f} s")
+                self._cond.wait(min(left, 1.0))
+            return get()
+
+    def close(self):
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+    # --- the planning thread ------------------------------------------------------------------
+    def _run(self):
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and self._next > max(self._consumed + self.lookahead + 1, self._requested):
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    t = self._next
+                self._advance(t)
+                with self._cond:
+                    self._next = t + 1
+                    self._cond.notify_all()
+        except BaseException as e:  # surfaced to the consumers
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _allocate(self, ids, t):
+        if self.allocator == "none":
+            return np.repeat(np.arange(self.W, dtype=np.int32), self.b)
+        scores = np.stack([m.valid_mask(ids).sum(axis=1, dtype=np.int32) for m in self.models], axis=1)
+        return _C.greedy_allocate(np.ascontiguousarray(scores, np.int32), self.b, t)
+
+    def _advance(self, t):
+        start = time.perf_counter()
+        ids = np.asarray(self.sparse[self.loader.global_indices(t)], dtype=np.int64)
+        assign = self._allocate(ids, t)
+        keys = [np.unique(ids[assign == w]) for w in range(self.W)]
+        union, users = np.unique(np.concatenate(keys), return_counts=True)
+        shared = union[users > 1]
+        read_elsewhere = [union[(users - np.isin(union, k, assume_unique=True)) > 0] for k in keys]
+
+        # Rule: at the end of t-1, a worker writes back its dirty rows that another worker reads at t.
+        if self._pending is not None:
+            for w, model in enumerate(self.models):
+                dirty = model.dirty_keys()
+                due = dirty[np.isin(dirty, read_elsewhere[w])]
+                model.clean(due)
+                if w == self.rank:
+                    self._pending["writeback"].append(due)
+            self._finish(self._pending)
+
+        mine = None
+        for w, model in enumerate(self.models):
+            k = keys[w]
+            slots, hit, ev_keys, ev_slots = model.policy.access(k)
+            evicted_dirty = ev_keys[model.dirty[ev_slots]]
+            model.valid[ev_slots] = False
+            model.dirty[ev_slots] = False
+            model.slot_key[ev_slots] = -1
+            cached = slots >= 0
+            valid_before = np.zeros(len(k), bool)
+            resident = cached & hit
+            valid_before[resident] = model.valid[slots[resident]]
+            owner = ~np.isin(k, shared, assume_unique=True)
+            s = slots[cached]
+            model.slot_key[s] = k[cached]
+            model.valid[s] = owner[cached]       # rows stepped by several workers change on the servers
+            model.dirty[s] = owner[cached]
+            # Cached rows that only other workers use this iteration are updated elsewhere.
+            others = union[~np.isin(union, k, assume_unique=True)]
+            o_slots = model.policy.slots(others)
+            hit_o = o_slots >= 0
+            stale = others[hit_o][model.valid[o_slots[hit_o]]]
+            if model.dirty[o_slots[hit_o]].any():
+                raise AssertionError(f"Herald plan invariant broken at iteration {t}: worker {w} holds dirty rows "
+                                     f"that another worker updates")
+            model.valid[o_slots[hit_o]] = False
+            if w == self.rank:
+                mine = {"iteration": t, "samples": np.flatnonzero(assign == w), "keys": k, "hit": hit,
+                        "pull": ~valid_before, "owner": owner, "invalidate": stale,
+                        "writeback": [evicted_dirty, k[~cached & owner]]}
+        mine["seconds"] = time.perf_counter() - start
+        with self._cond:
+            self._alloc[t] = mine["samples"]
+            self._cond.notify_all()
+        self._pending = mine
+
+    def _finish(self, p):
+        writeback = np.unique(np.concatenate(p["writeback"])) if p["writeback"] else np.empty(0, np.int64)
+        plan = Plan(p["iteration"], p["samples"], p["keys"], p["hit"], p["pull"], p["owner"], p["invalidate"],
+                    writeback.astype(np.int64), p["seconds"])
+        with self._cond:
+            self._plans[p["iteration"]] = plan
+            self._cond.notify_all()

@@ -1,0 +1,47 @@
+"""Herald pass: with `herald=True`, the training inputs of every worker are the samples the
+scheduler allocates to it, and the parameter-server tables are read and updated through a
+HeraldTable that follows the scheduler's plan (instead of the HET cache protocol)."""
+import sys
+
+from ..dataloader import DataloaderOp
+from ..dist.ps import PSEmbeddingLookupOp, PSSparseUpdater, RemoteTable
+from ..herald import HeraldTable, Scheduler
+from .bind_cache import cache_capacity
+
+
+def schedule_embeddings(graph):
+    extra = graph.config.extra
+    if not extra.get("herald"):
+        return graph
+    tables = {pid: r for pid, r in graph.remote.items() if isinstance(r, RemoteTable)}
+    if not tables:
+        raise ValueError("Herald schedules embedding tables on the parameter server: use comm_mode 'PS' or 'Hybrid'")
+    lookups = [n for order in graph.topo.values() for n in order if isinstance(n, PSEmbeddingLookupOp)]
+    id_sources = {n.inputs[0].id: n.inputs[0] for n in lookups}
+    if len(id_sources) != 1 or not isinstance(next(iter(id_sources.values())), DataloaderOp):
+        raise ValueError("Herald needs every embedding lookup to read its ids from one dataloader op "
+                         f"(found {len(id_sources)} id sources)")
+    sparse_loader = next(iter(id_sources.values())).loader("train")
+    policy = graph.config.cstable_policy or "lru"
+    rows = {r.param.shape[0] for r in tables.values()}
+    capacity = cache_capacity(graph.config, max(rows))
+    if graph.num_workers == 1:
+        print("Herald with one worker: every row is stepped locally and the plan equals the cache alone",
+              file=sys.stderr)
+    scheduler = Scheduler(sparse_loader.data, sparse_loader, graph.num_workers, graph.rank, sparse_loader.batch_size,
+                          capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "greedy"))
+    graph.scheduler = scheduler
+    for loader_op in graph.dataloaders:
+        if "train" in loader_op.dataloaders:
+            loader_op.dataloaders["train"].set_batch_plan(scheduler.samples)
+    for i, (pid, remote) in enumerate(sorted(tables.items())):
+        _, opt_op, _ = graph.ps_params[pid]
+        graph.caches[pid] = HeraldTable(remote, scheduler, cache_capacity(graph.config, remote.param.shape[0]),
+                                        policy, opt_op.optimizer, graph.counters, primary=(i == 0))
+    for node in lookups:
+        node.source = graph.caches[node.remote.param.id]
+    for opt_op in graph.optimizer_ops:
+        for updater in opt_op.updaters.values():
+            if isinstance(updater, PSSparseUpdater) and updater.remote.param.id in graph.caches:
+                updater.target = graph.caches[updater.remote.param.id]
+    return graph
