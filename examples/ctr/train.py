@@ -40,7 +40,8 @@ def build_parser(herald):
     p.add_argument("--bound", type=int, default=0, help="cache staleness bound (0: exact)")
     p.add_argument("--bsp", type=int, default=0, help="0: BSP, -1: ASP, k>0: SSP with staleness k")
     p.add_argument("--cache-limit-ratio", type=float, default=0.1, help="cache rows / table rows")
-    p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to csv/")
+    p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to --csv-dir")
+    p.add_argument("--csv-dir", default="csv", help="folder for --cache-perf files")
     p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--dataset", default="synthetic", help="dataset name or prepared folder (default: synthetic)")
@@ -52,7 +53,10 @@ def build_parser(herald):
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs and CI)")
     if herald:
         p.add_argument("--lookahead", type=int, default=2, help="iterations the scheduler plans ahead")
-        p.add_argument("--allocator", default="greedy", choices=["greedy", "none"])
+        p.add_argument("--allocator", default="greedy", choices=["greedy", "none"],
+                       help="none: plain data-parallel slices (the 'plan only' ablation)")
+        p.add_argument("--protocol", default="herald", choices=["herald", "het"],
+                       help="het: Herald's allocation with the HET cache protocol (the 'allocator only' ablation)")
     return p
 
 
@@ -74,7 +78,8 @@ def distribution_options(args, herald):
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf}
     if herald:
-        opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator)
+        opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator,
+                    herald_protocol=args.protocol)
     return opts
 
 
@@ -82,7 +87,8 @@ def mode_name(args, herald):
     if args.comm is None:
         return "single"
     if herald:
-        return f"herald-{args.comm}-{args.cache}"
+        return f"herald-{args.comm}-{args.cache}" + ("" if args.protocol == "herald" else "-hetprotocol") + \
+            ("" if args.allocator == "greedy" else "-noalloc")
     return f"het-{args.comm}-{args.cache}-b{args.bound}" if args.cache else args.comm
 
 
@@ -150,7 +156,7 @@ def main(argv=None, herald=False):
     elapsed = time.time() - start
     print(executor.counters.summary_line(), flush=True)
     if args.cache_perf:
-        path = os.path.join("csv", f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
+        path = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
         executor.counters.write_csv(path)
         print(f"per-iteration counters written to {path}", flush=True)
     summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total, "seconds": elapsed,

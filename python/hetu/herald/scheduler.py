@@ -15,6 +15,7 @@ and which are dirty), and:
 
 The write-back of iteration t depends on who reads what at t+1, so plan(t) is final once
 iteration t+1 is allocated: the lookahead is at least 1."""
+import atexit
 import threading
 import time
 
@@ -87,11 +88,18 @@ class Scheduler:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="herald-scheduler", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a C++ call when the interpreter finalises is unwound
+        # through noexcept frames, which aborts the process: stop it first.
+        atexit.register(self.close)
 
     # --- consumers ----------------------------------------------------------------------------
     def samples(self, t):
         """Positions within global batch t of the samples this worker trains (dataloader plan)."""
-        return self._wait(lambda: t in self._alloc, t, lambda: self._alloc[t], requested=t)
+        out = self._wait(lambda: t in self._alloc, t, lambda: self._alloc[t], requested=t)
+        with self._cond:  # plans nobody consumes (the allocator-only ablation) must not pile up
+            for old in [k for k in self._plans if k < t - 2 * self.lookahead - 8]:
+                del self._plans[old]
+        return out
 
     def plan(self, t):
         """Blocks until plan t is final; returns (plan, seconds waited)."""
@@ -123,9 +131,12 @@ class Scheduler:
             return get()
 
     def close(self):
+        """Stops the planning thread (waits for the iteration it is computing)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
 
     # --- the planning thread ------------------------------------------------------------------
     def _run(self):

@@ -18,7 +18,7 @@ def cache_capacity(config, rows):
 
 def bind_cache(graph):
     policy = graph.config.cstable_policy
-    if policy is None or graph.config.extra.get("herald"):
+    if policy is None or graph.caches:
         return graph
     if not any(isinstance(r, RemoteTable) for r in graph.remote.values()):
         raise ValueError(f"cstable_policy={policy!r} caches embedding tables on the parameter server: "

@@ -34,6 +34,9 @@ def schedule_embeddings(graph):
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
             loader_op.dataloaders["train"].set_batch_plan(scheduler.samples)
+    if extra.get("herald_protocol", "herald") == "het":
+        # Ablation "allocator only": Herald's allocation, the HET cache protocol (bind_cache).
+        return graph
     for i, (pid, remote) in enumerate(sorted(tables.items())):
         _, opt_op, _ = graph.ps_params[pid]
         graph.caches[pid] = HeraldTable(remote, scheduler, cache_capacity(graph.config, remote.param.shape[0]),

@@ -1,0 +1,153 @@
+"""Plain PS vs HET (--cache lru --bound 0 --bsp 0) vs Herald, side by side in one run.
+
+Each configuration (workers W, per-worker batch b, cache ratio) trains the same model on the
+same synthetic Criteo-shaped data with every mode, each as a real local cluster
+(python/runner.py: 1 server, W workers), and reports per mode: rows pulled and pushed (all
+workers), transmissions relative to plain PS and to HET, cache hit rate, samples/s, scheduler
+time and time waiting for the plan (as a share of the run). Ablations: "plan only" (Herald with
+--allocator none) and "allocator only" (Herald's allocation with the HET protocol).
+Throughput is the median over --repeats runs; transmissions are deterministic.
+
+    python bench/compare_modes.py --quick            # one small configuration (the demo)
+    python bench/compare_modes.py                    # the full grid of the README
+    python bench/compare_modes.py --plot rows.png    # also plot rows moved per iteration
+"""
+import argparse
+import csv
+import glob
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = {
+    "PS": ("run_hetu.py", ["--comm", "Hybrid"]),
+    "HET": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
+    "Herald": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
+    "plan only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--allocator", "none"]),
+    "allocator only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--protocol", "het"]),
+}
+
+
+def run_mode(mode, workers, batch, ratio, args, csv_dir):
+    script, flags = MODES[mode]
+    cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(workers), "-s", "1",
+           "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script),
+           *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
+           "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),
+           "--iters-per-epoch", str(args.iterations), "--rows", str(args.rows), "--no-progress",
+           "--cache-perf", "--csv-dir", csv_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
+    if proc.returncode != 0:
+        sys.exit(f"{mode} (W={workers}, b={batch}, ratio={ratio}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    summaries = [json.loads(m) for m in re.findall(r"\[worker \d+\] summary (\{.*\})", proc.stdout)]
+    if len(summaries) != workers:
+        sys.exit(f"{mode}: expected {workers} worker summaries, got {len(summaries)}:\n{proc.stdout[-2000:]}")
+    return summaries
+
+
+def aggregate(summaries, batch):
+    c = [s["counters"] for s in summaries]
+    total = lambda f: sum(x[f] for x in c)
+    seconds = max(s["seconds"] for s in summaries)
+    lookups = total("hits") + total("misses")
+    return {"pulled": total("rows_pulled"), "pushed": total("rows_pushed"),
+            "rows": total("rows_pulled") + total("rows_pushed"),
+            "hit_rate": total("hits") / lookups if lookups else 0.0,
+            "samples_per_s": sum(s["iterations"] * batch for s in summaries) / seconds,
+            "sched_s": total("scheduler_seconds") / len(c), "wait_share": total("plan_wait_seconds") / len(c) / seconds,
+            "seconds": seconds}
+
+
+def per_iteration_rows(csv_dir, mode_tag):
+    rows = {}
+    for path in glob.glob(os.path.join(csv_dir, f"*-{mode_tag}-worker*.csv")):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                it = int(r["iteration"])
+                rows[it] = rows.get(it, 0) + int(float(r["rows_pulled"])) + int(float(r["rows_pushed"]))
+    return [rows[k] for k in sorted(rows)]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one configuration: W=2, b=256, ratio 0.1, embedding 32")
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.05, 0.1, 0.2])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--model", default="wdl_criteo")
+    p.add_argument("--embedding-size", type=int, default=128)
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--rows", type=int, default=500000, help="synthetic samples")
+    p.add_argument("--repeats", type=int, default=1, help="runs per mode; samples/s is the median")
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--plot", default=None, help="PNG of rows moved per iteration (first configuration)")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args()
+    if args.quick:
+        args.workers, args.batch, args.ratios, args.embedding_size = [2], [256], [0.1], 32
+        args.iterations, args.rows = min(args.iterations, 30), min(args.rows, 200000)
+
+    results = []
+    header = (f"{'W':>2} {'b':>5} {'ratio':>5}  {'mode':<15}{'pulled':>10}{'pushed':>10}{'vs PS':>8}{'vs HET':>8}"
+              f"{'hit rate':>9}{'samples/s':>11}{'sched s':>9}{'wait %':>7}")
+    print(header)
+    print("-" * len(header))
+    plot_series = {}
+    for workers, batch, ratio in itertools.product(args.workers, args.batch, args.ratios):
+        base = {}
+        for mode in args.modes:
+            runs = []
+            for r in range(args.repeats):
+                with tempfile.TemporaryDirectory() as csv_dir:
+                    agg = aggregate(run_mode(mode, workers, batch, ratio, args, csv_dir), batch)
+                    if args.plot and not plot_series.get(mode) and r == 0:
+                        tag = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid-lru",
+                               "plan only": "herald-Hybrid-lru-noalloc",
+                               "allocator only": "herald-Hybrid-lru-hetprotocol"}[mode]
+                        plot_series[mode] = per_iteration_rows(csv_dir, tag)
+                runs.append(agg)
+            agg = dict(runs[0], samples_per_s=statistics.median(x["samples_per_s"] for x in runs))
+            base[mode] = agg
+            vs_ps = agg["rows"] / base["PS"]["rows"] if "PS" in base else float("nan")
+            vs_het = agg["rows"] / base["HET"]["rows"] if "HET" in base else float("nan")
+            print(f"{workers:>2} {batch:>5} {ratio:>5}  {mode:<15}{agg['pulled']:>10}{agg['pushed']:>10}"
+                  f"{vs_ps:>8.3f}{vs_het:>8.3f}{agg['hit_rate']:>9.3f}{agg['samples_per_s']:>11.0f}"
+                  f"{agg['sched_s']:>9.2f}{100 * agg['wait_share']:>7.2f}", flush=True)
+            results.append({"workers": workers, "batch": batch, "ratio": ratio, "mode": mode, **agg,
+                            "vs_ps": vs_ps, "vs_het": vs_het})
+        if "Herald" in base and "HET" in base:
+            saved = 1 - base["Herald"]["rows"] / base["HET"]["rows"]
+            speed = base["Herald"]["samples_per_s"] / base["HET"]["samples_per_s"]
+            print(f"{'':>15}Herald vs HET: {100 * saved:.1f}% fewer rows, {speed:.2f}x samples/s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.plot and plot_series:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("matplotlib is not installed: no plot (pip install matplotlib)")
+            return
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for mode, series in plot_series.items():
+            ax.plot(range(len(series)), series, label=mode)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("embedding rows moved (all workers)")
+        ax.set_title(f"W={args.workers[0]}, b={args.batch[0]}, cache ratio {args.ratios[0]}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"plot written to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
