@@ -9,7 +9,7 @@ install: deps
 # Editable install; the lock keeps concurrent rebuilds from sharing one build folder.
 dev:
 	flock /tmp/hetu-build.lock $(PY) -m pip install -q --no-build-isolation -e .
-test: deps dev
-	$(PY) -m pytest -q tests
-demo: deps dev
-	$(PY) examples/ctr/compare_modes.py
+test:
+	bash scripts/test.sh
+demo:
+	bash scripts/demo.sh
