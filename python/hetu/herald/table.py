@@ -115,10 +115,12 @@ class HeraldTable:
             raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: a dirty row would be invalidated")
         self.valid[inv] = False
 
-        written = self._write_back(plan.writeback, keys, slots, vals, state, steps, stash)
-        # The write-back goes before the push: every other worker's pull for the next
+        written, pending = self._write_back(plan.writeback, keys, slots, vals, state, steps, stash)
+        # The write-back is sent before the push: every other worker's pull for the next
         # iteration waits for this push, and the server handles this worker's messages in order.
         self.remote.push(keys[shared], np.ascontiguousarray(summed[shared]), lr)
+        if pending is not None:
+            pending.wait()
         self.counters.add(rows_pushed=len(shared) + written,
                           bytes_pushed=len(shared) * (self.width * 4 + 8) +
                           written * (self.width * 4 + self.nslots * self.width * 4 + 16))
@@ -126,8 +128,9 @@ class HeraldTable:
         self.t += 1
 
     def _write_back(self, wb_keys, keys, slots, vals, state, steps, stash):
+        """Sends the planned write-back; returns (rows sent, handle to wait for or None)."""
         if len(wb_keys) == 0:
-            return 0
+            return 0, None
         parts = []
         st_keys, st_vals, st_state, st_steps = stash
         in_stash = np.isin(wb_keys, st_keys)
@@ -147,11 +150,11 @@ class HeraldTable:
             parts.append((self.slot_key[s], self.values[s], self.state[s], self.steps[s]))
             self.dirty[s] = False
         if not parts:
-            return 0
+            return 0, None
         k = np.concatenate([p[0] for p in parts])
-        self.remote.table.assign(k, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]),
-                                 np.concatenate([p[3] for p in parts]), version_add=1).wait()
-        return len(k)
+        handle = self.remote.table.assign(k, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]),
+                                          np.concatenate([p[3] for p in parts]), version_add=1)
+        return len(k), handle
 
     def flush(self, lr):
         """Writes every dirty row back, then one (possibly empty) push that every worker sends, so
