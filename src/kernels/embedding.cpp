@@ -27,8 +27,11 @@ namespace {
 
 // Positions 0..n-1 ordered by ids[position], ties in position order (a stable sort), by an LSD
 // radix sort of (id - min id) on as many 11-bit digits as the id range needs.
-std::vector<int64_t> stable_order_by_id(const int64_t* ids, int64_t n) {
-  std::vector<int64_t> order(n);
+// The result and the scratch arrays are per-thread and reused: at batch 4096 they are a few MB,
+// which glibc would otherwise map and unmap (and the kernel zero) on every step.
+const std::vector<int64_t>& stable_order_by_id(const int64_t* ids, int64_t n) {
+  static thread_local std::vector<int64_t> order;
+  order.resize(n);
   if (n == 0) return order;
   int64_t lo = ids[0], hi = ids[0];
   for (int64_t i = 1; i < n; ++i) {
@@ -42,7 +45,7 @@ std::vector<int64_t> stable_order_by_id(const int64_t* ids, int64_t n) {
   constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
   const int passes = (bits + kDigit - 1) / kDigit;
   if (n < 64 || passes > 3) {  // tiny inputs or a huge id range: a comparison sort is as good
-    std::iota(order.begin(), order.end(), 0);
+    std::iota(order.begin(), order.end(), int64_t(0));
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
     return order;
   }
@@ -50,9 +53,12 @@ std::vector<int64_t> stable_order_by_id(const int64_t* ids, int64_t n) {
     uint64_t key;
     int64_t pos;
   };
-  std::vector<Item> a(n), b(n);
+  static thread_local std::vector<Item> a, b;
+  a.resize(n);
+  b.resize(n);
   for (int64_t i = 0; i < n; ++i) a[i] = {static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo), i};
-  std::vector<int64_t> count(kMask + 2);
+  static thread_local std::vector<int64_t> count;
+  count.resize(kMask + 2);
   for (int pass = 0; pass < passes; ++pass) {
     const int shift = pass * kDigit;
     std::fill(count.begin(), count.end(), 0);
@@ -71,8 +77,12 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
                    std::vector<float>* summed) {
   // A stable sort of positions by id keeps each id's rows in occurrence order, so the sum is
   // taken in a fixed order whatever the thread count.
-  const std::vector<int64_t> order = stable_order_by_id(ids, n);
-  std::vector<int64_t> run_start;
+  const std::vector<int64_t>& order = stable_order_by_id(ids, n);
+  // A reference, not the thread_local itself, is what the parallel lambda must see: named
+  // directly there, a thread_local would be each worker's own (empty) instance.
+  static thread_local std::vector<int64_t> run_start_tls;
+  std::vector<int64_t>& run_start = run_start_tls;
+  run_start.clear();
   run_start.reserve(n + 1);
   for (int64_t i = 0; i < n; ++i)
     if (i == 0 || ids[order[i]] != ids[order[i - 1]]) run_start.push_back(i);
