@@ -119,7 +119,12 @@ py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {
 
 Array<int64_t> policy_slots(const hetu::cache::CachePolicy& p, Array<int64_t> keys) {
   Array<int64_t> out(keys.size());
-  for (py::ssize_t i = 0; i < keys.size(); ++i) out.mutable_data()[i] = p.SlotOf(keys.data()[i]);
+  int64_t* o = out.mutable_data();
+  const int64_t* k = keys.data();
+  const py::ssize_t n = keys.size();
+  // The scheduler thread looks up every id of a global batch per worker: let training run.
+  py::gil_scoped_release nogil;
+  for (py::ssize_t i = 0; i < n; ++i) o[i] = p.SlotOf(k[i]);
   return out;
 }
 
