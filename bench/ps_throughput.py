@@ -2,9 +2,10 @@
 
 Runs real jobs (scheduler + servers through ``python -m hetu.launcher``, worker processes)
 for each (workers, servers) shape and batch size, and next to each a raw ZMQ round trip of
-the same bytes (pyzmq DEALER/ROUTER: the client sends the keys -- plus the rows for a push --
-split over the same number of server processes, which answer with a ready buffer of rows, or
-an empty frame for a push). Prints rows/s, row-payload GB/s and the PS / raw ratio.
+the same bytes (``hetu._ps._raw_bench_*``: the same libzmq, DEALER->ROUTER TCP sockets and
+malloc setting as the van; the client sends the keys -- plus the rows for a push -- split over
+the same number of server processes, which answer with a ready buffer of rows, or an empty
+frame for a push; no lookup, gather or optimizer work). Prints rows/s, row-payload GB/s and the PS / raw ratio.
 
     python bench/ps_throughput.py                      # the default matrix
     python bench/ps_throughput.py --shapes 1x1 --batches 16384 --seconds 2
@@ -65,66 +66,18 @@ def ps_worker(args):
     ps.finalize()
 
 
-def tune_malloc():
-    # The same malloc setting hetu._ps applies (PS_MALLOC_TUNE), so the baseline is not
-    # handicapped by mmap/munmap of every large message.
-    import ctypes
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
-
-
 def raw_server(args):
-    import zmq
-    tune_malloc()
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.ROUTER)
-    s.bind(f"tcp://127.0.0.1:{args.port}")
-    rows = np.zeros(max(args.batches) * WIDTH, np.float32)
-    while True:
-        frames = s.recv_multipart(copy=False)
-        ident, op = frames[0], frames[1].bytes
-        if op == b"stop":
-            break
-        if op == b"pull":  # answer rows for the keys asked
-            n = len(frames[2].buffer) // 8
-            s.send_multipart([ident, memoryview(rows)[: n * WIDTH * 4]], copy=n * WIDTH * 4 < 65536)
-        else:
-            s.send_multipart([ident, b""])
+    from hetu import _ps
+    _ps._raw_bench_server(args.port, WIDTH, max(args.batches))
 
 
 def raw_client(args):
-    import zmq
-    tune_malloc()
-    ctx = zmq.Context()
-    socks = []
-    for p in args.ports:
-        d = ctx.socket(zmq.DEALER)
-        d.connect(f"tcp://127.0.0.1:{p}")
-        socks.append(d)
+    from hetu import _ps
     out = {}
     for b in args.batches:
-        keys = batch_keys(args.rank, b)
-        grads = np.full((b, WIDTH), 1e-3, np.float32)
-        parts = np.array_split(np.arange(b), len(socks))
-        big = b * WIDTH * 4 // len(socks) >= 65536  # pyzmq: zero-copy only pays for large frames
-
-        def pull():
-            for d, p in zip(socks, parts):
-                d.send_multipart([b"pull", keys[p[0]:p[-1] + 1]], copy=not big)
-            for d in socks:
-                d.recv(copy=not big)
-
-        def push():
-            for d, p in zip(socks, parts):
-                d.send_multipart([b"push", keys[p[0]:p[-1] + 1], grads[p[0]:p[-1] + 1]], copy=not big)
-            for d in socks:
-                d.recv(copy=not big)
-
-        barrier(args, f"pull{b}")
-        out[f"pull{b}"] = timed(pull, args.seconds)
-        barrier(args, f"push{b}")
-        out[f"push{b}"] = timed(push, args.seconds)
+        for op in ("pull", "push"):
+            barrier(args, f"{op}{b}")
+            out[f"{op}{b}"] = _ps._raw_bench_client(args.ports, op, b, WIDTH, args.seconds)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -178,15 +131,8 @@ def run_shape(workers, servers, args):
         try:
             raw_res = collect(rc, 600)
         finally:
-            import zmq
-            ctx = zmq.Context()
-            for p in ports:
-                s = ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 1000)
-                s.connect(f"tcp://127.0.0.1:{p}")
-                s.send(b"stop")
-                s.close()
-            ctx.term()
+            from hetu import _ps
+            _ps._raw_bench_client(ports, "stop", 1, WIDTH, 0.0)
             for p in rs + rc:
                 try:
                     p.wait(10)

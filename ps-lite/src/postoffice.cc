@@ -71,6 +71,16 @@ std::string InterfaceIPv4(const std::string& name) {
 
 }  // namespace
 
+// Messages are multi-megabyte buffers allocated and freed at a high rate; glibc would mmap and
+// unmap each one and the kernel zero every page again. Keeping them on the heap roughly halves
+// the cost of a large pull. PS_MALLOC_TUNE=0 leaves malloc alone.
+void TuneMalloc() {
+  const char* tune = std::getenv("PS_MALLOC_TUNE");
+  if (tune && std::string(tune) == "0") return;
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 Config Config::FromEnv() {
   Config c;
   std::string role = RequireEnv("DMLC_ROLE");
@@ -106,14 +116,7 @@ Postoffice::Postoffice(const Config& cfg) : cfg_(cfg) {}
 Postoffice::~Postoffice() { Finalize(); }
 
 void Postoffice::Start() {
-  // Messages are multi-megabyte buffers allocated and freed at a high rate; glibc would mmap
-  // and unmap each one and the kernel zero every page again. Keeping them on the heap roughly
-  // halves the cost of a large pull. PS_MALLOC_TUNE=0 leaves malloc alone.
-  const char* tune = std::getenv("PS_MALLOC_TUNE");
-  if (!tune || std::string(tune) != "0") {
-    mallopt(M_MMAP_THRESHOLD, 1 << 30);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  }
+  TuneMalloc();
   van_ = Van::Create(cfg_.van_type);
   const int port = van_->Bind(cfg_.host, cfg_.port);
   receiver_ = std::thread([this] { ReceiveLoop(); });

@@ -122,5 +122,6 @@ class Postoffice {
 };
 
 double NowSeconds();
+void TuneMalloc();
 
 }  // namespace ps

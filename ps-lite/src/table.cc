@@ -4,6 +4,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <sys/mman.h>
+
+#include <new>
 #include <unordered_map>
 
 #include "common/rng.h"
@@ -25,6 +28,29 @@ std::string Sanitize(const std::string& name) {
 }
 
 }  // namespace
+
+template <typename T>
+HugeArray<T>::~HugeArray() {
+  if (p_) munmap(p_, bytes_);
+}
+
+template <typename T>
+void HugeArray<T>::Reset(size_t n, T fill) {
+  if (n != n_) {
+    if (p_) munmap(p_, bytes_);
+    p_ = nullptr;
+    n_ = n;
+    bytes_ = std::max<size_t>(4096, n * sizeof(T));
+    void* m = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    if (bytes_ >= (size_t(2) << 20)) madvise(m, bytes_, MADV_HUGEPAGE);
+    p_ = static_cast<T*>(m);
+  }
+  std::fill(p_, p_ + n_, fill);
+}
+
+template class HugeArray<float>;
+template class HugeArray<int64_t>;
 
 void TableShard::Range(int64_t rows, int rank, int num_servers, int64_t* lo, int64_t* hi) {
   const int64_t per = (rows + num_servers - 1) / num_servers;
@@ -49,12 +75,12 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
 }
 
 void TableShard::Reset() {
-  values_.resize((hi_ - lo_) * width());
+  values_.Reset((hi_ - lo_) * width(), 0.0f);
   hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), lo_, hi_,
                        width(), values_.data());
-  state_.assign(units_ * slots_ * unit_width_, 0.0f);
-  steps_.assign(units_, 0);
-  versions_.assign(units_, 0);
+  state_.Reset(units_ * slots_ * unit_width_, 0.0f);
+  steps_.Reset(units_, 0);
+  versions_.Reset(units_, 0);
   pending.clear();
   arrived.clear();
   applied = -1;
@@ -96,6 +122,7 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
     for (int64_t i = 1; i < p.n && increasing; ++i) increasing = p.keys[i - 1] < p.keys[i];
     if (increasing) {
       for (int64_t i = 0; i < p.n; ++i) {
+        if (i + kAhead < p.n) Prefetch(p.keys[i + kAhead] - lo_);
         const int64_t r = p.keys[i] - lo_;
         hetu::optim::step_row(cfg_, lr, &values_[r * w], slots_ ? &state_[r * slots_ * w] : nullptr, &steps_[r],
                               p.values + i * w, w);
@@ -152,6 +179,7 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
     grads = sum.data();
   }
   for (size_t u = 0; u < order.size(); ++u) {
+    if (u + kAhead < order.size()) Prefetch(order[u + kAhead] - lo_);
     const int64_t r = order[u] - lo_;
     hetu::optim::step_row(cfg_, lr, &values_[r * w], slots_ ? &state_[r * slots_ * w] : nullptr, &steps_[r],
                           grads + u * w, w);
@@ -161,7 +189,10 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
 
 void TableShard::Gather(const int64_t* keys, int64_t n, float* out) const {
   const int64_t w = width();
-  for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * w, &values_[(keys[i] - lo_) * w], w * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) Prefetch(keys[i + kAhead] - lo_);
+    std::memcpy(out + i * w, &values_[(keys[i] - lo_) * w], w * sizeof(float));
+  }
 }
 
 void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size() * sizeof(float)); }
@@ -240,8 +271,12 @@ std::string TableShard::Load(const std::string& dir, int rank, int num_servers) 
     std::fclose(f);
     return "table '" + name_ + "': " + path + " does not hold this shard (different shape, optimizer or server count)";
   }
-  std::vector<float> values(values_.size()), state(state_.size());
-  std::vector<int64_t> steps(steps_.size()), versions(versions_.size());
+  HugeArray<float> values, state;
+  HugeArray<int64_t> steps, versions;
+  values.Reset(values_.size(), 0.0f);
+  state.Reset(state_.size(), 0.0f);
+  steps.Reset(steps_.size(), 0);
+  versions.Reset(versions_.size(), 0);
   auto get = [&](void* p, size_t bytes) { ok = ok && (bytes == 0 || std::fread(p, bytes, 1, f) == 1); };
   get(values.data(), values.size() * sizeof(float));
   get(state.data(), state.size() * sizeof(float));
@@ -249,10 +284,10 @@ std::string TableShard::Load(const std::string& dir, int rank, int num_servers) 
   get(versions.data(), versions.size() * sizeof(int64_t));
   std::fclose(f);
   if (!ok) return "table '" + name_ + "': " + path + " is truncated";
-  values_.swap(values);
-  state_.swap(state);
-  steps_.swap(steps);
-  versions_.swap(versions);
+  values_.Swap(values);
+  state_.Swap(state);
+  steps_.Swap(steps);
+  versions_.Swap(versions);
   pending.clear();
   arrived.clear();
   applied = h.applied;

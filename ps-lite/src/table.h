@@ -15,6 +15,32 @@
 
 namespace ps {
 
+// Table storage: rows are read at random, so with 4 KiB pages nearly every row of a large
+// gather is a TLB miss. Anonymous memory advised for transparent huge pages avoids that.
+template <typename T>
+class HugeArray {
+ public:
+  HugeArray() = default;
+  ~HugeArray();
+  HugeArray(const HugeArray&) = delete;
+  HugeArray& operator=(const HugeArray&) = delete;
+  void Reset(size_t n, T fill);  // n elements, all `fill`
+  void Swap(HugeArray& o) {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    std::swap(bytes_, o.bytes_);
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return p_[i]; }
+  const T& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0, bytes_ = 0;
+};
+
 class TableShard {
  public:
   TableShard(const std::string& name, const pb::TableSpec& spec, int server_rank, int num_servers);
@@ -67,13 +93,19 @@ class TableShard {
  private:
   std::string FileName(const std::string& dir, int rank, int num_servers) const;
   int64_t Unit(int64_t key) const { return dense() ? 0 : key - lo_; }
+  // Rows are visited in key order but scattered in memory: start loading a few ahead.
+  static constexpr int64_t kAhead = 8;
+  void Prefetch(int64_t r) const {
+    const char* row = reinterpret_cast<const char*>(values_.data() + r * width());
+    for (int64_t b = 0; b < width() * 4; b += 64) __builtin_prefetch(row + b);
+  }
 
   std::string name_;
   pb::TableSpec spec_;
   hetu::optim::Config cfg_;
   int64_t lo_, hi_, slots_, unit_width_, units_;
-  std::vector<float> values_, state_;
-  std::vector<int64_t> steps_, versions_;
+  HugeArray<float> values_, state_;
+  HugeArray<int64_t> steps_, versions_;
 };
 
 }  // namespace ps
