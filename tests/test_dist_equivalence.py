@@ -31,3 +31,39 @@ def test_parameter_server_modes_equal_single_process(tmp_path, data_home, mode, 
     got, _ = run_cluster(tmp_path, data_home, "run_hetu.py", ["--comm", mode, "--bsp", "0", *args],
                          workers, servers, 64 // workers)
     assert_same_parameters(reference, got, exact_rows=(opt == "sgd"))
+
+
+@pytest.mark.parametrize("bsp", ["-1", "2"])
+def test_asp_and_ssp_finish_and_learn(tmp_path, data_home, bsp):
+    """ASP (-1) and SSP (k > 0) trade exactness for speed on purpose: they must finish without
+    deadlock and still learn."""
+    import re
+    _, out = run_cluster(tmp_path, data_home, "run_hetu.py",
+                         ["--comm", "Hybrid", "--bsp", bsp, "--model", "wdl_criteo", "--optimizer", "adam",
+                          "--learning-rate", "0.001", "--iters-per-epoch", "200", "--val"], 2, 1, 64)
+    aucs = [float(a) for a in re.findall(r"\[worker \d\] epoch \d+: .* val loss \S+ acc \S+ auc (\S+)", out)]
+    assert len(aucs) == 2 and min(aucs) > 0.65, out[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_worker_killed_mid_run_ends_the_job_naming_it(tmp_path, data_home):
+    import os
+    import subprocess
+    import sys
+    import time
+    from conftest import REPO
+    # Worker 1 SIGKILLs itself three seconds into training; the job must end, not hang.
+    script = ("import os, signal, sys, threading, runpy; "
+              f"sys.path.insert(0, {str(REPO / 'examples/ctr')!r}); "
+              "os.environ['DMLC_WORKER_ID'] == '1' and threading.Timer(3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start(); "
+              "sys.argv = ['run_hetu.py'] + sys.argv[1:]; "
+              f"runpy.run_path({str(REPO / 'examples/ctr/run_hetu.py')!r}, run_name='__main__')")
+    env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="10")
+    start = time.time()
+    proc = subprocess.run([sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "1", "--timeout", "150",
+                           sys.executable, "-c", script, "--comm", "Hybrid", "--model", "wdl_criteo", "--rows", "20000",
+                           "--embedding-size", "8", "--all", "--nepoch", "50", "--no-progress"],
+                          capture_output=True, text=True, env=env, timeout=170)
+    assert proc.returncode not in (0, 124), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "worker 1 on localhost failed (killed by signal 9" in proc.stderr, proc.stderr[-2000:]
+    assert time.time() - start < 120

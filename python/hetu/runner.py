@@ -376,6 +376,8 @@ def describe_status(rc: Optional[int]) -> str:
 
 _MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
 _MPI_FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+# "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+_MPI_NOTICED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
 _MPI_EXIT = re.compile(r"Exit code:\s*(-?\d+)")
 _MPI_SIGNAL = re.compile(r"Signal:\s*(.+)$")
 
@@ -619,6 +621,10 @@ class Job:
         m = _MPI_FAILED_RANK.search(line)
         if m and self.mpi_failed_rank is None:
             self.mpi_failed_rank = int(m.group(1))
+        m = _MPI_NOTICED.search(line)
+        if m and self.mpi_failed_rank is None:
+            self.mpi_failed_rank = int(m.group(1))
+            self.mpi_failed_status = f"killed by signal {m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
         for pattern, fmt in ((_MPI_EXIT, "exit {}"), (_MPI_SIGNAL, "killed by {}")):
             m = pattern.search(line)
             if m and self.mpi_failed_status is None:
