@@ -120,6 +120,7 @@ void Postoffice::Start() {
   van_ = Van::Create(cfg_.van_type);
   const int port = van_->Bind(cfg_.host, cfg_.port);
   receiver_ = std::thread([this] { ReceiveLoop(); });
+  data_thread_ = std::thread([this] { DataLoop(); });
   if (cfg_.role == kScheduler) {
     my_id_ = 0;
     my_rank_ = 0;
@@ -197,10 +198,30 @@ void Postoffice::ReceiveLoop() {
       if (msg.meta.control() != kData) {
         HandleControl(msg);
       } else if (data_handler_ && started_) {
-        data_handler_(msg);
+        std::lock_guard<std::mutex> lk(data_mu_);
+        data_queue_.push_back(std::move(msg));
+        data_cv_.notify_one();
       }
     } catch (const std::exception& e) {
       PS_VLOG(0) << "error while handling a message from node " << msg.meta.sender() << ": " << e.what();
+    }
+  }
+}
+
+void Postoffice::DataLoop() {
+  for (;;) {
+    Message msg;
+    {
+      std::unique_lock<std::mutex> lk(data_mu_);
+      data_cv_.wait(lk, [&] { return data_stop_ || !data_queue_.empty(); });
+      if (data_queue_.empty()) return;
+      msg = std::move(data_queue_.front());
+      data_queue_.pop_front();
+    }
+    try {
+      data_handler_(msg);
+    } catch (const std::exception& e) {
+      PS_VLOG(0) << "error while handling data from node " << msg.meta.sender() << ": " << e.what();
     }
   }
 }
@@ -336,6 +357,13 @@ void Postoffice::Finalize() {
   if (heartbeat_.joinable()) heartbeat_.join();
   van_->Stop();
   if (receiver_.joinable()) receiver_.join();
+  {
+    std::lock_guard<std::mutex> lk(data_mu_);
+    data_stop_ = true;
+    data_queue_.clear();  // the job is over: nobody waits for these answers
+    data_cv_.notify_all();
+  }
+  if (data_thread_.joinable()) data_thread_.join();
   van_.reset();
 }
 

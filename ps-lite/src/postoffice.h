@@ -5,6 +5,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -95,6 +96,7 @@ class Postoffice {
  private:
   friend class Scheduler;
   void ReceiveLoop();
+  void DataLoop();
   void HeartbeatLoop();
   void HandleControl(Message& msg);
   void OnNodeList(const Message& msg);
@@ -105,7 +107,13 @@ class Postoffice {
   Config cfg_;
   std::unique_ptr<Van> van_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::thread receiver_, heartbeat_;
+  // Data messages are handled on their own thread, in arrival order, so a long operation
+  // (a big save, a BSP apply) never delays heartbeat answers and other control traffic.
+  std::thread receiver_, heartbeat_, data_thread_;
+  std::mutex data_mu_;
+  std::condition_variable data_cv_;
+  std::deque<Message> data_queue_;
+  bool data_stop_ = false;
   std::function<void(Message&)> data_handler_;
   std::function<void(const std::string&)> death_handler_;
 
