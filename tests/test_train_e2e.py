@@ -34,6 +34,14 @@ def test_other_criteo_models_learn(data_home, model):
     assert summary["final"]["val"]["auc"] >= 0.65, out
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model", ["dcn_avazu", "ncf_movielens"])
+def test_avazu_and_movielens_models_learn(data_home, model):
+    summary, out = run_hetu(data_home, "--model", model, "--rows", "50000", "--embedding-size", "8",
+                            "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "200", "--val")
+    assert summary["final"]["val"]["auc"] >= 0.68, out
+
+
 def test_distributed_flags_without_comm_are_rejected(data_home):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
     proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cache", "lru", "--rows", "100000"],
