@@ -27,13 +27,19 @@ for t in range(ARGS["iters"]):
     keys, grads, dgrad = batch(r, t, ARGS["rows"], ARGS["width"])
     lr = 0.1 / (1 + t)  # a schedule: lr travels with each push
     time.sleep(delay.uniform(0, 0.03))  # vary the order in which workers' pushes arrive
-    pushes = [lambda: emb.push(keys, grads, iteration=t, lr=lr), lambda: dense.dense_push(dgrad, iteration=t, lr=lr)]
+    # odd iterations use push_pull: the rows come back once iteration t is applied
+    pp = t % 2 == 1
+    pushes = [lambda: (emb.push_pull if pp else emb.push)(keys, grads, iteration=t, lr=lr),
+              lambda: (dense.dense_push_pull if pp else dense.dense_push)(dgrad, iteration=t, lr=lr)]
     if delay.random() < 0.5:
         pushes.reverse()
-    for h in [p() for p in pushes]:
-        h.wait()
+    got = [h.wait() for h in [p() for p in pushes]]
     pulled.append(emb.pull(everything[::-1].copy(), iteration=t + 1).wait()[::-1])
     dpulled.append(dense.dense_pull(iteration=t + 1).wait())
+    if pp:
+        rows_pp, dense_pp = got if got[0].ndim == 2 and got[0].shape[1] == ARGS["width"] else got[::-1]
+        assert np.array_equal(rows_pp, pulled[-1][keys]), t
+        assert np.array_equal(dense_pp, dpulled[-1]), t
 rows, state, steps, versions = emb.pull_with_state(everything).wait()
 np.savez(OUT + ".npz", pulled=np.stack(pulled), dpulled=np.stack(dpulled), rows=rows, state=state, steps=steps,
          versions=versions)

@@ -31,6 +31,8 @@ else:
     # the assign sent after it is held back behind it (per-worker order)
     h = bsp.pull(keys, iteration=1)
     a = bsp.assign(np.array([0]), np.full((1, 2), 7.0), version_add=0)
+    assert time.time() - start < 1.0, "issuing a deferred pull must not block"
+    assert not h.done() and not a.done()
     got = h.wait()
     waited = time.time() - start
     a.wait()

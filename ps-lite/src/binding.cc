@@ -86,6 +86,13 @@ py::array Gathered(Request& r, size_t bi, int64_t per, std::vector<py::ssize_t> 
 class Handle {
  public:
   Handle(std::shared_ptr<Request> req, py::list keep, int kind) : req_(std::move(req)), keep_(std::move(keep)), kind_(kind) {}
+  // Moved, never copied: a moved-from handle owns nothing, so its destructor must not wait
+  // (pybind11 moves the returned handle into the Python object).
+  Handle(Handle&& o) noexcept
+      : req_(std::move(o.req_)), keep_(std::move(o.keep_)), kind_(o.kind_), result_(std::move(o.result_)),
+        consumed_(o.consumed_) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
   ~Handle() {
     // The request may still read the caller's arrays (zero-copy sends): let it finish first.
     if (req_ && !req_->finished() && g_node) {
