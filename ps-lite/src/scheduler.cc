@@ -81,7 +81,10 @@ void Scheduler::Handle(Message& msg) {
 void Scheduler::OnAddNode(const Message& msg) {
   if (msg.meta.nodes_size() != 1) return;
   const auto& n = msg.meta.nodes(0);
-  if (n.role() != kServer && n.role() != kWorker) return;
+  // Only a node that has no id yet registers, with an address we can connect back to.
+  if (msg.meta.sender() != -1 || (n.role() != kServer && n.role() != kWorker) || n.host().empty() ||
+      n.port() <= 0 || n.port() > 65535)
+    return;
   NodeInfo info;
   info.role = n.role();
   info.host = n.host();
