@@ -154,3 +154,15 @@ def test_unknown_van_type_is_a_clear_error(cluster):
     c._spawn("scheduler", [__import__("sys").executable, "-m", "hetu.launcher"], dict(c.base_env, DMLC_ROLE="scheduler"))
     assert c.wait(["scheduler"], 20)["scheduler"] == 1
     assert "DMLC_PS_VAN_TYPE='ucx'" in c.log("scheduler")
+
+
+@pytest.mark.timeout(60)
+def test_killed_scheduler_is_noticed_by_workers_and_servers(cluster, tmp_path):
+    c = cluster(1, 1, heartbeat_timeout=2.0)
+    c.start_servers().start_workers(PULL_LOOP)
+    wait_for_file(str(tmp_path / "worker0.ready"), 30, c)
+    c.kill("scheduler")
+    codes = c.wait(["server0", "worker0"], timeout=20)
+    assert codes == {"server0": 1, "worker0": 3}, c.logs()
+    for n in ("server0", "worker0"):
+        assert "scheduler" in c.log(n) and "dead" in c.log(n), c.log(n)

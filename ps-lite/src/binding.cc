@@ -197,9 +197,11 @@ void Start() {
     po->SetDataHandler([server](Message& m) { server->Handle(m); });
   } else if (po->role() == kWorker) {
     node->worker = std::make_unique<KVWorker>(po, customer);
-    po->SetDataHandler([customer](Message& m) {
-      if (!m.meta.request()) customer->OnResponse(m);
-    });
+    po->SetDataHandler(
+        [customer](Message& m) {
+          if (!m.meta.request()) customer->OnResponse(m);
+        },
+        true);
     po->SetDeathHandler([customer](const std::string& why) { customer->FailAll(why); });
   }
   {

@@ -197,6 +197,8 @@ void Postoffice::ReceiveLoop() {
     try {
       if (msg.meta.control() != kData) {
         HandleControl(msg);
+      } else if (data_handler_ && started_ && inline_data_) {
+        data_handler_(msg);
       } else if (data_handler_ && started_) {
         std::lock_guard<std::mutex> lk(data_mu_);
         data_queue_.push_back(std::move(msg));

@@ -75,7 +75,12 @@ class Postoffice {
   void Barrier(int group, double timeout_s);
   bool Send(int id, Message* msg);
 
-  void SetDataHandler(std::function<void(Message&)> h) { data_handler_ = std::move(h); }
+  // on_receive_thread: for a handler that only hands messages on (the worker's Customer),
+  // saving a thread switch per answer; servers use the data thread.
+  void SetDataHandler(std::function<void(Message&)> h, bool on_receive_thread = false) {
+    data_handler_ = std::move(h);
+    inline_data_ = on_receive_thread;
+  }
   void SetDeathHandler(std::function<void(const std::string&)> h) { death_handler_ = std::move(h); }
 
   int role() const { return cfg_.role; }
@@ -114,6 +119,7 @@ class Postoffice {
   std::condition_variable data_cv_;
   std::deque<Message> data_queue_;
   bool data_stop_ = false;
+  bool inline_data_ = false;
   std::function<void(Message&)> data_handler_;
   std::function<void(const std::string&)> death_handler_;
 
