@@ -94,13 +94,11 @@ class Handle {
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
   ~Handle() {
-    // The request may still read the caller's arrays (zero-copy sends): let it finish first.
-    if (req_ && !req_->finished() && g_node) {
+    // Parts of the request may still read the caller's arrays (zero-copy sends), even after
+    // another part failed: let them all be answered first.
+    if (req_ && !req_->settled() && g_node) {
       py::gil_scoped_release nogil;
-      try {
-        g_node->customer->Wait(req_, DefaultWaitTimeout());
-      } catch (...) {
-      }
+      g_node->customer->WaitSettled(req_, DefaultWaitTimeout());
     }
   }
 

@@ -10,6 +10,7 @@ int64_t Customer::Track(const std::shared_ptr<Request>& req) {
   if (!failure_.empty()) {
     std::lock_guard<std::mutex> rl(req->mu);
     req->error = failure_;
+    req->abandoned = true;
     return 0;
   }
   req->remaining = static_cast<int>(req->parts.size());
@@ -50,9 +51,16 @@ void Customer::FailAll(const std::string& why) {
   }
   for (auto& kv : failed) {
     std::lock_guard<std::mutex> rl(kv.second->mu);
+    kv.second->abandoned = true;
     if (kv.second->error.empty()) kv.second->error = why;
     kv.second->cv.notify_all();
   }
+}
+
+bool Customer::WaitSettled(const std::shared_ptr<Request>& req, double timeout_s) {
+  std::unique_lock<std::mutex> rl(req->mu);
+  return req->cv.wait_for(rl, std::chrono::duration<double>(timeout_s),
+                          [&] { return req->remaining == 0 || req->abandoned; });
 }
 
 std::string Customer::failure() {

@@ -37,9 +37,15 @@ struct Request {
   std::condition_variable cv;
   int remaining = 0;
   std::string error;
+  bool abandoned = false;  // the job failed: the missing answers will never come
   bool finished() {
     std::lock_guard<std::mutex> lk(mu);
     return remaining == 0 || !error.empty();
+  }
+  // No part can still be in flight, so the caller's arrays (sent without copying) may go.
+  bool settled() {
+    std::lock_guard<std::mutex> lk(mu);
+    return remaining == 0 || abandoned;
   }
 };
 
@@ -55,6 +61,8 @@ class Customer {
   void FailAll(const std::string& why);
   // Throws std::runtime_error on error or timeout; the message names the missing servers.
   void Wait(const std::shared_ptr<Request>& req, double timeout_s);
+  // Until every part is answered or the job failed; false on timeout. Never throws.
+  bool WaitSettled(const std::shared_ptr<Request>& req, double timeout_s);
   std::string failure();
 
  private:

@@ -49,7 +49,14 @@ void KVServer::Handle(Message& msg) {
   PS_VLOG(2) << "server " << po_->rank() << ": " << OpName(msg.meta.op()) << " '" << msg.meta.table() << "' from "
              << po_->Describe(sender);
   try {
-    if (msg.meta.op() == kInit) return Init(msg);
+    if (msg.meta.op() == kInit) {
+      try {
+        return Init(msg);
+      } catch (const std::exception& ex) {
+        return Reply(msg, {}, "table '" + msg.meta.table() + "': init failed on server " +
+                                  std::to_string(po_->rank()) + ": " + ex.what());
+      }
+    }
     auto it = tables_.find(msg.meta.table());
     if (it == tables_.end()) {
       return Reply(msg, {}, "table '" + msg.meta.table() + "' is not initialised on server " +
@@ -59,11 +66,20 @@ void KVServer::Handle(Message& msg) {
     bool queued = false;
     for (const auto& d : e.deferred) queued = queued || d.msg.meta.sender() == sender;
     bool push_done = false;
-    if (queued || !Process(e, msg, &push_done)) e.deferred.push_back(Deferred{std::move(msg), push_done});
+    if (queued || !SafeProcess(e, msg, &push_done)) e.deferred.push_back(Deferred{std::move(msg), push_done});
     if (!e.deferred.empty()) ServeDeferred(e);
   } catch (const std::exception& ex) {
+    PS_VLOG(0) << "server " << po_->rank() << ": " << ex.what();
+  }
+}
+
+bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
+  try {
+    return Process(e, msg, push_done);
+  } catch (const std::exception& ex) {  // e.g. out of memory: this request fails, the server goes on
     Reply(msg, {}, "table '" + msg.meta.table() + "': server " + std::to_string(po_->rank()) + " failed on " +
                        OpName(msg.meta.op()) + ": " + ex.what());
+    return true;
   }
 }
 
@@ -290,7 +306,7 @@ void KVServer::ServeDeferred(Entry& e) {
     for (auto it = e.deferred.begin(); it != e.deferred.end(); ++it) {
       const int sender = it->msg.meta.sender();
       if (blocked.count(sender)) continue;
-      if (Process(e, it->msg, &it->push_done)) {
+      if (SafeProcess(e, it->msg, &it->push_done)) {
         e.deferred.erase(it);
         progress = true;
         break;

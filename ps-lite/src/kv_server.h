@@ -36,6 +36,7 @@ class KVServer {
   void Init(Message& msg);
   // false: the request must wait (its pull half is not servable yet).
   bool Process(Entry& e, Message& msg, bool* push_done);
+  bool SafeProcess(Entry& e, Message& msg, bool* push_done);  // errors become the reply
   std::string Push(Entry& e, Message& msg);
   void TryApply(Entry& e);
   void ServeDeferred(Entry& e);
