@@ -30,9 +30,15 @@ else:
     # BSP: the pull for iteration 1 waits until worker 1's push of iteration 0 arrived;
     # the assign sent after it is held back behind it (per-worker order)
     h = bsp.pull(keys, iteration=1)
+    hs = bsp.pull_stale(keys, np.zeros(2), bound=0, iteration=1)
+    hw = bsp.pull_with_state(keys, iteration=1)
     a = bsp.assign(np.array([0]), np.full((1, 2), 7.0), version_add=0)
     assert time.time() - start < 1.0, "issuing a deferred pull must not block"
-    assert not h.done() and not a.done()
+    assert not h.done() and not hs.done() and not hw.done() and not a.done()
+    pos, rows, versions = hs.wait()
+    assert pos.tolist() == [0, 1] and (rows == 0.5).all() and versions.tolist() == [2, 2], (pos, rows, versions)
+    rows, _, steps, versions = hw.wait()
+    assert (rows == 0.5).all() and steps.tolist() == [1, 1] and versions.tolist() == [2, 2]
     got = h.wait()
     waited = time.time() - start
     a.wait()

@@ -140,7 +140,8 @@ std::shared_ptr<Request> KVWorker::PullStale(const TableRef& t, const int64_t* k
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_arg(bound);
     // Like a pull for `iteration`, it waits until the previous iteration is applied (BSP/SSP).
-    if (iteration >= 0) m.meta.set_iteration(iteration);
+    m.meta.set_has_iteration(iteration >= 0);
+    m.meta.set_iteration(iteration);
     m.data.push_back(SliceOf(p, keys, 1));
     m.data.push_back(SliceOf(p, versions, 1));
   });
@@ -151,7 +152,8 @@ std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* k
   auto req = NewRequest(t, kPullState);
   Partition(t, keys, n, false, req.get());
   Send(req, t.name, [&](Message& m, const Part& p) {
-    if (iteration >= 0) m.meta.set_iteration(iteration);  // waits like a pull for `iteration`
+    m.meta.set_has_iteration(iteration >= 0);  // waits like a pull for `iteration`
+    m.meta.set_iteration(iteration);
     m.data.push_back(SliceOf(p, keys, 1));
   });
   return req;
