@@ -22,6 +22,11 @@ else:
     bsp.push(keys, g, iteration=0, lr=0.25).wait()
     ssp.push(keys, g, iteration=0, lr=0.25).wait()
     start = time.time()
+    try:  # one push per worker and iteration: a second one is refused, the first stays
+        bsp.push(keys, g, iteration=0, lr=0.25).wait()
+        raise AssertionError("a second push for iteration 0 was accepted")
+    except RuntimeError as e:
+        assert "'bsp'" in str(e) and "twice" in str(e), e
     # no iteration: no wait, and worker 0's buffered push is not applied yet
     assert (bsp.pull(keys).wait() == 1.0).all()
     # SSP with staleness 1: a pull for iteration 1 need not wait for iteration 0
