@@ -9,6 +9,7 @@
 #include <new>
 #include <unordered_map>
 
+#include "common/parallel.h"
 #include "common/rng.h"
 
 namespace ps {
@@ -120,14 +121,16 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
     const Push& p = pushes[0];
     bool increasing = true;
     for (int64_t i = 1; i < p.n && increasing; ++i) increasing = p.keys[i - 1] < p.keys[i];
-    if (increasing) {
-      for (int64_t i = 0; i < p.n; ++i) {
-        if (i + kAhead < p.n) Prefetch(p.keys[i + kAhead] - lo_);
-        const int64_t r = p.keys[i] - lo_;
-        hetu::optim::step_row(cfg_, lr, &values_[r * w], slots_ ? &state_[r * slots_ * w] : nullptr, &steps_[r],
-                              p.values + i * w, w);
-        versions_[r] += p.counts ? p.counts[i] : 1;
-      }
+    if (increasing) {  // distinct rows: threads can step disjoint runs of them
+      hetu::parallel_for(p.n, kParallelRows, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          if (i + kAhead < e) Prefetch(p.keys[i + kAhead] - lo_);
+          const int64_t r = p.keys[i] - lo_;
+          hetu::optim::step_row(cfg_, lr, &values_[r * w], slots_ ? &state_[r * slots_ * w] : nullptr,
+                                &steps_[r], p.values + i * w, w);
+          versions_[r] += p.counts ? p.counts[i] : 1;
+        }
+      });
       return;
     }
   }
@@ -189,10 +192,14 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
 
 void TableShard::Gather(const int64_t* keys, int64_t n, float* out) const {
   const int64_t w = width();
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) Prefetch(keys[i + kAhead] - lo_);
-    std::memcpy(out + i * w, &values_[(keys[i] - lo_) * w], w * sizeof(float));
-  }
+  // Large gathers are bound by memory latency; a second thread keeps more misses in flight
+  // while the transport has nothing to send yet.
+  hetu::parallel_for(n, kParallelRows, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e) Prefetch(keys[i + kAhead] - lo_);
+      std::memcpy(out + i * w, &values_[(keys[i] - lo_) * w], w * sizeof(float));
+    }
+  });
 }
 
 void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size() * sizeof(float)); }

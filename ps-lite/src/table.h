@@ -95,6 +95,7 @@ class TableShard {
   int64_t Unit(int64_t key) const { return dense() ? 0 : key - lo_; }
   // Rows are visited in key order but scattered in memory: start loading a few ahead.
   static constexpr int64_t kAhead = 8;
+  static constexpr int64_t kParallelRows = 4096;  // below this a thread costs more than it saves
   void Prefetch(int64_t r) const {
     const char* row = reinterpret_cast<const char*>(values_.data() + r * width());
     for (int64_t b = 0; b < width() * 4; b += 64) __builtin_prefetch(row + b);
