@@ -252,3 +252,28 @@ ps.finalize()
 @pytest.mark.timeout(60)
 def test_bad_input_is_an_error_naming_table_and_key(cluster):
     cluster(3, 1).run(BAD)
+
+
+LARGE = """
+from hetu import _C
+c = ps.client()
+R, Wd = 50000, 8
+t = c.init_table("big", R, Wd, init=("uniform", -1, 1), seed=3, optimizer=("adagrad", {}), bsp=False)
+table = np.empty((R, Wd), np.float32); _C.init_fill(1, -1, 1, 3, _C.name_stream("big"), 0, table)
+state = np.zeros((R, Wd), np.float32); steps = np.zeros(R, np.int64)
+cfg = _C.OptimConfig(); cfg.kind = 3
+rng = np.random.default_rng(5)
+for step in range(3):
+    keys = np.sort(rng.choice(R, 20000, replace=False))   # large, sorted: the multi-threaded paths
+    g = rng.standard_normal((20000, Wd)).astype(np.float32)
+    t.push(keys, g, lr=0.1).wait()
+    _C.apply_rows(cfg, np.float32(0.1), table, state, steps, keys, g)
+    assert np.array_equal(t.pull(keys).wait(), table[keys])
+assert np.array_equal(t.pull(np.arange(R)).wait(), table)
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_large_batches_on_multithreaded_servers(cluster):
+    cluster(2, 1, env={"HETU_NUM_THREADS": "2"}).run(LARGE)
