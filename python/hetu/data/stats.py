@@ -1,25 +1,15 @@
 """Small numpy measurements used to describe and test datasets."""
 import numpy as np
 
+from ..metrics import auc
+
 
 def rank_auc(labels, scores):
-    """ROC AUC by the rank-sum (Mann-Whitney) formula, ties given their average rank."""
-    labels = np.asarray(labels).reshape(-1) > 0.5
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    num_pos = int(labels.sum())
-    num_neg = len(labels) - num_pos
-    if num_pos == 0 or num_neg == 0:
+    """ROC AUC (hetu.metrics.auc, the rank-sum formula); both classes must be present."""
+    value = auc(labels, scores)
+    if np.isnan(value):
         raise ValueError("AUC needs both positive and negative labels")
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    ranks = np.empty(len(scores), dtype=np.float64)
-    # average rank over each run of equal scores
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(scores)]])
-    average = (starts + ends + 1) / 2.0  # 1-based average rank of positions [start, end)
-    ranks[order] = np.repeat(average, ends - starts)
-    return float((ranks[labels].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+    return value
 
 
 def lookup_counts(sparse, num_embeddings):

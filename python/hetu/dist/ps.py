@@ -177,3 +177,16 @@ class PSDenseUpdater:
         if isinstance(grad, IndexedSlices):
             grad = grad.to_dense()
         state.param_value(param)[...] = self.remote.push_pull(grad, lr)
+
+
+def route_through_caches(graph):
+    """Points every PS lookup and sparse updater at its table's worker-side cache (graph.caches:
+    param id -> CachedTable or HeraldTable), where the table has one."""
+    for order in graph.topo.values():
+        for node in order:
+            if isinstance(node, PSEmbeddingLookupOp) and node.remote.param.id in graph.caches:
+                node.source = graph.caches[node.remote.param.id]
+    for opt_op in graph.optimizer_ops:
+        for updater in opt_op.updaters.values():
+            if isinstance(updater, PSSparseUpdater) and updater.remote.param.id in graph.caches:
+                updater.target = graph.caches[updater.remote.param.id]

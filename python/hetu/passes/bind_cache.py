@@ -4,7 +4,7 @@ table on the parameter server is read and updated through a per-worker cache of
 import math
 
 from ..cache import CachedTable
-from ..dist.ps import PSEmbeddingLookupOp, PSSparseUpdater, RemoteTable
+from ..dist.ps import RemoteTable, route_through_caches
 
 
 def cache_capacity(config, rows):
@@ -29,12 +29,5 @@ def bind_cache(graph):
         _, opt_op, _ = graph.ps_params[pid]
         graph.caches[pid] = CachedTable(remote, policy, cache_capacity(graph.config, remote.param.shape[0]),
                                         graph.config.cache_bound, opt_op.optimizer, graph.counters)
-    for order in graph.topo.values():
-        for node in order:
-            if isinstance(node, PSEmbeddingLookupOp) and node.remote.param.id in graph.caches:
-                node.source = graph.caches[node.remote.param.id]
-    for opt_op in graph.optimizer_ops:
-        for updater in opt_op.updaters.values():
-            if isinstance(updater, PSSparseUpdater) and updater.remote.param.id in graph.caches:
-                updater.target = graph.caches[updater.remote.param.id]
+    route_through_caches(graph)
     return graph

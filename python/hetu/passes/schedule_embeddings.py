@@ -4,7 +4,7 @@ HeraldTable that follows the scheduler's plan (instead of the HET cache protocol
 import sys
 
 from ..dataloader import DataloaderOp
-from ..dist.ps import PSEmbeddingLookupOp, PSSparseUpdater, RemoteTable
+from ..dist.ps import PSEmbeddingLookupOp, RemoteTable, route_through_caches
 from ..herald import HeraldTable, Scheduler
 from .bind_cache import cache_capacity
 
@@ -41,10 +41,5 @@ def schedule_embeddings(graph):
         _, opt_op, _ = graph.ps_params[pid]
         graph.caches[pid] = HeraldTable(remote, scheduler, cache_capacity(graph.config, remote.param.shape[0]),
                                         policy, opt_op.optimizer, graph.counters, primary=(i == 0))
-    for node in lookups:
-        node.source = graph.caches[node.remote.param.id]
-    for opt_op in graph.optimizer_ops:
-        for updater in opt_op.updaters.values():
-            if isinstance(updater, PSSparseUpdater) and updater.remote.param.id in graph.caches:
-                updater.target = graph.caches[updater.remote.param.id]
+    route_through_caches(graph)
     return graph
