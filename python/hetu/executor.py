@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _C
 from .context import cpu
-from .dataloader import DataloaderOp
+from .dist.ps import RemoteDense
 from .graph import Variable
 from .ndarray import NDArray
 from .ops.embedding import IndexedSlices
@@ -80,13 +80,16 @@ class Executor:
         if not isinstance(eval_node_dict, dict):
             eval_node_dict = {"default": list(eval_node_dict)}
         self.config = ExecutorConfig(ctx=ctx, seed=seed, **options)
-        self.graph = run_passes(Graph(eval_node_dict, self.config))
+        graph = Graph(eval_node_dict, self.config)
+        # Names identify parameters in initialisation, checkpoints and on the servers, which the
+        # passes create tables on: check them first.
+        _check_unique_names(graph.parameters)
+        self.graph = run_passes(graph)
         self.state = RunState(self)
         self.values = {}          # parameter id -> array
         self.opt_states = {}      # parameter id -> (state, steps)
         self.persistent = {}      # "op/key" -> array (batch norm running statistics)
         self._init_parameters()
-        self._check_unique_names()
 
     # --- set-up --------------------------------------------------------------------------------
     def _init_parameters(self):
@@ -98,7 +101,7 @@ class Executor:
             if p.id in self.values:
                 continue
             if p.id in remote:
-                if hasattr(remote[p.id], "table") and getattr(remote[p.id].table, "dense", False):
+                if isinstance(remote[p.id], RemoteDense):
                     self.values[p.id] = np.array(remote[p.id].fetch(), dtype=np.float32).reshape(p.shape)
                 continue
             if p.value is not None:
@@ -106,13 +109,6 @@ class Executor:
             else:
                 value = p.initializer.value(self.config.seed, _C.name_stream(p.name))
             self.values[p.id] = value if xp is np else xp.asarray(value)
-
-    def _check_unique_names(self):
-        names = {}
-        for p in self.graph.parameters:
-            if names.setdefault(p.name, p) is not p:
-                raise ValueError(f"two parameters are named {p.name!r}: names identify parameters in "
-                                 f"initialisation, save/load and the parameter server")
 
     def optimizer_state(self, param, optimizer, rowwise):
         """(state, step counts) of a parameter; row-wise for tables updated by sparse gradients."""
@@ -283,3 +279,11 @@ class Executor:
         self.state.iteration = meta["iteration"]
         for op in self.graph.optimizer_ops:
             op.step_count = meta["optimizer_steps"].get(op.name, op.step_count)
+
+
+def _check_unique_names(parameters):
+    names = {}
+    for p in parameters:
+        if names.setdefault(p.name, p) is not p:
+            raise ValueError(f"two parameters are named {p.name!r}: names identify parameters in "
+                             f"initialisation, save/load and the parameter server")

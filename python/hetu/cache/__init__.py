@@ -57,8 +57,6 @@ class CachedTable:
         self.counters.add(rows_pulled=len(pos), bytes_pulled=len(pos) * (self.width * 4 + 8) + len(uniq) * 16,
                           hits=served, misses=len(uniq) - served, evictions=len(evicted_keys),
                           stale_refreshes=refreshed)
-        if self.bound > 0:
-            self._last = (uniq, slots)
         return out
 
     # --- backward: the step's summed gradient rows ------------------------------------------------
