@@ -15,7 +15,6 @@ Throughput is the sum over workers; every worker issues one request at a time.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,9 +26,8 @@ ROWS = 1 << 18  # 256K rows x 128 floats = 128 MiB per table
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from hetu.ps import pick_root_port
+    return pick_root_port("127.0.0.1")
 
 
 def timed(fn, seconds):

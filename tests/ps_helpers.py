@@ -4,7 +4,6 @@ killed in teardown, and every wait has a timeout."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,9 +21,8 @@ if not ARGS.get("no_start"):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from hetu.ps import pick_root_port
+    return pick_root_port("127.0.0.1")
 
 
 class Cluster:

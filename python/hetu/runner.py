@@ -526,12 +526,10 @@ class Job:
 
     def free_port(self) -> int:
         chief = self.cluster.chief
-        probe = ("import socket; s=socket.socket(); s.bind(('',0)); "
-                 "print(s.getsockname()[1])")
+        probe = "from hetu.ps import pick_root_port; print(pick_root_port())"
         if self.local[chief.host]:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                return s.getsockname()[1]
+            from hetu.ps import pick_root_port
+            return pick_root_port()
         python = chief.python or sys.executable
         argv = self.ssh.argv(chief.host, f"{shlex.quote(python)} -c {shlex.quote(probe)}")
         try:

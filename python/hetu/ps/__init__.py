@@ -47,7 +47,7 @@ import numpy as np
 from hetu import _ps
 
 __all__ = [
-    "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
+    "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
     "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
     "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
 ]
@@ -83,6 +83,32 @@ def _start_as(expected):
 
 scheduler_init, server_init, worker_init = (_start_as(r) for r in ("scheduler", "server", "worker"))
 scheduler_finish = server_finish = worker_finish = finalize
+
+
+def pick_root_port(host="", tries=200, seed=None):
+    """A free TCP port on `host` for DMLC_PS_ROOT_PORT, chosen below the kernel's ephemeral
+    range. Ports from that range (what binding port 0 returns) can be handed to any outgoing
+    connection before the scheduler binds -- including a node's own reconnect attempt to the
+    scheduler, which then connects to itself and waits forever in silence."""
+    import random
+    import socket
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    lo, hi = (10000, low - 1) if low > 11000 else (low // 2, low - 1)
+    rng = random.Random(seed)
+    for _ in range(tries):
+        port = rng.randint(lo, hi)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{lo}, {hi}] on {host or 'this host'} after {tries} tries")
 
 
 def wait_for_end(timeout=None):
