@@ -10,6 +10,7 @@
 #include "cache/policy.h"
 #include "common/parallel.h"
 #include "herald/allocate.h"
+#include "herald/planner.h"
 #include "kernels/kernels.h"
 
 namespace py = pybind11;
@@ -106,15 +107,39 @@ Array<T> to_array(const std::vector<T>& v) {
   return out;
 }
 
+template <typename T>
+Array<bool> to_bool_array(const std::vector<T>& v) {
+  Array<bool> out(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+// (samples of iteration t, plan of t-1 as a tuple or None); the plan tuple is
+// (iteration, samples, keys, hit, pull, owner, invalidate, writeback).
+py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, int64_t iteration) {
+  if (ids.ndim() != 2) throw std::invalid_argument("Planner.advance: ids must be [samples, fields]");
+  hetu::herald::Advanced r;
+  {
+    py::gil_scoped_release nogil;
+    r = planner.Advance(ids.data(), ids.shape(1), iteration);
+  }
+  py::object finished = py::none();
+  if (r.has_finished) {
+    const auto& p = r.finished;
+    finished = py::make_tuple(p.iteration, to_array(p.samples), to_array(p.keys), to_bool_array(p.hit),
+                              to_bool_array(p.pull), to_bool_array(p.owner), to_array(p.invalidate),
+                              to_array(p.writeback));
+  }
+  return py::make_tuple(to_array(r.samples), finished);
+}
+
 py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {
   hetu::cache::AccessResult r;
   {
     py::gil_scoped_release nogil;
     r = p.Access(keys.data(), keys.size());
   }
-  Array<bool> hit(static_cast<py::ssize_t>(r.hit.size()));
-  std::copy(r.hit.begin(), r.hit.end(), hit.mutable_data());
-  return py::make_tuple(to_array(r.slot), hit, to_array(r.evicted_keys), to_array(r.evicted_slots));
+  return py::make_tuple(to_array(r.slot), to_bool_array(r.hit), to_array(r.evicted_keys), to_array(r.evicted_slots));
 }
 
 Array<int64_t> policy_slots(const hetu::cache::CachePolicy& p, Array<int64_t> keys) {
@@ -182,4 +207,15 @@ PYBIND11_MODULE(_C, m) {
     hetu::herald::GreedyAllocate(sc, n, workers, per_worker, iteration, o);
     return out;
   }, "Herald's allocation of a global batch: worker of each sample");
+  py::class_<hetu::herald::Planner>(m, "Planner", "Herald's allocation and exact plan, one iteration at a time")
+      .def(py::init([](int workers, int rank, int64_t per_worker, const std::string& policy, int64_t capacity,
+                       int64_t pin_threshold, bool greedy) {
+             return new hetu::herald::Planner(workers, rank, per_worker, hetu::cache::ParsePolicy(policy), capacity,
+                                              pin_threshold, greedy);
+           }),
+           py::arg("workers"), py::arg("rank"), py::arg("per_worker"), py::arg("policy"), py::arg("capacity"),
+           py::arg("pin_threshold") = 8, py::arg("greedy") = true)
+      .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
+           "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
+           "the now final plan of the previous iteration or None)");
 }

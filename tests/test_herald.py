@@ -12,6 +12,8 @@ import pytest
 import hetu as ht
 from conftest import REPO
 from dist_harness import assert_same_parameters, run_cluster, run_single
+from herald_reference import ReferencePlanner
+from hetu import _C
 from hetu.herald import Scheduler
 
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
@@ -106,6 +108,39 @@ def test_every_worker_computes_the_same_plan_and_the_plan_is_consistent():
     finally:
         for s in scheds:
             s.close()
+
+
+@pytest.mark.parametrize("workers,batch,capacity,policy,greedy", [
+    (2, 16, 40, "lru", True), (4, 16, 40, "lru", True), (4, 8, 7, "lru", True),    # 7 < one batch's rows
+    (3, 16, 200, "lfu", True), (4, 16, 60, "lfuopt", True), (4, 16, 40, "lru", False), (1, 16, 30, "lru", True)])
+def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, greedy):
+    rng = np.random.default_rng(workers * 1000 + capacity)
+    steps, fields = 25, 5
+    sparse = (rng.zipf(1.3, size=(steps * workers * batch, fields)) % 400).astype(np.int64)
+    for rank in range(workers):
+        cpp = _C.Planner(workers, rank, batch, policy, capacity, greedy=greedy)
+        ref = ReferencePlanner(workers, rank, batch, policy, capacity, greedy=greedy)
+        for t in range(steps):
+            ids = sparse[t * workers * batch:(t + 1) * workers * batch]
+            got_samples, got = cpp.advance(ids, t)
+            want_samples, want = ref.advance(ids, t)
+            np.testing.assert_array_equal(got_samples, want_samples)
+            assert (got is None) == (want is None) == (t == 0)
+            if want is None:
+                continue
+            assert got[0] == want["iteration"] == t - 1
+            for i, field in enumerate(("samples", "keys", "hit", "pull", "owner", "invalidate", "writeback"), 1):
+                np.testing.assert_array_equal(got[i], want[field], err_msg=f"{field}, rank {rank}, iteration {t - 1}")
+
+
+def test_cpp_planner_rejects_bad_input():
+    with pytest.raises(ValueError, match="1 to 64"):
+        _C.Planner(65, 0, 8, "lru", 10)
+    with pytest.raises(ValueError, match="rank 2 of 2"):
+        _C.Planner(2, 2, 8, "lru", 10)
+    p = _C.Planner(2, 0, 4, "lru", 10)
+    with pytest.raises(ValueError, match="iteration 1 given, 0 expected"):
+        p.advance(np.zeros((8, 3), np.int64), 1)
 
 
 def test_allocator_puts_samples_where_their_rows_are_cached():

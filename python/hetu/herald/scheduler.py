@@ -1,9 +1,10 @@
 """Herald's embedding scheduler (DESIGN.md section 7).
 
 Every worker runs the same Scheduler on the same sample stream and computes the same plan, in a
-background thread, `lookahead` iterations ahead. For each iteration it keeps a model of every
-worker's cache (the C++ CachePolicy that the real caches use, plus which cached rows are valid
-and which are dirty), and:
+background thread, `lookahead` iterations ahead. The work is done by the C++ planner
+(hetu._C.Planner, src/herald/planner.cpp) with the GIL released: it keeps a model of every
+worker's cache (the CachePolicy that the real caches use, plus which cached rows are valid and
+which are dirty) and, per iteration:
 
 1. allocates the global batch: score(s, w) = rows of sample s valid in w's cache; each sample
    goes to its best-scoring worker with room (hetu._C.greedy_allocate), b samples per worker;
@@ -38,30 +39,6 @@ class Plan:
         self.scheduler_seconds = seconds
 
 
-class CacheModel:
-    """The scheduler's picture of one worker's cache: same policy code, same capacity."""
-
-    def __init__(self, policy, capacity, pin_threshold):
-        self.policy = _C.CachePolicy(policy, capacity, pin_threshold)
-        self.valid = np.zeros(capacity, bool)
-        self.dirty = np.zeros(capacity, bool)
-        self.slot_key = np.full(capacity, -1, np.int64)
-
-    def valid_mask(self, keys):
-        slots = self.policy.slots(np.ascontiguousarray(keys.reshape(-1))).reshape(keys.shape)
-        out = np.zeros(keys.shape, bool)
-        resident = slots >= 0
-        out[resident] = self.valid[slots[resident]]
-        return out
-
-    def dirty_keys(self):
-        return self.slot_key[self.dirty]
-
-    def clean(self, keys):
-        slots = self.policy.slots(keys)
-        self.dirty[slots[slots >= 0]] = False
-
-
 class Scheduler:
     def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
                  allocator="greedy", pin_threshold=8):
@@ -78,8 +55,10 @@ class Scheduler:
         self.sparse, self.loader = sparse, loader
         self.W, self.rank, self.b = num_workers, rank, batch_size
         self.lookahead, self.allocator = lookahead, allocator
-        self.models = [CacheModel(policy, capacity, pin_threshold) for _ in range(num_workers)]
-        self._alloc, self._plans, self._pending = {}, {}, None
+        self._planner = _C.Planner(num_workers, rank, batch_size, policy, capacity, pin_threshold,
+                                   greedy=(allocator == "greedy"))
+        self._seconds = {}   # iteration -> planner time
+        self._alloc, self._plans = {}, {}
         self._next = 0
         self._consumed = -1
         self._requested = 0
@@ -157,71 +136,14 @@ class Scheduler:
                 self._error = e
                 self._cond.notify_all()
 
-    def _allocate(self, ids, t):
-        if self.allocator == "none":
-            return np.repeat(np.arange(self.W, dtype=np.int32), self.b)
-        scores = np.stack([m.valid_mask(ids).sum(axis=1, dtype=np.int32) for m in self.models], axis=1)
-        return _C.greedy_allocate(np.ascontiguousarray(scores, np.int32), self.b, t)
-
     def _advance(self, t):
         start = time.perf_counter()
-        ids = np.asarray(self.sparse[self.loader.global_indices(t)], dtype=np.int64)
-        assign = self._allocate(ids, t)
-        keys = [np.unique(ids[assign == w]) for w in range(self.W)]
-        union, users = np.unique(np.concatenate(keys), return_counts=True)
-        shared = union[users > 1]
-        read_elsewhere = [union[(users - np.isin(union, k, assume_unique=True)) > 0] for k in keys]
-
-        # Rule: at the end of t-1, a worker writes back its dirty rows that another worker reads at t.
-        if self._pending is not None:
-            for w, model in enumerate(self.models):
-                dirty = model.dirty_keys()
-                due = dirty[np.isin(dirty, read_elsewhere[w])]
-                model.clean(due)
-                if w == self.rank:
-                    self._pending["writeback"].append(due)
-            self._finish(self._pending)
-
-        mine = None
-        for w, model in enumerate(self.models):
-            k = keys[w]
-            slots, hit, ev_keys, ev_slots = model.policy.access(k)
-            evicted_dirty = ev_keys[model.dirty[ev_slots]]
-            model.valid[ev_slots] = False
-            model.dirty[ev_slots] = False
-            model.slot_key[ev_slots] = -1
-            cached = slots >= 0
-            valid_before = np.zeros(len(k), bool)
-            resident = cached & hit
-            valid_before[resident] = model.valid[slots[resident]]
-            owner = ~np.isin(k, shared, assume_unique=True)
-            s = slots[cached]
-            model.slot_key[s] = k[cached]
-            model.valid[s] = owner[cached]       # rows stepped by several workers change on the servers
-            model.dirty[s] = owner[cached]
-            # Cached rows that only other workers use this iteration are updated elsewhere.
-            others = union[~np.isin(union, k, assume_unique=True)]
-            o_slots = model.policy.slots(others)
-            hit_o = o_slots >= 0
-            stale = others[hit_o][model.valid[o_slots[hit_o]]]
-            if model.dirty[o_slots[hit_o]].any():
-                raise AssertionError(f"Herald plan invariant broken at iteration {t}: worker {w} holds dirty rows "
-                                     f"that another worker updates")
-            model.valid[o_slots[hit_o]] = False
-            if w == self.rank:
-                mine = {"iteration": t, "samples": np.flatnonzero(assign == w), "keys": k, "hit": hit,
-                        "pull": ~valid_before, "owner": owner, "invalidate": stale,
-                        "writeback": [evicted_dirty, k[~cached & owner]]}
-        mine["seconds"] = time.perf_counter() - start
+        ids = np.ascontiguousarray(self.sparse[self.loader.global_indices(t)], dtype=np.int64)
+        samples, finished = self._planner.advance(ids.reshape(len(ids), -1), t)
+        self._seconds[t] = time.perf_counter() - start
         with self._cond:
-            self._alloc[t] = mine["samples"]
-            self._cond.notify_all()
-        self._pending = mine
-
-    def _finish(self, p):
-        writeback = np.unique(np.concatenate(p["writeback"])) if p["writeback"] else np.empty(0, np.int64)
-        plan = Plan(p["iteration"], p["samples"], p["keys"], p["hit"], p["pull"], p["owner"], p["invalidate"],
-                    writeback.astype(np.int64), p["seconds"])
-        with self._cond:
-            self._plans[p["iteration"]] = plan
+            self._alloc[t] = samples
+            if finished is not None:
+                it = finished[0]
+                self._plans[it] = Plan(*finished, self._seconds.pop(it))
             self._cond.notify_all()

@@ -1,0 +1,81 @@
+// Herald's planner: one iteration at a time, the allocation of a global batch to workers and
+// this worker's exact communication plan (DESIGN.md section 7).
+//
+// Every worker runs an identical Planner on the same sample stream, so all compute the same
+// allocation and mutually consistent plans with no messages. The Planner keeps a model of every
+// worker's cache: the CachePolicy that the real caches run (so predicted hits are actual hits),
+// plus, per slot, whether the cached copy is valid (equal to the servers' row) and dirty (stepped
+// locally, not yet written back).
+//
+// The write-back of iteration t depends on which worker reads which rows at t+1, so Advance(t)
+// returns the allocation of t and the finished plan of t-1.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/policy.h"
+
+namespace hetu {
+namespace herald {
+
+// This worker's part of one iteration. keys: its distinct rows, ascending; hit, pull and owner
+// are per key.
+struct WorkerPlan {
+  int64_t iteration = -1;
+  std::vector<int64_t> samples;     // positions within the global batch, ascending
+  std::vector<int64_t> keys;
+  std::vector<uint8_t> hit;         // resident before this iteration (the policy's answer)
+  std::vector<uint8_t> pull;        // not valid in the cache: fetch from the servers
+  std::vector<uint8_t> owner;       // used by no other worker: stepped here (owner computes)
+  std::vector<int64_t> invalidate;  // cached here and valid, but updated by another worker now
+  std::vector<int64_t> writeback;   // ascending: sent to the servers at the end of the iteration
+};
+
+struct Advanced {
+  std::vector<int64_t> samples;  // this worker's samples of the iteration just allocated
+  bool has_finished = false;     // false for the first iteration
+  WorkerPlan finished;           // the plan of the previous iteration, now final
+};
+
+class Planner {
+ public:
+  // greedy = false assigns samples [w*b, (w+1)*b) to worker w (the "plan only" ablation).
+  Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
+          int64_t pin_threshold, bool greedy);
+
+  // ids: [num_workers * per_worker, fields] row ids of global batch `iteration`, row-major.
+  // Iterations must come in order 0, 1, 2, ...
+  Advanced Advance(const int64_t* ids, int64_t fields, int64_t iteration);
+
+ private:
+  struct CacheModel {
+    cache::CachePolicy policy;
+    std::vector<uint8_t> valid, dirty;
+    std::vector<int64_t> slot_key;
+    CacheModel(cache::PolicyKind kind, int64_t capacity, int64_t pin_threshold)
+        : policy(kind, capacity, pin_threshold), valid(capacity, 0), dirty(capacity, 0), slot_key(capacity, -1) {}
+  };
+
+  // The distinct rows of the global batch, ascending, with a bit per worker that reads each.
+  struct Users {
+    std::vector<int64_t> keys;
+    std::vector<uint64_t> mask;
+    uint64_t MaskOf(int64_t key) const;  // 0 if no worker reads it
+  };
+
+  void Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const;
+  // Rule: at the end of t-1 a worker writes back its dirty rows that another worker reads at t.
+  void FinishPending(const Users& users);
+
+  int W_, rank_;
+  int64_t b_;
+  bool greedy_;
+  int64_t next_ = 0;
+  std::vector<CacheModel> models_;
+  bool has_pending_ = false;
+  WorkerPlan pending_;
+};
+
+}  // namespace herald
+}  // namespace hetu
