@@ -34,9 +34,12 @@ MODES = {
 }
 
 
-def run_mode(mode, workers, batch, ratio, args, csv_dir):
+def run_mode(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
+    """One run of `mode`: a local cluster of 1 server and `workers` workers, or the hosts of
+    `cluster_file` (a runner cluster description)."""
     script, flags = MODES[mode]
-    cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(workers), "-s", "1",
+    where = ["-c", cluster_file] if cluster_file else ["-w", str(workers), "-s", "1"]
+    cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), *where,
            "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script),
            *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
            "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),

@@ -1,0 +1,87 @@
+"""Plain PS vs HET vs Herald on emulated hosts: one network namespace per worker and one for the
+scheduler and server, every host's link shaped (tbf) to each --rates value, both directions.
+
+All embedding rows and the dense AllReduce cross the shaped links, and the server's one link
+carries every worker's traffic, as on a real cluster with one parameter server. The hosts share
+this machine's cores, so compute is as slow as on the local runs; what changes is the network.
+Each cell is the median samples/s of --repeats runs (all modes of one repeat run back to back).
+
+Needs root, iproute2, openssh-server and mpirun (hetu.netns); prints why otherwise.
+
+    python bench/netns_compare.py                                    # W=2, 1 and 10 Gbit/s
+    python bench/netns_compare.py --workers 2 4 --rates 1gbit 10gbit --repeats 3
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_modes  # noqa: E402  (run_mode, aggregate: one run of a mode, and its totals)
+
+from hetu.netns import NamespaceHosts, NetnsUnavailable, shape, unshape  # noqa: E402
+
+MODES = ["PS", "HET", "Herald"]
+
+
+def run_on_hosts(hosts, workers, rate, args):
+    """{mode: [aggregate per repeat]} with every link shaped to `rate` (None: unshaped veth)."""
+    rate = None if rate == "none" else rate
+    for h in hosts:
+        if rate:
+            shape(h, rate=rate, delay=None)
+        else:
+            unshape(h)
+    results = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory() as d:
+        cluster = hosts.write_cluster_file(os.path.join(d, "cluster.yml"), workers=[0] + [1] * workers,
+                                           servers=[1] + [0] * workers, chief=0)
+        for _ in range(args.repeats):
+            for mode in MODES:
+                with tempfile.TemporaryDirectory() as csv_dir:
+                    summaries = compare_modes.run_mode(mode, workers, args.batch, args.ratio, args, csv_dir,
+                                                       cluster_file=cluster)
+                    results[mode].append(compare_modes.aggregate(summaries, args.batch))
+    return results
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, nargs="+", default=[2])
+    p.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"],
+                   help="tc rates of every host's link; 'none' for unshaped veth")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--ratio", type=float, default=0.1, help="cache size as a share of each table's rows")
+    p.add_argument("--model", default="wdl_criteo")
+    p.add_argument("--embedding-size", type=int, default=128)
+    p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=int, default=900)
+    args = p.parse_args()
+
+    header = (f"{'W':>2} {'link':>7}  {'mode':<8}{'rows moved':>11}{'samples/s':>11}{'runs (samples/s)':>28}"
+              f"{'vs PS':>7}{'vs HET':>7}")
+    print(f"W workers, b={args.batch}, embedding {args.embedding_size}, cache ratio {args.ratio}, "
+          f"{args.iterations} iterations, median of {args.repeats}")
+    print(header)
+    print("-" * len(header))
+    for workers in args.workers:
+        try:
+            with NamespaceHosts(workers + 1) as hosts:
+                for rate in args.rates:
+                    report(workers, None if rate == "none" else rate, run_on_hosts(hosts, workers, rate, args))
+        except NetnsUnavailable as e:
+            sys.exit(f"cannot make or shape namespace hosts here: {e}")
+
+
+def report(workers, rate, res):
+    speed = {m: statistics.median(r["samples_per_s"] for r in res[m]) for m in MODES}
+    for m in MODES:
+        runs = " ".join(f"{r['samples_per_s']:.0f}" for r in res[m])
+        print(f"{workers:>2} {rate or 'veth':>7}  {m:<8}{res[m][0]['rows']:>11}{speed[m]:>11.0f}"
+              f"{runs:>28}{speed[m] / speed['PS']:>7.2f}{speed[m] / speed['HET']:>7.2f}", flush=True)
+
+if __name__ == "__main__":
+    main()
