@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "herald/allocate.h"
+#include "kernels/kernels.h"
 
 namespace hetu {
 namespace herald {
@@ -40,6 +41,24 @@ Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKin
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
 }
 
+void Planner::SetValid(int w, int64_t slot, bool valid) {
+  CacheModel& m = models_[w];
+  if (m.valid[slot] == valid) return;
+  m.valid[slot] = valid;
+  const int64_t key = m.slot_key[slot];
+  if (valid) {
+    valid_by_key_[key] |= Bit(w);
+  } else {
+    auto it = valid_by_key_.find(key);
+    if ((it->second &= ~Bit(w)) == 0) valid_by_key_.erase(it);
+  }
+}
+
+uint64_t Planner::ValidMask(int64_t key) const {
+  auto it = valid_by_key_.find(key);
+  return it == valid_by_key_.end() ? 0 : it->second;
+}
+
 void Planner::Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const {
   const int64_t n = W_ * b_;
   assign->resize(n);
@@ -49,27 +68,25 @@ void Planner::Allocate(const int64_t* ids, int64_t fields, int64_t iteration, st
   }
   // score(s, w): ids of sample s (repeats count) whose row is valid in w's cache.
   std::vector<int32_t> scores(n * W_, 0);
-  for (int w = 0; w < W_; ++w) {
-    const CacheModel& m = models_[w];
-    for (int64_t s = 0; s < n; ++s) {
-      int32_t score = 0;
-      for (int64_t f = 0; f < fields; ++f) {
-        const int64_t slot = m.policy.SlotOf(ids[s * fields + f]);
-        score += slot >= 0 && m.valid[slot];
-      }
-      scores[s * W_ + w] = score;
-    }
+  for (int64_t s = 0; s < n; ++s) {
+    int32_t* row = &scores[s * W_];
+    for (int64_t f = 0; f < fields; ++f)
+      for (uint64_t mask = ValidMask(ids[s * fields + f]); mask; mask &= mask - 1) ++row[__builtin_ctzll(mask)];
   }
   GreedyAllocate(scores.data(), n, W_, b_, iteration, assign->data());
 }
 
 void Planner::FinishPending(const Users& users) {
-  for (int w = 0; w < W_; ++w) {
-    CacheModel& m = models_[w];
-    for (size_t slot = 0; slot < m.dirty.size(); ++slot) {
-      if (!m.dirty[slot] || !(users.MaskOf(m.slot_key[slot]) & ~Bit(w))) continue;
+  // Dirty rows are valid, so the valid mask finds every worker that may hold a row dirty.
+  for (size_t u = 0; u < users.keys.size(); ++u) {
+    for (uint64_t held = ValidMask(users.keys[u]); held; held &= held - 1) {
+      const int w = __builtin_ctzll(held);
+      if (!(users.mask[u] & ~Bit(w))) continue;  // nobody else reads it
+      CacheModel& m = models_[w];
+      const int64_t slot = m.policy.SlotOf(users.keys[u]);
+      if (!m.dirty[slot]) continue;
       m.dirty[slot] = 0;
-      if (w == rank_) pending_.writeback.push_back(m.slot_key[slot]);
+      if (w == rank_) pending_.writeback.push_back(users.keys[u]);
     }
   }
   SortUnique(&pending_.writeback);
@@ -86,11 +103,15 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
 
   // Each worker's distinct rows, and who reads each row of the global batch.
   std::vector<std::vector<int64_t>> keys(W_);
-  for (int64_t s = 0; s < n; ++s) keys[assign[s]].insert(keys[assign[s]].end(), ids + s * fields, ids + (s + 1) * fields);
   std::vector<std::pair<int64_t, int>> reads;
-  for (int w = 0; w < W_; ++w) {
-    SortUnique(&keys[w]);
-    for (int64_t k : keys[w]) reads.emplace_back(k, w);
+  {
+    std::vector<std::vector<int64_t>> worker_ids(W_);
+    for (int64_t s = 0; s < n; ++s)
+      worker_ids[assign[s]].insert(worker_ids[assign[s]].end(), ids + s * fields, ids + (s + 1) * fields);
+    for (int w = 0; w < W_; ++w) {
+      kernels::sorted_unique(worker_ids[w].data(), static_cast<int64_t>(worker_ids[w].size()), &keys[w]);
+      for (int64_t k : keys[w]) reads.emplace_back(k, w);
+    }
   }
   std::sort(reads.begin(), reads.end());
   Users users;
@@ -118,7 +139,8 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
     for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
       const int64_t slot = r.evicted_slots[e];
       if (m.dirty[slot]) writeback.push_back(r.evicted_keys[e]);
-      m.valid[slot] = m.dirty[slot] = 0;
+      SetValid(w, slot, false);
+      m.dirty[slot] = 0;
       m.slot_key[slot] = -1;
     }
     std::vector<uint8_t> pull(k.size()), owner(k.size());
@@ -129,23 +151,11 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
       if (slot >= 0) {
         // A row stepped by several workers changes on the servers: the copy is stale after t.
         m.slot_key[slot] = k[i];
-        m.valid[slot] = m.dirty[slot] = owner[i];
+        SetValid(w, slot, owner[i]);
+        m.dirty[slot] = owner[i];
       } else if (owner[i]) {
         writeback.push_back(k[i]);  // stepped here but not cached: its new value must reach the servers
       }
-    }
-    // Cached rows that only other workers use now are updated elsewhere.
-    std::vector<int64_t> stale;
-    for (size_t u = 0; u < users.keys.size(); ++u) {
-      if (users.mask[u] & Bit(w)) continue;
-      const int64_t slot = m.policy.SlotOf(users.keys[u]);
-      if (slot < 0) continue;
-      if (m.dirty[slot])
-        throw std::logic_error("Herald plan invariant broken at iteration " + std::to_string(iteration) +
-                               ": worker " + std::to_string(w) + " holds dirty row " +
-                               std::to_string(users.keys[u]) + " that another worker updates");
-      if (m.valid[slot]) stale.push_back(users.keys[u]);
-      m.valid[slot] = 0;
     }
     if (w == rank_) {
       mine.iteration = iteration;
@@ -155,8 +165,21 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
       mine.hit = std::move(r.hit);
       mine.pull = std::move(pull);
       mine.owner = std::move(owner);
-      mine.invalidate = std::move(stale);
       mine.writeback = std::move(writeback);
+    }
+  }
+  // Valid cached copies of rows that other workers use now are updated elsewhere. (Dirty rows
+  // are valid, so this also checks that no dirty row is updated by another worker.)
+  for (size_t u = 0; u < users.keys.size(); ++u) {
+    for (uint64_t stale = ValidMask(users.keys[u]) & ~users.mask[u]; stale; stale &= stale - 1) {
+      const int w = __builtin_ctzll(stale);
+      const int64_t slot = models_[w].policy.SlotOf(users.keys[u]);
+      if (models_[w].dirty[slot])
+        throw std::logic_error("Herald plan invariant broken at iteration " + std::to_string(iteration) +
+                               ": worker " + std::to_string(w) + " holds dirty row " +
+                               std::to_string(users.keys[u]) + " that another worker updates");
+      if (w == rank_) mine.invalidate.push_back(users.keys[u]);
+      SetValid(w, slot, false);
     }
   }
   out.samples = mine.samples;

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/policy.h"
@@ -65,6 +66,9 @@ class Planner {
   };
 
   void Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const;
+  // valid[slot] of worker w's model, mirrored in valid_by_key_.
+  void SetValid(int w, int64_t slot, bool valid);
+  uint64_t ValidMask(int64_t key) const;
   // Rule: at the end of t-1 a worker writes back its dirty rows that another worker reads at t.
   void FinishPending(const Users& users);
 
@@ -73,6 +77,9 @@ class Planner {
   bool greedy_;
   int64_t next_ = 0;
   std::vector<CacheModel> models_;
+  // Per row, one bit per worker whose cached copy is valid: one lookup answers for all workers
+  // (allocation scores, invalidation) where the models alone would need one per worker.
+  std::unordered_map<int64_t, uint64_t> valid_by_key_;
   bool has_pending_ = false;
   WorkerPlan pending_;
 };

@@ -18,6 +18,9 @@ int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const i
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
                    std::vector<float>* summed);
 
+// The distinct ids, ascending (radix sort; Herald's planner runs it per worker per iteration).
+void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out);
+
 // One optimizer step of rows[i] (unique) of a table with gradient grads[i].
 // state: [num_rows, slots*width]; steps: [num_rows].
 void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,
