@@ -1,6 +1,8 @@
 """The embedding cache: replacement policies against small Python models on random traces, and
 the HET protocol in real clusters (exact at bound 0, fewer transmissions at bound > 0)."""
 import collections
+import json
+import re
 
 import numpy as np
 import pytest
@@ -100,10 +102,14 @@ def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, rat
                             "--cache-limit-ratio", ratio, *args], workers, 1, 64 // workers)
     assert "embedding transmissions" in out
     assert_same_parameters(reference, got, exact_rows=(opt == "sgd"))
+    # Every step after the first read rows whose pull was sent during the previous step.
+    for summary in re.findall(r"\[worker \d+\] summary (\{.*\})", out):
+        c = json.loads(summary)["counters"]
+        assert 0 < c["rows_prefetched"] <= c["rows_pulled"], c
+        assert c["rows_pulled"] - c["rows_prefetched"] < c["rows_pulled"] / 10, c
 
 
 def _transmitted(stdout):
-    import re
     found = re.findall(r"\[worker 0\] embedding transmissions: (\d+) rows", stdout)
     assert found, stdout
     return int(found[-1])
@@ -117,7 +123,6 @@ def test_bounded_staleness_trains_and_transmits_less(tmp_path, data_home):
     _, exact = run_cluster(tmp_path, data_home, "run_hetu.py", [*common, "--bound", "0"], 2, 1, 64)
     _, stale = run_cluster(tmp_path, data_home, "run_hetu.py", [*common, "--bound", "3"], 2, 1, 64)
     assert _transmitted(stale) < _transmitted(exact)
-    import re
     auc = float(re.findall(r"\[worker 0\] epoch \d+: .* val loss \S+ acc \S+ auc (\S+)", stale)[-1])
     assert auc > 0.65, stale
 

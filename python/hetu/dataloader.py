@@ -90,20 +90,26 @@ class Dataloader:
         self._pending.clear()
 
     def next_batch(self):
+        batch = self.peek()
+        if self._pending:
+            self._pending.popleft()
+        self._cursor += 1
+        return batch
+
+    def peek(self):
+        """The batch that the next call of next_batch returns (an embedding cache prefetches its
+        rows while the current step runs)."""
         if self.batch_num == 0:
             raise ValueError(f"Dataloader {self.name!r}: {len(self.data)} samples make no global batch of "
                              f"{self.global_batch} ({self.num_workers} workers x {self.batch_size})")
         if self.prefetch == 0:
-            batch = self.load(self._cursor)
-        else:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.name}")
-            while len(self._pending) <= self.prefetch:
-                step = self._cursor + len(self._pending)
-                self._pending.append(self._pool.submit(self.load, step))
-            batch = self._pending.popleft().result()
-        self._cursor += 1
-        return batch
+            return self.load(self._cursor)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.name}")
+        while len(self._pending) <= self.prefetch:
+            step = self._cursor + len(self._pending)
+            self._pending.append(self._pool.submit(self.load, step))
+        return self._pending[0].result()
 
 
 class DataloaderOp(Op):

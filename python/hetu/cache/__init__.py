@@ -5,7 +5,14 @@ staleness bound k > 0, pending local updates. Each step: the batch's distinct ro
 the replacement policy (hetu._C.CachePolicy, shared with Herald's model of the cache); one
 versioned pull returns only the rows that are missing or whose server version is more than k
 ahead; after the backward pass, rows whose pending updates exceed k (all of them when k = 0) are
-pushed, and so are evicted rows with pending updates. k = 0 is exact."""
+pushed, and so are evicted rows with pending updates. k = 0 is exact.
+
+Prefetch: when `next_ids` is set (the bind_cache pass points it at the training dataloader),
+the next step's versioned pull is sent right after this step's push, so it travels, and waits
+on the servers for the other workers' pushes, while this worker finishes the step. The servers
+answer a pull tagged t+1 only after iteration t is applied, so the rows are the same as those
+of a pull sent at the next lookup. Everything runs on the training thread; the cache is never
+touched concurrently."""
 import numpy as np
 
 from .. import _C
@@ -36,15 +43,31 @@ class CachedTable:
             self.opt_state = np.zeros((self.capacity, slots * width), np.float32)
             self.opt_steps = np.zeros(self.capacity, np.int64)
         self._outbox = []   # (keys, grads, counts) to push with this iteration's push
+        self.next_ids = None      # callable: the next training step's ids (see Prefetch above)
+        self._prefetched = None   # a _request for the next step, sent after this step's push
 
     # --- forward: rows for this step's distinct ids ---------------------------------------------
     def lookup(self, uniq):
+        fetch, self._prefetched = self._prefetched, None
+        if fetch is not None:
+            if np.array_equal(fetch[0], uniq):
+                return self._receive(fetch, prefetched=True)
+            self._receive(fetch)   # the batch was not the one peeked: keep what came, fetch again
+        return self._receive(self._request(uniq))
+
+    def _request(self, uniq):
+        """Runs the policy on the step's rows and sends the versioned pull (not waited for)."""
         slots, hit, evicted_keys, evicted_slots = self.policy.access(uniq)
         self._write_back_evicted(evicted_keys, evicted_slots)
         cached = slots >= 0
         local = np.full(len(uniq), NEVER, np.int64)
         local[cached & hit] = self.versions[slots[cached & hit]]
-        pos, rows, versions = self.remote.pull_stale(uniq, local, self.bound)
+        return uniq, slots, hit, self.remote.pull_stale(uniq, local, self.bound), len(evicted_keys)
+
+    def _receive(self, fetch, prefetched=False):
+        uniq, slots, hit, handle, evictions = fetch
+        pos, rows, versions = handle.wait()
+        cached = slots >= 0
         into_cache = cached[pos]
         self.values[slots[pos[into_cache]]] = rows[into_cache]
         self.versions[slots[pos[into_cache]]] = versions[into_cache]
@@ -55,8 +78,8 @@ class CachedTable:
         refreshed = int(np.count_nonzero(hit[pos]))
         served = int(np.count_nonzero(hit)) - refreshed
         self.counters.add(rows_pulled=len(pos), bytes_pulled=len(pos) * (self.width * 4 + 8) + len(uniq) * 16,
-                          hits=served, misses=len(uniq) - served, evictions=len(evicted_keys),
-                          stale_refreshes=refreshed)
+                          hits=served, misses=len(uniq) - served, evictions=evictions,
+                          stale_refreshes=refreshed, rows_prefetched=len(pos) if prefetched else 0)
         return out
 
     # --- backward: the step's summed gradient rows ------------------------------------------------
@@ -69,6 +92,8 @@ class CachedTable:
         else:
             self._update_bounded(uniq, summed, lr)
         self._flush_outbox(lr)
+        if self.next_ids is not None:
+            self._prefetched = self._request(np.unique(self.next_ids()))
 
     def _slots_of(self, keys):
         slots = self.policy.slots(keys)
@@ -128,6 +153,11 @@ class CachedTable:
         k = 0 nothing is ever pending and no message is sent."""
         if self.bound == 0:
             return
+        if self._prefetched is not None:
+            # Its rows predate the other workers' flushes: cache them with their versions (the
+            # next lookup refreshes what is too stale) but fetch the next step anew.
+            self._receive(self._prefetched)
+            self._prefetched = None
         keys = np.sort(self.policy.keys())
         slots = self.policy.slots(keys)
         dirty = self.pending[slots] > 0

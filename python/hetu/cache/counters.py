@@ -1,11 +1,12 @@
 """Per-iteration transmission counters (DESIGN.md section 7): rows and bytes each way, cache
-hits / misses / evictions / stale refreshes, scheduler time and time waiting for its plan."""
+hits / misses / evictions / stale refreshes, rows whose pull was sent during the previous step
+(prefetched), scheduler time and time waiting for its plan."""
 import collections
 import csv
 import os
 
 FIELDS = ("rows_pulled", "rows_pushed", "bytes_pulled", "bytes_pushed", "hits", "misses", "evictions",
-          "stale_refreshes", "scheduler_seconds", "plan_wait_seconds", "step_seconds")
+          "stale_refreshes", "rows_prefetched", "scheduler_seconds", "plan_wait_seconds", "step_seconds")
 
 
 class Counters:

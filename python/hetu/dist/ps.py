@@ -72,9 +72,9 @@ class RemoteTable:
         return self.table.pull(keys, iteration=self.sync.tag(self.clock)).wait()
 
     def pull_stale(self, keys, versions, bound):
-        """(positions, rows, versions) of the keys whose server version is more than `bound`
-        ahead of `versions`."""
-        return self.table.pull_stale(keys, versions, bound, iteration=self.sync.tag(self.clock)).wait()
+        """A handle to (positions, rows, versions) of the keys whose server version is more than
+        `bound` ahead of `versions`, as of the next step (clock: every push so far applied)."""
+        return self.table.pull_stale(keys, versions, bound, iteration=self.sync.tag(self.clock))
 
     def push(self, keys, grads, lr, counts=None):
         self.table.push(keys, grads, iteration=self.sync.tag(self.clock), lr=lr, counts=counts).wait()

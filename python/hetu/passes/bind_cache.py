@@ -4,7 +4,8 @@ table on the parameter server is read and updated through a per-worker cache of
 import math
 
 from ..cache import CachedTable
-from ..dist.ps import RemoteTable, route_through_caches
+from ..dataloader import DataloaderOp
+from ..dist.ps import PSEmbeddingLookupOp, RemoteTable, route_through_caches
 
 
 def cache_capacity(config, rows):
@@ -30,4 +31,22 @@ def bind_cache(graph):
         graph.caches[pid] = CachedTable(remote, policy, cache_capacity(graph.config, remote.param.shape[0]),
                                         graph.config.cache_bound, opt_op.optimizer, graph.counters)
     route_through_caches(graph)
+    _prefetch_from_dataloaders(graph)
     return graph
+
+
+def _prefetch_from_dataloaders(graph):
+    """A cache whose table is read by exactly one lookup, fed straight by a dataloader in the
+    one training subgraph, prefetches that loader's next batch (CachedTable: Prefetch)."""
+    lookups = {}
+    for name, order in graph.topo.items():
+        for node in order:
+            if isinstance(node, PSEmbeddingLookupOp) and isinstance(node.source, CachedTable):
+                lookups.setdefault(node.source, set()).add((name, node))
+    for cache, uses in lookups.items():
+        training = [(name, node) for name, node in uses if graph.is_training(name)]
+        if len(training) != 1 or len({node for _, node in uses}) != 1:
+            continue
+        name, node = training[0]
+        if isinstance(node.inputs[0], DataloaderOp):
+            cache.next_ids = node.inputs[0].loader(name).peek
