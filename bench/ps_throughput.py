@@ -21,13 +21,10 @@ import time
 
 import numpy as np
 
+from hetu.ps import pick_root_port
+
 WIDTH = 128
 ROWS = 1 << 18  # 256K rows x 128 floats = 128 MiB per table
-
-
-def free_port():
-    from hetu.ps import pick_root_port
-    return pick_root_port("127.0.0.1")
 
 
 def timed(fn, seconds):
@@ -103,7 +100,7 @@ def collect(procs, timeout):
 def run_shape(workers, servers, args):
     me = [sys.executable, os.path.abspath(__file__), "--seconds", str(args.seconds), "--batches",
           *map(str, args.batches)]
-    port = free_port()
+    port = pick_root_port("127.0.0.1")
     env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER=str(workers),
                DMLC_NUM_SERVER=str(servers))
     logs = subprocess.PIPE
@@ -119,7 +116,7 @@ def run_shape(workers, servers, args):
         for p in nodes + wk:
             if p.poll() is None:
                 p.kill()
-    ports = [free_port() for _ in range(servers)]
+    ports = [pick_root_port("127.0.0.1") for _ in range(servers)]
     rs = [subprocess.Popen(me + ["--role", "raw-server", "--port", str(p)]) for p in ports]
     import tempfile
     with tempfile.TemporaryDirectory() as d:

@@ -7,7 +7,7 @@ worker's cache (the CachePolicy that the real caches use, plus which cached rows
 which are dirty) and, per iteration:
 
 1. allocates the global batch: score(s, w) = rows of sample s valid in w's cache; each sample
-   goes to its best-scoring worker with room (hetu._C.greedy_allocate), b samples per worker;
+   goes to its best-scoring worker with room (src/herald/allocate.cpp), b samples per worker;
 2. plans, for this worker: the rows to pull (not cached or invalidated), the rows it steps
    itself (used by no other worker: owner-computes), the rows whose gradients go to the servers
    (used by several workers), the cached rows to invalidate (updated elsewhere), and the rows
@@ -53,8 +53,7 @@ class Scheduler:
             raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
         self.sparse, self.loader = sparse, loader
-        self.W, self.rank, self.b = num_workers, rank, batch_size
-        self.lookahead, self.allocator = lookahead, allocator
+        self.lookahead = lookahead
         self._planner = _C.Planner(num_workers, rank, batch_size, policy, capacity, pin_threshold,
                                    greedy=(allocator == "greedy"))
         self._seconds = {}   # iteration -> planner time

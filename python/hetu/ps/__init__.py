@@ -87,9 +87,9 @@ scheduler_finish = server_finish = worker_finish = finalize
 
 def pick_root_port(host="", tries=200, seed=None):
     """A free TCP port on `host` for DMLC_PS_ROOT_PORT, chosen below the kernel's ephemeral
-    range. Ports from that range (what binding port 0 returns) can be handed to any outgoing
-    connection before the scheduler binds -- including a node's own reconnect attempt to the
-    scheduler, which then connects to itself and waits forever in silence."""
+    range. A port from that range (what binding port 0 returns) is free again once probed, and
+    can be handed to another node's own bind(port 0) or outgoing connection before the scheduler
+    binds it; that node then talks to itself and the job waits in silence."""
     import random
     import socket
     low = 32768
