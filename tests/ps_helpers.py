@@ -55,9 +55,14 @@ class Cluster:
         self.procs[name] = (p, log)
         return p
 
-    def start_servers(self, fixed_ports=False):
+    def start_scheduler(self):
         env = dict(self.base_env, DMLC_ROLE="scheduler")
         self._spawn("scheduler", [sys.executable, "-m", "hetu.launcher"], env)
+        return self
+
+    def start_servers(self, fixed_ports=False, with_scheduler=True):
+        if with_scheduler:
+            self.start_scheduler()
         for s in range(self.servers):
             # fixed server ranks, so a test knows which process holds which key range
             env = dict(self.base_env, DMLC_ROLE="server", DMLC_SERVER_ID=str(s))

@@ -40,6 +40,19 @@ def wait_for_file(path, timeout, c):
         time.sleep(0.05)
 
 
+@pytest.mark.timeout(180)
+def test_nodes_started_before_the_scheduler_all_register(cluster):
+    """Registrations that wait in the nodes' queues reach the scheduler the moment it binds,
+    before its own start-up has finished; none may be lost."""
+    for _ in range(4):
+        c = cluster(2, 6)
+        c.start_servers(with_scheduler=False).start_workers("ps.barrier('workers')\nps.finalize()\n")
+        time.sleep(1.5)
+        c.start_scheduler()
+        codes = c.wait(c.worker_names() + c.server_names(), 40)
+        assert all(v == 0 for v in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+
+
 @pytest.mark.timeout(90)
 def test_killed_server_fails_workers_within_heartbeat_timeout(cluster, tmp_path):
     c = cluster(2, 2, heartbeat_timeout=3.0)

@@ -32,6 +32,7 @@ FAKE_LAUNCHER = textwrap.dedent("""
     mode = os.environ.get("FAKE_MODE", "wait_workers")
     if mode == "server_fails" and role == "server":
         time.sleep(0.5)
+        print("server gave up: disk on fire", file=sys.stderr)
         sys.exit(5)
     if mode == "hang":
         time.sleep(300)
@@ -136,12 +137,15 @@ def test_failing_worker_fails_job_and_stops_the_others(tmp_path):
         open(os.path.join(os.environ["OUT"], f"pid.{r}"), "w").write(str(os.getpid()))
         if r == 1:
             time.sleep(0.5)
+            print("worker gave up: out of cheese", file=sys.stderr, flush=True)
             sys.exit(3)
         time.sleep(120)
     """)], tmp_path, timeout=60)
     assert res.returncode != 0
     assert time.monotonic() - t0 < 40, "the other workers were not stopped"
     assert "worker 1 on localhost failed (exit 3)" in res.stderr
+    # The summary repeats why, since a long log's tail may no longer show it.
+    assert "worker 1: worker gave up: out of cheese" in res.stderr.split("summary:")[1]
     for r in (0, 2):
         pid = int((tmp_path / f"pid.{r}").read_text())
         assert not alive(pid), f"worker {r} (pid {pid}) survived"
@@ -256,6 +260,7 @@ def test_failing_server_is_named(tmp_path):
                      env=fake_launcher_env(tmp_path, "server_fails"))
     assert res.returncode == 1
     assert "server 0 on localhost failed (exit 5)" in res.stderr
+    assert "server gave up: disk on fire" in res.stderr.split("summary:")[1]
 
 
 def test_servers_that_do_not_exit_after_workers_are_killed_and_named(tmp_path):

@@ -118,13 +118,18 @@ Postoffice::~Postoffice() { Finalize(); }
 void Postoffice::Start() {
   TuneMalloc();
   van_ = Van::Create(cfg_.van_type);
-  const int port = van_->Bind(cfg_.host, cfg_.port);
-  receiver_ = std::thread([this] { ReceiveLoop(); });
-  data_thread_ = std::thread([this] { DataLoop(); });
+  // The scheduler's bookkeeping must exist before the receive thread starts: nodes that were
+  // launched first connect the moment we bind, and a registration handled before it existed
+  // would be taken for an ordinary node's control message and dropped.
   if (cfg_.role == kScheduler) {
     my_id_ = 0;
     my_rank_ = 0;
     scheduler_ = std::make_unique<Scheduler>(this);
+  }
+  const int port = van_->Bind(cfg_.host, cfg_.port);
+  receiver_ = std::thread([this] { ReceiveLoop(); });
+  data_thread_ = std::thread([this] { DataLoop(); });
+  if (cfg_.role == kScheduler) {
     PS_VLOG(1) << "scheduler listening on " << cfg_.host << ":" << port;
   } else {
     van_->Connect(0, cfg_.root_host, cfg_.root_port);
@@ -153,10 +158,14 @@ void Postoffice::Start() {
                             ? "scheduler: not all nodes registered within PS_START_TIMEOUT=" +
                                   std::to_string(cfg_.start_timeout) + " s (expected " +
                                   std::to_string(cfg_.num_servers) + " servers and " +
-                                  std::to_string(cfg_.num_workers) + " workers)"
-                            : std::string(RoleName(cfg_.role)) + ": no answer from the scheduler at " +
+                                  std::to_string(cfg_.num_workers) + " workers; registered: " +
+                                  scheduler_->Registered() + ")"
+                            : std::string(RoleName(cfg_.role)) + ": no node list from the scheduler at " +
                                   cfg_.root_host + ":" + std::to_string(cfg_.root_port) + " within " +
-                                  std::to_string(cfg_.start_timeout) + " s";
+                                  std::to_string(cfg_.start_timeout) + " s (it sends one once all " +
+                                  std::to_string(cfg_.num_servers) + " servers and " +
+                                  std::to_string(cfg_.num_workers) +
+                                  " workers have registered; its own log names the missing ones)";
       Finalize();
       throw std::runtime_error(why);
     }

@@ -101,6 +101,18 @@ void Scheduler::OnAddNode(const Message& msg) {
   if (complete) AssignRanks();
 }
 
+std::string Scheduler::Registered() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (pending_.empty()) return "none";
+  std::string out;
+  for (const auto& n : pending_) {
+    if (!out.empty()) out += ", ";
+    out += std::string(RoleName(n.role)) + " at " + n.host + ":" + std::to_string(n.port);
+    if (n.requested_rank >= 0) out += " (rank " + std::to_string(n.requested_rank) + ")";
+  }
+  return out;
+}
+
 // Requested ranks (DMLC_WORKER_ID, e.g. the MPI rank) are honoured; the others fill the free
 // ranks in registration order.
 void Scheduler::AssignRanks() {

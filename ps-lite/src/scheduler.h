@@ -17,6 +17,7 @@ class Scheduler {
   explicit Scheduler(Postoffice* po) : po_(po) {}
   void Handle(Message& msg);   // control messages addressed to the scheduler
   void CheckHeartbeats();      // called periodically; declares silent nodes dead
+  std::string Registered();    // the nodes that have registered so far, for error messages
 
  private:
   void OnAddNode(const Message& msg);

@@ -284,10 +284,13 @@ def _emit(stream, tag: str, line: str):
         stream.flush()
 
 
-def _pump(pipe, stream, tag: str):
+def _pump(pipe, stream, tag: str, on_line=None):
     """Copy a child's output line by line with a tag; runs in its own thread."""
     for raw in iter(pipe.readline, b""):
-        _emit(stream, tag, raw.decode(errors="replace").rstrip("\r\n"))
+        line = raw.decode(errors="replace").rstrip("\r\n")
+        _emit(stream, tag, line)
+        if on_line is not None and line.strip():
+            on_line(line)
     pipe.close()
 
 
@@ -333,6 +336,8 @@ class Proc:
     ended: Optional[float] = None
     returncode: Optional[int] = None
     threads: List[threading.Thread] = field(default_factory=list)
+    # The summary repeats it: a long log's tail may no longer show why this process failed.
+    last_stderr: str = ""
 
     @property
     def label(self) -> str:
@@ -354,8 +359,11 @@ def start_process(role, rank, host, argv, env, out_tag) -> Proc:
     popen = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
     proc = Proc(role=role, rank=rank, host=host, popen=popen)
-    for pipe, stream in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
-        t = threading.Thread(target=_pump, args=(pipe, stream, out_tag), daemon=True)
+
+    def remember(line):
+        proc.last_stderr = line
+    for pipe, stream, on_line in ((popen.stdout, sys.stdout, None), (popen.stderr, sys.stderr, remember)):
+        t = threading.Thread(target=_pump, args=(pipe, stream, out_tag, on_line), daemon=True)
         t.start()
         proc.threads.append(t)
     return proc
@@ -494,6 +502,7 @@ class Job:
         self.local = {n.host: is_local(n.host) for n in cluster.nodes}
         self.rank_host: Dict[int, str] = {}
         self.mpi_failed_rank: Optional[int] = None
+        self.worker_last_stderr: Dict[int, str] = {}
         self.mpi_failed_status: Optional[str] = None
         self.interrupted: Optional[int] = None
         self.t0 = time.monotonic()
@@ -614,6 +623,8 @@ class Job:
 
     def on_worker_line(self, rank: int, stream: str, line: str):
         _emit(sys.stdout if stream == "stdout" else sys.stderr, f"worker {rank}", line)
+        if stream == "stderr" and line.strip():
+            self.worker_last_stderr[rank] = line
 
     def on_mpirun_line(self, line: str, stream):
         m = _MPI_FAILED_RANK.search(line)
@@ -749,6 +760,17 @@ class Job:
                 ("worker 0 (mpirun)" if n == 1 else f"workers 0-{n - 1} (mpirun)")
             self.log(f"  {label:<24} {p.host:<16} {describe_status(p.returncode):<20} "
                      f"{end - p.started:8.2f} s")
+            if p.returncode in (None, 0):
+                continue
+            if p.role != "workers":
+                if p.last_stderr:
+                    self.log(f"      {p.last_stderr.strip()}")
+                continue
+            by_line: Dict[str, List[int]] = {}
+            for rank, line in sorted(self.worker_last_stderr.items()):
+                by_line.setdefault(line.strip(), []).append(rank)
+            for line, ranks in by_line.items():
+                self.log(f"      worker {','.join(map(str, ranks))}: {line}")
 
     def run(self) -> int:
         try:
