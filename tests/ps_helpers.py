@@ -55,9 +55,9 @@ class Cluster:
         self.procs[name] = (p, log)
         return p
 
-    def start_scheduler(self):
-        env = dict(self.base_env, DMLC_ROLE="scheduler")
-        self._spawn("scheduler", [sys.executable, "-m", "hetu.launcher"], env)
+    def start_scheduler(self, name="scheduler", env=None):
+        env = dict(self.base_env, DMLC_ROLE="scheduler", **(env or {}))
+        self._spawn(name, [sys.executable, "-m", "hetu.launcher"], env)
         return self
 
     def start_servers(self, fixed_ports=False, with_scheduler=True):

@@ -54,6 +54,22 @@ def test_nodes_started_before_the_scheduler_all_register(cluster):
 
 
 @pytest.mark.timeout(90)
+def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster):
+    """A scheduler that took the first registrations dies; the one started in its place on the
+    same port hears from every node again, because nodes repeat their registration."""
+    c = cluster(1, 2)
+    c.start_scheduler("decoy", env={"DMLC_NUM_WORKER": "5"})   # waits for nodes that never come
+    c.start_servers(with_scheduler=False).start_workers("ps.barrier('workers')\nps.finalize()\n")
+    time.sleep(4)
+    assert c.procs["decoy"][0].poll() is None, c.logs()
+    c.kill("decoy")
+    c.procs["decoy"][0].wait(10)
+    c.start_scheduler()
+    codes = c.wait(c.worker_names() + c.server_names(), 45)
+    assert all(v == 0 for v in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+
+
+@pytest.mark.timeout(90)
 def test_killed_server_fails_workers_within_heartbeat_timeout(cluster, tmp_path):
     c = cluster(2, 2, heartbeat_timeout=3.0)
     c.start_servers().start_workers(PULL_LOOP)

@@ -129,23 +129,36 @@ void Postoffice::Start() {
   const int port = van_->Bind(cfg_.host, cfg_.port);
   receiver_ = std::thread([this] { ReceiveLoop(); });
   data_thread_ = std::thread([this] { DataLoop(); });
+  Message registration;
   if (cfg_.role == kScheduler) {
     PS_VLOG(1) << "scheduler listening on " << cfg_.host << ":" << port;
   } else {
     van_->Connect(0, cfg_.root_host, cfg_.root_port);
-    Message msg;
-    msg.meta.set_control(kAddNode);
-    auto* n = msg.meta.add_nodes();
+    registration.meta.set_control(kAddNode);
+    auto* n = registration.meta.add_nodes();
     n->set_role(cfg_.role);
     n->set_host(cfg_.host);
     n->set_port(port);
     n->set_requested_rank(cfg_.requested_rank);
-    Send(0, &msg);
+    Send(0, &registration);
   }
   {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_until(lk, std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg_.start_timeout),
-                   [&] { return started_ || !failure_.empty(); });
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.start_timeout));
+    // A node repeats its registration until the node list arrives, so one lost message (or
+    // list) costs a retry interval, not the job; the scheduler recognises repeats by address.
+    const auto retry = std::chrono::seconds(2);
+    for (;;) {
+      const Clock::time_point until =
+          cfg_.role == kScheduler ? deadline : std::min<Clock::time_point>(deadline, Clock::now() + retry);
+      if (cv_.wait_until(lk, until, [&] { return started_ || !failure_.empty(); })) break;
+      if (Clock::now() >= deadline) break;
+      lk.unlock();
+      Send(0, &registration);
+      lk.lock();
+    }
     if (!failure_.empty()) {
       std::string why = failure_;
       lk.unlock();
@@ -180,6 +193,7 @@ void Postoffice::Start() {
 
 void Postoffice::OnNodeList(const Message& msg) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (started_) return;  // a repeat, answering a repeated registration
   for (const auto& n : msg.meta.nodes()) {
     NodeInfo info;
     info.id = n.id();

@@ -90,12 +90,29 @@ void Scheduler::OnAddNode(const Message& msg) {
   info.host = n.host();
   info.port = n.port();
   info.requested_rank = n.requested_rank();
-  bool complete;
+  bool complete = false;
+  int resend_to = -1;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!nodes_.empty()) return;  // late or duplicate registration after rendezvous
-    pending_.push_back(info);
-    complete = static_cast<int>(pending_.size()) == po_->num_workers() + po_->num_servers();
+    auto same_address = [&](const NodeInfo& o) { return o.host == info.host && o.port == info.port; };
+    if (!nodes_.empty()) {
+      // After rendezvous only a node whose node list was lost registers again; others are late.
+      for (const auto& kv : nodes_)
+        if (same_address(kv.second)) resend_to = kv.first;
+      if (resend_to < 0) return;
+    } else if (std::any_of(pending_.begin(), pending_.end(), same_address)) {
+      return;  // a repeat while others are still missing
+    }
+    if (resend_to < 0) {
+      pending_.push_back(info);
+      complete = static_cast<int>(pending_.size()) == po_->num_workers() + po_->num_servers();
+    }
+  }
+  if (resend_to >= 0) {
+    Message list = node_list_;
+    list.meta.set_arg(resend_to);
+    po_->Send(resend_to, &list);
+    return;
   }
   PS_VLOG(1) << "registered " << RoleName(info.role) << " at " << info.host << ":" << info.port;
   if (complete) AssignRanks();
@@ -167,6 +184,7 @@ void Scheduler::AssignRanks() {
       nodes_[n.id] = n;
       last_seen_[n.id] = NowSeconds();
     }
+    node_list_ = list;
   }
   {
     std::lock_guard<std::mutex> lk(po_->mu_);

@@ -29,6 +29,7 @@ class Scheduler {
   std::mutex mu_;
   std::vector<NodeInfo> pending_;
   std::map<int, NodeInfo> nodes_;  // by id, once assigned
+  Message node_list_;              // what every node was sent, kept for repeated registrations
   std::map<int, double> last_seen_;
   std::set<int> exited_;
   std::map<int, std::set<int>> barrier_;  // group -> ids arrived
