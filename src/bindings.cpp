@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cache/policy.h"
+#include "cache/row_cache.h"
 #include "common/parallel.h"
 #include "herald/allocate.h"
 #include "herald/planner.h"
@@ -153,6 +154,52 @@ Array<int64_t> policy_slots(const hetu::cache::CachePolicy& p, Array<int64_t> ke
   return out;
 }
 
+using hetu::cache::RowCache;
+
+Array<float> to_rows(const std::vector<float>& v, int64_t width) {
+  Array<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(v.size() / width), static_cast<py::ssize_t>(width)});
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+py::tuple push_rows(const hetu::cache::PushRows& p, int64_t width) {
+  return py::make_tuple(to_array(p.keys), to_rows(p.grads, width), to_array(p.counts));
+}
+
+void check_rows(const Array<float>& rows, int64_t n, int64_t width, const char* what) {
+  if (rows.size() != n * width)
+    throw std::invalid_argument(std::string(what) + ": expected " + std::to_string(n) + " rows of " +
+                                std::to_string(width) + " floats, got " + std::to_string(rows.size()) + " floats");
+}
+
+py::tuple row_cache_prepare(RowCache& c, Array<int64_t> keys) {
+  hetu::cache::Prepared p;
+  {
+    py::gil_scoped_release nogil;
+    p = c.Prepare(keys.data(), keys.size());
+  }
+  return py::make_tuple(to_bool_array(p.cached), to_bool_array(p.hit), to_array(p.local_version),
+                        push_rows(p.evicted, c.width()), p.evictions);
+}
+
+Array<float> row_cache_fill(RowCache& c, Array<int64_t> keys, Array<int64_t> pos, Array<float> rows,
+                            Array<int64_t> versions) {
+  const int64_t n = keys.size(), m = pos.size();
+  check_rows(rows, m, c.width(), "RowCache.fill");
+  if (versions.size() != m) throw std::invalid_argument("RowCache.fill: one version per returned row");
+  Array<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(c.width())});
+  int64_t missing;
+  {
+    float* o = out.mutable_data();
+    py::gil_scoped_release nogil;
+    missing = c.Fill(keys.data(), n, pos.data(), rows.data(), versions.data(), m, o);
+  }
+  if (missing >= 0)
+    throw std::runtime_error("RowCache.fill: row " + std::to_string(keys.data()[missing]) +
+                             " was neither returned by the pull nor valid in the cache");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -192,6 +239,57 @@ PYBIND11_MODULE(_C, m) {
       .def("keys", [](const CachePolicy& p) { return to_array(p.Keys()); })
       .def_property_readonly("size", &CachePolicy::size)
       .def_property_readonly("capacity", &CachePolicy::capacity);
+
+  py::class_<RowCache>(m, "RowCache",
+                       "a worker's cached embedding rows: policy, values, versions, pending updates, "
+                       "optimizer state; every method is one batch and thread-safe")
+      .def(py::init([](const std::string& policy, int64_t capacity, int64_t width, int64_t bound,
+                       const Config& optimizer, int64_t pin_threshold) {
+             return new RowCache(hetu::cache::ParsePolicy(policy), capacity, width, bound, optimizer, pin_threshold);
+           }),
+           py::arg("policy"), py::arg("capacity"), py::arg("width"), py::arg("bound"), py::arg("optimizer"),
+           py::arg("pin_threshold") = 8)
+      .def("prepare", &row_cache_prepare,
+           "one step's distinct ascending keys -> (cached, hit, local_version, (evicted keys, grads, counts), "
+           "evictions)")
+      .def("fill", &row_cache_fill,
+           "keys, pos, rows, versions of a versioned pull -> every key's row [len(keys), width]")
+      .def("mark_stale", [](RowCache& c, Array<int64_t> keys) {
+        py::gil_scoped_release nogil;
+        c.MarkStale(keys.data(), keys.size());
+      })
+      .def("step", [](RowCache& c, Array<int64_t> keys, Array<float> summed, float lr) {
+             check_rows(summed, keys.size(), c.width(), "RowCache.step");
+             hetu::cache::PushRows p;
+             {
+               py::gil_scoped_release nogil;
+               p = c.Step(keys.data(), summed.data(), keys.size(), lr);
+             }
+             return push_rows(p, c.width());
+           },
+           "bound > 0: local step of the cached rows -> (keys, grads, counts) due for a push")
+      .def("drain", [](RowCache& c) {
+             hetu::cache::PushRows p;
+             {
+               py::gil_scoped_release nogil;
+               p = c.Drain();
+             }
+             return push_rows(p, c.width());
+           },
+           "every pending update -> (keys, grads, counts), keys ascending")
+      .def("keys", [](const RowCache& c) { return to_array(c.Keys()); })
+      .def("row", [](const RowCache& c, int64_t key) -> py::object {
+             Array<float> values(c.width());
+             int64_t version, pending;
+             if (!c.Row(key, values.mutable_data(), &version, &pending)) return py::none();
+             return py::make_tuple(values, version, pending);
+           },
+           "(values, local version, pending updates) of a resident row, or None")
+      .def_property_readonly("size", &RowCache::size)
+      .def_property_readonly("capacity", &RowCache::capacity)
+      .def_property_readonly("width", &RowCache::width)
+      .def_property_readonly("bound", &RowCache::bound);
+  m.attr("NEVER_VERSION") = hetu::cache::kNeverVersion;
 
   m.def("greedy_allocate", [](Array<int32_t> scores, int64_t per_worker, int64_t iteration) {
     if (scores.ndim() != 2) throw std::invalid_argument("greedy_allocate: scores must be [samples, workers]");

@@ -1,0 +1,171 @@
+#include "cache/row_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace hetu {
+namespace cache {
+
+RowCache::RowCache(PolicyKind kind, int64_t capacity, int64_t width, int64_t bound, const optim::Config& optimizer,
+                   int64_t pin_threshold)
+    : policy_(kind, capacity, pin_threshold),
+      width_(width),
+      bound_(bound),
+      optimizer_(optimizer),
+      slots_per_row_(optim::slots(optimizer.kind)) {
+  if (width < 1) throw std::invalid_argument("RowCache: width must be at least 1, got " + std::to_string(width));
+  if (bound < 0) throw std::invalid_argument("RowCache: bound must not be negative, got " + std::to_string(bound));
+  values_.assign(capacity * width, 0.0f);
+  version_.assign(capacity, kNeverVersion);
+  if (bound > 0) {
+    pending_.assign(capacity, 0);
+    pending_grad_.assign(capacity * width, 0.0f);
+    opt_state_.assign(capacity * slots_per_row_ * width, 0.0f);
+    opt_steps_.assign(capacity, 0);
+  }
+}
+
+void RowCache::TakePending(int64_t key, int64_t slot, PushRows* out) {
+  if (bound_ == 0 || pending_[slot] == 0) return;
+  float* g = &pending_grad_[slot * width_];
+  out->keys.push_back(key);
+  out->grads.insert(out->grads.end(), g, g + width_);
+  out->counts.push_back(pending_[slot]);
+  version_[slot] += pending_[slot];
+  pending_[slot] = 0;
+  std::fill(g, g + width_, 0.0f);
+}
+
+void RowCache::ClearSlot(int64_t slot) {
+  version_[slot] = kNeverVersion;
+  if (bound_ == 0) return;
+  pending_[slot] = 0;
+  std::fill_n(&pending_grad_[slot * width_], width_, 0.0f);
+  std::fill_n(opt_state_.begin() + slot * slots_per_row_ * width_, slots_per_row_ * width_, 0.0f);
+  opt_steps_[slot] = 0;
+}
+
+Prepared RowCache::Prepare(const int64_t* keys, int64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  AccessResult r = policy_.Access(keys, n);
+  Prepared p;
+  // The policy has already handed the evicted slots to new rows; their old contents are still
+  // there until the pull fills them, so the write-back reads them first.
+  for (size_t j = 0; j < r.evicted_keys.size(); ++j) {
+    TakePending(r.evicted_keys[j], r.evicted_slots[j], &p.evicted);
+    ClearSlot(r.evicted_slots[j]);
+  }
+  p.evictions = static_cast<int64_t>(r.evicted_keys.size());
+  p.cached.resize(n);
+  p.local_version.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p.cached[i] = r.slot[i] >= 0;
+    p.local_version[i] = p.cached[i] && r.hit[i] ? version_[r.slot[i]] : kNeverVersion;
+  }
+  p.hit = std::move(r.hit);
+  return p;
+}
+
+int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const float* rows,
+                       const int64_t* versions, int64_t m, float* out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<uint8_t> returned(n, 0);
+  const size_t row_bytes = width_ * sizeof(float);
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = pos[j];
+    if (i < 0 || i >= n) throw std::invalid_argument("RowCache.fill: position " + std::to_string(i) + " out of range");
+    returned[i] = 1;
+    std::memcpy(out + i * width_, rows + j * width_, row_bytes);
+    const int64_t s = policy_.SlotOf(keys[i]);
+    if (s < 0) continue;  // bypasses the cache this step
+    std::memcpy(&values_[s * width_], rows + j * width_, row_bytes);
+    version_[s] = versions[j];
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (returned[i]) continue;
+    const int64_t s = policy_.SlotOf(keys[i]);
+    if (s < 0 || version_[s] == kNeverVersion) return i;  // the pull must have returned it
+    std::memcpy(out + i * width_, &values_[s * width_], row_bytes);
+  }
+  return -1;
+}
+
+void RowCache::MarkStale(const int64_t* keys, int64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = policy_.SlotOf(keys[i]);
+    if (s >= 0) version_[s] = kNeverVersion;
+  }
+}
+
+PushRows RowCache::Step(const int64_t* keys, const float* summed, int64_t n, float lr) {
+  if (bound_ == 0) throw std::logic_error("RowCache.step: with bound 0 the cache is write-through; use mark_stale");
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<int64_t> slots, rows_cached;
+  std::vector<float> grads_cached;
+  PushRows out, bypass;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = policy_.SlotOf(keys[i]);
+    const float* g = summed + i * width_;
+    if (s < 0) {
+      bypass.keys.push_back(keys[i]);
+      bypass.grads.insert(bypass.grads.end(), g, g + width_);
+      bypass.counts.push_back(1);
+      continue;
+    }
+    slots.push_back(s);
+    rows_cached.push_back(i);
+    grads_cached.insert(grads_cached.end(), g, g + width_);
+  }
+  // The local copy takes the step now, by the servers' rule, with its state cached beside it.
+  kernels::apply_rows(optimizer_, lr, values_.data(), opt_state_.data(), opt_steps_.data(), width_, slots.data(),
+                      grads_cached.data(), static_cast<int64_t>(slots.size()));
+  for (size_t j = 0; j < slots.size(); ++j) {
+    const int64_t s = slots[j];
+    float* acc = &pending_grad_[s * width_];
+    const float* g = &grads_cached[j * width_];
+    for (int64_t c = 0; c < width_; ++c) acc[c] += g[c];
+    if (++pending_[s] > bound_) TakePending(keys[rows_cached[j]], s, &out);
+  }
+  out.keys.insert(out.keys.end(), bypass.keys.begin(), bypass.keys.end());
+  out.grads.insert(out.grads.end(), bypass.grads.begin(), bypass.grads.end());
+  out.counts.insert(out.counts.end(), bypass.counts.begin(), bypass.counts.end());
+  return out;
+}
+
+PushRows RowCache::Drain() {
+  std::lock_guard<std::mutex> lk(mu_);
+  PushRows out;
+  if (bound_ == 0) return out;
+  std::vector<int64_t> keys = policy_.Keys();
+  std::sort(keys.begin(), keys.end());
+  for (int64_t k : keys) TakePending(k, policy_.SlotOf(k), &out);
+  return out;
+}
+
+int64_t RowCache::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return policy_.size();
+}
+
+std::vector<int64_t> RowCache::Keys() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return policy_.Keys();
+}
+
+bool RowCache::Row(int64_t key, float* values, int64_t* version, int64_t* pending) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t s = policy_.SlotOf(key);
+  if (s < 0) return false;
+  std::memcpy(values, &values_[s * width_], width_ * sizeof(float));
+  *version = version_[s];
+  *pending = bound_ > 0 ? pending_[s] : 0;
+  return true;
+}
+
+}  // namespace cache
+}  // namespace hetu
