@@ -1,6 +1,7 @@
 """Herald: every run must equal the single-process reference row by row (DESIGN.md section 7);
 every worker computes the same plan; the real caches hit exactly where the scheduler predicted
 (a HeraldTable raises PlanMismatch on the first disagreement, so a finished run proves it)."""
+import json
 import os
 import re
 import subprocess
@@ -59,6 +60,24 @@ def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers):
                          ["--comm", "Hybrid", "--cache", "lru", "--bsp", "0", "--cache-limit-ratio", "0.05",
                           *args, *extra], workers, 1, 64 // workers)
     assert_same_parameters(reference, got, exact_rows=False)
+
+
+@pytest.mark.timeout(300)
+def test_herald_with_validation_between_epochs_stays_exact(tmp_path, data_home):
+    """Validation flushes the caches mid-training, between prefetched steps; the steps' pulls
+    are sent during the step before (all but the first after a start or a flush)."""
+    args = ["--model", "wdl_criteo", *OPTIMIZERS["adam"], "--nepoch", "2", "--val", "--iters-per-epoch", "20"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    got, out = run_cluster(tmp_path, data_home, "run_laia.py",
+                           ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
+                            "--cache-limit-ratio", "0.1", *args], 2, 1, 32)
+    assert_same_parameters(reference, got, exact_rows=False)
+    counters = [json.loads(m)["counters"] for m in re.findall(r"\[worker \d+\] summary (\{.*\})", out)]
+    assert len(counters) == 2, out[-3000:]
+    for c in counters:
+        # All but the first step and the first step after the flush were prefetched.
+        assert 0 < c["rows_prefetched"] <= c["rows_pulled"], c
+        assert c["rows_pulled"] - c["rows_prefetched"] < c["rows_pulled"] / 5, c
 
 
 @pytest.mark.timeout(300)

@@ -5,7 +5,15 @@ exactly what the scheduler predicted, (2) pulls the planned rows (with optimizer
 rows it will step itself), (3) after the backward pass steps its owner rows locally, sends the
 gradients of shared rows to the servers, invalidates, and writes back the planned dirty rows
 (values, optimizer state and step counts) before its push, so every other worker's next pull
-sees them."""
+sees them.
+
+Prefetch: the plan of the next iteration is known before its batch is read, so its pulls are
+sent right after this iteration's push. The servers answer a pull tagged with the next clock
+only once every worker's push of this iteration (and so every write-back sent before it) is
+applied, so the rows are those a pull sent at the next lookup would get. A flush in between
+writes back only rows that, by the plan, no other worker reads at the next step; the prefetched
+rows are dropped and pulled again all the same, so that a pull always follows every message
+this worker sent before it."""
 import numpy as np
 
 from .. import _C
@@ -31,6 +39,8 @@ class HeraldTable:
         self.slot_key = np.full(capacity, -1, np.int64)
         self.t = 0
         self._step = None
+        self._prefetched = None        # pulls of iteration self.t, sent after the last push
+        self._write_back_sent = None   # handle of the last write-back, waited for one step later
 
     # --- forward ------------------------------------------------------------------------------
     def lookup(self, uniq):
@@ -50,6 +60,12 @@ class HeraldTable:
         valid_before[resident] = self.valid[slots[resident]]
         if not np.array_equal(~valid_before, plan.pull):
             raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: rows to pull differ from the plan")
+        self._settle_write_back()
+        fetch, self._prefetched = self._prefetched, None
+        prefetched = fetch is not None and fetch[0] == (self.t, self.remote.clock)
+        if not prefetched:
+            self._drop(fetch)
+            fetch = self._request(plan)
 
         # Working copies of this step's rows: from the cache where valid, else pulled.
         n = len(uniq)
@@ -60,12 +76,7 @@ class HeraldTable:
         vals[from_cache] = self.values[slots[from_cache]]
         state[from_cache] = self.state[slots[from_cache]]
         steps[from_cache] = self.steps[slots[from_cache]]
-        own_pull = np.flatnonzero(plan.pull & plan.owner)
-        shared_pull = np.flatnonzero(plan.pull & ~plan.owner)
-        tag = self.remote.sync.tag(self.remote.clock)
-        table = self.remote.table
-        h_own = table.pull_with_state(uniq[own_pull], iteration=tag) if len(own_pull) else None
-        h_shared = table.pull(uniq[shared_pull], iteration=tag) if len(shared_pull) else None
+        _, own_pull, shared_pull, h_own, h_shared, plan_wait = fetch
         if h_own is not None:
             vals[own_pull], state[own_pull], steps[own_pull], _ = h_own.wait()
         if h_shared is not None:
@@ -75,10 +86,36 @@ class HeraldTable:
         state_bytes = self.nslots * self.width * 4 + 8
         self.counters.add(rows_pulled=len(own_pull) + len(shared_pull),
                           bytes_pulled=len(own_pull) * (self.width * 4 + state_bytes + 16) + len(shared_pull) * (self.width * 4 + 8),
-                          hits=served, misses=n - served, evictions=len(ev_keys))
+                          hits=served, misses=n - served, evictions=len(ev_keys),
+                          rows_prefetched=len(own_pull) + len(shared_pull) if prefetched else 0)
         if self.primary:
-            self.counters.add(scheduler_seconds=plan.scheduler_seconds, plan_wait_seconds=waited)
+            self.counters.add(scheduler_seconds=plan.scheduler_seconds, plan_wait_seconds=waited + plan_wait)
         return vals
+
+    def _request(self, plan, plan_wait=0.0):
+        """Sends the pulls of `plan` (not waited for): values and optimizer state of the rows this
+        worker will step, values of the shared rows."""
+        own_pull = np.flatnonzero(plan.pull & plan.owner)
+        shared_pull = np.flatnonzero(plan.pull & ~plan.owner)
+        tag = self.remote.sync.tag(self.remote.clock)
+        table = self.remote.table
+        h_own = table.pull_with_state(plan.keys[own_pull], iteration=tag) if len(own_pull) else None
+        h_shared = table.pull(plan.keys[shared_pull], iteration=tag) if len(shared_pull) else None
+        return (plan.iteration, self.remote.clock), own_pull, shared_pull, h_own, h_shared, plan_wait
+
+    @staticmethod
+    def _drop(fetch):
+        """Waits for pulls whose rows are not wanted (a flush came in between): their arrays must
+        outlive the requests, and an error in them still surfaces."""
+        if fetch is not None:
+            for h in fetch[3:5]:
+                if h is not None:
+                    h.wait()
+
+    def _settle_write_back(self):
+        handle, self._write_back_sent = self._write_back_sent, None
+        if handle is not None:
+            handle.wait()
 
     def _stash_evicted(self, keys, slots):
         """Values of evicted dirty rows, kept until this step's write-back."""
@@ -119,13 +156,16 @@ class HeraldTable:
         # The write-back is sent before the push: every other worker's pull for the next
         # iteration waits for this push, and the server handles this worker's messages in order.
         self.remote.push(keys[shared], np.ascontiguousarray(summed[shared]), lr)
-        if pending is not None:
-            pending.wait()
+        # Its answer is only an acknowledgement: the server applies this worker's messages in
+        # order, so the next lookup's pulls already see it.
+        self._write_back_sent = pending
         self.counters.add(rows_pushed=len(shared) + written,
                           bytes_pushed=len(shared) * (self.width * 4 + 8) +
                           written * (self.width * 4 + self.nslots * self.width * 4 + 16))
         self._step = None
         self.t += 1
+        plan, waited = self.scheduler.plan(self.t)
+        self._prefetched = self._request(plan, waited)
 
     def _write_back(self, wb_keys, keys, slots, vals, state, steps, stash):
         """Sends the planned write-back; returns (rows sent, handle to wait for or None)."""
@@ -159,6 +199,10 @@ class HeraldTable:
     def flush(self, lr):
         """Writes every dirty row back, then one (possibly empty) push that every worker sends, so
         the next pulls of any worker see the written rows."""
+        self._settle_write_back()
+        # The next lookup pulls anew, after the rows written here (see Prefetch above).
+        self._drop(self._prefetched)
+        self._prefetched = None
         s = np.flatnonzero(self.dirty)
         if len(s):
             self.remote.table.assign(self.slot_key[s], self.values[s], self.state[s], self.steps[s],
