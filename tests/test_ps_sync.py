@@ -14,7 +14,7 @@ keys = np.array([0, 9])
 g = np.ones((2, 2))
 ps.barrier()
 if r == 1:
-    time.sleep(1.5)  # the slow worker
+    time.sleep(3.0)  # the slow worker: the fast one's unblocked calls get 2 s on a loaded machine
     for t in (bsp, ssp):
         t.push(keys, g, iteration=0, lr=0.25).wait()
     ps.barrier()
@@ -31,14 +31,14 @@ else:
     assert (bsp.pull(keys).wait() == 1.0).all()
     # SSP with staleness 1: a pull for iteration 1 need not wait for iteration 0
     assert (ssp.pull(keys, iteration=1).wait() == 1.0).all()
-    assert time.time() - start < 1.0, time.time() - start
+    assert time.time() - start < 2.0, time.time() - start
     # BSP: the pull for iteration 1 waits until worker 1's push of iteration 0 arrived;
     # the assign sent after it is held back behind it (per-worker order)
     h = bsp.pull(keys, iteration=1)
     hs = bsp.pull_stale(keys, np.zeros(2), bound=0, iteration=1)
     hw = bsp.pull_with_state(keys, iteration=1)
     a = bsp.assign(np.array([0]), np.full((1, 2), 7.0), version_add=0)
-    assert time.time() - start < 1.0, "issuing a deferred pull must not block"
+    assert time.time() - start < 2.0, "issuing a deferred pull must not block"
     assert not h.done() and not hs.done() and not hw.done() and not a.done()
     pos, rows, versions = hs.wait()
     assert pos.tolist() == [0, 1] and (rows == 0.5).all() and versions.tolist() == [2, 2], (pos, rows, versions)
