@@ -31,7 +31,11 @@ MODES = {
     "Herald": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
     "plan only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--allocator", "none"]),
     "allocator only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--protocol", "het"]),
+    # With --prefetch, both caches send a step's pull during the step before.
+    "HET prefetch": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),
+    "Herald prefetch": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),
 }
+DEFAULT_MODES = ["PS", "HET", "Herald", "plan only", "allocator only"]
 
 
 def run_mode(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
@@ -83,7 +87,7 @@ def main():
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.05, 0.1, 0.2])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
     p.add_argument("--model", default="wdl_criteo")
     p.add_argument("--embedding-size", type=int, default=128)
     p.add_argument("--iterations", type=int, default=40)
@@ -98,7 +102,7 @@ def main():
         args.iterations, args.rows = min(args.iterations, 30), min(args.rows, 200000)
 
     results = []
-    header = (f"{'W':>2} {'b':>5} {'ratio':>5}  {'mode':<15}{'pulled':>10}{'pushed':>10}{'vs PS':>8}{'vs HET':>8}"
+    header = (f"{'W':>2} {'b':>5} {'ratio':>5}  {'mode':<19}{'pulled':>10}{'pushed':>10}{'vs PS':>8}{'vs HET':>8}"
               f"{'hit rate':>9}{'samples/s':>11}{'sched s':>9}{'wait %':>7}")
     print(header)
     print("-" * len(header))
@@ -110,17 +114,17 @@ def main():
             for r in range(args.repeats):
                 with tempfile.TemporaryDirectory() as csv_dir:
                     agg = aggregate(run_mode(mode, workers, batch, ratio, args, csv_dir), batch)
-                    if args.plot and not plot_series.get(mode) and r == 0:
-                        tag = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid-lru",
-                               "plan only": "herald-Hybrid-lru-noalloc",
-                               "allocator only": "herald-Hybrid-lru-hetprotocol"}[mode]
+                    tag = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid-lru",
+                           "plan only": "herald-Hybrid-lru-noalloc",
+                           "allocator only": "herald-Hybrid-lru-hetprotocol"}.get(mode)
+                    if args.plot and tag and not plot_series.get(mode) and r == 0:
                         plot_series[mode] = per_iteration_rows(csv_dir, tag)
                 runs.append(agg)
             agg = dict(runs[0], samples_per_s=statistics.median(x["samples_per_s"] for x in runs))
             base[mode] = agg
             vs_ps = agg["rows"] / base["PS"]["rows"] if "PS" in base else float("nan")
             vs_het = agg["rows"] / base["HET"]["rows"] if "HET" in base else float("nan")
-            print(f"{workers:>2} {batch:>5} {ratio:>5}  {mode:<15}{agg['pulled']:>10}{agg['pushed']:>10}"
+            print(f"{workers:>2} {batch:>5} {ratio:>5}  {mode:<19}{agg['pulled']:>10}{agg['pushed']:>10}"
                   f"{vs_ps:>8.3f}{vs_het:>8.3f}{agg['hit_rate']:>9.3f}{agg['samples_per_s']:>11.0f}"
                   f"{agg['sched_s']:>9.2f}{100 * agg['wait_share']:>7.2f}", flush=True)
             results.append({"workers": workers, "batch": batch, "ratio": ratio, "mode": mode, **agg,

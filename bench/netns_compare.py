@@ -22,9 +22,6 @@ import compare_modes  # noqa: E402  (run_mode, aggregate: one run of a mode, and
 
 from hetu.netns import NamespaceHosts, NetnsUnavailable, shape, unshape  # noqa: E402
 
-MODES = ["PS", "HET", "Herald"]
-
-
 def run_on_hosts(hosts, workers, rate, args):
     """{mode: [aggregate per repeat]} with every link shaped to `rate` (None: unshaped veth)."""
     rate = None if rate == "none" else rate
@@ -33,12 +30,12 @@ def run_on_hosts(hosts, workers, rate, args):
             shape(h, rate=rate, delay=None)
         else:
             unshape(h)
-    results = {m: [] for m in MODES}
+    results = {m: [] for m in args.modes}
     with tempfile.TemporaryDirectory() as d:
         cluster = hosts.write_cluster_file(os.path.join(d, "cluster.yml"), workers=[0] + [1] * workers,
                                            servers=[1] + [0] * workers, chief=0)
         for _ in range(args.repeats):
-            for mode in MODES:
+            for mode in args.modes:
                 with tempfile.TemporaryDirectory() as csv_dir:
                     summaries = compare_modes.run_mode(mode, workers, args.batch, args.ratio, args, csv_dir,
                                                        cluster_file=cluster)
@@ -58,10 +55,12 @@ def main():
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=["PS", "HET", "Herald"], choices=list(compare_modes.MODES),
+                   help="compare_modes' modes; PS and HET are the reference columns")
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
 
-    header = (f"{'W':>2} {'link':>7}  {'mode':<8}{'rows moved':>11}{'samples/s':>11}{'runs (samples/s)':>28}"
+    header = (f"{'W':>2} {'link':>7}  {'mode':<19}{'rows moved':>11}{'samples/s':>11}{'runs (samples/s)':>28}"
               f"{'vs PS':>7}{'vs HET':>7}")
     print(f"W workers, b={args.batch}, embedding {args.embedding_size}, cache ratio {args.ratio}, "
           f"{args.iterations} iterations, median of {args.repeats}")
@@ -77,11 +76,12 @@ def main():
 
 
 def report(workers, rate, res):
-    speed = {m: statistics.median(r["samples_per_s"] for r in res[m]) for m in MODES}
-    for m in MODES:
+    speed = {m: statistics.median(r["samples_per_s"] for r in res[m]) for m in res}
+    for m in res:
         runs = " ".join(f"{r['samples_per_s']:.0f}" for r in res[m])
-        print(f"{workers:>2} {rate or 'veth':>7}  {m:<8}{res[m][0]['rows']:>11}{speed[m]:>11.0f}"
-              f"{runs:>28}{speed[m] / speed['PS']:>7.2f}{speed[m] / speed['HET']:>7.2f}", flush=True)
+        ratio = lambda ref: speed[m] / speed[ref] if ref in speed else float("nan")
+        print(f"{workers:>2} {rate or 'veth':>7}  {m:<19}{res[m][0]['rows']:>11}{speed[m]:>11.0f}"
+              f"{runs:>28}{ratio('PS'):>7.2f}{ratio('HET'):>7.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

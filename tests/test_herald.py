@@ -70,7 +70,7 @@ def test_herald_with_validation_between_epochs_stays_exact(tmp_path, data_home):
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
     got, out = run_cluster(tmp_path, data_home, "run_laia.py",
                            ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
-                            "--cache-limit-ratio", "0.1", *args], 2, 1, 32)
+                            "--cache-limit-ratio", "0.1", "--prefetch", *args], 2, 1, 32)
     assert_same_parameters(reference, got, exact_rows=False)
     counters = [json.loads(m)["counters"] for m in re.findall(r"\[worker \d+\] summary (\{.*\})", out)]
     assert len(counters) == 2, out[-3000:]

@@ -51,6 +51,9 @@ def build_parser(herald):
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs and CI)")
+    p.add_argument("--prefetch", action="store_true",
+                   help="caches send a step's pull during the step before (faster on loopback, slower on "
+                        "shaped 1 Gbit/s links: see the README)")
     if herald:
         p.add_argument("--lookahead", type=int, default=2, help="iterations the scheduler plans ahead")
         p.add_argument("--allocator", default="greedy", choices=["greedy", "none"],
@@ -76,7 +79,8 @@ def distribution_options(args, herald):
             raise SystemExit("--cache and the Herald scheduler need --comm PS or Hybrid")
         return {}
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
-            "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf}
+            "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
+            "prefetch": args.prefetch}
     if herald:
         opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator,
                     herald_protocol=args.protocol)

@@ -24,7 +24,7 @@ class ExecutorConfig:
     """What the passes read. Distributed options are interpreted by the distribution passes."""
 
     def __init__(self, ctx=None, seed=None, dist_strategy=None, comm_mode=None, cstable_policy=None,
-                 cache_bound=0, cache_limit=None, bsp=0, prefetch=True, **extra):
+                 cache_bound=0, cache_limit=None, bsp=0, prefetch=False, **extra):
         self.ctx = ctx or cpu(0)
         self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
         self.dist_strategy = dist_strategy

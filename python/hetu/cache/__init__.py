@@ -10,13 +10,16 @@ version is more than k ahead; after the backward pass, rows whose pending update
 (all of them when k = 0) are pushed, and so are evicted rows with pending updates. k = 0 is
 exact.
 
-Prefetch: when `next_ids` is set (the bind_cache pass points it at the training dataloader),
-the next step's versioned pull is sent right after this step's push, so it travels, and waits
+Prefetch (off by default; `ht.Executor(prefetch=True)`, `--prefetch`): when `next_ids` is set
+(the bind_cache pass points it at the training dataloader), the next step's versioned pull is
+sent right after this step's push, so it travels, and waits
 on the servers for the other workers' pushes, while this worker finishes the step. The servers
 answer a pull tagged t+1 only after iteration t is applied, so the rows are the same as those
 of a pull sent at the next lookup. The row store is locked per call, so it would be safe to
 prepare that pull from another thread; here it is sent from the training thread, right after
-the push, which is where the overlap comes from."""
+the push, which is where the overlap comes from. Measured, it gains 8% on loopback and loses
+about half the throughput on links shaped to 1 Gbit/s, where the pull's answer arrives in the
+middle of the dense AllReduce (README), hence off by default."""
 import numpy as np
 
 from .. import _C

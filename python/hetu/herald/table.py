@@ -7,8 +7,9 @@ gradients of shared rows to the servers, invalidates, and writes back the planne
 (values, optimizer state and step counts) before its push, so every other worker's next pull
 sees them.
 
-Prefetch: the plan of the next iteration is known before its batch is read, so its pulls are
-sent right after this iteration's push. The servers answer a pull tagged with the next clock
+Prefetch (off by default, as for the HET cache; `prefetch=True`): the plan of the next
+iteration is known before its batch is read, so its pulls are sent right after this
+iteration's push. The servers answer a pull tagged with the next clock
 only once every worker's push of this iteration (and so every write-back sent before it) is
 applied, so the rows are those a pull sent at the next lookup would get. A flush in between
 writes back only rows that, by the plan, no other worker reads at the next step; the prefetched
@@ -24,7 +25,8 @@ class PlanMismatch(RuntimeError):
 
 
 class HeraldTable:
-    def __init__(self, remote, scheduler, capacity, policy, optimizer, counters, primary=True, pin_threshold=8):
+    def __init__(self, remote, scheduler, capacity, policy, optimizer, counters, primary=True, pin_threshold=8,
+                 prefetch=False):
         rows, width = remote.param.shape
         self.remote, self.scheduler, self.optimizer, self.counters = remote, scheduler, optimizer, counters
         self.width, self.nslots = width, optimizer.slots
@@ -39,6 +41,7 @@ class HeraldTable:
         self.slot_key = np.full(capacity, -1, np.int64)
         self.t = 0
         self._step = None
+        self.prefetch = prefetch
         self._prefetched = None        # pulls of iteration self.t, sent after the last push
         self._write_back_sent = None   # handle of the last write-back, waited for one step later
 
@@ -164,8 +167,9 @@ class HeraldTable:
                           written * (self.width * 4 + self.nslots * self.width * 4 + 16))
         self._step = None
         self.t += 1
-        plan, waited = self.scheduler.plan(self.t)
-        self._prefetched = self._request(plan, waited)
+        if self.prefetch:
+            plan, waited = self.scheduler.plan(self.t)
+            self._prefetched = self._request(plan, waited)
 
     def _write_back(self, wb_keys, keys, slots, vals, state, steps, stash):
         """Sends the planned write-back; returns (rows sent, handle to wait for or None)."""

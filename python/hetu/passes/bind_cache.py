@@ -31,7 +31,8 @@ def bind_cache(graph):
         graph.caches[pid] = CachedTable(remote, policy, cache_capacity(graph.config, remote.param.shape[0]),
                                         graph.config.cache_bound, opt_op.optimizer, graph.counters)
     route_through_caches(graph)
-    _prefetch_from_dataloaders(graph)
+    if graph.config.prefetch:
+        _prefetch_from_dataloaders(graph)
     return graph
 
 

@@ -40,6 +40,7 @@ def schedule_embeddings(graph):
     for i, (pid, remote) in enumerate(sorted(tables.items())):
         _, opt_op, _ = graph.ps_params[pid]
         graph.caches[pid] = HeraldTable(remote, scheduler, cache_capacity(graph.config, remote.param.shape[0]),
-                                        policy, opt_op.optimizer, graph.counters, primary=(i == 0))
+                                        policy, opt_op.optimizer, graph.counters, primary=(i == 0),
+                                        prefetch=graph.config.prefetch)
     route_through_caches(graph)
     return graph
