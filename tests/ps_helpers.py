@@ -20,6 +20,15 @@ if not ARGS.get("no_start"):
 """
 
 
+def alive(pid):
+    """Whether process `pid` still runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port():
     from hetu.ps import pick_root_port
     return pick_root_port("127.0.0.1")

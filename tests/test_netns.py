@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hetu.netns import NamespaceHosts, NetnsUnavailable, check_address_is_test_host, shape, unshape
+from ps_helpers import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "python" / "runner.py"
@@ -34,14 +35,6 @@ def run_runner(args, out_dir, timeout=90, env=None):
     return subprocess.run([sys.executable, str(RUNNER), "--timeout", "60", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=out_dir,
                           env={**os.environ, **(env or {})})
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_ssh_reaches_each_host_and_hosts_reach_each_other(hosts):

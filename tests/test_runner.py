@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ps_helpers import alive
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "python" / "runner.py"
 
@@ -61,14 +63,6 @@ def fake_launcher_env(tmp_path, mode):
     return {"HETU_LAUNCHER": "fake_launcher", "FAKE_MODE": mode,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
                                                         os.environ.get("PYTHONPATH")]))}
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_for_files(paths, timeout, what):

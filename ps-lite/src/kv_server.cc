@@ -104,6 +104,15 @@ void KVServer::Init(Message& msg) {
   Reply(msg, {}, "");
 }
 
+bool KVServer::ReadKeys(const TableShard& t, const Message& msg, int64_t n, const int64_t** keys,
+                        std::string error) {
+  *keys = n ? msg.data[0].as<int64_t>() : nullptr;
+  if (error.empty()) error = t.CheckKeys(*keys, n);
+  if (error.empty()) return true;
+  Reply(msg, {}, error);
+  return false;
+}
+
 bool KVServer::Servable(const TableShard& t, const Message& msg, int64_t iteration) const {
   if (!msg.meta.has_iteration() || !t.spec().bsp() || t.pending.empty()) return true;
   return t.pending.begin()->first > iteration - 1 - t.spec().staleness();
@@ -143,12 +152,8 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
         return true;
       }
       const int64_t n = NumKeys(msg);
-      const int64_t* keys = n ? msg.data[0].as<int64_t>() : nullptr;
-      std::string err = t.CheckKeys(keys, n);
-      if (!err.empty()) {
-        Reply(msg, {}, err);
-        return true;
-      }
+      const int64_t* keys;
+      if (!ReadKeys(t, msg, n, &keys)) return true;
       Blob rows = Blob::Alloc<float>(n * t.width(), &out);
       t.Gather(keys, n, out);
       Reply(msg, {rows}, "");
@@ -157,13 +162,8 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
     case kPullStale: {
       if (!Servable(t, msg, msg.meta.iteration())) return false;
       const int64_t n = NumKeys(msg);
-      std::string err = Expect<int64_t>(msg, 1, n, "versions", name);
-      if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), n);
-      if (!err.empty()) {
-        Reply(msg, {}, err);
-        return true;
-      }
-      const int64_t* keys = msg.data[0].as<int64_t>();
+      const int64_t* keys;
+      if (!ReadKeys(t, msg, n, &keys, Expect<int64_t>(msg, 1, n, "versions", name))) return true;
       std::vector<int64_t> idx = t.Stale(keys, msg.data[1].as<int64_t>(), n, msg.meta.arg());
       const int64_t m = static_cast<int64_t>(idx.size());
       float* rows;
@@ -180,12 +180,8 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
     case kPullState: {
       if (!Servable(t, msg, msg.meta.iteration())) return false;
       const int64_t n = NumKeys(msg);
-      const int64_t* keys = n ? msg.data[0].as<int64_t>() : nullptr;
-      std::string err = t.CheckKeys(keys, n);
-      if (!err.empty()) {
-        Reply(msg, {}, err);
-        return true;
-      }
+      const int64_t* keys;
+      if (!ReadKeys(t, msg, n, &keys)) return true;
       float *rows, *state;
       int64_t *steps, *versions;
       Blob rb = Blob::Alloc<float>(n * t.width(), &rows);

@@ -42,6 +42,9 @@ class KVServer {
   void ServeDeferred(Entry& e);
   bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;
   void Reply(const Message& req, std::vector<Blob> data, const std::string& error);
+  // A sparse read's keys (data[0]), checked against the shard once `error` (an earlier check
+  // of the message) is empty; false after answering the request with the error.
+  bool ReadKeys(const TableShard& t, const Message& msg, int64_t n, const int64_t** keys, std::string error = "");
 
   Postoffice* po_;
   std::map<std::string, Entry> tables_;
