@@ -36,6 +36,9 @@ MODES = {
     "Herald prefetch": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),
 }
 DEFAULT_MODES = ["PS", "HET", "Herald", "plan only", "allocator only"]
+# The name train.py gives each mode's --cache-perf CSV files (for --plot).
+CSV_TAGS = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid-lru",
+            "plan only": "herald-Hybrid-lru-noalloc", "allocator only": "herald-Hybrid-lru-hetprotocol"}
 
 
 def run_mode(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
@@ -114,11 +117,8 @@ def main():
             for r in range(args.repeats):
                 with tempfile.TemporaryDirectory() as csv_dir:
                     agg = aggregate(run_mode(mode, workers, batch, ratio, args, csv_dir), batch)
-                    tag = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid-lru",
-                           "plan only": "herald-Hybrid-lru-noalloc",
-                           "allocator only": "herald-Hybrid-lru-hetprotocol"}.get(mode)
-                    if args.plot and tag and not plot_series.get(mode) and r == 0:
-                        plot_series[mode] = per_iteration_rows(csv_dir, tag)
+                    if args.plot and mode in CSV_TAGS and not plot_series.get(mode) and r == 0:
+                        plot_series[mode] = per_iteration_rows(csv_dir, CSV_TAGS[mode])
                 runs.append(agg)
             agg = dict(runs[0], samples_per_s=statistics.median(x["samples_per_s"] for x in runs))
             base[mode] = agg

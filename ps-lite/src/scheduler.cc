@@ -92,24 +92,23 @@ void Scheduler::OnAddNode(const Message& msg) {
   info.requested_rank = n.requested_rank();
   bool complete = false;
   int resend_to = -1;
+  Message list;  // the node list again, for a registered node that missed it
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto same_address = [&](const NodeInfo& o) { return o.host == info.host && o.port == info.port; };
-    if (!nodes_.empty()) {
-      // After rendezvous only a node whose node list was lost registers again; others are late.
-      for (const auto& kv : nodes_)
-        if (same_address(kv.second)) resend_to = kv.first;
-      if (resend_to < 0) return;
-    } else if (std::any_of(pending_.begin(), pending_.end(), same_address)) {
-      return;  // a repeat while others are still missing
-    }
-    if (resend_to < 0) {
+    if (nodes_.empty()) {
+      if (std::any_of(pending_.begin(), pending_.end(), same_address)) return;  // a repeat
       pending_.push_back(info);
       complete = static_cast<int>(pending_.size()) == po_->num_workers() + po_->num_servers();
+    } else {
+      // After rendezvous only a node whose node list was lost registers again; others are late.
+      auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& kv) { return same_address(kv.second); });
+      if (it == nodes_.end()) return;
+      resend_to = it->first;
+      list = node_list_;
     }
   }
   if (resend_to >= 0) {
-    Message list = node_list_;
     list.meta.set_arg(resend_to);
     po_->Send(resend_to, &list);
     return;
