@@ -4,7 +4,8 @@ Each configuration (workers W, per-worker batch b, cache ratio) trains the same 
 same synthetic Criteo-shaped data with every mode, each as a real local cluster
 (python/runner.py: 1 server, W workers), and reports per mode: rows pulled and pushed (all
 workers), transmissions relative to plain PS and to HET, cache hit rate, samples/s, scheduler
-time and time waiting for the plan (as a share of the run). Ablations: "plan only" (Herald with
+time and time waiting for the plan (as a share of the run). Ablations: "Herald greedy" (the
+cache-score allocator of DESIGN.md instead of the co-locating one), "plan only" (Herald with
 --allocator none) and "allocator only" (Herald's allocation with the HET protocol).
 Throughput is the median over --repeats runs; transmissions are deterministic.
 
@@ -29,15 +30,17 @@ MODES = {
     "PS": ("run_hetu.py", ["--comm", "Hybrid"]),
     "HET": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
     "Herald": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
+    "Herald greedy": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--allocator", "greedy"]),
     "plan only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--allocator", "none"]),
     "allocator only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--protocol", "het"]),
     # With --prefetch, both caches send a step's pull during the step before.
     "HET prefetch": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),
     "Herald prefetch": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),
 }
-DEFAULT_MODES = ["PS", "HET", "Herald", "plan only", "allocator only"]
+DEFAULT_MODES = ["PS", "HET", "Herald", "Herald greedy", "plan only", "allocator only"]
 # The name train.py gives each mode's --cache-perf CSV files (for --plot).
 CSV_TAGS = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid-lru",
+            "Herald greedy": "herald-Hybrid-lru-greedy",
             "plan only": "herald-Hybrid-lru-noalloc", "allocator only": "herald-Hybrid-lru-hetprotocol"}
 
 

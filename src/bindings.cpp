@@ -305,14 +305,51 @@ PYBIND11_MODULE(_C, m) {
     hetu::herald::GreedyAllocate(sc, n, workers, per_worker, iteration, o);
     return out;
   }, "Herald's allocation of a global batch: worker of each sample");
+  // rows: [samples, fields] indices into the batch's distinct rows; valid: per distinct row, one
+  // bit per worker whose cache holds a valid copy.
+  auto check_colocate = [](const Array<int32_t>& rows, const Array<uint64_t>& valid, int workers) {
+    if (rows.ndim() != 2) throw std::invalid_argument("colocate: rows must be [samples, fields]");
+    if (workers < 1 || workers > 64) throw std::invalid_argument("colocate: 1 to 64 workers");
+    const int32_t* r = rows.data();
+    for (py::ssize_t i = 0; i < rows.size(); ++i)
+      if (r[i] < 0 || r[i] >= valid.size())
+        throw std::invalid_argument("colocate: row index " + std::to_string(r[i]) + " outside the " +
+                                    std::to_string(valid.size()) + " distinct rows");
+  };
+  m.def("colocate_allocate", [check_colocate](Array<int32_t> rows, Array<uint64_t> valid, int workers,
+                                               int64_t per_worker, int64_t iteration) {
+    check_colocate(rows, valid, workers);
+    const int64_t n = rows.shape(0);
+    if (n != workers * per_worker)
+      throw std::invalid_argument("colocate_allocate: " + std::to_string(n) + " samples cannot give " +
+                                  std::to_string(workers) + " workers " + std::to_string(per_worker) + " each");
+    Array<int32_t> out(n);
+    int32_t* o = out.mutable_data();
+    py::gil_scoped_release nogil;
+    hetu::herald::ColocateAllocate(rows.data(), n, rows.shape(1), valid.data(), valid.size(), workers, per_worker,
+                                   iteration, o);
+    return out;
+  }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("per_worker"), py::arg("iteration"),
+     "Herald's co-locating allocation of a global batch: worker of each sample");
+  m.def("estimated_rows", [check_colocate](Array<int32_t> rows, Array<uint64_t> valid, int workers,
+                                            Array<int32_t> assignment) {
+    check_colocate(rows, valid, workers);
+    if (assignment.size() != rows.shape(0)) throw std::invalid_argument("estimated_rows: one worker per sample");
+    for (py::ssize_t s = 0; s < assignment.size(); ++s)
+      if (assignment.data()[s] < 0 || assignment.data()[s] >= workers)
+        throw std::invalid_argument("estimated_rows: worker out of range");
+    return hetu::herald::EstimatedRows(rows.data(), rows.shape(0), rows.shape(1), valid.data(), valid.size(), workers,
+                                       assignment.data());
+  }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("assignment"),
+     "the row transmissions colocate_allocate estimates for an assignment");
   py::class_<hetu::herald::Planner>(m, "Planner", "Herald's allocation and exact plan, one iteration at a time")
       .def(py::init([](int workers, int rank, int64_t per_worker, const std::string& policy, int64_t capacity,
-                       int64_t pin_threshold, bool greedy) {
+                       int64_t pin_threshold, const std::string& allocator) {
              return new hetu::herald::Planner(workers, rank, per_worker, hetu::cache::ParsePolicy(policy), capacity,
-                                              pin_threshold, greedy);
+                                              pin_threshold, hetu::herald::ParseAllocator(allocator));
            }),
            py::arg("workers"), py::arg("rank"), py::arg("per_worker"), py::arg("policy"), py::arg("capacity"),
-           py::arg("pin_threshold") = 8, py::arg("greedy") = true)
+           py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate")
       .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
            "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
            "the now final plan of the previous iteration or None)");

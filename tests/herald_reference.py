@@ -6,8 +6,8 @@ from hetu import _C
 
 
 class ReferencePlanner:
-    def __init__(self, workers, rank, per_worker, policy, capacity, pin_threshold=8, greedy=True):
-        self.W, self.rank, self.b, self.greedy = workers, rank, per_worker, greedy
+    def __init__(self, workers, rank, per_worker, policy, capacity, pin_threshold=8, allocator="colocate"):
+        self.W, self.rank, self.b, self.allocator = workers, rank, per_worker, allocator
         self.policies = [_C.CachePolicy(policy, capacity, pin_threshold) for _ in range(workers)]
         self.valid = [np.zeros(capacity, bool) for _ in range(workers)]
         self.dirty = [np.zeros(capacity, bool) for _ in range(workers)]
@@ -21,9 +21,14 @@ class ReferencePlanner:
         return out
 
     def advance(self, ids, t):
-        if self.greedy:
+        if self.allocator == "greedy":
             scores = np.stack([self._valid_mask(w, ids).sum(axis=1, dtype=np.int32) for w in range(self.W)], axis=1)
             assign = _C.greedy_allocate(np.ascontiguousarray(scores), self.b, t)
+        elif self.allocator == "colocate":
+            distinct, rows = np.unique(ids, return_inverse=True)
+            valid = sum(self._valid_mask(w, distinct).astype(np.uint64) << np.uint64(w) for w in range(self.W))
+            assign = _C.colocate_allocate(rows.reshape(ids.shape).astype(np.int32), np.asarray(valid, np.uint64),
+                                          self.W, self.b, t)
         else:
             assign = np.repeat(np.arange(self.W, dtype=np.int32), self.b)
         keys = [np.unique(ids[assign == w]) for w in range(self.W)]

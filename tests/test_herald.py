@@ -47,11 +47,12 @@ def test_herald_moves_fewer_rows_than_het(tmp_path, data_home):
               "--model", "wdl_criteo", "--optimizer", "sgd", "--learning-rate", "0.02", "--iters-per-epoch", "60"]
     _, het = run_cluster(tmp_path, data_home, "run_hetu.py", common, 2, 1, 128)
     _, herald = run_cluster(tmp_path, data_home, "run_laia.py", common, 2, 1, 128)
-    assert _rows_moved(herald) < 0.8 * _rows_moved(het), (_rows_moved(herald), _rows_moved(het))
+    assert _rows_moved(herald) < 0.75 * _rows_moved(het), (_rows_moved(herald), _rows_moved(het))
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("extra,workers", [(["--allocator", "none"], 2), (["--lookahead", "1"], 2),
+@pytest.mark.parametrize("extra,workers", [(["--allocator", "none"], 2), (["--allocator", "greedy"], 4),
+                                           (["--lookahead", "1"], 2),
                                            (["--cache", "lfu"], 2), ([], 1), (["--comm", "PS"], 2)])
 def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers):
     args = ["--model", "wdl_criteo", *OPTIMIZERS["adam"]]
@@ -129,16 +130,17 @@ def test_every_worker_computes_the_same_plan_and_the_plan_is_consistent():
             s.close()
 
 
-@pytest.mark.parametrize("workers,batch,capacity,policy,greedy", [
-    (2, 16, 40, "lru", True), (4, 16, 40, "lru", True), (4, 8, 7, "lru", True),    # 7 < one batch's rows
-    (3, 16, 200, "lfu", True), (4, 16, 60, "lfuopt", True), (4, 16, 40, "lru", False), (1, 16, 30, "lru", True)])
-def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, greedy):
+@pytest.mark.parametrize("workers,batch,capacity,policy,allocator", [
+    (2, 16, 40, "lru", "colocate"), (4, 16, 40, "lru", "colocate"), (4, 8, 7, "lru", "colocate"),  # 7 < a batch's rows
+    (3, 16, 200, "lfu", "colocate"), (4, 16, 60, "lfuopt", "colocate"), (2, 16, 40, "lru", "greedy"),
+    (4, 16, 60, "lfuopt", "greedy"), (4, 16, 40, "lru", "none"), (1, 16, 30, "lru", "colocate")])
+def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, allocator):
     rng = np.random.default_rng(workers * 1000 + capacity)
     steps, fields = 25, 5
     sparse = (rng.zipf(1.3, size=(steps * workers * batch, fields)) % 400).astype(np.int64)
     for rank in range(workers):
-        cpp = _C.Planner(workers, rank, batch, policy, capacity, greedy=greedy)
-        ref = ReferencePlanner(workers, rank, batch, policy, capacity, greedy=greedy)
+        cpp = _C.Planner(workers, rank, batch, policy, capacity, allocator=allocator)
+        ref = ReferencePlanner(workers, rank, batch, policy, capacity, allocator=allocator)
         for t in range(steps):
             ids = sparse[t * workers * batch:(t + 1) * workers * batch]
             got_samples, got = cpp.advance(ids, t)
@@ -178,6 +180,77 @@ def test_allocator_puts_samples_where_their_rows_are_cached():
     finally:
         for s in greedy + plain:
             s.close()
+
+
+def _row_cost(readers, valid):
+    """Section 7's rows for one row in one iteration, written out independently of allocate.cpp."""
+    if not readers:
+        return 0
+    cost = len(readers - valid)                            # pulls by readers without a valid copy
+    if len(readers) >= 2:
+        cost += len(readers)                               # gradient pushes of a shared row
+    if len(valid) == 1 and valid != readers:
+        cost += 1                                          # write-back of the single (dirty) holder
+    return cost
+
+
+def _estimate(rows, valid, assignment):
+    readers = [set() for _ in valid]
+    for s, sample_rows in enumerate(rows):
+        for r in sample_rows:
+            readers[r].add(int(assignment[s]))
+    holders = [{w for w in range(64) if int(v) >> w & 1} for v in valid]
+    return sum(_row_cost(readers[r], holders[r]) for r in range(len(valid)))
+
+
+def _zipf_batch(rng, workers, batch, fields=8, ids=3000):
+    sparse = (rng.zipf(1.2, size=(workers * batch, fields)) % ids).astype(np.int64) + \
+        ids * np.arange(fields, dtype=np.int64)        # per-field id ranges, as in Criteo
+    distinct, rows = np.unique(sparse, return_inverse=True)
+    valid = rng.integers(0, 1 << workers, size=len(distinct), dtype=np.uint64)
+    valid[rng.random(len(distinct)) < 0.6] = 0          # most rows cached nowhere
+    return rows.reshape(sparse.shape).astype(np.int32), valid
+
+
+@pytest.mark.parametrize("workers,batch", [(2, 64), (4, 64), (3, 40)])
+def test_colocating_allocation_moves_fewer_rows_than_the_alternatives(workers, batch):
+    rng = np.random.default_rng(workers * 7 + batch)
+    for t in range(5):
+        rows, valid = _zipf_batch(rng, workers, batch)
+        got = _C.colocate_allocate(rows, valid, workers, batch, t)
+        np.testing.assert_array_equal(got, _C.colocate_allocate(rows, valid, workers, batch, t))  # deterministic
+        assert np.bincount(got, minlength=workers).tolist() == [batch] * workers
+        scores = np.stack([((valid[rows] >> np.uint64(w)) & np.uint64(1)).sum(axis=1) for w in range(workers)],
+                          axis=1).astype(np.int32)
+        slices = np.repeat(np.arange(workers, dtype=np.int32), batch)
+        estimate = {name: _estimate(rows, valid, a) for name, a in (
+            ("colocate", got), ("greedy", _C.greedy_allocate(scores, batch, t)), ("slices", slices))}
+        for name, a in (("colocate", got), ("slices", slices)):
+            assert _C.estimated_rows(rows, valid, workers, a) == estimate[name]
+        assert estimate["colocate"] < 0.95 * min(estimate["greedy"], estimate["slices"]), estimate
+
+
+def test_colocating_allocation_separates_communities_with_a_cold_cache():
+    # Two disjoint groups of ids, interleaved: with nothing cached, only co-location can keep each
+    # group on one worker, and then no row is shared.
+    rng = np.random.default_rng(3)
+    sparse = np.empty((40, 4), np.int64)
+    sparse[0::2] = rng.integers(0, 30, size=(20, 4))
+    sparse[1::2] = rng.integers(100, 130, size=(20, 4))
+    distinct, rows = np.unique(sparse, return_inverse=True)
+    got = _C.colocate_allocate(rows.reshape(sparse.shape).astype(np.int32), np.zeros(len(distinct), np.uint64),
+                               2, 20, 0)
+    assert len(set(got[0::2])) == 1 and len(set(got[1::2])) == 1 and got[0] != got[1]
+
+
+def test_colocating_allocation_rejects_bad_input():
+    rows = np.zeros((8, 2), np.int32)
+    with pytest.raises(ValueError, match="cannot give 3 workers"):
+        _C.colocate_allocate(rows, np.zeros(1, np.uint64), 3, 4, 0)
+    with pytest.raises(ValueError, match="row index 5 outside the 1 distinct rows"):
+        _C.colocate_allocate(rows + 5, np.zeros(1, np.uint64), 2, 4, 0)
+    with pytest.raises(ValueError, match="unknown Herald allocator 'best'"):
+        _C.Planner(2, 0, 4, "lru", 10, allocator="best")
 
 
 def test_bad_scheduler_settings_have_clear_messages():

@@ -56,8 +56,9 @@ def build_parser(herald):
                         "shaped 1 Gbit/s links: see the README)")
     if herald:
         p.add_argument("--lookahead", type=int, default=2, help="iterations the scheduler plans ahead")
-        p.add_argument("--allocator", default="greedy", choices=["greedy", "none"],
-                       help="none: plain data-parallel slices (the 'plan only' ablation)")
+        p.add_argument("--allocator", default="colocate", choices=["colocate", "greedy", "none"],
+                       help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
+                            "alone; none: plain data-parallel slices (the 'plan only' ablation)")
         p.add_argument("--protocol", default="herald", choices=["herald", "het"],
                        help="het: Herald's allocation with the HET cache protocol (the 'allocator only' ablation)")
     return p
@@ -92,7 +93,7 @@ def mode_name(args, herald):
         return "single"
     if herald:
         return f"herald-{args.comm}-{args.cache}" + ("" if args.protocol == "herald" else "-hetprotocol") + \
-            ("" if args.allocator == "greedy" else "-noalloc")
+            {"colocate": "", "greedy": "-greedy", "none": "-noalloc"}[args.allocator]
     return f"het-{args.comm}-{args.cache}-b{args.bound}" if args.cache else args.comm
 
 

@@ -1,4 +1,4 @@
-// Herald's allocator: which worker trains which sample of a global batch.
+// Herald's allocators: which worker trains which sample of a global batch.
 #include "herald/allocate.h"
 
 #include <algorithm>
@@ -7,30 +7,221 @@
 namespace hetu {
 namespace herald {
 
+namespace {
+
+uint64_t Bit(int w) { return uint64_t(1) << w; }
+
+// Workers in a mask. The portable build has no popcnt instruction, and the library call in its
+// place was a fifth of the planner's time; clusters of up to 8 workers take the table.
+struct SmallPopCount {
+  uint8_t of[256];
+  constexpr SmallPopCount() : of() {
+    for (int m = 0; m < 256; ++m) of[m] = static_cast<uint8_t>((m & 1) + (m >> 1 & 1) + (m >> 2 & 1) + (m >> 3 & 1) +
+                                                               (m >> 4 & 1) + (m >> 5 & 1) + (m >> 6 & 1) + (m >> 7 & 1));
+  }
+};
+constexpr SmallPopCount kSmallPopCount;
+int Workers(uint64_t mask) { return mask < 256 ? kSmallPopCount.of[mask] : __builtin_popcountll(mask); }
+
+// Ties go to the least-loaded worker, then to the first in a cyclic order that rotates with the
+// sample and the iteration, so that no worker is favoured. cost: lower is better.
+template <typename Cost>
+int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int num_workers, int64_t per_worker,
+                       int64_t sample, int64_t iteration) {
+  const int start = static_cast<int>((sample + iteration) % num_workers);
+  int chosen = -1;
+  for (int k = 0; k < num_workers; ++k) {
+    const int w = (start + k) % num_workers;
+    if (load[w] >= per_worker) continue;
+    if (chosen < 0 || cost(w) < cost(chosen) || (cost(w) == cost(chosen) && load[w] < load[chosen])) chosen = w;
+  }
+  return chosen;
+}
+
+// Samples with the strongest cache preference choose first.
+std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
+  std::vector<int64_t> order(best.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return best[a] > best[b]; });
+  return order;
+}
+
+// Rows one iteration moves for a row read by the workers in `readers`, whose cached copies are
+// valid at `valid` (section 7's plan): a pull for each reader without a valid copy; a gradient
+// push from each reader when several read it; a write-back when a single holder's copy (dirty,
+// as far as the estimate knows) is read elsewhere.
+int RowCost(uint64_t readers, uint64_t valid) {
+  if (readers == 0) return 0;
+  const int n = Workers(readers);
+  int cost = Workers(readers & ~valid);
+  if (n >= 2) cost += n;
+  if (valid != readers && valid != 0 && (valid & (valid - 1)) == 0) cost += 1;  // one holder
+  return cost;
+}
+
+// A row read by more samples of the global batch than this ends up on several workers whatever
+// the allocation; counted as read by all from the start, it does not pull every later sample
+// that reads it towards the worker that happened to take its first one.
+constexpr int32_t kSharedAnyway = 4;
+
+// Pairwise trades: a sample at worker a that would save rows at b changes places with one at b
+// that would save rows at a, when the two moves together save rows. Loads are unchanged.
+class Trader {
+ public:
+  Trader(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows, int num_workers,
+         int32_t* assignment)
+      : rows_(rows), n_(n), fields_(fields), valid_(valid), W_(num_workers), assign_(assignment),
+        count_(num_rows * num_workers, 0), readers_(num_rows, 0) {
+    for (int64_t s = 0; s < n; ++s)
+      for (const int32_t* r = Begin(s); r != End(s); ++r) {
+        ++count_[*r * W_ + assign_[s]];
+        readers_[*r] |= Bit(assign_[s]);
+      }
+  }
+
+  // Returns the number of trades made.
+  int64_t Sweep() {
+    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first.
+    std::vector<std::vector<std::pair<int, int64_t>>> wants(W_ * W_);
+    std::vector<int> saving(W_);
+    for (int64_t s = 0; s < n_; ++s) {
+      Savings(s, &saving);
+      for (int to = 0; to < W_; ++to)
+        if (saving[to] > 0) wants[assign_[s] * W_ + to].emplace_back(-saving[to], s);
+    }
+    for (auto& v : wants) std::sort(v.begin(), v.end());
+    int64_t trades = 0;
+    for (int a = 0; a < W_; ++a)
+      for (int b = a + 1; b < W_; ++b) {
+        const auto& ab = wants[a * W_ + b];
+        const auto& ba = wants[b * W_ + a];
+        size_t j = 0;
+        for (size_t i = 0; i < ab.size() && j < ba.size(); ++i) {
+          // Earlier trades may have moved the sample or changed its saving.
+          const int64_t s = ab[i].second;
+          if (assign_[s] != a) continue;
+          Savings(s, &saving);
+          const int g = saving[b];
+          if (g <= 0) continue;
+          Move(s, b);
+          bool traded = false;
+          for (; j < ba.size() && !traded; ++j) {
+            const int64_t t = ba[j].second;
+            if (assign_[t] != b) continue;
+            Savings(t, &saving);
+            if (g + saving[a] > 0) {
+              Move(t, a);
+              traded = true;
+              ++trades;
+            }
+          }
+          if (!traded) Move(s, a);
+        }
+      }
+    return trades;
+  }
+
+ private:
+  const int32_t* Begin(int64_t s) const { return rows_ + s * fields_; }
+  const int32_t* End(int64_t s) const { return rows_ + (s + 1) * fields_; }
+
+  // (*out)[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker).
+  void Savings(int64_t s, std::vector<int>* out) const {
+    const int from = assign_[s];
+    std::fill(out->begin(), out->end(), 0);
+    for (const int32_t* r = Begin(s); r != End(s); ++r) {
+      const uint64_t before = readers_[*r];
+      const uint64_t rest = count_[*r * W_ + from] == 1 ? before & ~Bit(from) : before;
+      const int now = RowCost(before, valid_[*r]);
+      for (int to = 0; to < W_; ++to)
+        if (to != from) (*out)[to] += now - RowCost(rest | Bit(to), valid_[*r]);
+    }
+  }
+
+  void Move(int64_t s, int to) {
+    const int from = assign_[s];
+    for (const int32_t* r = Begin(s); r != End(s); ++r) {
+      if (--count_[*r * W_ + from] == 0) readers_[*r] &= ~Bit(from);
+      ++count_[*r * W_ + to];
+      readers_[*r] |= Bit(to);
+    }
+    assign_[s] = to;
+  }
+
+  const int32_t* rows_;
+  int64_t n_, fields_;
+  const uint64_t* valid_;
+  int W_;
+  int32_t* assign_;
+  std::vector<int32_t> count_;
+  std::vector<uint64_t> readers_;  // one bit per worker with count_ > 0
+};
+
+constexpr int kTradeSweeps = 2;
+
+}  // namespace
+
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment) {
-  // Samples with the strongest preference choose first.
   std::vector<int32_t> best(n, 0);
   for (int64_t s = 0; s < n; ++s)
     best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return best[a] > best[b]; });
   std::vector<int64_t> load(num_workers, 0);
-  for (int64_t s : order) {
+  for (int64_t s : StrongestFirst(best)) {
     const int32_t* row = scores + s * num_workers;
-    // Ties go to the least-loaded worker, then to the first in a cyclic order that rotates with
-    // the sample and the iteration, so that no worker is favoured.
-    const int start = static_cast<int>((s + iteration) % num_workers);
-    int chosen = -1;
-    for (int k = 0; k < num_workers; ++k) {
-      const int w = (start + k) % num_workers;
-      if (load[w] >= per_worker) continue;
-      if (chosen < 0 || row[w] > row[chosen] || (row[w] == row[chosen] && load[w] < load[chosen])) chosen = w;
-    }
+    const int chosen = BestWorkerWithRoom([&](int w) { return -row[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
     ++load[chosen];
   }
+}
+
+void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
+                      int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment) {
+  const uint64_t everyone = num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1;
+  std::vector<uint64_t> readers(num_rows, 0);
+  {
+    std::vector<int32_t> samples_reading(num_rows, 0);
+    for (int64_t i = 0; i < n * fields; ++i) ++samples_reading[rows[i]];
+    for (int64_t r = 0; r < num_rows; ++r)
+      if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
+  }
+  std::vector<int32_t> best(n, 0), score(num_workers);
+  for (int64_t s = 0; s < n; ++s) {
+    std::fill(score.begin(), score.end(), 0);
+    for (int64_t f = 0; f < fields; ++f)
+      for (uint64_t m = valid[rows[s * fields + f]]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
+    best[s] = *std::max_element(score.begin(), score.end());
+  }
+  std::vector<int64_t> load(num_workers, 0);
+  std::vector<int32_t> added(num_workers);
+  for (int64_t s : StrongestFirst(best)) {
+    const int32_t* r = rows + s * fields;
+    std::fill(added.begin(), added.end(), 0);
+    for (int64_t f = 0; f < fields; ++f) {
+      const uint64_t m = readers[r[f]], v = valid[r[f]];
+      const int now = RowCost(m, v);
+      for (int w = 0; w < num_workers; ++w) added[w] += RowCost(m | Bit(w), v) - now;
+    }
+    const int chosen =
+        BestWorkerWithRoom([&](int w) { return added[w]; }, load, num_workers, per_worker, s, iteration);
+    assignment[s] = chosen;
+    ++load[chosen];
+    for (int64_t f = 0; f < fields; ++f) readers[r[f]] |= Bit(chosen);
+  }
+  Trader trader(rows, n, fields, valid, num_rows, num_workers, assignment);
+  for (int sweep = 0; sweep < kTradeSweeps && trader.Sweep() > 0; ++sweep) {
+  }
+}
+
+int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
+                      int num_workers, const int32_t* assignment) {
+  (void)num_workers;
+  std::vector<uint64_t> readers(num_rows, 0);
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t f = 0; f < fields; ++f) readers[rows[s * fields + f]] |= Bit(assignment[s]);
+  int64_t total = 0;
+  for (int64_t r = 0; r < num_rows; ++r) total += RowCost(readers[r], valid[r]);
+  return total;
 }
 
 }  // namespace herald

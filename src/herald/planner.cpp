@@ -26,9 +26,16 @@ uint64_t Planner::Users::MaskOf(int64_t key) const {
   return it != keys.end() && *it == key ? mask[it - keys.begin()] : 0;
 }
 
+Allocator ParseAllocator(const std::string& name) {
+  if (name == "colocate") return Allocator::kColocate;
+  if (name == "greedy") return Allocator::kGreedy;
+  if (name == "none") return Allocator::kNone;
+  throw std::invalid_argument("unknown Herald allocator '" + name + "': expected colocate, greedy or none");
+}
+
 Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
-                 int64_t pin_threshold, bool greedy)
-    : W_(num_workers), rank_(rank), b_(per_worker), greedy_(greedy) {
+                 int64_t pin_threshold, Allocator allocator)
+    : W_(num_workers), rank_(rank), b_(per_worker), allocator_(allocator) {
   // Who reads a row is kept as one bit per worker.
   if (num_workers < 1 || num_workers > 64)
     throw std::invalid_argument("Herald planner: " + std::to_string(num_workers) + " workers; 1 to 64 supported");
@@ -62,8 +69,18 @@ uint64_t Planner::ValidMask(int64_t key) const {
 void Planner::Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const {
   const int64_t n = W_ * b_;
   assign->resize(n);
-  if (!greedy_) {
+  if (allocator_ == Allocator::kNone) {
     for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
+    return;
+  }
+  if (allocator_ == Allocator::kColocate) {
+    std::vector<int64_t> distinct;
+    std::vector<int32_t> rows(n * fields);
+    kernels::sorted_unique(ids, n * fields, &distinct, rows.data());
+    std::vector<uint64_t> valid(distinct.size());
+    for (size_t r = 0; r < distinct.size(); ++r) valid[r] = ValidMask(distinct[r]);
+    ColocateAllocate(rows.data(), n, fields, valid.data(), static_cast<int64_t>(distinct.size()), W_, b_, iteration,
+                     assign->data());
     return;
   }
   // score(s, w): ids of sample s (repeats count) whose row is valid in w's cache.

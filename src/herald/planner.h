@@ -39,11 +39,15 @@ struct Advanced {
   WorkerPlan finished;           // the plan of the previous iteration, now final
 };
 
+// kColocate and kGreedy: src/herald/allocate.h. kNone assigns samples [w*b, (w+1)*b) to worker
+// w (the "plan only" ablation).
+enum class Allocator { kColocate, kGreedy, kNone };
+Allocator ParseAllocator(const std::string& name);
+
 class Planner {
  public:
-  // greedy = false assigns samples [w*b, (w+1)*b) to worker w (the "plan only" ablation).
   Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
-          int64_t pin_threshold, bool greedy);
+          int64_t pin_threshold, Allocator allocator);
 
   // ids: [num_workers * per_worker, fields] row ids of global batch `iteration`, row-major.
   // Iterations must come in order 0, 1, 2, ...
@@ -74,7 +78,7 @@ class Planner {
 
   int W_, rank_;
   int64_t b_;
-  bool greedy_;
+  Allocator allocator_;
   int64_t next_ = 0;
   std::vector<CacheModel> models_;
   // Per row, one bit per worker whose cached copy is valid: one lookup answers for all workers

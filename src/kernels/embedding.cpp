@@ -73,11 +73,13 @@ const std::vector<int64_t>& stable_order_by_id(const int64_t* ids, int64_t n) {
 
 }  // namespace
 
-void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out) {
+void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse) {
   const std::vector<int64_t>& order = stable_order_by_id(ids, n);
   out->clear();
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
     if (out->empty() || out->back() != ids[order[i]]) out->push_back(ids[order[i]]);
+    if (inverse) inverse[order[i]] = static_cast<int32_t>(out->size() - 1);
+  }
 }
 
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,

@@ -19,7 +19,8 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
                    std::vector<float>* summed);
 
 // The distinct ids, ascending (radix sort; Herald's planner runs it per worker per iteration).
-void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out);
+// With `inverse` (n entries), also each id's position in `out`.
+void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse = nullptr);
 
 // One optimizer step of rows[i] (unique) of a table with gradient grads[i].
 // state: [num_rows, slots*width]; steps: [num_rows].

@@ -6,8 +6,12 @@ background thread, `lookahead` iterations ahead. The work is done by the C++ pla
 worker's cache (the CachePolicy that the real caches use, plus which cached rows are valid and
 which are dirty) and, per iteration:
 
-1. allocates the global batch: score(s, w) = rows of sample s valid in w's cache; each sample
-   goes to its best-scoring worker with room (src/herald/allocate.cpp), b samples per worker;
+1. allocates the global batch, b samples per worker (src/herald/allocate.cpp). "greedy" is the
+   rule of DESIGN.md: score(s, w) = rows of sample s valid in w's cache, each sample to its
+   best-scoring worker with room. "colocate" (the default) places samples in the same order
+   but on the worker where each adds the fewest row transmissions, which also counts rows that
+   worker already reads this iteration (a row read by one worker only is stepped there and
+   moves nothing), then trades pairs of samples while that saves rows;
 2. plans, for this worker: the rows to pull (not cached or invalidated), the rows it steps
    itself (used by no other worker: owner-computes), the rows whose gradients go to the servers
    (used by several workers), the cached rows to invalidate (updated elsewhere), and the rows
@@ -23,6 +27,9 @@ import time
 import numpy as np
 
 from .. import _C
+
+
+ALLOCATORS = ("colocate", "greedy", "none")
 
 
 class Plan:
@@ -41,12 +48,12 @@ class Plan:
 
 class Scheduler:
     def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
-                 allocator="greedy", pin_threshold=8):
+                 allocator="colocate", pin_threshold=8):
         if lookahead < 1:
             raise ValueError(f"Herald needs --lookahead >= 1 (got {lookahead}): the write-back plan of iteration t "
                              f"depends on which worker reads which rows at t+1")
-        if allocator not in ("greedy", "none"):
-            raise ValueError(f"unknown allocator {allocator!r}: expected 'greedy' or 'none'")
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"unknown allocator {allocator!r}: expected one of {', '.join(ALLOCATORS)}")
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
         if loader.batch_num < 1:
@@ -55,7 +62,7 @@ class Scheduler:
         self.sparse, self.loader = sparse, loader
         self.lookahead = lookahead
         self._planner = _C.Planner(num_workers, rank, batch_size, policy, capacity, pin_threshold,
-                                   greedy=(allocator == "greedy"))
+                                   allocator=allocator)
         self._seconds = {}   # iteration -> planner time
         self._alloc, self._plans = {}, {}
         self._next = 0

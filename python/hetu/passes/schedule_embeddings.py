@@ -29,7 +29,7 @@ def schedule_embeddings(graph):
         print("Herald with one worker: every row is stepped locally and the plan equals the cache alone",
               file=sys.stderr)
     scheduler = Scheduler(sparse_loader.data, sparse_loader, graph.num_workers, graph.rank, sparse_loader.batch_size,
-                          capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "greedy"))
+                          capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"))
     graph.scheduler = scheduler
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
