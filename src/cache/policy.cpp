@@ -15,26 +15,46 @@ PolicyKind ParsePolicy(const std::string& name) {
 CachePolicy::CachePolicy(PolicyKind kind, int64_t capacity, int64_t pin_threshold)
     : kind_(kind), capacity_(capacity), pin_threshold_(pin_threshold) {
   if (capacity < 0) throw std::invalid_argument("cache capacity must be >= 0");
-  where_.reserve(static_cast<size_t>(capacity) * 2 + 1);
+  where_.reserve(static_cast<size_t>(std::min<int64_t>(capacity, 1 << 16)));  // grows as rows arrive
+  slot_key_.assign(capacity, -1);
+  if (kind == kLRU) {
+    newer_.assign(capacity, -1);
+    older_.assign(capacity, -1);
+  }
   free_slots_.reserve(static_cast<size_t>(capacity));
   for (int64_t s = capacity - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
 int64_t CachePolicy::SlotOf(int64_t key) const {
-  auto it = where_.find(key);
-  return it == where_.end() ? -1 : it->second.slot;
+  const Entry* e = where_.Find(key);
+  return e ? e->slot : -1;
 }
 
 std::vector<int64_t> CachePolicy::Keys() const {
   std::vector<int64_t> keys;
   keys.reserve(where_.size());
-  for (const auto& kv : where_) keys.push_back(kv.first);
+  where_.ForEach([&](int64_t key, const Entry&) { keys.push_back(key); });
   return keys;
+}
+
+void CachePolicy::Unlink(int64_t slot) {
+  const int64_t newer = newer_[slot], older = older_[slot];
+  if (newer >= 0) older_[newer] = older; else newest_ = older;
+  if (older >= 0) newer_[older] = newer; else oldest_ = newer;
+  newer_[slot] = older_[slot] = -1;
+}
+
+void CachePolicy::PushNewest(int64_t slot) {
+  older_[slot] = newest_;
+  newer_[slot] = -1;
+  if (newest_ >= 0) newer_[newest_] = slot; else oldest_ = slot;
+  newest_ = slot;
 }
 
 void CachePolicy::Touch(int64_t key, Entry& e) {
   if (kind_ == kLRU) {
-    lru_.splice(lru_.begin(), lru_, e.lru_pos);
+    Unlink(e.slot);
+    PushNewest(e.slot);
   } else if (!e.pinned) {
     lfu_.erase(Rank{e.freq, e.last_use, key});
   }
@@ -46,24 +66,25 @@ void CachePolicy::Touch(int64_t key, Entry& e) {
 
 void CachePolicy::Remove(int64_t key, Entry& e) {
   if (kind_ == kLRU) {
-    lru_.erase(e.lru_pos);
+    Unlink(e.slot);
   } else if (!e.pinned) {
     lfu_.erase(Rank{e.freq, e.last_use, key});
   }
+  slot_key_[e.slot] = -1;
   free_slots_.push_back(e.slot);
-  where_.erase(key);
+  where_.Erase(key);  // last: it may move other entries (and e)
 }
 
 int64_t CachePolicy::PickVictim() {
   if (kind_ == kLRU) {
     // Rows of the current batch sit at the front; the back is the least recent.
-    if (lru_.empty()) return -1;
-    const int64_t key = lru_.back();
-    return Evictable(where_.at(key)) ? key : -1;
+    if (oldest_ < 0) return -1;
+    const int64_t key = slot_key_[oldest_];
+    return Evictable(*where_.Find(key)) ? key : -1;
   }
   for (const Rank& r : lfu_) {
     const int64_t key = std::get<2>(r);
-    if (Evictable(where_.at(key))) return key;
+    if (Evictable(*where_.Find(key))) return key;
   }
   return -1;
 }
@@ -78,10 +99,10 @@ AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
   // Hits first: every resident row of the batch is touched, so none of them can be chosen as a
   // victim for a miss of the same batch.
   for (int64_t i = 0; i < n; ++i) {
-    auto it = where_.find(keys[i]);
-    if (it == where_.end()) continue;
-    Touch(keys[i], it->second);
-    r.slot[i] = it->second.slot;
+    Entry* e = where_.Find(keys[i]);
+    if (!e) continue;
+    Touch(keys[i], *e);
+    r.slot[i] = e->slot;
     r.hit[i] = 1;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -90,17 +111,16 @@ AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
     if (free_slots_.empty()) {
       const int64_t victim = capacity_ > 0 ? PickVictim() : -1;
       if (victim < 0) continue;  // every resident row is in use: bypass
+      Entry& gone = *where_.Find(victim);
       r.evicted_keys.push_back(victim);
-      r.evicted_slots.push_back(where_.at(victim).slot);
-      Remove(victim, where_.at(victim));
+      r.evicted_slots.push_back(gone.slot);
+      Remove(victim, gone);
     }
-    Entry e{free_slots_.back(), 0, 0, false, {}};
+    const Entry e{free_slots_.back(), 0, 0, false};
     free_slots_.pop_back();
-    if (kind_ == kLRU) {
-      lru_.push_front(key);
-      e.lru_pos = lru_.begin();
-    }
-    auto& placed = where_.emplace(key, e).first->second;
+    slot_key_[e.slot] = key;
+    if (kind_ == kLRU) PushNewest(e.slot);
+    Entry& placed = *where_.Insert(key, e).first;
     // Start as if untouched, then count this access like any other.
     if (kind_ != kLRU) lfu_.insert(Rank{placed.freq, placed.last_use, key});
     Touch(key, placed);
@@ -110,8 +130,7 @@ AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
 }
 
 void CachePolicy::Erase(int64_t key) {
-  auto it = where_.find(key);
-  if (it != where_.end()) Remove(key, it->second);
+  if (Entry* e = where_.Find(key)) Remove(key, *e);
 }
 
 }  // namespace cache

@@ -10,12 +10,12 @@
 // cache is smaller than the batch's distinct rows), the miss bypasses the cache this iteration.
 #pragma once
 #include <cstdint>
-#include <list>
 #include <set>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
+
+#include "common/flat_map.h"
 
 namespace hetu {
 namespace cache {
@@ -52,7 +52,6 @@ class CachePolicy {
     int64_t freq;
     int64_t last_use;
     bool pinned;
-    std::list<int64_t>::iterator lru_pos;  // LRU only
   };
   using Rank = std::tuple<int64_t, int64_t, int64_t>;  // (freq, last_use, key): LFU order
 
@@ -60,13 +59,18 @@ class CachePolicy {
   int64_t PickVictim();  // -1 if every resident row is protected
   void Touch(int64_t key, Entry& e);
   void Remove(int64_t key, Entry& e);
+  // LRU order: a list threaded through two arrays indexed by slot, most recent first.
+  void Unlink(int64_t slot);
+  void PushNewest(int64_t slot);
 
   PolicyKind kind_;
   int64_t capacity_;
   int64_t pin_threshold_;
   int64_t tick_ = 0;
-  std::unordered_map<int64_t, Entry> where_;
-  std::list<int64_t> lru_;  // most recent first
+  FlatMap<Entry> where_;
+  std::vector<int64_t> newer_, older_;  // per slot, LRU only; -1 at the ends
+  int64_t newest_ = -1, oldest_ = -1;
+  std::vector<int64_t> slot_key_;       // the row each slot holds
   std::set<Rank> lfu_;      // unpinned rows, least frequent (then least recent) first
   std::vector<int64_t> free_slots_;
 };

@@ -54,16 +54,15 @@ void Planner::SetValid(int w, int64_t slot, bool valid) {
   m.valid[slot] = valid;
   const int64_t key = m.slot_key[slot];
   if (valid) {
-    valid_by_key_[key] |= Bit(w);
-  } else {
-    auto it = valid_by_key_.find(key);
-    if ((it->second &= ~Bit(w)) == 0) valid_by_key_.erase(it);
+    *valid_by_key_.Insert(key, 0).first |= Bit(w);
+  } else if ((*valid_by_key_.Find(key) &= ~Bit(w)) == 0) {
+    valid_by_key_.Erase(key);
   }
 }
 
 uint64_t Planner::ValidMask(int64_t key) const {
-  auto it = valid_by_key_.find(key);
-  return it == valid_by_key_.end() ? 0 : it->second;
+  const uint64_t* mask = valid_by_key_.Find(key);
+  return mask ? *mask : 0;
 }
 
 void Planner::Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const {

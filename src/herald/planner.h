@@ -12,10 +12,10 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cache/policy.h"
+#include "common/flat_map.h"
 
 namespace hetu {
 namespace herald {
@@ -83,7 +83,7 @@ class Planner {
   std::vector<CacheModel> models_;
   // Per row, one bit per worker whose cached copy is valid: one lookup answers for all workers
   // (allocation scores, invalidation) where the models alone would need one per worker.
-  std::unordered_map<int64_t, uint64_t> valid_by_key_;
+  FlatMap<uint64_t> valid_by_key_;
   bool has_pending_ = false;
   WorkerPlan pending_;
 };
