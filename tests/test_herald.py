@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -266,21 +265,6 @@ def test_bad_scheduler_settings_have_clear_messages():
     short.set_worker(0, 2)
     with pytest.raises(ValueError, match="no global batch"):
         Scheduler(sparse[:10], short, 2, 0, 8, 10, "lru", 2)
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priorities here")
-def test_planner_thread_runs_at_lower_priority():
-    sparse = np.zeros((64, 3), np.int64)
-    loader = ht.Dataloader(sparse, 8, "train")
-    loader.set_worker(0, 2)
-    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    sched = Scheduler(sparse, loader, 2, 0, 8, 10, "lru", 2, nice=5)
-    try:
-        sched.plan(0)  # the thread has started and set its priority
-        assert os.getpriority(os.PRIO_PROCESS, sched._thread.native_id) == min(own + 5, 19)
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own   # training unchanged
-    finally:
-        sched.close()
 
 
 def test_run_laia_without_parameter_server_is_rejected(data_home):

@@ -21,7 +21,6 @@ which are dirty) and, per iteration:
 The write-back of iteration t depends on who reads what at t+1, so plan(t) is final once
 iteration t+1 is allocated: the lookahead is at least 1."""
 import atexit
-import os
 import threading
 import time
 
@@ -31,17 +30,6 @@ from .. import _C
 
 
 ALLOCATORS = ("colocate", "greedy", "none")
-
-
-def _yield_to_training(nice):
-    """Lowers the calling thread's CPU priority (Linux: a thread has its own nice value). The
-    planner works `lookahead` iterations ahead, so it can wait for cores the training step leaves
-    idle instead of taking them from it where cores are fewer than processes."""
-    if nice and hasattr(os, "setpriority"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        except OSError:
-            pass  # not permitted here: plan at normal priority
 
 
 class Plan:
@@ -60,7 +48,7 @@ class Plan:
 
 class Scheduler:
     def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
-                 allocator="colocate", pin_threshold=8, nice=int(os.environ.get("HERALD_PLANNER_NICE", "10"))):
+                 allocator="colocate", pin_threshold=8):
         if lookahead < 1:
             raise ValueError(f"Herald needs --lookahead >= 1 (got {lookahead}): the write-back plan of iteration t "
                              f"depends on which worker reads which rows at t+1")
@@ -72,7 +60,7 @@ class Scheduler:
             raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
         self.sparse, self.loader = sparse, loader
-        self.lookahead, self.nice = lookahead, nice
+        self.lookahead = lookahead
         self._planner = _C.Planner(num_workers, rank, batch_size, policy, capacity, pin_threshold,
                                    allocator=allocator)
         self._seconds = {}   # iteration -> planner time
@@ -137,7 +125,6 @@ class Scheduler:
 
     # --- the planning thread ------------------------------------------------------------------
     def _run(self):
-        _yield_to_training(self.nice)
         try:
             while True:
                 with self._cond:
