@@ -1,0 +1,82 @@
+"""Herald's planner alone, offline: rows it would move and what it costs, with no cluster.
+
+For each configuration, W planners (hetu._C.Planner, one per rank, as every worker runs one)
+plan the same global batches of the synthetic Criteo-shaped data. Rows moved are counted from
+the plans as HeraldTable would move them: pulls, gradient pushes of shared rows and write-backs
+(no final flush). HET at bound 0 moves what plain PS moves: each worker pulls and pushes every
+distinct row of its slice of the batch. Planner time is per plan (one rank, one iteration),
+measured here with nothing else running; in a cluster the planner shares the cores.
+
+    python bench/planner_offline.py                              # the README's grid, 40 iterations
+    python bench/planner_offline.py --workers 4 --batch 1024 --ratios 0.1 --iterations 200
+"""
+import argparse
+import time
+
+import numpy as np
+
+from hetu import _C
+from hetu.data import load_dataset
+
+
+def het_rows(sparse, order, workers, batch, iterations):
+    total = 0
+    for t in range(iterations):
+        ids = sparse[order[t * workers * batch:(t + 1) * workers * batch]]
+        total += sum(2 * len(np.unique(ids[w * batch:(w + 1) * batch])) for w in range(workers))
+    return total
+
+
+def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations):
+    """Rows moved by all workers over `iterations`, and seconds per plan."""
+    planners = [_C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator) for rank in range(workers)]
+    rows, seconds = 0, 0.0
+    for t in range(iterations + 1):   # plan t is final once t+1 is allocated
+        ids = np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
+        for planner in planners:
+            start = time.perf_counter()
+            _, finished = planner.advance(ids, t)
+            seconds += time.perf_counter() - start
+            if finished is not None:
+                _, _, _, _, pull, owner, _, writeback = finished
+                rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
+    return rows, seconds / (workers * (iterations + 1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--batch", type=int, nargs="+", default=[256, 1024], help="per-worker batch")
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.05, 0.1, 0.2])
+    p.add_argument("--allocators", nargs="+", default=["none", "greedy", "colocate"])
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
+    p.add_argument("--seed", type=int, default=0, help="sample order")
+    args = p.parse_args()
+
+    data = load_dataset("synthetic-criteo", rows=args.rows)
+    sparse = np.asarray(data.train.sparse)
+    order = np.random.default_rng(args.seed).permutation(len(sparse))
+    table_rows = data.meta.num_embeddings
+    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'HET rows/it':>12}" + "".join(
+        f"{a + ' vs HET':>18}{'ms/plan':>9}" for a in args.allocators)
+    print(f"{args.iterations} iterations, {table_rows:,}-row table, LRU; rows moved by all workers")
+    print(header)
+    print("-" * len(header), flush=True)
+    for workers in args.workers:
+        for batch in args.batch:
+            if (args.iterations + 1) * workers * batch > len(sparse):
+                raise SystemExit(f"--rows {args.rows} is too few for {args.iterations + 1} global batches of "
+                                 f"{workers} x {batch}")
+            het = het_rows(sparse, order, workers, batch, args.iterations)
+            for ratio in args.ratios:
+                line = f"{workers:>2} {batch:>5} {ratio:>5} {het / args.iterations:>12,.0f}"
+                for allocator in args.allocators:
+                    rows, per_plan = herald_rows(sparse, order, workers, batch, int(ratio * table_rows), allocator,
+                                                 args.iterations)
+                    line += f"{rows / het:>18.3f}{1e3 * per_plan:>9.2f}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
