@@ -12,7 +12,7 @@ namespace {
 uint64_t Bit(int w) { return uint64_t(1) << w; }
 
 // Workers in a mask. The portable build has no popcnt instruction, and the library call in its
-// place was a fifth of the planner's time; clusters of up to 8 workers take the table.
+// place took a fifth of an offline planner run's CPU; clusters of up to 8 workers take the table.
 struct SmallPopCount {
   uint8_t of[256];
   constexpr SmallPopCount() : of() {
