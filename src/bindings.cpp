@@ -338,7 +338,7 @@ PYBIND11_MODULE(_C, m) {
     for (py::ssize_t s = 0; s < assignment.size(); ++s)
       if (assignment.data()[s] < 0 || assignment.data()[s] >= workers)
         throw std::invalid_argument("estimated_rows: worker out of range");
-    return hetu::herald::EstimatedRows(rows.data(), rows.shape(0), rows.shape(1), valid.data(), valid.size(), workers,
+    return hetu::herald::EstimatedRows(rows.data(), rows.shape(0), rows.shape(1), valid.data(), valid.size(),
                                        assignment.data());
   }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("assignment"),
      "the row transmissions colocate_allocate estimates for an assignment");

@@ -38,9 +38,12 @@ int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int n
   return chosen;
 }
 
-// Samples with the strongest cache preference choose first.
-std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
-  std::vector<int64_t> order(best.size());
+// Samples with the strongest cache preference (highest best score) choose first.
+std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_workers) {
+  std::vector<int32_t> best(n);
+  for (int64_t s = 0; s < n; ++s)
+    best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
+  std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return best[a] > best[b]; });
   return order;
@@ -161,13 +164,21 @@ constexpr int kTradeSweeps = 2;
 
 }  // namespace
 
+std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid,
+                                 int num_workers) {
+  std::vector<int32_t> scores(n * num_workers, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    int32_t* score = &scores[s * num_workers];
+    for (int64_t f = 0; f < fields; ++f)
+      for (uint64_t m = valid[rows[s * fields + f]]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
+  }
+  return scores;
+}
+
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment) {
-  std::vector<int32_t> best(n, 0);
-  for (int64_t s = 0; s < n; ++s)
-    best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
   std::vector<int64_t> load(num_workers, 0);
-  for (int64_t s : StrongestFirst(best)) {
+  for (int64_t s : StrongestFirst(scores, n, num_workers)) {
     const int32_t* row = scores + s * num_workers;
     const int chosen = BestWorkerWithRoom([&](int w) { return -row[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
@@ -185,16 +196,10 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     for (int64_t r = 0; r < num_rows; ++r)
       if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
   }
-  std::vector<int32_t> best(n, 0), score(num_workers);
-  for (int64_t s = 0; s < n; ++s) {
-    std::fill(score.begin(), score.end(), 0);
-    for (int64_t f = 0; f < fields; ++f)
-      for (uint64_t m = valid[rows[s * fields + f]]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
-    best[s] = *std::max_element(score.begin(), score.end());
-  }
+  const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, num_workers);
   std::vector<int64_t> load(num_workers, 0);
   std::vector<int32_t> added(num_workers);
-  for (int64_t s : StrongestFirst(best)) {
+  for (int64_t s : StrongestFirst(scores.data(), n, num_workers)) {
     const int32_t* r = rows + s * fields;
     std::fill(added.begin(), added.end(), 0);
     for (int64_t f = 0; f < fields; ++f) {
@@ -209,13 +214,12 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     for (int64_t f = 0; f < fields; ++f) readers[r[f]] |= Bit(chosen);
   }
   Trader trader(rows, n, fields, valid, num_rows, num_workers, assignment);
-  for (int sweep = 0; sweep < kTradeSweeps && trader.Sweep() > 0; ++sweep) {
-  }
+  for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
+    if (trader.Sweep() == 0) break;
 }
 
 int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      int num_workers, const int32_t* assignment) {
-  (void)num_workers;
+                      const int32_t* assignment) {
   std::vector<uint64_t> readers(num_rows, 0);
   for (int64_t s = 0; s < n; ++s)
     for (int64_t f = 0; f < fields; ++f) readers[rows[s * fields + f]] |= Bit(assignment[s]);

@@ -9,15 +9,18 @@ namespace herald {
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
 // deterministic: every worker computes the same assignment.
 
-// scores: [n, num_workers], score(s, w) = rows of sample s valid in worker w's cache (DESIGN.md
-// section 7). Each sample goes to its best-scoring worker that still has room, samples with the
-// highest best score first.
+// rows: [n, fields], each sample's rows as indices into the batch's distinct rows; valid[r]: one
+// bit per worker whose cache holds a valid copy of row r. Returns the cache scores [n, num_workers]:
+// score(s, w) = rows of sample s (repeats count) valid in worker w's cache (DESIGN.md section 7).
+std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid,
+                                 int num_workers);
+
+// scores: [n, num_workers], the cache scores. Each sample goes to its best-scoring worker that
+// still has room, samples with the highest best score first.
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment);
 
-// rows: [n, fields], each sample's rows as indices into the batch's distinct rows; valid[r]: one
-// bit per worker whose cache holds a valid copy of row r. Each sample goes, in the same order as
-// GreedyAllocate's, to the worker with room where it adds the fewest row transmissions to this
+// rows, valid: as for CacheScores. Each sample goes, in the same order as GreedyAllocate's, to the worker with room where it adds the fewest row transmissions to this
 // iteration given the samples placed before it: a row valid in that worker's cache is free (the
 // cache score), and so is a row that worker already reads this iteration, which would otherwise
 // be shared (co-location). Pairs of samples then trade workers while a trade saves rows.
@@ -26,7 +29,7 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
 
 // The transmissions ColocateAllocate estimates for an assignment (a test's yardstick).
 int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      int num_workers, const int32_t* assignment);
+                      const int32_t* assignment);
 
 }  // namespace herald
 }  // namespace hetu

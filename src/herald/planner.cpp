@@ -72,24 +72,20 @@ void Planner::Allocate(const int64_t* ids, int64_t fields, int64_t iteration, st
     for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
     return;
   }
+  // The batch's rows as indices into its distinct rows, and each distinct row's valid mask: one
+  // lookup per distinct row, not per id.
+  std::vector<int64_t> distinct;
+  std::vector<int32_t> rows(n * fields);
+  kernels::sorted_unique(ids, n * fields, &distinct, rows.data());
+  std::vector<uint64_t> valid(distinct.size());
+  for (size_t r = 0; r < distinct.size(); ++r) valid[r] = ValidMask(distinct[r]);
   if (allocator_ == Allocator::kColocate) {
-    std::vector<int64_t> distinct;
-    std::vector<int32_t> rows(n * fields);
-    kernels::sorted_unique(ids, n * fields, &distinct, rows.data());
-    std::vector<uint64_t> valid(distinct.size());
-    for (size_t r = 0; r < distinct.size(); ++r) valid[r] = ValidMask(distinct[r]);
     ColocateAllocate(rows.data(), n, fields, valid.data(), static_cast<int64_t>(distinct.size()), W_, b_, iteration,
                      assign->data());
-    return;
+  } else {
+    GreedyAllocate(CacheScores(rows.data(), n, fields, valid.data(), W_).data(), n, W_, b_, iteration,
+                   assign->data());
   }
-  // score(s, w): ids of sample s (repeats count) whose row is valid in w's cache.
-  std::vector<int32_t> scores(n * W_, 0);
-  for (int64_t s = 0; s < n; ++s) {
-    int32_t* row = &scores[s * W_];
-    for (int64_t f = 0; f < fields; ++f)
-      for (uint64_t mask = ValidMask(ids[s * fields + f]); mask; mask &= mask - 1) ++row[__builtin_ctzll(mask)];
-  }
-  GreedyAllocate(scores.data(), n, W_, b_, iteration, assign->data());
 }
 
 void Planner::FinishPending(const Users& users) {
