@@ -27,19 +27,14 @@ def test_wdl_reaches_auc_on_synthetic_criteo(data_home):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("model", ["dfm_criteo", "dcn_criteo"])
-def test_other_criteo_models_learn(data_home, model):
-    summary, out = run_hetu(data_home, "--model", model, "--rows", "100000", "--embedding-size", "8",
-                            "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "300", "--val")
-    assert summary["final"]["val"]["auc"] >= 0.65, out
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("model", ["dcn_avazu", "ncf_movielens"])
-def test_avazu_and_movielens_models_learn(data_home, model):
-    summary, out = run_hetu(data_home, "--model", model, "--rows", "50000", "--embedding-size", "8",
-                            "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "200", "--val")
-    assert summary["final"]["val"]["auc"] >= 0.68, out
+@pytest.mark.parametrize("model,rows,iterations,min_auc", [
+    ("dfm_criteo", 100000, 300, 0.65), ("dcn_criteo", 100000, 300, 0.65),
+    ("dcn_avazu", 50000, 200, 0.68), ("ncf_movielens", 50000, 200, 0.68)])
+def test_other_models_learn(data_home, model, rows, iterations, min_auc):
+    summary, out = run_hetu(data_home, "--model", model, "--rows", str(rows), "--embedding-size", "8",
+                            "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", str(iterations),
+                            "--val")
+    assert summary["final"]["val"]["auc"] >= min_auc, out
 
 
 def test_distributed_flags_without_comm_are_rejected(data_home):
