@@ -73,7 +73,8 @@ class Trader {
  public:
   Trader(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows, int num_workers,
          int32_t* assignment)
-      : rows_(rows), n_(n), fields_(fields), valid_(valid), W_(num_workers), assign_(assignment),
+      : rows_(rows), n_(n), fields_(fields), valid_(valid), W_(num_workers),
+        everyone_(num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1), assign_(assignment),
         count_(num_rows * num_workers, 0), readers_(num_rows, 0) {
     for (int64_t s = 0; s < n; ++s)
       for (const int32_t* r = Begin(s); r != End(s); ++r) {
@@ -135,6 +136,7 @@ class Trader {
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const uint64_t before = readers_[*r];
       const uint64_t rest = count_[*r * W_ + from] == 1 ? before & ~Bit(from) : before;
+      if (rest == everyone_) continue;  // read by every worker whatever this sample does
       const int now = RowCost(before, valid_[*r]);
       for (int to = 0; to < W_; ++to)
         if (to != from) (*out)[to] += now - RowCost(rest | Bit(to), valid_[*r]);
@@ -155,6 +157,7 @@ class Trader {
   int64_t n_, fields_;
   const uint64_t* valid_;
   int W_;
+  uint64_t everyone_;
   int32_t* assign_;
   std::vector<int32_t> count_;
   std::vector<uint64_t> readers_;  // one bit per worker with count_ > 0
@@ -204,6 +207,7 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     std::fill(added.begin(), added.end(), 0);
     for (int64_t f = 0; f < fields; ++f) {
       const uint64_t m = readers[r[f]], v = valid[r[f]];
+      if (m == everyone) continue;  // costs the same wherever the sample goes
       const int now = RowCost(m, v);
       for (int w = 0; w < num_workers; ++w) added[w] += RowCost(m | Bit(w), v) - now;
     }

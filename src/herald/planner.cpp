@@ -21,11 +21,6 @@ void SortUnique(std::vector<int64_t>* v) {
 
 }  // namespace
 
-uint64_t Planner::Users::MaskOf(int64_t key) const {
-  auto it = std::lower_bound(keys.begin(), keys.end(), key);
-  return it != keys.end() && *it == key ? mask[it - keys.begin()] : 0;
-}
-
 Allocator ParseAllocator(const std::string& name) {
   if (name == "colocate") return Allocator::kColocate;
   if (name == "greedy") return Allocator::kGreedy;
@@ -65,40 +60,31 @@ uint64_t Planner::ValidMask(int64_t key) const {
   return mask ? *mask : 0;
 }
 
-void Planner::Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const {
+void Planner::Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign) const {
   const int64_t n = W_ * b_;
   assign->resize(n);
   if (allocator_ == Allocator::kNone) {
     for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
-    return;
-  }
-  // The batch's rows as indices into its distinct rows, and each distinct row's valid mask: one
-  // lookup per distinct row, not per id.
-  std::vector<int64_t> distinct;
-  std::vector<int32_t> rows(n * fields);
-  kernels::sorted_unique(ids, n * fields, &distinct, rows.data());
-  std::vector<uint64_t> valid(distinct.size());
-  for (size_t r = 0; r < distinct.size(); ++r) valid[r] = ValidMask(distinct[r]);
-  if (allocator_ == Allocator::kColocate) {
-    ColocateAllocate(rows.data(), n, fields, valid.data(), static_cast<int64_t>(distinct.size()), W_, b_, iteration,
-                     assign->data());
+  } else if (allocator_ == Allocator::kColocate) {
+    ColocateAllocate(batch.rows.data(), n, batch.fields, batch.valid.data(), static_cast<int64_t>(batch.keys.size()),
+                     W_, b_, iteration, assign->data());
   } else {
-    GreedyAllocate(CacheScores(rows.data(), n, fields, valid.data(), W_).data(), n, W_, b_, iteration,
-                   assign->data());
+    GreedyAllocate(CacheScores(batch.rows.data(), n, batch.fields, batch.valid.data(), W_).data(), n, W_, b_,
+                   iteration, assign->data());
   }
 }
 
-void Planner::FinishPending(const Users& users) {
+void Planner::FinishPending(const BatchRows& batch) {
   // Dirty rows are valid, so the valid mask finds every worker that may hold a row dirty.
-  for (size_t u = 0; u < users.keys.size(); ++u) {
-    for (uint64_t held = ValidMask(users.keys[u]); held; held &= held - 1) {
+  for (size_t r = 0; r < batch.keys.size(); ++r) {
+    for (uint64_t held = batch.valid[r]; held; held &= held - 1) {
       const int w = __builtin_ctzll(held);
-      if (!(users.mask[u] & ~Bit(w))) continue;  // nobody else reads it
+      if (!(batch.readers[r] & ~Bit(w))) continue;  // nobody else reads it
       CacheModel& m = models_[w];
-      const int64_t slot = m.policy.SlotOf(users.keys[u]);
+      const int64_t slot = m.policy.SlotOf(batch.keys[r]);
       if (!m.dirty[slot]) continue;
       m.dirty[slot] = 0;
-      if (w == rank_) pending_.writeback.push_back(users.keys[u]);
+      if (w == rank_) pending_.writeback.push_back(batch.keys[r]);
     }
   }
   SortUnique(&pending_.writeback);
@@ -110,34 +96,28 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
                                 std::to_string(next_) + " expected (plans depend on every earlier iteration)");
   ++next_;
   const int64_t n = W_ * b_;
+  // The batch as indices into its distinct rows, each distinct row's valid mask (one lookup per
+  // distinct row, not per id), the allocation, and who reads each row.
+  BatchRows batch;
+  batch.fields = fields;
+  batch.rows.resize(n * fields);
+  kernels::sorted_unique(ids, n * fields, &batch.keys, batch.rows.data());
+  const size_t num_rows = batch.keys.size();
+  batch.valid.resize(num_rows);
+  for (size_t r = 0; r < num_rows; ++r) batch.valid[r] = ValidMask(batch.keys[r]);
   std::vector<int32_t> assign;
-  Allocate(ids, fields, iteration, &assign);
-
-  // Each worker's distinct rows, and who reads each row of the global batch.
-  std::vector<std::vector<int64_t>> keys(W_);
-  std::vector<std::pair<int64_t, int>> reads;
-  {
-    std::vector<std::vector<int64_t>> worker_ids(W_);
-    for (int64_t s = 0; s < n; ++s)
-      worker_ids[assign[s]].insert(worker_ids[assign[s]].end(), ids + s * fields, ids + (s + 1) * fields);
-    for (int w = 0; w < W_; ++w) {
-      kernels::sorted_unique(worker_ids[w].data(), static_cast<int64_t>(worker_ids[w].size()), &keys[w]);
-      for (int64_t k : keys[w]) reads.emplace_back(k, w);
-    }
-  }
-  std::sort(reads.begin(), reads.end());
-  Users users;
-  for (const auto& r : reads) {
-    if (users.keys.empty() || users.keys.back() != r.first) {
-      users.keys.push_back(r.first);
-      users.mask.push_back(0);
-    }
-    users.mask.back() |= Bit(r.second);
-  }
+  Allocate(batch, iteration, &assign);
+  batch.readers.assign(num_rows, 0);
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t f = 0; f < fields; ++f) batch.readers[batch.rows[s * fields + f]] |= Bit(assign[s]);
+  // Each worker's distinct rows, ascending, as indices into the batch's.
+  std::vector<std::vector<int32_t>> worker_rows(W_);
+  for (size_t r = 0; r < num_rows; ++r)
+    for (uint64_t m = batch.readers[r]; m; m &= m - 1) worker_rows[__builtin_ctzll(m)].push_back(static_cast<int32_t>(r));
 
   Advanced out;
   if (has_pending_) {
-    FinishPending(users);
+    FinishPending(batch);
     out.has_finished = true;
     out.finished = std::move(pending_);
   }
@@ -145,7 +125,9 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   WorkerPlan mine;
   for (int w = 0; w < W_; ++w) {
     CacheModel& m = models_[w];
-    const std::vector<int64_t>& k = keys[w];
+    const std::vector<int32_t>& rows = worker_rows[w];
+    std::vector<int64_t> k(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) k[i] = batch.keys[rows[i]];
     cache::AccessResult r = m.policy.Access(k.data(), static_cast<int64_t>(k.size()));
     std::vector<int64_t> writeback;
     for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
@@ -158,7 +140,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
     std::vector<uint8_t> pull(k.size()), owner(k.size());
     for (size_t i = 0; i < k.size(); ++i) {
       const int64_t slot = r.slot[i];
-      owner[i] = users.MaskOf(k[i]) == Bit(w);
+      owner[i] = batch.readers[rows[i]] == Bit(w);
       pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
       if (slot >= 0) {
         // A row stepped by several workers changes on the servers: the copy is stale after t.
@@ -173,7 +155,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
       mine.iteration = iteration;
       for (int64_t s = 0; s < n; ++s)
         if (assign[s] == w) mine.samples.push_back(s);
-      mine.keys = k;
+      mine.keys = std::move(k);
       mine.hit = std::move(r.hit);
       mine.pull = std::move(pull);
       mine.owner = std::move(owner);
@@ -182,15 +164,19 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   }
   // Valid cached copies of rows that other workers use now are updated elsewhere. (Dirty rows
   // are valid, so this also checks that no dirty row is updated by another worker.)
-  for (size_t u = 0; u < users.keys.size(); ++u) {
-    for (uint64_t stale = ValidMask(users.keys[u]) & ~users.mask[u]; stale; stale &= stale - 1) {
+  // This iteration only cleared valid bits of workers that do not read a row, so rows with no
+  // valid copy outside their readers before it need no lookup.
+  for (size_t r = 0; r < num_rows; ++r) {
+    if (!(batch.valid[r] & ~batch.readers[r])) continue;
+    const int64_t key = batch.keys[r];
+    for (uint64_t stale = ValidMask(key) & ~batch.readers[r]; stale; stale &= stale - 1) {
       const int w = __builtin_ctzll(stale);
-      const int64_t slot = models_[w].policy.SlotOf(users.keys[u]);
+      const int64_t slot = models_[w].policy.SlotOf(key);
       if (models_[w].dirty[slot])
         throw std::logic_error("Herald plan invariant broken at iteration " + std::to_string(iteration) +
-                               ": worker " + std::to_string(w) + " holds dirty row " +
-                               std::to_string(users.keys[u]) + " that another worker updates");
-      if (w == rank_) mine.invalidate.push_back(users.keys[u]);
+                               ": worker " + std::to_string(w) + " holds dirty row " + std::to_string(key) +
+                               " that another worker updates");
+      if (w == rank_) mine.invalidate.push_back(key);
       SetValid(w, slot, false);
     }
   }

@@ -62,19 +62,22 @@ class Planner {
         : policy(kind, capacity, pin_threshold), valid(capacity, 0), dirty(capacity, 0), slot_key(capacity, -1) {}
   };
 
-  // The distinct rows of the global batch, ascending, with a bit per worker that reads each.
-  struct Users {
+  // One global batch as the planner sees it. keys: its distinct rows, ascending; rows: [n, fields],
+  // each id as an index into keys; valid: per distinct row, one bit per worker whose cached copy
+  // is valid before the iteration; readers: one bit per worker that reads it (once allocated).
+  struct BatchRows {
+    int64_t fields = 0;
     std::vector<int64_t> keys;
-    std::vector<uint64_t> mask;
-    uint64_t MaskOf(int64_t key) const;  // 0 if no worker reads it
+    std::vector<int32_t> rows;
+    std::vector<uint64_t> valid, readers;
   };
 
-  void Allocate(const int64_t* ids, int64_t fields, int64_t iteration, std::vector<int32_t>* assign) const;
+  void Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign) const;
   // valid[slot] of worker w's model, mirrored in valid_by_key_.
   void SetValid(int w, int64_t slot, bool valid);
   uint64_t ValidMask(int64_t key) const;
   // Rule: at the end of t-1 a worker writes back its dirty rows that another worker reads at t.
-  void FinishPending(const Users& users);
+  void FinishPending(const BatchRows& batch);
 
   int W_, rank_;
   int64_t b_;
