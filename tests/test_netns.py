@@ -72,6 +72,8 @@ def test_runner_spans_namespace_hosts_through_mpirun(hosts, tmp_path):
         assert info["DMLC_NODE_HOST"] == h.address and info["DMLC_INTERFACE"] == "eth0"
         assert info["DMLC_PS_ROOT_URI"] == hosts[0].address
         assert info["sum"] == 0 + 1 + 2 and info["size"] == 3   # AllReduce across hosts
+        # the hosts share this machine's cores: 3 workers split them
+        assert info["OMP_NUM_THREADS"] == info["HETU_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 3))
 
 
 FAKE_LAUNCHER = textwrap.dedent("""

@@ -30,6 +30,8 @@ from typing import List, Optional
 
 import yaml
 
+from .runner import THREAD_VARS
+
 SUBNET_PREFIX = "10.231"
 SSHD = "/usr/sbin/sshd"
 CMD_TIMEOUT = 20
@@ -257,8 +259,14 @@ class NamespaceHosts:
 
     def cluster(self, workers: List[int], servers: Optional[List[int]] = None,
                 chief: int = 0, env: Optional[dict] = None) -> dict:
-        """A runner cluster description naming the hosts by address."""
+        """A runner cluster description naming the hosts by address.
+
+        The hosts share this machine's cores, so unless `env` says otherwise each worker gets
+        its share of them as thread count (the runner would give every host's workers all of
+        them, and the workers of different hosts would spin against each other)."""
         servers = servers or [0] * len(self.hosts)
+        threads = str(max(1, len(os.sched_getaffinity(0)) // max(1, sum(workers))))
+        env = {**{v: threads for v in THREAD_VARS}, **(env or {})}
         nodes = [{"host": h.address, "workers": w, "servers": s, "interface": h.iface,
                   **({"chief": True} if h.index == chief else {})}
                  for h, w, s in zip(self.hosts, workers, servers)]
@@ -266,8 +274,7 @@ class NamespaceHosts:
         # reachable from inside the namespaces.
         mca = ["--mca", "oob_tcp_if_include", self.subnet,
                "--mca", "btl_tcp_if_include", self.subnet]
-        return {"nodes": nodes, "ssh_config": self.ssh_config, "mpirun_args": mca,
-                **({"env": env} if env else {})}
+        return {"nodes": nodes, "ssh_config": self.ssh_config, "mpirun_args": mca, "env": env}
 
     def write_cluster_file(self, path, workers, servers=None, chief=0, env=None) -> str:
         with open(path, "w") as f:

@@ -40,9 +40,10 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 # It also splits the host's cores among the workers on it: several workers each running BLAS and
 # kernel threads for every core spin against each other (a 2-core host with 2 workers ran 40x
 # slower). Variables the user set are kept.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "HETU_NUM_THREADS")
 WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
                't=$(( $(nproc) / HETU_LOCAL_WORKERS )); [ "$t" -ge 1 ] || t=1; '
-               'for v in OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS HETU_NUM_THREADS; do '
+               f'for v in {" ".join(THREAD_VARS)}; do '
                '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
 # Local variables that remote workers need to find the same interpreter and libraries.
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
