@@ -71,6 +71,7 @@ def aggregate(summaries, batch):
     lookups = total("hits") + total("misses")
     return {"pulled": total("rows_pulled"), "pushed": total("rows_pushed"),
             "rows": total("rows_pulled") + total("rows_pushed"),
+            "bytes": total("bytes_pulled") + total("bytes_pushed"),
             "hit_rate": total("hits") / lookups if lookups else 0.0,
             "samples_per_s": sum(s["iterations"] * batch for s in summaries) / seconds,
             "sched_s": total("scheduler_seconds") / len(c), "wait_share": total("plan_wait_seconds") / len(c) / seconds,

@@ -60,7 +60,7 @@ def main():
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
 
-    header = (f"{'W':>2} {'link':>7}  {'mode':<19}{'rows moved':>11}{'samples/s':>11}{'runs (samples/s)':>28}"
+    header = (f"{'W':>2} {'link':>7}  {'mode':<19}{'rows moved':>11}{'MB moved':>9}{'samples/s':>11}{'runs (samples/s)':>28}"
               f"{'vs PS':>7}{'vs HET':>7}")
     print(f"W workers, b={args.batch}, embedding {args.embedding_size}, cache ratio {args.ratio}, "
           f"{args.iterations} iterations, median of {args.repeats}")
@@ -80,7 +80,7 @@ def report(workers, rate, res):
     for m in res:
         runs = " ".join(f"{r['samples_per_s']:.0f}" for r in res[m])
         ratio = lambda ref: speed[m] / speed[ref] if ref in speed else float("nan")
-        print(f"{workers:>2} {rate or 'veth':>7}  {m:<19}{res[m][0]['rows']:>11}{speed[m]:>11.0f}"
+        print(f"{workers:>2} {rate or 'veth':>7}  {m:<19}{res[m][0]['rows']:>11}{res[m][0]['bytes'] / 1e6:>9.1f}{speed[m]:>11.0f}"
               f"{runs:>28}{ratio('PS'):>7.2f}{ratio('HET'):>7.2f}", flush=True)
 
 if __name__ == "__main__":
