@@ -186,6 +186,11 @@ def test_dataloader_order_slicing_and_shuffle():
     got = np.concatenate([s1.next_batch() for _ in range(4)])
     np.testing.assert_array_equal(got, np.concatenate([s2.next_batch() for _ in range(4)]))
     assert sorted(got[:, 0]) == list(range(0, 40, 2)) and not np.array_equal(got, data)
+    # An epoch's order is drawn once and shared by loaders with the same seed (the dense, sparse
+    # and label loaders), read-only; the next epoch draws a different one.
+    assert s1.epoch_order(0) is s2.epoch_order(0) and not s1.epoch_order(0).flags.writeable
+    assert not np.array_equal(s1.epoch_order(0), s1.epoch_order(1))
+    np.testing.assert_array_equal(s1.epoch_order(1), np.random.default_rng([4, 1]).permutation(len(data)))
 
 
 def test_dataloader_op_feeds_each_subgraph():

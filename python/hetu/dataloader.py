@@ -5,10 +5,23 @@ order (seeded shuffle or the stored order); worker w of W takes slice w of it (D
 A scheduler may instead choose which samples of B_t each worker takes (`set_batch_plan`)."""
 import collections
 import concurrent.futures
+import functools
 
 import numpy as np
 
 from .graph import Op
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(seed, epoch, n):
+    """The shuffled order of an epoch, computed once: every batch of the epoch, the dense,
+    sparse and label loaders that share a seed, and Herald's scheduler thread read it. Drawn
+    anew per batch it cost 1.9 ms per loader at 180,000 samples, and grows with the data. Two
+    epochs are kept, as a scheduler looking ahead reads the next epoch while training finishes
+    this one."""
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    order.flags.writeable = False
+    return order
 
 
 class Dataloader:
@@ -63,7 +76,7 @@ class Dataloader:
     def epoch_order(self, epoch):
         if not self.shuffle:
             return None
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.data))
+        return _epoch_order(self.seed, epoch, len(self.data))
 
     def global_indices(self, step):
         """Sample indices of global batch `step` (counted over all epochs)."""
