@@ -117,13 +117,7 @@ Array<bool> to_bool_array(const std::vector<T>& v) {
 
 // (samples of iteration t, plan of t-1 as a tuple or None); the plan tuple is
 // (iteration, samples, keys, hit, pull, owner, invalidate, writeback).
-py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, int64_t iteration) {
-  if (ids.ndim() != 2) throw std::invalid_argument("Planner.advance: ids must be [samples, fields]");
-  hetu::herald::Advanced r;
-  {
-    py::gil_scoped_release nogil;
-    r = planner.Advance(ids.data(), ids.shape(1), iteration);
-  }
+py::tuple advanced_to_python(const hetu::herald::Advanced& r) {
   py::object finished = py::none();
   if (r.has_finished) {
     const auto& p = r.finished;
@@ -132,6 +126,40 @@ py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, in
                               to_array(p.writeback));
   }
   return py::make_tuple(to_array(r.samples), finished);
+}
+
+py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, int64_t iteration) {
+  if (ids.ndim() != 2) throw std::invalid_argument("Planner.advance: ids must be [samples, fields]");
+  hetu::herald::Advanced r;
+  {
+    py::gil_scoped_release nogil;
+    r = planner.Advance(ids.data(), ids.shape(1), iteration);
+  }
+  return advanced_to_python(r);
+}
+
+// The scheduler thread's step: gathers the rows of global batch `iteration` (samples: positions
+// in `table`, the whole [N, fields] id array, typically memory-mapped) and plans it, all without
+// the GIL, so that planning never holds up the training thread.
+py::tuple planner_advance_samples(hetu::herald::Planner& planner, Array<int64_t> table, Array<int64_t> samples,
+                                  int64_t iteration) {
+  if (table.ndim() != 2) throw std::invalid_argument("Planner.advance_samples: table must be [samples, fields]");
+  const int64_t rows = table.shape(0), fields = table.shape(1), n = samples.size();
+  std::vector<int64_t> ids(static_cast<size_t>(n * fields));
+  hetu::herald::Advanced r;
+  {
+    py::gil_scoped_release nogil;
+    const int64_t* src = table.data();
+    const int64_t* pos = samples.data();
+    for (int64_t i = 0; i < n; ++i) {
+      if (pos[i] < 0 || pos[i] >= rows)
+        throw std::out_of_range("Planner.advance_samples: sample " + std::to_string(pos[i]) + " outside the " +
+                                std::to_string(rows) + " samples of the data");
+      std::copy(src + pos[i] * fields, src + (pos[i] + 1) * fields, ids.data() + i * fields);
+    }
+    r = planner.Advance(ids.data(), fields, iteration);
+  }
+  return advanced_to_python(r);
 }
 
 py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {
@@ -352,5 +380,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate")
       .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
            "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
-           "the now final plan of the previous iteration or None)");
+           "the now final plan of the previous iteration or None)")
+      .def("advance_samples", &planner_advance_samples, py::arg("table"), py::arg("samples"), py::arg("iteration"),
+           "advance() on table[samples] (table: every sample's ids [N, fields]), gathered without the GIL");
 }

@@ -154,6 +154,23 @@ def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, al
                 np.testing.assert_array_equal(got[i], want[field], err_msg=f"{field}, rank {rank}, iteration {t - 1}")
 
 
+def test_planner_gathers_samples_itself():
+    # The scheduler thread hands the planner the whole id table and the batch's sample positions;
+    # the plans equal those of the gathered ids.
+    rng = np.random.default_rng(5)
+    table = (rng.zipf(1.3, size=(300, 4)) % 200).astype(np.int64)
+    gathered, direct = _C.Planner(2, 1, 8, "lru", 30), _C.Planner(2, 1, 8, "lru", 30)
+    for t in range(6):
+        samples = rng.permutation(len(table))[:16]
+        got, want = gathered.advance_samples(table, samples, t), direct.advance(table[samples], t)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert (got[1] is None) == (want[1] is None) == (t == 0)
+        for g, w in zip(got[1] or (), want[1] or ()):
+            np.testing.assert_array_equal(g, w)
+    with pytest.raises(IndexError, match="sample 300 outside the 300 samples"):
+        gathered.advance_samples(table, np.arange(285, 301), 6)
+
+
 def test_cpp_planner_rejects_bad_input():
     with pytest.raises(ValueError, match="1 to 64"):
         _C.Planner(65, 0, 8, "lru", 10)

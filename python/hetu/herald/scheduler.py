@@ -59,7 +59,13 @@ class Scheduler:
         if loader.batch_num < 1:
             raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
-        self.sparse, self.loader = sparse, loader
+        # The planner gathers each global batch's ids itself, without the GIL: it needs the
+        # whole id table as one int64 [samples, fields] array (a memory map is not copied).
+        sparse = np.asarray(sparse)
+        if sparse.dtype != np.int64 or sparse.ndim != 2:
+            raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
+                            f"{sparse.shape}")
+        self.sparse, self.loader = np.ascontiguousarray(sparse), loader
         self.lookahead = lookahead
         self._planner = _C.Planner(num_workers, rank, batch_size, policy, capacity, pin_threshold,
                                    allocator=allocator)
@@ -144,8 +150,7 @@ class Scheduler:
 
     def _advance(self, t):
         start = time.perf_counter()
-        ids = np.ascontiguousarray(self.sparse[self.loader.global_indices(t)], dtype=np.int64)
-        samples, finished = self._planner.advance(ids.reshape(len(ids), -1), t)
+        samples, finished = self._planner.advance_samples(self.sparse, self.loader.global_indices(t), t)
         self._seconds[t] = time.perf_counter() - start
         with self._cond:
             self._alloc[t] = samples
