@@ -10,6 +10,7 @@ namespace herald {
 namespace {
 
 uint64_t Bit(int w) { return uint64_t(1) << w; }
+uint64_t AllWorkers(int num_workers) { return num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1; }
 
 // Workers in a mask. The portable build has no popcnt instruction, and the library call in its
 // place took a fifth of an offline planner run's CPU; clusters of up to 8 workers take the table.
@@ -74,7 +75,7 @@ class Trader {
   Trader(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows, int num_workers,
          int32_t* assignment)
       : rows_(rows), n_(n), fields_(fields), valid_(valid), W_(num_workers),
-        everyone_(num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1), assign_(assignment),
+        everyone_(AllWorkers(num_workers)), assign_(assignment),
         count_(num_rows * num_workers, 0), readers_(num_rows, 0) {
     for (int64_t s = 0; s < n; ++s)
       for (const int32_t* r = Begin(s); r != End(s); ++r) {
@@ -191,7 +192,7 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment) {
-  const uint64_t everyone = num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1;
+  const uint64_t everyone = AllWorkers(num_workers);
   std::vector<uint64_t> readers(num_rows, 0);
   {
     std::vector<int32_t> samples_reading(num_rows, 0);
