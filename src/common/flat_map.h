@@ -1,12 +1,17 @@
 // A hash map from int64 row ids, for the per-row bookkeeping of the caches and of Herald's
 // planner, which look up every row of every batch several times per iteration. Open
-// addressing with linear probing: one array probe per lookup where std::unordered_map follows a
-// pointer to a separately allocated node. Erase shifts the following entries back instead of
-// leaving tombstones, so lookups stay short however many rows come and go.
+// addressing with linear probing over one array of (key, value) cells: a lookup of a resident
+// row touches one cache line, where std::unordered_map follows a pointer to a separately
+// allocated node (and separate key, value and occupancy arrays cost one miss each). Erase shifts
+// the following entries back instead of leaving tombstones, so lookups stay short however many
+// rows come and go.
 //
+// kEmpty (INT64_MIN) marks a free cell and cannot be a key; row ids are never negative.
 // Pointers returned by Find / Insert stay valid until the next Insert or Erase.
 #pragma once
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -15,63 +20,74 @@ namespace hetu {
 template <typename V>
 class FlatMap {
  public:
+  static constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();
+
   explicit FlatMap(size_t expected = 8) { Rehash(SlotsFor(expected)); }
 
   size_t size() const { return size_; }
 
   // Makes room for `expected` entries without rehashing.
   void reserve(size_t expected) {
-    if (SlotsFor(expected) > keys_.size()) Rehash(SlotsFor(expected));
+    if (SlotsFor(expected) > cells_.size()) Rehash(SlotsFor(expected));
   }
 
   V* Find(int64_t key) {
     for (size_t i = Home(key);; i = (i + 1) & mask_) {
-      if (!used_[i]) return nullptr;
-      if (keys_[i] == key) return &values_[i];
+      Cell& c = cells_[i];
+      if (c.key == key) return &c.value;
+      if (c.key == kEmpty) return nullptr;
     }
   }
   const V* Find(int64_t key) const { return const_cast<FlatMap*>(this)->Find(key); }
 
+  // Hints the cache to load the cell where a lookup of `key` starts; batched lookups issue it
+  // some keys ahead so that their misses overlap.
+  void Prefetch(int64_t key) const { __builtin_prefetch(&cells_[Home(key)]); }
+
   // The entry of `key`, created as `value` if absent; second: whether it was created.
   std::pair<V*, bool> Insert(int64_t key, const V& value) {
     if (V* v = Find(key)) return {v, false};
-    if (2 * (size_ + 1) > keys_.size()) Rehash(2 * keys_.size());
+    if (key == kEmpty) throw std::invalid_argument("FlatMap: INT64_MIN cannot be a key");
+    if (2 * (size_ + 1) > cells_.size()) Rehash(2 * cells_.size());
     size_t i = Home(key);
-    while (used_[i]) i = (i + 1) & mask_;
-    used_[i] = 1;
-    keys_[i] = key;
-    values_[i] = value;
+    while (cells_[i].key != kEmpty) i = (i + 1) & mask_;
+    cells_[i].key = key;
+    cells_[i].value = value;
     ++size_;
-    return {&values_[i], true};
+    return {&cells_[i].value, true};
   }
 
   bool Erase(int64_t key) {
     size_t hole = Home(key);
     for (;; hole = (hole + 1) & mask_) {
-      if (!used_[hole]) return false;
-      if (keys_[hole] == key) break;
+      if (cells_[hole].key == kEmpty) return false;
+      if (cells_[hole].key == key) break;
     }
     // Entries after the hole whose probe passed through it move back into it.
-    for (size_t j = (hole + 1) & mask_; used_[j]; j = (j + 1) & mask_) {
-      const size_t home = Home(keys_[j]);
+    for (size_t j = (hole + 1) & mask_; cells_[j].key != kEmpty; j = (j + 1) & mask_) {
+      const size_t home = Home(cells_[j].key);
       const bool reachable_without_hole = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
       if (reachable_without_hole) continue;
-      keys_[hole] = keys_[j];
-      values_[hole] = std::move(values_[j]);
+      cells_[hole] = std::move(cells_[j]);
       hole = j;
     }
-    used_[hole] = 0;
+    cells_[hole].key = kEmpty;
     --size_;
     return true;
   }
 
   template <typename F>
   void ForEach(F f) const {
-    for (size_t i = 0; i < keys_.size(); ++i)
-      if (used_[i]) f(keys_[i], values_[i]);
+    for (const Cell& c : cells_)
+      if (c.key != kEmpty) f(c.key, c.value);
   }
 
  private:
+  struct Cell {
+    int64_t key = kEmpty;
+    V value{};
+  };
+
   // At most half full.
   static size_t SlotsFor(size_t n) {
     size_t slots = 16;
@@ -88,22 +104,17 @@ class FlatMap {
   }
 
   void Rehash(size_t slots) {
-    std::vector<int64_t> keys(slots);
-    std::vector<V> values(slots);
-    std::vector<uint8_t> used(slots, 0);
-    keys.swap(keys_);
-    values.swap(values_);
-    used.swap(used_);
+    std::vector<Cell> cells(slots);
+    cells.swap(cells_);
     mask_ = slots - 1;
     size_ = 0;
-    for (size_t i = 0; i < keys.size(); ++i)
-      if (used[i]) Insert(keys[i], values[i]);
+    for (const Cell& c : cells)
+      if (c.key != kEmpty) Insert(c.key, c.value);
   }
 
-  std::vector<int64_t> keys_;
-  std::vector<V> values_;
-  std::vector<uint8_t> used_;
-  size_t mask_ = 0, size_ = 0;
+  std::vector<Cell> cells_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
 };
 
 }  // namespace hetu
