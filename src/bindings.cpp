@@ -4,14 +4,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cache/policy.h"
 #include "cache/row_cache.h"
 #include "common/parallel.h"
 #include "herald/allocate.h"
 #include "herald/planner.h"
+#include "herald/planning_thread.h"
 #include "kernels/kernels.h"
 
 namespace py = pybind11;
@@ -138,28 +142,17 @@ py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, in
   return advanced_to_python(r);
 }
 
-// The scheduler thread's step: gathers the rows of global batch `iteration` (samples: positions
-// in `table`, the whole [N, fields] id array, typically memory-mapped) and plans it, all without
-// the GIL, so that planning never holds up the training thread.
-py::tuple planner_advance_samples(hetu::herald::Planner& planner, Array<int64_t> table, Array<int64_t> samples,
-                                  int64_t iteration) {
-  if (table.ndim() != 2) throw std::invalid_argument("Planner.advance_samples: table must be [samples, fields]");
-  const int64_t rows = table.shape(0), fields = table.shape(1), n = samples.size();
-  std::vector<int64_t> ids(static_cast<size_t>(n * fields));
-  hetu::herald::Advanced r;
-  {
-    py::gil_scoped_release nogil;
-    const int64_t* src = table.data();
-    const int64_t* pos = samples.data();
-    for (int64_t i = 0; i < n; ++i) {
-      if (pos[i] < 0 || pos[i] >= rows)
-        throw std::out_of_range("Planner.advance_samples: sample " + std::to_string(pos[i]) + " outside the " +
-                                std::to_string(rows) + " samples of the data");
-      std::copy(src + pos[i] * fields, src + (pos[i] + 1) * fields, ids.data() + i * fields);
-    }
-    r = planner.Advance(ids.data(), fields, iteration);
-  }
-  return advanced_to_python(r);
+// The id table and the planning thread that reads it: the table is kept alive for as long as the
+// thread runs (members are destroyed last to first).
+struct PlanningThreadHandle {
+  Array<int64_t> table;
+  std::unique_ptr<hetu::herald::PlanningThread> thread;
+};
+
+py::tuple plan_to_python(const hetu::herald::FinishedPlan& f) {
+  const auto& p = f.plan;
+  return py::make_tuple(p.iteration, to_array(p.samples), to_array(p.keys), to_bool_array(p.hit), to_bool_array(p.pull),
+                        to_bool_array(p.owner), to_array(p.invalidate), to_array(p.writeback), f.planner_seconds);
 }
 
 py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {
@@ -176,7 +169,7 @@ Array<int64_t> policy_slots(const hetu::cache::CachePolicy& p, Array<int64_t> ke
   int64_t* o = out.mutable_data();
   const int64_t* k = keys.data();
   const py::ssize_t n = keys.size();
-  // The scheduler thread looks up every id of a global batch per worker: let training run.
+  // Every row of a step is looked up: let the loader threads run meanwhile.
   py::gil_scoped_release nogil;
   for (py::ssize_t i = 0; i < n; ++i) o[i] = p.SlotOf(k[i]);
   return out;
@@ -380,7 +373,49 @@ PYBIND11_MODULE(_C, m) {
            py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate")
       .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
            "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
-           "the now final plan of the previous iteration or None)")
-      .def("advance_samples", &planner_advance_samples, py::arg("table"), py::arg("samples"), py::arg("iteration"),
-           "advance() on table[samples] (table: every sample's ids [N, fields]), gathered without the GIL");
+           "the now final plan of the previous iteration or None)");
+  py::register_exception<hetu::herald::PlanTimeout>(m, "PlanTimeout", PyExc_TimeoutError);
+  py::class_<PlanningThreadHandle>(m, "PlanningThread",
+                                   "Herald's planner on a thread of its own that never takes the GIL "
+                                   "(src/herald/planning_thread.h)")
+      .def(py::init([](hetu::herald::Planner planner, Array<int64_t> table, int64_t history) {
+             if (table.ndim() != 2) throw std::invalid_argument("PlanningThread: table must be [samples, fields]");
+             auto h = std::make_unique<PlanningThreadHandle>();
+             h->table = table;
+             h->thread = std::make_unique<hetu::herald::PlanningThread>(std::move(planner), table.data(), table.shape(0),
+                                                                        table.shape(1), history);
+             return h;
+           }),
+           py::arg("planner"), py::arg("table"), py::arg("history"),
+           "plans with (a copy of) `planner` the global batches submitted, gathering their ids from `table` "
+           "(every sample's ids [N, fields], typically memory-mapped); allocations stay available `history` "
+           "iterations back")
+      .def("submit", [](PlanningThreadHandle& h, int64_t iteration, Array<int64_t> samples) {
+             std::vector<int64_t> v(samples.data(), samples.data() + samples.size());
+             h.thread->Submit(iteration, std::move(v));
+           }, py::arg("iteration"), py::arg("samples"),
+           "queues global batch `iteration` (its samples' positions in the table); iterations in order")
+      .def("samples", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
+             std::vector<int64_t> v;
+             {
+               py::gil_scoped_release nogil;
+               v = h.thread->Samples(iteration, timeout);
+             }
+             return to_array(v);
+           }, py::arg("iteration"), py::arg("timeout"),
+           "this worker's samples of `iteration` (positions within the global batch); waits for them")
+      .def("plan", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
+             hetu::herald::FinishedPlan f;
+             {
+               py::gil_scoped_release nogil;
+               f = h.thread->Plan(iteration, timeout);
+             }
+             return plan_to_python(f);
+           }, py::arg("iteration"), py::arg("timeout"),
+           "(iteration, samples, keys, hit, pull, owner, invalidate, writeback, planner seconds): the final plan "
+           "of `iteration`; waits for it")
+      .def("close", [](PlanningThreadHandle& h) {
+             py::gil_scoped_release nogil;
+             h.thread->Stop();
+           }, "stops the thread after the iteration it is planning");
 }

@@ -154,21 +154,62 @@ def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, al
                 np.testing.assert_array_equal(got[i], want[field], err_msg=f"{field}, rank {rank}, iteration {t - 1}")
 
 
-def test_planner_gathers_samples_itself():
-    # The scheduler thread hands the planner the whole id table and the batch's sample positions;
-    # the plans equal those of the gathered ids.
+def test_planning_thread_gathers_samples_and_plans_ahead():
+    # The planning thread is handed the whole id table and each batch's sample positions; its
+    # allocations and plans equal those of a planner given the gathered ids.
     rng = np.random.default_rng(5)
     table = (rng.zipf(1.3, size=(300, 4)) % 200).astype(np.int64)
-    gathered, direct = _C.Planner(2, 1, 8, "lru", 30), _C.Planner(2, 1, 8, "lru", 30)
-    for t in range(6):
-        samples = rng.permutation(len(table))[:16]
-        got, want = gathered.advance_samples(table, samples, t), direct.advance(table[samples], t)
-        np.testing.assert_array_equal(got[0], want[0])
-        assert (got[1] is None) == (want[1] is None) == (t == 0)
-        for g, w in zip(got[1] or (), want[1] or ()):
-            np.testing.assert_array_equal(g, w)
-    with pytest.raises(IndexError, match="sample 300 outside the 300 samples"):
-        gathered.advance_samples(table, np.arange(285, 301), 6)
+    direct = _C.Planner(2, 1, 8, "lru", 30)
+    thread = _C.PlanningThread(_C.Planner(2, 1, 8, "lru", 30), table, history=4)
+    try:
+        batches = [rng.permutation(len(table))[:16] for _ in range(7)]
+        for t, samples in enumerate(batches):   # all submitted up front: the thread plans ahead
+            thread.submit(t, samples)
+        for t, samples in enumerate(batches):
+            want_samples, want_plan = direct.advance(table[samples], t)
+            np.testing.assert_array_equal(thread.samples(t, 10.0), want_samples)
+            if want_plan is None:
+                continue
+            got_plan = thread.plan(t - 1, 10.0)
+            assert len(got_plan) == len(want_plan) + 1 and got_plan[-1] > 0.0   # ... and planner seconds
+            for got, want in zip(got_plan, want_plan):
+                np.testing.assert_array_equal(got, want)
+        with pytest.raises(RuntimeError, match="needs iteration 7, which was not submitted"):
+            thread.plan(6, 1.0)
+        with pytest.raises(ValueError, match="iteration 9 submitted, 7 expected"):
+            thread.submit(9, batches[0])
+        thread.submit(7, np.arange(285, 301))   # sample 300 is past the data
+        with pytest.raises(IndexError, match="sample 300 of iteration 7 outside the 300 samples"):
+            thread.samples(7, 10.0)
+    finally:
+        thread.close()
+
+
+def test_planning_thread_waits_name_the_iteration():
+    table = np.zeros((64, 3), np.int64)
+    thread = _C.PlanningThread(_C.Planner(2, 0, 4, "lru", 10), table, history=4)
+    thread.submit(0, np.arange(8))
+    thread.submit(1, np.arange(8, 16))
+    assert len(thread.plan(0, 10.0)[1]) == 4
+    thread.close()
+    # A wait that runs out says for what: planning 200,000 samples takes far longer than nothing.
+    big = np.random.default_rng(0).integers(0, 10**6, size=(200_000, 26))
+    slow = _C.PlanningThread(_C.Planner(2, 0, 100_000, "lru", 10**5), big, history=4)
+    slow.submit(0, np.arange(200_000))
+    with pytest.raises(TimeoutError, match="no allocation for iteration 0 in 0 s"):
+        slow.samples(0, 0.0)
+    slow.close()
+    # Stopped: what was not planned yet fails at once instead of waiting out the timeout.
+    thread.submit(2, np.arange(16, 24))
+    thread.submit(3, np.arange(24, 32))
+    with pytest.raises(RuntimeError, match="stopped before the plan of iteration 2"):
+        thread.plan(2, 60.0)
+    loader = ht.Dataloader(table, 4, "train")
+    loader.set_worker(0, 2)
+    sched = Scheduler(table, loader, 2, 0, 4, 10, timeout=0.5)
+    sched._thread.close()   # a planner that never answers
+    with pytest.raises(RuntimeError, match="Herald scheduler failed.*stopped before the allocation of iteration 5"):
+        sched.samples(5)
 
 
 def test_cpp_planner_rejects_bad_input():
