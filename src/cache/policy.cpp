@@ -17,10 +17,7 @@ CachePolicy::CachePolicy(PolicyKind kind, int64_t capacity, int64_t pin_threshol
   if (capacity < 0) throw std::invalid_argument("cache capacity must be >= 0");
   where_.reserve(static_cast<size_t>(std::min<int64_t>(capacity, 1 << 16)));  // grows as rows arrive
   slot_key_.assign(capacity, -1);
-  if (kind == kLRU) {
-    newer_.assign(capacity, -1);
-    older_.assign(capacity, -1);
-  }
+  if (kind == kLRU) stamp_.assign(capacity, -1);
   free_slots_.reserve(static_cast<size_t>(capacity));
   for (int64_t s = capacity - 1; s >= 0; --s) free_slots_.push_back(s);
 }
@@ -37,24 +34,23 @@ std::vector<int64_t> CachePolicy::Keys() const {
   return keys;
 }
 
-void CachePolicy::Unlink(int64_t slot) {
-  const int64_t newer = newer_[slot], older = older_[slot];
-  if (newer >= 0) older_[newer] = older; else newest_ = older;
-  if (older >= 0) newer_[older] = newer; else oldest_ = newer;
-  newer_[slot] = older_[slot] = -1;
-}
-
-void CachePolicy::PushNewest(int64_t slot) {
-  older_[slot] = newest_;
-  newer_[slot] = -1;
-  if (newest_ >= 0) newer_[newest_] = slot; else oldest_ = slot;
-  newest_ = slot;
+void CachePolicy::StampUse(int64_t slot) {
+  stamp_[slot] = ++clock_;
+  // Superseded records are dropped once they could outnumber the resident rows: each row's
+  // records are then read at most twice, and uses_ stays within twice the capacity.
+  if (uses_.size() >= 2 * static_cast<size_t>(capacity_) + 64) {
+    size_t kept = 0;
+    for (size_t i = uses_head_; i < uses_.size(); ++i)
+      if (Current(uses_[i])) uses_[kept++] = uses_[i];
+    uses_.resize(kept);
+    uses_head_ = 0;
+  }
+  uses_.push_back(Use{slot, clock_});
 }
 
 void CachePolicy::Touch(int64_t key, Entry& e) {
   if (kind_ == kLRU) {
-    Unlink(e.slot);
-    PushNewest(e.slot);
+    StampUse(e.slot);
   } else if (!e.pinned) {
     lfu_.erase(Rank{e.freq, e.last_use, key});
   }
@@ -66,7 +62,7 @@ void CachePolicy::Touch(int64_t key, Entry& e) {
 
 void CachePolicy::Remove(int64_t key, Entry& e) {
   if (kind_ == kLRU) {
-    Unlink(e.slot);
+    stamp_[e.slot] = -1;
   } else if (!e.pinned) {
     lfu_.erase(Rank{e.freq, e.last_use, key});
   }
@@ -77,10 +73,11 @@ void CachePolicy::Remove(int64_t key, Entry& e) {
 
 int64_t CachePolicy::PickVictim() {
   if (kind_ == kLRU) {
-    // Rows of the current batch sit at the front; the back is the least recent.
-    if (oldest_ < 0) return -1;
-    const int64_t key = slot_key_[oldest_];
-    return Evictable(*where_.Find(key)) ? key : -1;
+    while (uses_head_ < uses_.size() && !Current(uses_[uses_head_])) ++uses_head_;
+    if (uses_head_ == uses_.size()) return -1;
+    // The least recent row; if the current batch touched even that one, it touched them all.
+    const Use& oldest = uses_[uses_head_];
+    return oldest.stamp < access_first_stamp_ ? slot_key_[oldest.slot] : -1;
   }
   for (const Rank& r : lfu_) {
     const int64_t key = std::get<2>(r);
@@ -91,6 +88,7 @@ int64_t CachePolicy::PickVictim() {
 
 AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
   ++tick_;
+  access_first_stamp_ = clock_ + 1;
   AccessResult r;
   r.slot.assign(n, -1);
   r.hit.assign(n, 0);
@@ -98,7 +96,9 @@ AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
     if (keys[i - 1] >= keys[i]) throw std::invalid_argument("CachePolicy::Access: keys must be distinct and ascending");
   // Hits first: every resident row of the batch is touched, so none of them can be chosen as a
   // victim for a miss of the same batch.
+  constexpr int64_t kLookAhead = 8;  // rows looked up in advance, so that their cache misses overlap
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kLookAhead < n) where_.Prefetch(keys[i + kLookAhead]);
     Entry* e = where_.Find(keys[i]);
     if (!e) continue;
     Touch(keys[i], *e);
@@ -119,7 +119,6 @@ AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
     const Entry e{free_slots_.back(), 0, 0, false};
     free_slots_.pop_back();
     slot_key_[e.slot] = key;
-    if (kind_ == kLRU) PushNewest(e.slot);
     Entry& placed = *where_.Insert(key, e).first;
     // Start as if untouched, then count this access like any other.
     if (kind_ != kLRU) lfu_.insert(Rank{placed.freq, placed.last_use, key});

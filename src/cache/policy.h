@@ -59,17 +59,26 @@ class CachePolicy {
   int64_t PickVictim();  // -1 if every resident row is protected
   void Touch(int64_t key, Entry& e);
   void Remove(int64_t key, Entry& e);
-  // LRU order: a list threaded through two arrays indexed by slot, most recent first.
-  void Unlink(int64_t slot);
-  void PushNewest(int64_t slot);
+  // LRU order, kept lazily: each touch of a slot sets its stamp and appends (slot, stamp) to
+  // uses_; a record is current while the slot still has that stamp, so the first current record
+  // is the least recent row. A touch writes one stamp where relinking a list threaded through
+  // the slots costs a cache miss per neighbour on a large cache.
+  struct Use {
+    int64_t slot, stamp;
+  };
+  void StampUse(int64_t slot);
+  bool Current(const Use& u) const { return stamp_[u.slot] == u.stamp; }
 
   PolicyKind kind_;
   int64_t capacity_;
   int64_t pin_threshold_;
   int64_t tick_ = 0;
   FlatMap<Entry> where_;
-  std::vector<int64_t> newer_, older_;  // per slot, LRU only; -1 at the ends
-  int64_t newest_ = -1, oldest_ = -1;
+  std::vector<int64_t> stamp_;       // per slot, LRU only: its last touch, -1 while free
+  std::vector<Use> uses_;            // touches, oldest first, from uses_head_ on
+  size_t uses_head_ = 0;
+  int64_t clock_ = 0;                // the last stamp handed out
+  int64_t access_first_stamp_ = 1;   // stamps from here on were touched by the current Access
   std::vector<int64_t> slot_key_;       // the row each slot holds
   std::set<Rank> lfu_;      // unpinned rows, least frequent (then least recent) first
   std::vector<int64_t> free_slots_;

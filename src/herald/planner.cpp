@@ -14,6 +14,10 @@ namespace {
 
 uint64_t Bit(int w) { return uint64_t(1) << w; }
 
+// Loops over a batch's rows look a row this many places ahead up in advance, so that the cache
+// misses of their hash-map lookups overlap instead of coming one after another.
+constexpr size_t kLookAhead = 8;
+
 void SortUnique(std::vector<int64_t>* v) {
   std::sort(v->begin(), v->end());
   v->erase(std::unique(v->begin(), v->end()), v->end());
@@ -104,7 +108,10 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   kernels::sorted_unique(ids, n * fields, &batch.keys, batch.rows.data());
   const size_t num_rows = batch.keys.size();
   batch.valid.resize(num_rows);
-  for (size_t r = 0; r < num_rows; ++r) batch.valid[r] = ValidMask(batch.keys[r]);
+  for (size_t r = 0; r < num_rows; ++r) {
+    if (r + kLookAhead < num_rows) valid_by_key_.Prefetch(batch.keys[r + kLookAhead]);
+    batch.valid[r] = ValidMask(batch.keys[r]);
+  }
   std::vector<int32_t> assign;
   Allocate(batch, iteration, &assign);
   batch.readers.assign(num_rows, 0);
@@ -139,6 +146,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
     }
     std::vector<uint8_t> pull(k.size()), owner(k.size());
     for (size_t i = 0; i < k.size(); ++i) {
+      if (i + kLookAhead < k.size()) valid_by_key_.Prefetch(k[i + kLookAhead]);
       const int64_t slot = r.slot[i];
       owner[i] = batch.readers[rows[i]] == Bit(w);
       pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
