@@ -396,8 +396,10 @@ PYBIND11_MODULE(_C, m) {
            }, py::arg("iteration"), py::arg("samples"),
            "queues global batch `iteration` (its samples' positions in the table); iterations in order")
       .def("samples", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
+             // Released only to wait: on a busy machine getting the GIL back costs more than
+             // an answer that is already there.
              std::vector<int64_t> v;
-             {
+             if (!h.thread->TrySamples(iteration, &v)) {
                py::gil_scoped_release nogil;
                v = h.thread->Samples(iteration, timeout);
              }
@@ -406,7 +408,7 @@ PYBIND11_MODULE(_C, m) {
            "this worker's samples of `iteration` (positions within the global batch); waits for them")
       .def("plan", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
              hetu::herald::FinishedPlan f;
-             {
+             if (!h.thread->TryPlan(iteration, &f)) {
                py::gil_scoped_release nogil;
                f = h.thread->Plan(iteration, timeout);
              }

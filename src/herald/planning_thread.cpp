@@ -94,15 +94,54 @@ template <typename Ready>
 void PlanningThread::Await(std::unique_lock<std::mutex>& lock, const Ready& ready, const char* what,
                            int64_t iteration, double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool timed_out = false;
   for (;;) {
     if (ready()) return;
     if (error_) std::rethrow_exception(error_);
     if (stop_) throw std::runtime_error("Herald planning thread stopped before the " + std::string(what) +
                                         " of iteration " + std::to_string(iteration));
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !ready() && !error_ && !stop_)
+    if (timed_out)
       throw PlanTimeout("Herald scheduler produced no " + std::string(what) + " for iteration " +
                         std::to_string(iteration) + " in " + std::to_string(static_cast<int64_t>(timeout_s)) + " s");
+    timed_out = cv_.wait_until(lock, deadline) == std::cv_status::timeout;
   }
+}
+
+bool PlanningThread::TakeSamples(int64_t iteration, std::vector<int64_t>* out) {
+  if (planned_ <= iteration) return false;
+  const auto found = samples_.find(iteration);
+  if (found == samples_.end())
+    throw std::logic_error("Herald planning thread: the allocation of iteration " + std::to_string(iteration) +
+                           " is no longer kept");
+  // Plans that nobody takes (the allocation-only ablation) must not pile up.
+  ForgetBefore(&plans_, iteration - history_);
+  *out = found->second;
+  return true;
+}
+
+bool PlanningThread::TakePlan(int64_t iteration, FinishedPlan* out) {
+  if (iteration + 1 >= next_submit_)
+    throw std::logic_error("Herald planning thread: the plan of iteration " + std::to_string(iteration) +
+                           " needs iteration " + std::to_string(iteration + 1) + ", which was not submitted");
+  if (planned_ <= iteration + 1) return false;
+  const auto found = plans_.find(iteration);
+  if (found == plans_.end())
+    throw std::logic_error("Herald planning thread: the plan of iteration " + std::to_string(iteration) +
+                           " is no longer kept");
+  *out = found->second;
+  ForgetBefore(&plans_, iteration - 2);
+  ForgetBefore(&samples_, iteration - history_);
+  return true;
+}
+
+bool PlanningThread::TrySamples(int64_t iteration, std::vector<int64_t>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TakeSamples(iteration, out);
+}
+
+bool PlanningThread::TryPlan(int64_t iteration, FinishedPlan* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TakePlan(iteration, out);
 }
 
 std::vector<int64_t> PlanningThread::Samples(int64_t iteration, double timeout_s) {
@@ -110,29 +149,15 @@ std::vector<int64_t> PlanningThread::Samples(int64_t iteration, double timeout_s
   if (iteration >= next_submit_)
     throw std::logic_error("Herald planning thread: samples of iteration " + std::to_string(iteration) +
                            " asked for before it was submitted");
-  Await(lock, [&] { return planned_ > iteration; }, "allocation", iteration, timeout_s);
-  const auto found = samples_.find(iteration);
-  if (found == samples_.end())
-    throw std::logic_error("Herald planning thread: the allocation of iteration " + std::to_string(iteration) +
-                           " is no longer kept");
-  // Plans that nobody takes (the allocation-only ablation) must not pile up.
-  ForgetBefore(&plans_, iteration - history_);
-  return found->second;
+  std::vector<int64_t> out;
+  Await(lock, [&] { return TakeSamples(iteration, &out); }, "allocation", iteration, timeout_s);
+  return out;
 }
 
 FinishedPlan PlanningThread::Plan(int64_t iteration, double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (iteration + 1 >= next_submit_)
-    throw std::logic_error("Herald planning thread: the plan of iteration " + std::to_string(iteration) +
-                           " needs iteration " + std::to_string(iteration + 1) + ", which was not submitted");
-  Await(lock, [&] { return planned_ > iteration + 1; }, "plan", iteration, timeout_s);
-  const auto found = plans_.find(iteration);
-  if (found == plans_.end())
-    throw std::logic_error("Herald planning thread: the plan of iteration " + std::to_string(iteration) +
-                           " is no longer kept");
-  FinishedPlan out = found->second;
-  ForgetBefore(&plans_, iteration - 2);
-  ForgetBefore(&samples_, iteration - history_);
+  FinishedPlan out;
+  Await(lock, [&] { return TakePlan(iteration, &out); }, "plan", iteration, timeout_s);
   return out;
 }
 

@@ -48,13 +48,20 @@ class PlanningThread {
   std::vector<int64_t> Samples(int64_t iteration, double timeout_s);
   // The final plan of `iteration`. A copy: every embedding table of the model follows it.
   FinishedPlan Plan(int64_t iteration, double timeout_s);
+  // Samples and Plan without waiting: false if not ready yet (the caller may then wait without
+  // holding anything the planner needs, e.g. the GIL).
+  bool TrySamples(int64_t iteration, std::vector<int64_t>* out);
+  bool TryPlan(int64_t iteration, FinishedPlan* out);
   // Stops after the iteration being planned; waits that are not yet answered then fail.
   void Stop();
 
  private:
   void Run();
   void PlanOne(int64_t iteration, const std::vector<int64_t>& samples);
-  // Waits (lock held) until ready() or an error, a stop or the timeout.
+  // With mu_ held: the answer if ready (pruning what is no longer needed), else false.
+  bool TakeSamples(int64_t iteration, std::vector<int64_t>* out);
+  bool TakePlan(int64_t iteration, FinishedPlan* out);
+  // Waits (lock held) until ready() (which takes the answer) or an error, a stop or the timeout.
   template <typename Ready>
   void Await(std::unique_lock<std::mutex>& lock, const Ready& ready, const char* what, int64_t iteration,
              double timeout_s);

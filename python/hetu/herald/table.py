@@ -63,12 +63,14 @@ class HeraldTable:
         valid_before[resident] = self.valid[slots[resident]]
         if not np.array_equal(~valid_before, plan.pull):
             raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: rows to pull differ from the plan")
-        self._settle_write_back()
         fetch, self._prefetched = self._prefetched, None
         prefetched = fetch is not None and fetch[0] == (self.t, self.remote.clock)
         if not prefetched:
             self._drop(fetch)
             fetch = self._request(plan)
+        # The pulls go out first: the servers apply this worker's messages in order, so they
+        # see the last write-back whether or not its acknowledgement is back yet.
+        self._settle_write_back()
 
         # Working copies of this step's rows: from the cache where valid, else pulled.
         n = len(uniq)
