@@ -7,7 +7,8 @@ workers), transmissions relative to plain PS and to HET, cache hit rate, samples
 time and time waiting for the plan (as a share of the run). Ablations: "Herald greedy" (the
 cache-score allocator of DESIGN.md instead of the co-locating one), "plan only" (Herald with
 --allocator none) and "allocator only" (Herald's allocation with the HET protocol).
-Throughput is the median over --repeats runs; transmissions are deterministic.
+Throughput is the median over --repeats runs, which take the modes in turn; transmissions are
+deterministic.
 
     python bench/compare_modes.py --quick            # one small configuration (the demo)
     python bench/compare_modes.py                    # the full grid of the README
@@ -115,16 +116,18 @@ def main():
     print("-" * len(header))
     plot_series = {}
     for workers, batch, ratio in itertools.product(args.workers, args.batch, args.ratios):
-        base = {}
-        for mode in args.modes:
-            runs = []
-            for r in range(args.repeats):
+        # The repeats go round the modes in turn, so that a slow spell of this shared machine
+        # falls on every mode alike.
+        runs = {mode: [] for mode in args.modes}
+        for r in range(args.repeats):
+            for mode in args.modes:
                 with tempfile.TemporaryDirectory() as csv_dir:
-                    agg = aggregate(run_mode(mode, workers, batch, ratio, args, csv_dir), batch)
+                    runs[mode].append(aggregate(run_mode(mode, workers, batch, ratio, args, csv_dir), batch))
                     if args.plot and mode in CSV_TAGS and not plot_series.get(mode) and r == 0:
                         plot_series[mode] = per_iteration_rows(csv_dir, CSV_TAGS[mode])
-                runs.append(agg)
-            agg = dict(runs[0], samples_per_s=statistics.median(x["samples_per_s"] for x in runs))
+        base = {}
+        for mode in args.modes:
+            agg = dict(runs[mode][0], samples_per_s=statistics.median(x["samples_per_s"] for x in runs[mode]))
             base[mode] = agg
             vs_ps = agg["rows"] / base["PS"]["rows"] if "PS" in base else float("nan")
             vs_het = agg["rows"] / base["HET"]["rows"] if "HET" in base else float("nan")
