@@ -73,22 +73,20 @@ class Scheduler:
         self._thread = _C.PlanningThread(planner, np.ascontiguousarray(sparse), history=2 * lookahead + 8)
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
         self._submitted = 0
-        self._consumed = -1
-        self._requested = 0
-        self._submit()
+        self._submit(lookahead)
         # The thread reads the id table: stop it before the interpreter tears the table down.
         atexit.register(self.close)
 
     # --- consumers ----------------------------------------------------------------------------
     def samples(self, t):
         """Positions within global batch t of the samples this worker trains (dataloader plan)."""
-        self._submit(requested=t)
+        self._submit(t)
         return self._answer(self._thread.samples, t)
 
     def plan(self, t):
         """Blocks until plan t is final; returns (plan, seconds waited)."""
         start = time.perf_counter()
-        self._submit(requested=t + 1, consumed=t)
+        self._submit(t + self.lookahead + 1)
         plan = Plan(*self._answer(self._thread.plan, t))
         return plan, time.perf_counter() - start
 
@@ -96,13 +94,12 @@ class Scheduler:
         """Stops the planning thread (after the iteration it is computing)."""
         self._thread.close()
 
-    def _submit(self, requested=0, consumed=-1):
-        """Hands the planning thread the global batches asked for, and those up to `lookahead`
-        iterations beyond the last plan taken, so that it works ahead of training."""
+    def _submit(self, last):
+        """Hands the planning thread the global batches up to `last`: a plan taken asks for
+        `lookahead` more, so that the thread works ahead of training."""
+        if last < self._submitted:   # the loaders' usual case: already handed over, no lock
+            return
         with self._lock:
-            self._requested = max(self._requested, requested)
-            self._consumed = max(self._consumed, consumed)
-            last = max(self._consumed + self.lookahead + 1, self._requested)
             while self._submitted <= last:
                 self._thread.submit(self._submitted, self.loader.global_indices(self._submitted))
                 self._submitted += 1
