@@ -14,6 +14,7 @@
 #include "cache/row_cache.h"
 #include "common/parallel.h"
 #include "herald/allocate.h"
+#include "herald/plan_cache.h"
 #include "herald/planner.h"
 #include "herald/planning_thread.h"
 #include "kernels/kernels.h"
@@ -221,6 +222,61 @@ Array<float> row_cache_fill(RowCache& c, Array<int64_t> keys, Array<int64_t> pos
   return out;
 }
 
+using hetu::herald::PlanCache;
+
+py::tuple rows_out(const hetu::herald::RowsOut& r, const PlanCache& c) {
+  const py::ssize_t n = static_cast<py::ssize_t>(r.keys.size());
+  Array<float> state(std::vector<py::ssize_t>{n, static_cast<py::ssize_t>(c.state_width())});
+  std::copy(r.state.begin(), r.state.end(), state.mutable_data());
+  return py::make_tuple(to_array(r.keys), to_rows(r.values, c.width()), state, to_array(r.steps));
+}
+
+// The working arrays of one step: vals [n, width], state [n, state_width], steps [n].
+void check_step_arrays(const PlanCache& c, int64_t n, const Array<float>& vals, const Array<float>& state,
+                       const Array<int64_t>& steps, const char* what) {
+  check_rows(vals, n, c.width(), what);
+  if (state.size() != n * c.state_width() || steps.size() != n)
+    throw std::invalid_argument(std::string(what) + ": state and steps must have one row per key");
+}
+
+py::tuple plan_cache_begin(PlanCache& c, Array<int64_t> keys, Array<bool> hit, Array<bool> pull, Array<float> vals,
+                           Array<float> state, Array<int64_t> steps) {
+  const int64_t n = keys.size();
+  if (hit.size() != n || pull.size() != n) throw std::invalid_argument("PlanCache.begin: one hit and pull flag per key");
+  check_step_arrays(c, n, vals, state, steps, "PlanCache.begin");
+  float* v = mutable_data(vals, "vals");
+  float* s = mutable_data(state, "state");
+  int64_t* st = mutable_data(steps, "steps");
+  int64_t served = 0, evictions = 0;
+  std::string error;
+  {
+    py::gil_scoped_release nogil;
+    error = c.Begin(keys.data(), n, reinterpret_cast<const uint8_t*>(hit.data()),
+                    reinterpret_cast<const uint8_t*>(pull.data()), v, s, st, &served, &evictions);
+  }
+  return py::make_tuple(error, served, evictions);
+}
+
+py::tuple plan_cache_finish(PlanCache& c, Array<int64_t> keys, Array<bool> owner, Array<float> summed, float lr,
+                            Array<float> vals, Array<float> state, Array<int64_t> steps, Array<int64_t> invalidate,
+                            Array<int64_t> writeback) {
+  const int64_t n = keys.size();
+  if (owner.size() != n) throw std::invalid_argument("PlanCache.finish: one owner flag per key");
+  check_rows(summed, n, c.width(), "PlanCache.finish (gradients)");
+  check_step_arrays(c, n, vals, state, steps, "PlanCache.finish");
+  float* v = mutable_data(vals, "vals");
+  float* s = mutable_data(state, "state");
+  int64_t* st = mutable_data(steps, "steps");
+  hetu::herald::RowsOut out;
+  std::string error;
+  {
+    py::gil_scoped_release nogil;
+    error = c.Finish(keys.data(), n, reinterpret_cast<const uint8_t*>(owner.data()), summed.data(), lr, v, s, st,
+                     invalidate.data(), invalidate.size(), writeback.data(), writeback.size(), &out);
+  }
+  return py::make_tuple(error, rows_out(out, c));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -310,6 +366,28 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("capacity", &RowCache::capacity)
       .def_property_readonly("width", &RowCache::width)
       .def_property_readonly("bound", &RowCache::bound);
+
+  py::class_<PlanCache>(m, "PlanCache",
+                        "a worker's cached embedding rows under Herald's plan: policy, values, optimizer state, "
+                        "valid and dirty flags (src/herald/plan_cache.h); the training thread's only")
+      .def(py::init([](const std::string& policy, int64_t capacity, int64_t width, const Config& optimizer,
+                       int64_t pin_threshold) {
+             return new PlanCache(hetu::cache::ParsePolicy(policy), capacity, width, optimizer, pin_threshold);
+           }),
+           py::arg("policy"), py::arg("capacity"), py::arg("width"), py::arg("optimizer"), py::arg("pin_threshold") = 8)
+      .def("begin", &plan_cache_begin, py::arg("keys"), py::arg("hit"), py::arg("pull"), py::arg("vals"),
+           py::arg("state"), py::arg("steps"),
+           "the step's keys through the policy, checked against the plan's hits and pulls; the valid cached rows "
+           "written to vals/state/steps; returns (error or '', rows served from the cache, evictions)")
+      .def("finish", &plan_cache_finish, py::arg("keys"), py::arg("owner"), py::arg("summed"), py::arg("lr"),
+           py::arg("vals"), py::arg("state"), py::arg("steps"), py::arg("invalidate"), py::arg("writeback"),
+           "owner rows stepped and kept, shared copies dropped, invalidations; returns (error or '', the planned "
+           "write-back as (keys, values, state, steps))")
+      .def("drain", [](PlanCache& c) { return rows_out(c.Drain(), c); },
+           "every dirty row as (keys, values, state, steps), now clean")
+      .def_property_readonly("width", &PlanCache::width)
+      .def_property_readonly("state_width", &PlanCache::state_width)
+      .def_property_readonly("capacity", &PlanCache::capacity);
   m.attr("NEVER_VERSION") = hetu::cache::kNeverVersion;
 
   m.def("greedy_allocate", [](Array<int32_t> scores, int64_t per_worker, int64_t iteration) {

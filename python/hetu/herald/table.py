@@ -5,7 +5,8 @@ exactly what the scheduler predicted, (2) pulls the planned rows (with optimizer
 rows it will step itself), (3) after the backward pass steps its owner rows locally, sends the
 gradients of shared rows to the servers, invalidates, and writes back the planned dirty rows
 (values, optimizer state and step counts) before its push, so every other worker's next pull
-sees them.
+sees them. The rows and the per-row bookkeeping of (1) and (3) are hetu._C.PlanCache
+(src/herald/plan_cache.h); this class sends and receives.
 
 Prefetch (off by default, as for the HET cache; `prefetch=True`): the plan of the next
 iteration is known before its batch is read, so its pulls are sent right after this
@@ -29,72 +30,55 @@ class HeraldTable:
                  prefetch=False):
         rows, width = remote.param.shape
         self.remote, self.scheduler, self.optimizer, self.counters = remote, scheduler, optimizer, counters
-        self.width, self.nslots = width, optimizer.slots
+        self.width = width
         self.primary = primary  # the table that records per-iteration scheduler figures
-        capacity = int(min(capacity, rows))
-        self.policy = _C.CachePolicy(policy, capacity, pin_threshold)
-        self.values = np.zeros((capacity, width), np.float32)
-        self.state = np.zeros((capacity, self.nslots * width), np.float32)
-        self.steps = np.zeros(capacity, np.int64)
-        self.valid = np.zeros(capacity, bool)
-        self.dirty = np.zeros(capacity, bool)
-        self.slot_key = np.full(capacity, -1, np.int64)
+        # The rows themselves, their policy, valid and dirty flags: src/herald/plan_cache.h.
+        self.store = _C.PlanCache(policy, int(min(capacity, rows)), width, optimizer.config, pin_threshold)
+        self.state_width = self.store.state_width
         self.t = 0
         self._step = None
         self.prefetch = prefetch
         self._prefetched = None        # pulls of iteration self.t, sent after the last push
         self._write_back_sent = None   # handle of the last write-back, waited for one step later
 
+    def _mismatch(self, what):
+        return PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: {what}")
+
     # --- forward ------------------------------------------------------------------------------
     def lookup(self, uniq):
         plan, waited = self.scheduler.plan(self.t)
         if not np.array_equal(uniq, plan.keys):
-            raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: the batch's rows differ from the "
-                               f"rows Herald planned ({len(uniq)} vs {len(plan.keys)}): data and plan are out of step")
-        slots, hit, ev_keys, ev_slots = self.policy.access(uniq)
-        if not np.array_equal(hit, plan.hit):
-            raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: cache hits differ from the "
-                               f"scheduler's prediction on {int(np.count_nonzero(hit != plan.hit))} rows")
-        stash = self._stash_evicted(ev_keys, ev_slots)
-        cached = slots >= 0
-        self.slot_key[slots[cached]] = uniq[cached]
-        valid_before = np.zeros(len(uniq), bool)
-        resident = cached & hit
-        valid_before[resident] = self.valid[slots[resident]]
-        if not np.array_equal(~valid_before, plan.pull):
-            raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: rows to pull differ from the plan")
+            raise self._mismatch(f"the batch's rows differ from the rows Herald planned ({len(uniq)} vs "
+                                 f"{len(plan.keys)}): data and plan are out of step")
+        # Working copies of this step's rows: from the cache where valid, else pulled.
+        n = len(uniq)
+        vals = np.empty((n, self.width), np.float32)
+        state = np.empty((n, self.state_width), np.float32)
+        steps = np.empty(n, np.int64)
+        error, served, evictions = self.store.begin(uniq, plan.hit, plan.pull, vals, state, steps)
+        if error:
+            raise self._mismatch(error)
         fetch, self._prefetched = self._prefetched, None
-        prefetched = fetch is not None and fetch[0] == (self.t, self.remote.clock)
+        prefetched = fetch is not None and fetch.key == (self.t, self.remote.clock)
         if not prefetched:
             self._drop(fetch)
             fetch = self._request(plan)
         # The pulls go out first: the servers apply this worker's messages in order, so they
         # see the last write-back whether or not its acknowledgement is back yet.
         self._settle_write_back()
-
-        # Working copies of this step's rows: from the cache where valid, else pulled.
-        n = len(uniq)
-        vals = np.empty((n, self.width), np.float32)
-        state = np.zeros((n, self.nslots * self.width), np.float32)
-        steps = np.zeros(n, np.int64)
-        from_cache = np.flatnonzero(valid_before)
-        vals[from_cache] = self.values[slots[from_cache]]
-        state[from_cache] = self.state[slots[from_cache]]
-        steps[from_cache] = self.steps[slots[from_cache]]
-        _, own_pull, shared_pull, h_own, h_shared, plan_wait = fetch
-        if h_own is not None:
-            vals[own_pull], state[own_pull], steps[own_pull], _ = h_own.wait()
-        if h_shared is not None:
-            vals[shared_pull] = h_shared.wait()
-        self._step = (plan, uniq, slots, vals, state, steps, stash)
-        served = len(from_cache)
-        state_bytes = self.nslots * self.width * 4 + 8
-        self.counters.add(rows_pulled=len(own_pull) + len(shared_pull),
-                          bytes_pulled=len(own_pull) * (self.width * 4 + state_bytes + 16) + len(shared_pull) * (self.width * 4 + 8),
-                          hits=served, misses=n - served, evictions=len(ev_keys),
-                          rows_prefetched=len(own_pull) + len(shared_pull) if prefetched else 0)
+        if fetch.own is not None:
+            vals[fetch.own_pull], state[fetch.own_pull], steps[fetch.own_pull], _ = fetch.own.wait()
+        if fetch.shared is not None:
+            vals[fetch.shared_pull] = fetch.shared.wait()
+        self._step = (plan, uniq, vals, state, steps)
+        pulled = len(fetch.own_pull) + len(fetch.shared_pull)
+        self.counters.add(rows_pulled=pulled,
+                          bytes_pulled=len(fetch.own_pull) * (self.width * 4 + self.state_width * 4 + 24) +
+                          len(fetch.shared_pull) * (self.width * 4 + 8),
+                          hits=served, misses=n - served, evictions=evictions,
+                          rows_prefetched=pulled if prefetched else 0)
         if self.primary:
-            self.counters.add(scheduler_seconds=plan.scheduler_seconds, plan_wait_seconds=waited + plan_wait)
+            self.counters.add(scheduler_seconds=plan.scheduler_seconds, plan_wait_seconds=waited + fetch.plan_wait)
         return vals
 
     def _request(self, plan, plan_wait=0.0):
@@ -104,16 +88,16 @@ class HeraldTable:
         shared_pull = np.flatnonzero(plan.pull & ~plan.owner)
         tag = self.remote.sync.tag(self.remote.clock)
         table = self.remote.table
-        h_own = table.pull_with_state(plan.keys[own_pull], iteration=tag) if len(own_pull) else None
-        h_shared = table.pull(plan.keys[shared_pull], iteration=tag) if len(shared_pull) else None
-        return (plan.iteration, self.remote.clock), own_pull, shared_pull, h_own, h_shared, plan_wait
+        own = table.pull_with_state(plan.keys[own_pull], iteration=tag) if len(own_pull) else None
+        shared = table.pull(plan.keys[shared_pull], iteration=tag) if len(shared_pull) else None
+        return _Fetch((plan.iteration, self.remote.clock), own_pull, shared_pull, own, shared, plan_wait)
 
     @staticmethod
     def _drop(fetch):
         """Waits for pulls whose rows are not wanted (a flush came in between): their arrays must
         outlive the requests, and an error in them still surfaces."""
         if fetch is not None:
-            for h in fetch[3:5]:
+            for h in (fetch.own, fetch.shared):
                 if h is not None:
                     h.wait()
 
@@ -122,85 +106,35 @@ class HeraldTable:
         if handle is not None:
             handle.wait()
 
-    def _stash_evicted(self, keys, slots):
-        """Values of evicted dirty rows, kept until this step's write-back."""
-        order = np.argsort(keys)
-        keys, slots = keys[order], slots[order]
-        dirty = self.dirty[slots]
-        stash = (keys[dirty], self.values[slots[dirty]].copy(), self.state[slots[dirty]].copy(),
-                 self.steps[slots[dirty]].copy())
-        self.valid[slots] = False
-        self.dirty[slots] = False
-        return stash
-
     # --- backward -----------------------------------------------------------------------------
     def update(self, uniq, summed, lr):
-        plan, keys, slots, vals, state, steps, stash = self._step
+        plan, keys, vals, state, steps = self._step
         if not np.array_equal(uniq, keys):
-            raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: gradient rows differ from the lookup")
-        owner = np.flatnonzero(plan.owner)
-        shared = np.flatnonzero(~plan.owner)
-        # Owner-computes: the row's only user steps it, optimizer state included.
-        _C.apply_rows(self.optimizer.config, lr, vals, state, steps, owner, np.ascontiguousarray(summed[owner]))
-        cached = slots >= 0
-        keep = owner[cached[owner]]
-        s = slots[keep]
-        self.values[s], self.state[s], self.steps[s] = vals[keep], state[keep], steps[keep]
-        self.valid[s] = True
-        self.dirty[s] = True
-        gone = slots[shared[cached[shared]]]
-        self.valid[gone] = False
-        self.dirty[gone] = False
-        inv = self.policy.slots(plan.invalidate)
-        inv = inv[inv >= 0]
-        if self.dirty[inv].any():
-            raise PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: a dirty row would be invalidated")
-        self.valid[inv] = False
-
-        written, pending = self._write_back(plan.writeback, keys, slots, vals, state, steps, stash)
+            raise self._mismatch("gradient rows differ from the lookup")
+        summed = np.ascontiguousarray(summed, np.float32)
+        error, (wb_keys, wb_vals, wb_state, wb_steps) = self.store.finish(
+            keys, plan.owner, summed, lr, vals, state, steps, plan.invalidate, plan.writeback)
+        if error:
+            raise self._mismatch(error)
         # The write-back is sent before the push: every other worker's pull for the next
         # iteration waits for this push, and the server handles this worker's messages in order.
+        # Its answer is only an acknowledgement, waited for at the next lookup.
+        if len(wb_keys):
+            self._write_back_sent = self.remote.table.assign(wb_keys, wb_vals, wb_state, wb_steps, version_add=1)
+        shared = ~plan.owner
         self.remote.push(keys[shared], np.ascontiguousarray(summed[shared]), lr)
-        # Its answer is only an acknowledgement: the server applies this worker's messages in
-        # order, so the next lookup's pulls already see it.
-        self._write_back_sent = pending
-        self.counters.add(rows_pushed=len(shared) + written,
-                          bytes_pushed=len(shared) * (self.width * 4 + 8) +
-                          written * (self.width * 4 + self.nslots * self.width * 4 + 16))
+        pushed = int(np.count_nonzero(shared))
+        self.counters.add(rows_pushed=pushed + len(wb_keys),
+                          bytes_pushed=pushed * (self.width * 4 + 8) + len(wb_keys) * self._row_bytes())
         self._step = None
         self.t += 1
         if self.prefetch:
             plan, waited = self.scheduler.plan(self.t)
             self._prefetched = self._request(plan, waited)
 
-    def _write_back(self, wb_keys, keys, slots, vals, state, steps, stash):
-        """Sends the planned write-back; returns (rows sent, handle to wait for or None)."""
-        if len(wb_keys) == 0:
-            return 0, None
-        parts = []
-        st_keys, st_vals, st_state, st_steps = stash
-        in_stash = np.isin(wb_keys, st_keys)
-        if in_stash.any():
-            idx = np.searchsorted(st_keys, wb_keys[in_stash])
-            parts.append((st_keys[idx], st_vals[idx], st_state[idx], st_steps[idx]))
-        rest = wb_keys[~in_stash]
-        pos = np.searchsorted(keys, rest)
-        in_step = (pos < len(keys)) & (keys[np.minimum(pos, len(keys) - 1)] == rest)
-        bypass = pos[in_step][slots[pos[in_step]] < 0]
-        if len(bypass):
-            parts.append((keys[bypass], vals[bypass], state[bypass], steps[bypass]))
-        resident = self.policy.slots(rest)
-        s = resident[(resident >= 0)]
-        s = s[self.dirty[s]]           # rows already clean (flushed) need nothing
-        if len(s):
-            parts.append((self.slot_key[s], self.values[s], self.state[s], self.steps[s]))
-            self.dirty[s] = False
-        if not parts:
-            return 0, None
-        k = np.concatenate([p[0] for p in parts])
-        handle = self.remote.table.assign(k, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]),
-                                          np.concatenate([p[3] for p in parts]), version_add=1)
-        return len(k), handle
+    def _row_bytes(self):
+        """A written-back row: key, values, optimizer state, step count and version increment."""
+        return self.width * 4 + self.state_width * 4 + 16
 
     def flush(self, lr):
         """Writes every dirty row back, then one (possibly empty) push that every worker sends, so
@@ -209,10 +143,19 @@ class HeraldTable:
         # The next lookup pulls anew, after the rows written here (see Prefetch above).
         self._drop(self._prefetched)
         self._prefetched = None
-        s = np.flatnonzero(self.dirty)
-        if len(s):
-            self.remote.table.assign(self.slot_key[s], self.values[s], self.state[s], self.steps[s],
-                                     version_add=1).wait()
-            self.dirty[s] = False
-            self.counters.add(rows_pushed=len(s), bytes_pushed=len(s) * (self.width * 4 + self.nslots * self.width * 4 + 16))
+        keys, vals, state, steps = self.store.drain()
+        if len(keys):
+            self.remote.table.assign(keys, vals, state, steps, version_add=1).wait()
+            self.counters.add(rows_pushed=len(keys), bytes_pushed=len(keys) * self._row_bytes())
         self.remote.push(np.empty(0, np.int64), np.empty((0, self.width), np.float32), lr)
+
+
+class _Fetch:
+    """The pulls of one iteration in flight: `key` (iteration, clock) they were sent for, the
+    positions pulled with optimizer state (`own_pull`, handle `own`) and without (`shared_pull`,
+    `shared`), and the time spent waiting for the plan that named them."""
+    __slots__ = ("key", "own_pull", "shared_pull", "own", "shared", "plan_wait")
+
+    def __init__(self, key, own_pull, shared_pull, own, shared, plan_wait):
+        self.key, self.own_pull, self.shared_pull = key, own_pull, shared_pull
+        self.own, self.shared, self.plan_wait = own, shared, plan_wait
