@@ -212,6 +212,48 @@ def test_planning_thread_waits_name_the_iteration():
         sched.samples(5)
 
 
+def test_plan_cache_follows_the_plan_and_refuses_a_wrong_one():
+    opt = ht.optim.SGDOptimizer(0.5)
+    cache = _C.PlanCache("lru", 2, 3, opt.config)
+    keys = np.array([4, 9], np.int64)
+    vals, state, steps = np.empty((2, 3), np.float32), np.empty((2, 0), np.float32), np.empty(2, np.int64)
+    # First step: nothing resident, so both rows must be pulled; a plan saying otherwise is refused.
+    error, served, evictions = cache.begin(keys, np.array([False, False]), np.array([True, False]), vals, state, steps)
+    assert "rows to pull differ from the plan on 1 rows" in error
+    cache = _C.PlanCache("lru", 2, 3, opt.config)
+    assert cache.begin(keys, np.array([False, False]), np.array([True, True]), vals, state, steps) == ("", 0, 0)
+    vals[:] = [[1, 1, 1], [2, 2, 2]]   # the pulled rows
+    grads = np.ones((2, 3), np.float32)
+    # Row 4 is this worker's alone (stepped and kept, dirty); row 9 is shared (stepped on the servers).
+    error, (wb_keys, *_) = cache.finish(keys, np.array([True, False]), grads, 0.5, vals, state, steps,
+                                        np.empty(0, np.int64), np.empty(0, np.int64))
+    assert error == "" and len(wb_keys) == 0
+    np.testing.assert_allclose(vals[0], [0.5, 0.5, 0.5])
+    # Next step: row 4 is served from the cache, row 9 (dropped) is pulled again.
+    error, served, _ = cache.begin(keys, np.array([True, True]), np.array([False, True]), vals, state, steps)
+    assert (error, served) == ("", 1)
+    np.testing.assert_allclose(vals[0], [0.5, 0.5, 0.5])
+    # Both rows shared now: their copies are dropped, so invalidating row 4 loses nothing.
+    error, _ = cache.finish(keys, np.array([False, False]), grads, 0.5, vals, state, steps,
+                            np.array([4], np.int64), np.empty(0, np.int64))
+    assert error == ""
+    # Stepped here again and kept dirty, row 4 must not be invalidated: its update would be lost.
+    keys2 = np.array([4], np.int64)
+    v1, s1, st1 = np.empty((1, 3), np.float32), np.empty((1, 0), np.float32), np.empty(1, np.int64)
+    assert cache.begin(keys2, np.array([True]), np.array([True]), v1, s1, st1)[0] == ""
+    v1[:] = 7
+    assert cache.finish(keys2, np.array([True]), np.ones((1, 3), np.float32), 1.0, v1, s1, st1,
+                        np.empty(0, np.int64), np.empty(0, np.int64))[0] == ""
+    assert cache.begin(keys2, np.array([True]), np.array([False]), v1, s1, st1)[0] == ""
+    error, _ = cache.finish(keys2, np.array([True]), np.zeros((1, 3), np.float32), 1.0, v1, s1, st1,
+                            np.array([4], np.int64), np.empty(0, np.int64))
+    assert "a dirty row (4) would be invalidated" in error
+    drained_keys, drained_vals, _, drained_steps = cache.drain()
+    np.testing.assert_array_equal(drained_keys, [4])
+    np.testing.assert_allclose(drained_vals, [[6, 6, 6]])
+    assert len(cache.drain()[0]) == 0   # clean now
+
+
 def test_cpp_planner_rejects_bad_input():
     with pytest.raises(ValueError, match="1 to 64"):
         _C.Planner(65, 0, 8, "lru", 10)
