@@ -4,25 +4,12 @@
 #include <algorithm>
 #include <numeric>
 
+#include "herald/worker_mask.h"
+
 namespace hetu {
 namespace herald {
 
 namespace {
-
-uint64_t Bit(int w) { return uint64_t(1) << w; }
-uint64_t AllWorkers(int num_workers) { return num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1; }
-
-// Workers in a mask. The portable build has no popcnt instruction, and the library call in its
-// place took a fifth of an offline planner run's CPU; clusters of up to 8 workers take the table.
-struct SmallPopCount {
-  uint8_t of[256];
-  constexpr SmallPopCount() : of() {
-    for (int m = 0; m < 256; ++m) of[m] = static_cast<uint8_t>((m & 1) + (m >> 1 & 1) + (m >> 2 & 1) + (m >> 3 & 1) +
-                                                               (m >> 4 & 1) + (m >> 5 & 1) + (m >> 6 & 1) + (m >> 7 & 1));
-  }
-};
-constexpr SmallPopCount kSmallPopCount;
-int Workers(uint64_t mask) { return mask < 256 ? kSmallPopCount.of[mask] : __builtin_popcountll(mask); }
 
 // Ties go to the least-loaded worker, then to the first in a cyclic order that rotates with the
 // sample and the iteration, so that no worker is favoured. cost: lower is better.

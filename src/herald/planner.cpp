@@ -5,14 +5,13 @@
 #include <utility>
 
 #include "herald/allocate.h"
+#include "herald/worker_mask.h"
 #include "kernels/kernels.h"
 
 namespace hetu {
 namespace herald {
 
 namespace {
-
-uint64_t Bit(int w) { return uint64_t(1) << w; }
 
 // Loops over a batch's rows look a row this many places ahead up in advance, so that the cache
 // misses of their hash-map lookups overlap instead of coming one after another.
