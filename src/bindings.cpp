@@ -120,16 +120,25 @@ Array<bool> to_bool_array(const std::vector<T>& v) {
   return out;
 }
 
-// (samples of iteration t, plan of t-1 as a tuple or None); the plan tuple is
-// (iteration, samples, keys, hit, pull, owner, invalidate, writeback).
+// A worker's plan as the fields of hetu.herald.Plan, in order:
+// [iteration, samples, keys, hit, pull, owner, invalidate, writeback].
+py::list plan_fields(const hetu::herald::WorkerPlan& p) {
+  py::list out;
+  out.append(p.iteration);
+  out.append(to_array(p.samples));
+  out.append(to_array(p.keys));
+  out.append(to_bool_array(p.hit));
+  out.append(to_bool_array(p.pull));
+  out.append(to_bool_array(p.owner));
+  out.append(to_array(p.invalidate));
+  out.append(to_array(p.writeback));
+  return out;
+}
+
+// (samples of iteration t, plan of t-1 as a tuple of plan_fields or None).
 py::tuple advanced_to_python(const hetu::herald::Advanced& r) {
   py::object finished = py::none();
-  if (r.has_finished) {
-    const auto& p = r.finished;
-    finished = py::make_tuple(p.iteration, to_array(p.samples), to_array(p.keys), to_bool_array(p.hit),
-                              to_bool_array(p.pull), to_bool_array(p.owner), to_array(p.invalidate),
-                              to_array(p.writeback));
-  }
+  if (r.has_finished) finished = py::tuple(plan_fields(r.finished));
   return py::make_tuple(to_array(r.samples), finished);
 }
 
@@ -150,10 +159,11 @@ struct PlanningThreadHandle {
   std::unique_ptr<hetu::herald::PlanningThread> thread;
 };
 
+// plan_fields, then the planner's seconds.
 py::tuple plan_to_python(const hetu::herald::FinishedPlan& f) {
-  const auto& p = f.plan;
-  return py::make_tuple(p.iteration, to_array(p.samples), to_array(p.keys), to_bool_array(p.hit), to_bool_array(p.pull),
-                        to_bool_array(p.owner), to_array(p.invalidate), to_array(p.writeback), f.planner_seconds);
+  py::list fields = plan_fields(f.plan);
+  fields.append(f.planner_seconds);
+  return py::tuple(fields);
 }
 
 py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {

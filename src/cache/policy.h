@@ -40,6 +40,7 @@ class CachePolicy {
   // Removes a row (e.g. invalidated and written back); no-op if absent.
   void Erase(int64_t key);
   int64_t SlotOf(int64_t key) const;  // -1 if absent
+  int64_t KeyAt(int64_t slot) const { return slot_key_[slot]; }  // -1 if the slot is free
   bool Contains(int64_t key) const { return SlotOf(key) >= 0; }
   int64_t size() const { return static_cast<int64_t>(where_.size()); }
   int64_t capacity() const { return capacity_; }

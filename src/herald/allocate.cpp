@@ -210,11 +210,17 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     if (trader.Sweep() == 0) break;
 }
 
-int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      const int32_t* assignment) {
+std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,
+                              const int32_t* assignment) {
   std::vector<uint64_t> readers(num_rows, 0);
   for (int64_t s = 0; s < n; ++s)
     for (int64_t f = 0; f < fields; ++f) readers[rows[s * fields + f]] |= Bit(assignment[s]);
+  return readers;
+}
+
+int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
+                      const int32_t* assignment) {
+  const std::vector<uint64_t> readers = Readers(rows, n, fields, num_rows, assignment);
   int64_t total = 0;
   for (int64_t r = 0; r < num_rows; ++r) total += RowCost(readers[r], valid[r]);
   return total;

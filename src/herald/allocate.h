@@ -27,6 +27,10 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment);
 
+// Who reads each of the batch's num_rows distinct rows under an assignment: one bit per worker.
+std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,
+                              const int32_t* assignment);
+
 // The transmissions ColocateAllocate estimates for an assignment (a test's yardstick).
 int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       const int32_t* assignment);

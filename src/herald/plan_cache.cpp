@@ -22,7 +22,7 @@ PlanCache::PlanCache(cache::PolicyKind kind, int64_t capacity, int64_t width, co
                      int64_t pin_threshold)
     : policy_(kind, capacity, pin_threshold), width_(width), state_width_(optim::slots(optimizer.kind) * width),
       optimizer_(optimizer), values_(capacity * width), state_(capacity * state_width_), steps_(capacity, 0),
-      slot_key_(capacity, -1), valid_(capacity, 0), dirty_(capacity, 0) {}
+      valid_(capacity, 0), dirty_(capacity, 0) {}
 
 void PlanCache::Append(RowsOut* out, int64_t key, const float* values, const float* state, int64_t steps) const {
   out->keys.push_back(key);
@@ -56,7 +56,6 @@ std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan
   wrong = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = r.slot[i];
-    if (slot >= 0) slot_key_[slot] = keys[i];
     const bool valid = slot >= 0 && r.hit[i] && valid_[slot];
     wrong += valid == (plan_pull[i] != 0);
     if (valid) {
@@ -132,7 +131,7 @@ std::string PlanCache::Finish(const int64_t* keys, int64_t n, const uint8_t* own
 RowsOut PlanCache::Drain() {
   std::vector<std::pair<int64_t, int64_t>> rows;  // (key, slot)
   for (size_t slot = 0; slot < dirty_.size(); ++slot)
-    if (dirty_[slot]) rows.emplace_back(slot_key_[slot], static_cast<int64_t>(slot));
+    if (dirty_[slot]) rows.emplace_back(policy_.KeyAt(static_cast<int64_t>(slot)), static_cast<int64_t>(slot));
   std::sort(rows.begin(), rows.end());
   RowsOut out;
   for (const auto& [key, slot] : rows) {

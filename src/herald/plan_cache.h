@@ -59,7 +59,7 @@ class PlanCache {
   const int64_t width_, state_width_;
   const optim::Config optimizer_;
   std::vector<float> values_, state_;
-  std::vector<int64_t> steps_, slot_key_;
+  std::vector<int64_t> steps_;
   std::vector<uint8_t> valid_, dirty_;
 
   // The current step, between Begin and Finish.

@@ -46,11 +46,10 @@ Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKin
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
 }
 
-void Planner::SetValid(int w, int64_t slot, bool valid) {
+void Planner::SetValid(int w, int64_t slot, int64_t key, bool valid) {
   CacheModel& m = models_[w];
   if (m.valid[slot] == valid) return;
   m.valid[slot] = valid;
-  const int64_t key = m.slot_key[slot];
   if (valid) {
     *valid_by_key_.Insert(key, 0).first |= Bit(w);
   } else if ((*valid_by_key_.Find(key) &= ~Bit(w)) == 0) {
@@ -113,9 +112,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   }
   std::vector<int32_t> assign;
   Allocate(batch, iteration, &assign);
-  batch.readers.assign(num_rows, 0);
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t f = 0; f < fields; ++f) batch.readers[batch.rows[s * fields + f]] |= Bit(assign[s]);
+  batch.readers = Readers(batch.rows.data(), n, fields, static_cast<int64_t>(num_rows), assign.data());
   // Each worker's distinct rows, ascending, as indices into the batch's.
   std::vector<std::vector<int32_t>> worker_rows(W_);
   for (size_t r = 0; r < num_rows; ++r)
@@ -139,9 +136,8 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
     for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
       const int64_t slot = r.evicted_slots[e];
       if (m.dirty[slot]) writeback.push_back(r.evicted_keys[e]);
-      SetValid(w, slot, false);
+      SetValid(w, slot, r.evicted_keys[e], false);
       m.dirty[slot] = 0;
-      m.slot_key[slot] = -1;
     }
     std::vector<uint8_t> pull(k.size()), owner(k.size());
     for (size_t i = 0; i < k.size(); ++i) {
@@ -151,8 +147,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
       pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
       if (slot >= 0) {
         // A row stepped by several workers changes on the servers: the copy is stale after t.
-        m.slot_key[slot] = k[i];
-        SetValid(w, slot, owner[i]);
+        SetValid(w, slot, k[i], owner[i]);
         m.dirty[slot] = owner[i];
       } else if (owner[i]) {
         writeback.push_back(k[i]);  // stepped here but not cached: its new value must reach the servers
@@ -184,7 +179,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
                                ": worker " + std::to_string(w) + " holds dirty row " + std::to_string(key) +
                                " that another worker updates");
       if (w == rank_) mine.invalidate.push_back(key);
-      SetValid(w, slot, false);
+      SetValid(w, slot, key, false);
     }
   }
   out.samples = mine.samples;

@@ -57,9 +57,8 @@ class Planner {
   struct CacheModel {
     cache::CachePolicy policy;
     std::vector<uint8_t> valid, dirty;
-    std::vector<int64_t> slot_key;
     CacheModel(cache::PolicyKind kind, int64_t capacity, int64_t pin_threshold)
-        : policy(kind, capacity, pin_threshold), valid(capacity, 0), dirty(capacity, 0), slot_key(capacity, -1) {}
+        : policy(kind, capacity, pin_threshold), valid(capacity, 0), dirty(capacity, 0) {}
   };
 
   // One global batch as the planner sees it. keys: its distinct rows, ascending; rows: [n, fields],
@@ -73,8 +72,9 @@ class Planner {
   };
 
   void Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign) const;
-  // valid[slot] of worker w's model, mirrored in valid_by_key_.
-  void SetValid(int w, int64_t slot, bool valid);
+  // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), mirrored in
+  // valid_by_key_.
+  void SetValid(int w, int64_t slot, int64_t key, bool valid);
   uint64_t ValidMask(int64_t key) const;
   // Rule: at the end of t-1 a worker writes back its dirty rows that another worker reads at t.
   void FinishPending(const BatchRows& batch);

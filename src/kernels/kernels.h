@@ -18,7 +18,7 @@ int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const i
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
                    std::vector<float>* summed);
 
-// The distinct ids, ascending (radix sort; Herald's planner runs it per worker per iteration).
+// The distinct ids, ascending (radix sort; Herald's planner runs it on each global batch).
 // With `inverse` (n entries), also each id's position in `out`.
 void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse = nullptr);
 

@@ -29,7 +29,7 @@ class HeraldTable:
     def __init__(self, remote, scheduler, capacity, policy, optimizer, counters, primary=True, pin_threshold=8,
                  prefetch=False):
         rows, width = remote.param.shape
-        self.remote, self.scheduler, self.optimizer, self.counters = remote, scheduler, optimizer, counters
+        self.remote, self.scheduler, self.counters = remote, scheduler, counters
         self.width = width
         self.primary = primary  # the table that records per-iteration scheduler figures
         # The rows themselves, their policy, valid and dirty flags: src/herald/plan_cache.h.
