@@ -85,6 +85,8 @@ def test_policy_rejects_unsorted_keys():
         _C.CachePolicy("lru", 4).access(np.array([3, 1], np.int64))
     with pytest.raises(ValueError, match="unknown cache policy"):
         _C.CachePolicy("fifo", 4)
+    with pytest.raises(ValueError, match="at most 2"):  # slots are 32-bit
+        _C.CachePolicy("lru", 2**31)
 
 
 CACHE_ARGS = ["--model", "wdl_criteo", "--optimizer", "sgd", "--learning-rate", "0.02"]

@@ -174,6 +174,10 @@ def test_planning_thread_gathers_samples_and_plans_ahead():
             assert len(got_plan) == len(want_plan) + 1 and got_plan[-1] > 0.0   # ... and planner seconds
             for got, want in zip(got_plan, want_plan):
                 np.testing.assert_array_equal(got, want)
+        # Having answered, the thread runs, under a name that top and /proc show apart.
+        if sys.platform.startswith("linux"):
+            names = {open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
+            assert "herald-plan" in names
         with pytest.raises(RuntimeError, match="needs iteration 7, which was not submitted"):
             thread.plan(6, 1.0)
         with pytest.raises(ValueError, match="iteration 9 submitted, 7 expected"):

@@ -1,6 +1,8 @@
 #include "cache/policy.h"
 
+#include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace hetu {
 namespace cache {
@@ -15,6 +17,8 @@ PolicyKind ParsePolicy(const std::string& name) {
 CachePolicy::CachePolicy(PolicyKind kind, int64_t capacity, int64_t pin_threshold)
     : kind_(kind), capacity_(capacity), pin_threshold_(pin_threshold) {
   if (capacity < 0) throw std::invalid_argument("cache capacity must be >= 0");
+  if (capacity > std::numeric_limits<int32_t>::max())
+    throw std::invalid_argument("cache capacity " + std::to_string(capacity) + " rows: at most 2^31 - 1 supported");
   where_.reserve(static_cast<size_t>(std::min<int64_t>(capacity, 1 << 16)));  // grows as rows arrive
   slot_key_.assign(capacity, -1);
   if (kind == kLRU) stamp_.assign(capacity, -1);
@@ -55,7 +59,7 @@ void CachePolicy::Touch(int64_t key, Entry& e) {
     lfu_.erase(Rank{e.freq, e.last_use, key});
   }
   e.freq += 1;
-  e.last_use = tick_;
+  e.last_use = static_cast<uint32_t>(tick_);
   if (kind_ == kLFUOpt && e.freq >= pin_threshold_) e.pinned = true;
   if (kind_ != kLRU && !e.pinned) lfu_.insert(Rank{e.freq, e.last_use, key});
 }
@@ -87,6 +91,8 @@ int64_t CachePolicy::PickVictim() {
 }
 
 AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
+  if (tick_ == std::numeric_limits<uint32_t>::max())
+    throw std::overflow_error("cache policy: more than 2^32 - 1 batches through one cache");
   ++tick_;
   access_first_stamp_ = clock_ + 1;
   AccessResult r;
@@ -116,7 +122,7 @@ AccessResult CachePolicy::Access(const int64_t* keys, int64_t n) {
       r.evicted_slots.push_back(gone.slot);
       Remove(victim, gone);
     }
-    const Entry e{free_slots_.back(), 0, 0, false};
+    const Entry e{static_cast<int32_t>(free_slots_.back()), 0, 0, false};
     free_slots_.pop_back();
     slot_key_[e.slot] = key;
     Entry& placed = *where_.Insert(key, e).first;

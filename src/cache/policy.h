@@ -48,15 +48,18 @@ class CachePolicy {
   std::vector<int64_t> Keys() const;
 
  private:
+  // 16 bytes, so that a map cell is 24: the planner keeps one map per worker it models, and
+  // every lookup of a batch row lands in one of them. Slots are below 2^31 (the constructor
+  // checks) and uses and ticks below 2^32 (Access checks).
   struct Entry {
-    int64_t slot;
-    int64_t freq;
-    int64_t last_use;
+    int32_t slot;
+    uint32_t freq;
+    uint32_t last_use;
     bool pinned;
   };
   using Rank = std::tuple<int64_t, int64_t, int64_t>;  // (freq, last_use, key): LFU order
 
-  bool Evictable(const Entry& e) const { return e.last_use != tick_ && !e.pinned; }
+  bool Evictable(const Entry& e) const { return e.last_use != static_cast<uint32_t>(tick_) && !e.pinned; }
   int64_t PickVictim();  // -1 if every resident row is protected
   void Touch(int64_t key, Entry& e);
   void Remove(int64_t key, Entry& e);

@@ -61,14 +61,15 @@ class Trader {
  public:
   Trader(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows, int num_workers,
          int32_t* assignment)
-      : rows_(rows), n_(n), fields_(fields), valid_(valid), W_(num_workers),
+      : rows_(rows), n_(n), fields_(fields), W_(num_workers),
         everyone_(AllWorkers(num_workers)), assign_(assignment),
-        count_(num_rows * num_workers, 0), readers_(num_rows, 0) {
+        count_(num_rows * num_workers, 0), row_(num_rows) {
     for (int64_t s = 0; s < n; ++s)
-      for (const int32_t* r = Begin(s); r != End(s); ++r) {
-        ++count_[*r * W_ + assign_[s]];
-        readers_[*r] |= Bit(assign_[s]);
-      }
+      for (const int32_t* r = Begin(s); r != End(s); ++r) ++count_[*r * W_ + assign_[s]];
+    for (int64_t r = 0; r < num_rows; ++r) {
+      row_[r].valid = valid[r];
+      for (int w = 0; w < W_; ++w) Recount(r, w);
+    }
   }
 
   // Returns the number of trades made.
@@ -122,33 +123,46 @@ class Trader {
     const int from = assign_[s];
     std::fill(out->begin(), out->end(), 0);
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
-      const uint64_t before = readers_[*r];
-      const uint64_t rest = count_[*r * W_ + from] == 1 ? before & ~Bit(from) : before;
+      const RowReaders& row = row_[*r];
+      const uint64_t rest = row.readers & ~(row.once & Bit(from));
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
-      const int now = RowCost(before, valid_[*r]);
+      const int now = RowCost(row.readers, row.valid);
       for (int to = 0; to < W_; ++to)
-        if (to != from) (*out)[to] += now - RowCost(rest | Bit(to), valid_[*r]);
+        if (to != from) (*out)[to] += now - RowCost(rest | Bit(to), row.valid);
     }
   }
 
   void Move(int64_t s, int to) {
     const int from = assign_[s];
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
-      if (--count_[*r * W_ + from] == 0) readers_[*r] &= ~Bit(from);
+      --count_[*r * W_ + from];
       ++count_[*r * W_ + to];
-      readers_[*r] |= Bit(to);
+      Recount(*r, from);
+      Recount(*r, to);
     }
     assign_[s] = to;
   }
 
+  // Row r's bits for worker w, from the count of w's samples that read it.
+  void Recount(int64_t r, int w) {
+    const int32_t c = count_[r * W_ + w];
+    RowReaders& row = row_[r];
+    row.readers = (row.readers & ~Bit(w)) | (c > 0 ? Bit(w) : 0);
+    row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
+  }
+
   const int32_t* rows_;
   int64_t n_, fields_;
-  const uint64_t* valid_;
   int W_;
   uint64_t everyone_;
   int32_t* assign_;
-  std::vector<int32_t> count_;
-  std::vector<uint64_t> readers_;  // one bit per worker with count_ > 0
+  std::vector<int32_t> count_;  // [num_rows, W]: samples of each worker that read each row
+  // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
+  // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
+  struct RowReaders {
+    uint64_t readers = 0, once = 0, valid = 0;
+  };
+  std::vector<RowReaders> row_;
 };
 
 constexpr int kTradeSweeps = 2;
@@ -180,12 +194,18 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment) {
   const uint64_t everyone = AllWorkers(num_workers);
-  std::vector<uint64_t> readers(num_rows, 0);
+  // Per row, the workers that read it so far and those with a valid copy, side by side.
+  struct Row {
+    uint64_t readers = 0, valid = 0;
+  };
+  std::vector<Row> row(num_rows);
   {
     std::vector<int32_t> samples_reading(num_rows, 0);
     for (int64_t i = 0; i < n * fields; ++i) ++samples_reading[rows[i]];
-    for (int64_t r = 0; r < num_rows; ++r)
-      if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
+    for (int64_t r = 0; r < num_rows; ++r) {
+      row[r].valid = valid[r];
+      if (samples_reading[r] > kSharedAnyway) row[r].readers = everyone;
+    }
   }
   const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, num_workers);
   std::vector<int64_t> load(num_workers, 0);
@@ -194,16 +214,16 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     const int32_t* r = rows + s * fields;
     std::fill(added.begin(), added.end(), 0);
     for (int64_t f = 0; f < fields; ++f) {
-      const uint64_t m = readers[r[f]], v = valid[r[f]];
-      if (m == everyone) continue;  // costs the same wherever the sample goes
-      const int now = RowCost(m, v);
-      for (int w = 0; w < num_workers; ++w) added[w] += RowCost(m | Bit(w), v) - now;
+      const Row& x = row[r[f]];
+      if (x.readers == everyone) continue;  // costs the same wherever the sample goes
+      const int now = RowCost(x.readers, x.valid);
+      for (int w = 0; w < num_workers; ++w) added[w] += RowCost(x.readers | Bit(w), x.valid) - now;
     }
     const int chosen =
         BestWorkerWithRoom([&](int w) { return added[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
     ++load[chosen];
-    for (int64_t f = 0; f < fields; ++f) readers[r[f]] |= Bit(chosen);
+    for (int64_t f = 0; f < fields; ++f) row[r[f]].readers |= Bit(chosen);
   }
   Trader trader(rows, n, fields, valid, num_rows, num_workers, assignment);
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)

@@ -1,6 +1,8 @@
 #include "herald/planning_thread.h"
 
 #include <algorithm>
+#include <pthread.h>
+
 #include <chrono>
 #include <string>
 
@@ -46,6 +48,8 @@ void PlanningThread::Submit(int64_t iteration, std::vector<int64_t> samples) {
 }
 
 void PlanningThread::Run() {
+  // Named so that top, perf and /proc tell the planner's CPU from the training thread's.
+  pthread_setname_np(pthread_self(), "herald-plan");
   for (;;) {
     std::pair<int64_t, std::vector<int64_t>> job;
     {
