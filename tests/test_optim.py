@@ -115,3 +115,23 @@ def test_schedule_drives_the_optimizer():
     for _ in range(3):
         ex.run()
     np.testing.assert_allclose(ex.parameters()["w"], [-(1 + 0.5 + 0.25)])
+
+
+@pytest.mark.parametrize("ids", [
+    np.array([5, 3, 5, 9], np.int64),                                     # tiny: comparison sort
+    np.random.default_rng(0).zipf(1.3, 5000).astype(np.int64) % 300_000,  # skewed, as CTR ids
+    np.random.default_rng(1).integers(0, 2**40, 3000),                    # range past three digits
+    np.random.default_rng(2).integers(2**62, 2**62 + 2**30, 70_001),      # large ids, narrow range, odd count
+], ids=["tiny", "zipf", "wide", "offset"])
+def test_sparse_gradient_rows_are_summed_per_id_in_order(ids):
+    # The sparse step's unique-and-sum: ascending ids, each id's rows added in occurrence order
+    # (so the float sums are those of a sequential loop, whatever the sort does inside).
+    from hetu import _C
+    grads = np.random.default_rng(3).standard_normal((len(ids), 3)).astype(np.float32)
+    uniq, summed = _C.unique_sum(ids, grads)
+    want_ids = np.unique(ids)
+    np.testing.assert_array_equal(uniq, want_ids)
+    want = np.zeros((len(want_ids), 3), np.float32)
+    for i, at in enumerate(np.searchsorted(want_ids, ids)):
+        want[at] += grads[i]
+    np.testing.assert_array_equal(summed, want)

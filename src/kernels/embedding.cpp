@@ -25,14 +25,21 @@ int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const i
 
 namespace {
 
-// Positions 0..n-1 ordered by ids[position], ties in position order (a stable sort), by an LSD
-// radix sort of (id - min id) on as many 11-bit digits as the id range needs.
+// The ids in ascending order, with their positions; equal ids in position order (a stable
+// sort). An LSD radix sort on as many 11-bit digits of (id - min id) as the id range needs, of
+// one word per id: (id - min id) above the position, so that the positions, already in order,
+// stay in order under the stable passes over the id's digits.
 // The result and the scratch arrays are per-thread and reused: at batch 4096 they are a few MB,
 // which glibc would otherwise map and unmap (and the kernel zero) on every step.
-const std::vector<int64_t>& stable_order_by_id(const int64_t* ids, int64_t n) {
-  static thread_local std::vector<int64_t> order;
-  order.resize(n);
-  if (n == 0) return order;
+struct SortedIds {
+  std::vector<int64_t> id, pos;
+};
+
+const SortedIds& sort_ids(const int64_t* ids, int64_t n) {
+  static thread_local SortedIds out;
+  out.id.resize(n);
+  out.pos.resize(n);
+  if (n == 0) return out;
   int64_t lo = ids[0], hi = ids[0];
   for (int64_t i = 1; i < n; ++i) {
     lo = std::min(lo, ids[i]);
@@ -41,44 +48,71 @@ const std::vector<int64_t>& stable_order_by_id(const int64_t* ids, int64_t n) {
   const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
   int bits = 0;
   while (bits < 64 && (range >> bits) != 0) ++bits;
+  int pos_bits = 0;
+  while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
   constexpr int kDigit = 11;
   constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
   const int passes = (bits + kDigit - 1) / kDigit;
-  if (n < 64 || passes > 3) {  // tiny inputs or a huge id range: a comparison sort is as good
-    std::iota(order.begin(), order.end(), int64_t(0));
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
-    return order;
+  // Tiny inputs, or an id range too wide for three digits or for one word with the positions:
+  // a comparison sort is as good.
+  if (n < 64 || passes > 3 || bits + pos_bits > 64) {
+    std::iota(out.pos.begin(), out.pos.end(), int64_t(0));
+    std::stable_sort(out.pos.begin(), out.pos.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+    for (int64_t i = 0; i < n; ++i) out.id[i] = ids[out.pos[i]];
+    return out;
   }
-  struct Item {
-    uint64_t key;
-    int64_t pos;
-  };
-  static thread_local std::vector<Item> a, b;
+  static thread_local std::vector<uint64_t> a, b;
   a.resize(n);
   b.resize(n);
-  for (int64_t i = 0; i < n; ++i) a[i] = {static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo), i};
+  for (int64_t i = 0; i < n; ++i)
+    a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << pos_bits | static_cast<uint64_t>(i);
+  // Each pass takes the input as two halves with their own bucket offsets, the second's after
+  // the first's in each bucket: ids are skewed, runs of one bucket are common, and each half's
+  // counter updates then wait only on their own, so the two chains overlap.
   static thread_local std::vector<int64_t> count;
-  count.resize(kMask + 2);
+  count.resize(2 * (kMask + 1));
+  int64_t* const first = count.data();
+  int64_t* const second = first + kMask + 1;
+  const int64_t half = n / 2;
   for (int pass = 0; pass < passes; ++pass) {
-    const int shift = pass * kDigit;
+    const int shift = pos_bits + pass * kDigit;
+    auto digit = [&](uint64_t v) { return (v >> shift) & kMask; };
     std::fill(count.begin(), count.end(), 0);
-    for (int64_t i = 0; i < n; ++i) ++count[((a[i].key >> shift) & kMask) + 1];
-    for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
-    for (int64_t i = 0; i < n; ++i) b[count[(a[i].key >> shift) & kMask]++] = a[i];
+    for (int64_t i = 0, j = half; i < half; ++i, ++j) {
+      ++first[digit(a[i])];
+      ++second[digit(a[j])];
+    }
+    if (n % 2) ++second[digit(a[n - 1])];
+    int64_t at = 0;
+    for (uint64_t d = 0; d <= kMask; ++d) {
+      const int64_t in_first = first[d], in_second = second[d];
+      first[d] = at;
+      second[d] = at + in_first;
+      at += in_first + in_second;
+    }
+    for (int64_t i = 0, j = half; i < half; ++i, ++j) {
+      b[first[digit(a[i])]++] = a[i];
+      b[second[digit(a[j])]++] = a[j];
+    }
+    if (n % 2) b[second[digit(a[n - 1])]++] = a[n - 1];
     a.swap(b);
   }
-  for (int64_t i = 0; i < n; ++i) order[i] = a[i].pos;
-  return order;
+  const uint64_t pos_mask = (uint64_t(1) << pos_bits) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    out.id[i] = static_cast<int64_t>((a[i] >> pos_bits) + static_cast<uint64_t>(lo));
+    out.pos[i] = static_cast<int64_t>(a[i] & pos_mask);
+  }
+  return out;
 }
 
 }  // namespace
 
 void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse) {
-  const std::vector<int64_t>& order = stable_order_by_id(ids, n);
+  const SortedIds& sorted = sort_ids(ids, n);
   out->clear();
   for (int64_t i = 0; i < n; ++i) {
-    if (out->empty() || out->back() != ids[order[i]]) out->push_back(ids[order[i]]);
-    if (inverse) inverse[order[i]] = static_cast<int32_t>(out->size() - 1);
+    if (out->empty() || out->back() != sorted.id[i]) out->push_back(sorted.id[i]);
+    if (inverse) inverse[sorted.pos[i]] = static_cast<int32_t>(out->size() - 1);
   }
 }
 
@@ -86,7 +120,8 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
                    std::vector<float>* summed) {
   // A stable sort of positions by id keeps each id's rows in occurrence order, so the sum is
   // taken in a fixed order whatever the thread count.
-  const std::vector<int64_t>& order = stable_order_by_id(ids, n);
+  const SortedIds& sorted = sort_ids(ids, n);
+  const std::vector<int64_t>& order = sorted.pos;
   // A reference, not the thread_local itself, is what the parallel lambda must see: named
   // directly there, a thread_local would be each worker's own (empty) instance.
   static thread_local std::vector<int64_t> run_start_tls;
@@ -94,14 +129,14 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
   run_start.clear();
   run_start.reserve(n + 1);
   for (int64_t i = 0; i < n; ++i)
-    if (i == 0 || ids[order[i]] != ids[order[i - 1]]) run_start.push_back(i);
+    if (i == 0 || sorted.id[i] != sorted.id[i - 1]) run_start.push_back(i);
   const int64_t u = static_cast<int64_t>(run_start.size());
   run_start.push_back(n);
   uniq->resize(u);
   summed->assign(static_cast<size_t>(u * width), 0.0f);
   parallel_for(u, 512, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      (*uniq)[r] = ids[order[run_start[r]]];
+      (*uniq)[r] = sorted.id[run_start[r]];
       float* dst = summed->data() + r * width;
       for (int64_t k = run_start[r]; k < run_start[r + 1]; ++k) {
         const float* src = grads + order[k] * width;
