@@ -45,24 +45,34 @@ CSV_TAGS = {"PS": "Hybrid", "HET": "het-Hybrid-lru-b0", "Herald": "herald-Hybrid
             "plan only": "herald-Hybrid-lru-noalloc", "allocator only": "herald-Hybrid-lru-hetprotocol"}
 
 
-def run_mode(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
-    """One run of `mode`: a local cluster of 1 server and `workers` workers, or the hosts of
-    `cluster_file` (a runner cluster description)."""
+def mode_command(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
+    """The command line of one run of `mode`: a local cluster of 1 server and `workers` workers,
+    or the hosts of `cluster_file` (a runner cluster description)."""
     script, flags = MODES[mode]
     where = ["-c", cluster_file] if cluster_file else ["-w", str(workers), "-s", "1"]
-    cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), *where,
-           "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script),
-           *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
-           "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),
-           "--iters-per-epoch", str(args.iterations), "--rows", str(args.rows), "--no-progress",
-           "--cache-perf", "--csv-dir", csv_dir]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
-    if proc.returncode != 0:
-        sys.exit(f"{mode} (W={workers}, b={batch}, ratio={ratio}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    summaries = [json.loads(m) for m in re.findall(r"\[worker \d+\] summary (\{.*\})", proc.stdout)]
+    return [sys.executable, os.path.join(ROOT, "python/runner.py"), *where,
+            "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script),
+            *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
+            "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),
+            "--iters-per-epoch", str(args.iterations), "--rows", str(args.rows), "--no-progress",
+            "--cache-perf", "--csv-dir", csv_dir]
+
+
+def worker_summaries(mode, workers, returncode, stdout, stderr=""):
+    """The workers' summary lines of a finished run; exits naming the mode if the run failed."""
+    if returncode != 0:
+        sys.exit(f"{mode} (W={workers}) failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    summaries = [json.loads(m) for m in re.findall(r"\[worker \d+\] summary (\{.*\})", stdout)]
     if len(summaries) != workers:
-        sys.exit(f"{mode}: expected {workers} worker summaries, got {len(summaries)}:\n{proc.stdout[-2000:]}")
+        sys.exit(f"{mode}: expected {workers} worker summaries, got {len(summaries)}:\n{stdout[-2000:]}")
     return summaries
+
+
+def run_mode(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
+    """One run of `mode` (see mode_command); the workers' summaries."""
+    cmd = mode_command(mode, workers, batch, ratio, args, csv_dir, cluster_file)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
+    return worker_summaries(mode, workers, proc.returncode, proc.stdout, proc.stderr)
 
 
 def aggregate(summaries, batch):
