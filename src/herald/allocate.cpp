@@ -194,18 +194,12 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment) {
   const uint64_t everyone = AllWorkers(num_workers);
-  // Per row, the workers that read it so far and those with a valid copy, side by side.
-  struct Row {
-    uint64_t readers = 0, valid = 0;
-  };
-  std::vector<Row> row(num_rows);
+  std::vector<uint64_t> readers(num_rows, 0);
   {
     std::vector<int32_t> samples_reading(num_rows, 0);
     for (int64_t i = 0; i < n * fields; ++i) ++samples_reading[rows[i]];
-    for (int64_t r = 0; r < num_rows; ++r) {
-      row[r].valid = valid[r];
-      if (samples_reading[r] > kSharedAnyway) row[r].readers = everyone;
-    }
+    for (int64_t r = 0; r < num_rows; ++r)
+      if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
   }
   const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, num_workers);
   std::vector<int64_t> load(num_workers, 0);
@@ -214,16 +208,16 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     const int32_t* r = rows + s * fields;
     std::fill(added.begin(), added.end(), 0);
     for (int64_t f = 0; f < fields; ++f) {
-      const Row& x = row[r[f]];
-      if (x.readers == everyone) continue;  // costs the same wherever the sample goes
-      const int now = RowCost(x.readers, x.valid);
-      for (int w = 0; w < num_workers; ++w) added[w] += RowCost(x.readers | Bit(w), x.valid) - now;
+      const uint64_t m = readers[r[f]], v = valid[r[f]];
+      if (m == everyone) continue;  // costs the same wherever the sample goes
+      const int now = RowCost(m, v);
+      for (int w = 0; w < num_workers; ++w) added[w] += RowCost(m | Bit(w), v) - now;
     }
     const int chosen =
         BestWorkerWithRoom([&](int w) { return added[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
     ++load[chosen];
-    for (int64_t f = 0; f < fields; ++f) row[r[f]].readers |= Bit(chosen);
+    for (int64_t f = 0; f < fields; ++f) readers[r[f]] |= Bit(chosen);
   }
   Trader trader(rows, n, fields, valid, num_rows, num_workers, assignment);
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)

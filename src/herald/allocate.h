@@ -20,10 +20,11 @@ std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields,
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment);
 
-// rows, valid: as for CacheScores. Each sample goes, in the same order as GreedyAllocate's, to the worker with room where it adds the fewest row transmissions to this
-// iteration given the samples placed before it: a row valid in that worker's cache is free (the
-// cache score), and so is a row that worker already reads this iteration, which would otherwise
-// be shared (co-location). Pairs of samples then trade workers while a trade saves rows.
+// rows, valid: as for CacheScores. Each sample goes, in the same order as GreedyAllocate's, to
+// the worker with room where it adds the fewest row transmissions to this iteration given the
+// samples placed before it: a row valid in that worker's cache is free (the cache score), and so
+// is a row that worker already reads this iteration, which would otherwise be shared
+// (co-location). Pairs of samples then trade workers while a trade saves rows.
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment);
 

@@ -1,8 +1,8 @@
 #include "herald/planning_thread.h"
 
-#include <algorithm>
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 

@@ -4,9 +4,8 @@ Every worker runs the same Scheduler on the same sample stream and computes the 
 `lookahead` iterations ahead, on a C++ thread of its own that never takes the GIL
 (hetu._C.PlanningThread, src/herald/planning_thread.h): this class only hands it each global
 batch's sample positions and takes the answers. The C++ planner (hetu._C.Planner,
-src/herald/planner.cpp) keeps a model of every
-worker's cache (the CachePolicy that the real caches use, plus which cached rows are valid and
-which are dirty) and, per iteration:
+src/herald/planner.cpp) keeps a model of every worker's cache (the CachePolicy that the real
+caches use, plus which cached rows are valid and which are dirty) and, per iteration:
 
 1. allocates the global batch, b samples per worker (src/herald/allocate.cpp). "greedy" is the
    rule of DESIGN.md: score(s, w) = rows of sample s valid in w's cache, each sample to its
