@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 WORKER_PREAMBLE = """
 import json, os, sys, time
 import numpy as np
@@ -18,6 +20,16 @@ OUT = sys.argv[2]
 if not ARGS.get("no_start"):
     ps.start()
 """
+
+
+def _built_vans():
+    from hetu import _ps
+    return _ps.van_types()
+
+
+needs_ucx = pytest.mark.skipif("ucx" not in _built_vans(), reason="hetu built without UCX (libucx-dev)")
+# Parameter for tests that run over each van.
+VANS = [pytest.param("zmq"), pytest.param("ucx", marks=needs_ucx)]
 
 
 def alive(pid):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hetu import _C
-from ps_helpers import BATCH_CODE, cluster_fixture, optim_config
+from ps_helpers import BATCH_CODE, VANS, cluster_fixture, optim_config
 
 cluster = pytest.fixture(cluster_fixture)
 
@@ -87,7 +87,16 @@ def model(workers, opt, kw):
 @pytest.mark.parametrize("servers,workers,opt", [(1, 1, "sgd"), (3, 1, "adagrad"), (1, 4, "momentum"),
                                                  (3, 4, "adam"), (2, 4, "adamw"), (3, 2, "nesterov")])
 def test_bsp_training_matches_numpy_bit_for_bit(cluster, tmp_path, servers, workers, opt):
-    c = cluster(servers, workers)
+    check_bsp_training(cluster(servers, workers), tmp_path, workers, opt)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("van", VANS)
+def test_bsp_training_over_each_van(cluster, tmp_path, van):
+    check_bsp_training(cluster(3, 4, env={"DMLC_PS_VAN_TYPE": van}), tmp_path, 4, "adam")
+
+
+def check_bsp_training(c, tmp_path, workers, opt):
     c.run(TRAIN, dict(rows=ROWS, width=WIDTH, iters=ITERS, opt=opt, kw=OPT_KW[opt], workers=workers), timeout=90)
     history, dhistory, table, state, steps, versions = model(workers, opt, OPT_KW[opt])
     for w in range(workers):
@@ -275,5 +284,6 @@ ps.finalize()
 
 
 @pytest.mark.timeout(60)
-def test_large_batches_on_multithreaded_servers(cluster):
-    cluster(2, 1, env={"HETU_NUM_THREADS": "2"}).run(LARGE)
+@pytest.mark.parametrize("van", VANS)
+def test_large_batches_on_multithreaded_servers(cluster, van):
+    cluster(2, 1, env={"HETU_NUM_THREADS": "2", "DMLC_PS_VAN_TYPE": van}).run(LARGE)

@@ -284,7 +284,13 @@ void Postoffice::HandleControl(Message& msg) {
 
 bool Postoffice::Send(int id, Message* msg) {
   msg->meta.set_sender(my_id_);
-  return van_ && van_->Send(id, *msg);
+  const bool sent = van_ && van_->Send(id, *msg);
+  // Data goes only to started peers, so a van that cannot deliver it has lost the peer (the
+  // UCX van learns of a closed connection before the heartbeats do). Failing the job here,
+  // as a missed heartbeat would, keeps a worker from reporting a clean exit to the scheduler.
+  if (!sent && started_ && !stopping_ && msg->meta.control() == kData)
+    Fail("cannot send to " + Describe(id) + ": its connection is lost");
+  return sent;
 }
 
 void Postoffice::Barrier(int group, double timeout_s) {

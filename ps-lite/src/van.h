@@ -1,10 +1,12 @@
 // Van: the transport. One receiving endpoint per node, one outgoing channel per peer id.
 // Messages from one sender to one receiver arrive in send order. The interface is kept to
-// what an RDMA/UCX van can also provide (bind, connect, send, blocking receive, stop), so a
-// second implementation plugs in behind Van::Create.
+// what both implementations provide (bind, connect, send, blocking receive, stop): the ZMQ van
+// (zmq_van.cc, TCP) and the UCX van (ucx_van.cc: RDMA where the host has it, shared memory or
+// TCP elsewhere), picked by Van::Create.
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "message.h"
 
@@ -25,8 +27,14 @@ class Van {
   virtual void Stop() = 0;
   virtual long dropped() const = 0;
 
-  // DMLC_PS_VAN_TYPE: "zmq" (default). Throws on any other name.
+  // DMLC_PS_VAN_TYPE: "zmq" (default) or "ucx" (when built with UCX). Throws on any other name.
   static std::unique_ptr<Van> Create(const std::string& type);
+  static std::vector<std::string> Types();
 };
+
+std::unique_ptr<Van> MakeZmqVan();
+std::unique_ptr<Van> MakeUcxVan();
+// Tests: one UCX active message of these exact bytes to the van listening at host:port.
+bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload);
 
 }  // namespace ps

@@ -172,9 +172,6 @@ class ZmqVan : public Van {
 
 }  // namespace
 
-std::unique_ptr<Van> Van::Create(const std::string& type) {
-  if (type.empty() || type == "zmq") return std::make_unique<ZmqVan>();
-  throw std::invalid_argument("DMLC_PS_VAN_TYPE='" + type + "' is not supported; this build has: zmq");
-}
+std::unique_ptr<Van> MakeZmqVan() { return std::make_unique<ZmqVan>(); }
 
 }  // namespace ps

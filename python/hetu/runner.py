@@ -32,7 +32,7 @@ import yaml
 
 NODE_KEYS = {"host", "servers", "workers", "chief", "ssh_port", "user", "python", "interface"}
 TOP_KEYS = {"nodes", "env", "van", "ssh_config", "mpirun_args"}
-VANS = {"zmq", "ucx", "ibverbs"}
+VANS = {"zmq", "ucx"}  # ucx: RDMA verbs where the hosts have them, else shared memory / TCP
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 
 # The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
@@ -810,12 +810,32 @@ def parse_args(argv):
                     help="seconds servers and scheduler get to exit after the workers finish")
     ap.add_argument("--kill-grace", type=float, default=5.0,
                     help="seconds between the stop signal and SIGKILL at teardown")
+    ap.add_argument("--van", choices=sorted(VANS), default=None,
+                    help="parameter-server transport (overrides the cluster file's 'van'; default zmq)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the commands started")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="worker command")
     return ap.parse_args(argv)
 
 
 def cluster_from_args(args) -> Cluster:
+    cluster = _cluster_shape(args)
+    if args.van:
+        cluster.van = args.van
+    _check_van_is_built(cluster.van)
+    return cluster
+
+
+def _check_van_is_built(van: str):
+    try:
+        from hetu import _ps
+    except ImportError:
+        return  # no local build to ask: the nodes report it
+    if van not in _ps.van_types():
+        raise ConfigError(f"van {van!r} is not in this build of hetu (it has: {', '.join(_ps.van_types())}); "
+                          "the ucx van needs libucx-dev when hetu is built (scripts/install_deps.sh)")
+
+
+def _cluster_shape(args) -> Cluster:
     if args.config:
         if args.workers is not None or args.servers is not None:
             raise ConfigError("-w/-s describe a local machine; do not combine them with -c")

@@ -1,0 +1,496 @@
+// UCX van: UCP active messages over whatever transports UCX finds (RDMA verbs on an
+// InfiniBand or RoCE host; shared memory and TCP elsewhere). One listener accepts peers; one
+// client endpoint per peer sends. A message is one active message: the header carries the blob
+// sizes and the protobuf meta, the payload carries the blobs back to back, each padded to 8
+// bytes so that the receiver can hand out aligned views of one buffer without copying.
+//
+// All UCP calls on the worker are serialised by `worker_mu_`. Whichever thread progresses the
+// worker (Recv waiting for input, Send waiting for its completion) runs the callbacks, which
+// only fill the inbox and signal `wake_fd_`. Messages are delivered in header-arrival order,
+// which UCP keeps per endpoint, so per-pair order is send order as the Van interface promises.
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "logging.h"
+#include "van.h"
+
+namespace ps {
+namespace {
+
+constexpr unsigned kAmId = 7;
+constexpr uint32_t kMagic = 0x31535048;  // "HPS1"
+constexpr size_t kAlign = 8;
+
+size_t Padded(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+void Check(ucs_status_t st, const std::string& what) {
+  if (st != UCS_OK) throw std::runtime_error("UCX van: " + what + ": " + ucs_status_string(st));
+}
+
+double EnvSeconds(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atof(v) : fallback;
+}
+
+// A message whose header has arrived; its payload may still be on the way (rendezvous).
+struct Incoming {
+  Message msg;
+  bool ready = false;
+  bool bad = false;
+};
+
+// A peer we send to: its endpoint and address, so that a failed endpoint is re-created on
+// the next send (the ZMQ van's DEALER reconnects on its own; registration retries rely on it).
+struct Peer {
+  ucp_ep_h ep = nullptr;
+  std::string host;
+  int port = 0;
+  std::atomic<bool> failed{false};
+};
+
+// Completion record of one send or rendezvous receive.
+struct Pending {
+  std::atomic<bool> done{false};
+  ucs_status_t status = UCS_OK;
+};
+
+class UcxVan : public Van {
+ public:
+  UcxVan() {
+    const char* cap = std::getenv("PS_MAX_MSG_BYTES");
+    max_bytes_ = cap ? std::atoll(cap) : (int64_t(4) << 30);
+    send_timeout_ = EnvSeconds("PS_UCX_SEND_TIMEOUT", 120);
+    // A scheduler restarted on its port must be able to bind while the old connections sit in
+    // TIME_WAIT (ZMQ sets SO_REUSEADDR too). The user's own setting wins.
+    setenv("UCX_CM_REUSEADDR", "y", 0);
+    // Over TCP, UCX moves a large payload in segments of TX_SEG_SIZE, one send() each; at the
+    // 8 KB default an 8 MB reply costs a thousand system calls and runs at a third of the ZMQ
+    // van's rate on loopback (bench/ps_throughput.py --van ucx). RDMA transports ignore these.
+    setenv("UCX_TCP_TX_SEG_SIZE", "1m", 0);
+    setenv("UCX_TCP_RX_SEG_SIZE", "1m", 0);
+    ucp_config_t* config = nullptr;
+    Check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 0;
+    const ucs_status_t st = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    Check(st, "ucp_init");
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // worker_mu_ serialises every call
+    Check(ucp_worker_create(context_, &wp, &worker_), "ucp_worker_create");
+    Check(ucp_worker_get_efd(worker_, &worker_fd_), "ucp_worker_get_efd");
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) throw std::runtime_error("UCX van: eventfd failed");
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = kAmId;
+    hp.cb = &UcxVan::OnMessage;
+    hp.arg = this;
+    Check(ucp_worker_set_am_recv_handler(worker_, &hp), "registering the message handler");
+  }
+
+  ~UcxVan() override {
+    Stop();
+    std::lock_guard<std::mutex> lk(worker_mu_);
+    for (auto& kv : peers_) CloseEndpoint(kv.second->ep);
+    for (ucp_ep_h ep : accepted_) CloseEndpoint(ep);
+    if (listener_) ucp_listener_destroy(listener_);
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    close(wake_fd_);
+  }
+
+  int Bind(const std::string& host, int port) override {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port > 0 ? port : 0));
+    if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+      throw std::runtime_error("UCX van: cannot bind '" + host + "': not an IPv4 address");
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    lp.sockaddr.addrlen = sizeof(addr);
+    lp.conn_handler.cb = &UcxVan::OnConnectionRequest;
+    lp.conn_handler.arg = this;
+    std::lock_guard<std::mutex> lk(worker_mu_);
+    const ucs_status_t st = ucp_listener_create(worker_, &lp, &listener_);
+    if (st != UCS_OK)
+      throw std::runtime_error("UCX van: cannot listen on " + host + ":" + std::to_string(port) + ": " +
+                               ucs_status_string(st));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    Check(ucp_listener_query(listener_, &attr), "ucp_listener_query");
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  }
+
+  void Connect(int id, const std::string& host, int port) override {
+    std::lock_guard<std::mutex> lk(worker_mu_);
+    auto& slot = peers_[id];
+    if (!slot) slot = std::make_unique<Peer>();
+    if (slot->ep) CloseEndpoint(slot->ep);
+    slot->host = host;
+    slot->port = port;
+    Open(slot.get());
+  }
+
+  bool Send(int id, const Message& msg) override {
+    if (stopped_) return false;
+    // Header: magic, blob count, blob sizes, then the meta.
+    pb::Meta meta = msg.meta;
+    meta.set_num_blobs(static_cast<int>(msg.data.size()));
+    std::string head(8 + 8 * msg.data.size(), '\0');
+    const uint32_t n = static_cast<uint32_t>(msg.data.size());
+    std::memcpy(&head[0], &kMagic, 4);
+    std::memcpy(&head[4], &n, 4);
+    std::vector<ucp_dt_iov_t> iov;
+    iov.reserve(2 * msg.data.size());
+    static const char kZeros[kAlign] = {};
+    for (size_t i = 0; i < msg.data.size(); ++i) {
+      const uint64_t size = msg.data[i].size;
+      std::memcpy(&head[8 + 8 * i], &size, 8);
+      if (size) iov.push_back({const_cast<char*>(msg.data[i].data), size});
+      if (Padded(size) != size) iov.push_back({const_cast<char*>(kZeros), Padded(size) - size});
+    }
+    head += meta.SerializeAsString();
+    return Post(id, head, iov);
+  }
+
+  // One active message of `head` and the bytes of `iov`, sent as they are (tests use this to
+  // play a peer that speaks the protocol badly).
+  bool Post(int id, const std::string& head, const std::vector<ucp_dt_iov_t>& iov) {
+    Pending pending;
+    {
+      std::lock_guard<std::mutex> lk(worker_mu_);
+      auto it = peers_.find(id);
+      if (it == peers_.end()) return false;
+      Peer* peer = it->second.get();
+      if (peer->failed) {
+        CloseEndpoint(peer->ep);
+        Open(peer);
+      }
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      rp.cb.send = &UcxVan::OnSent;
+      rp.user_data = &pending;
+      if (!iov.empty()) {  // UCX wants a contiguous datatype (and no buffer) for no payload
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        rp.datatype = ucp_dt_make_iov();
+      }
+      ucs_status_ptr_t req = ucp_am_send_nbx(peer->ep, kAmId, head.data(), head.size(),
+                                             iov.empty() ? nullptr : iov.data(), iov.size(), &rp);
+      if (req == nullptr) return true;
+      if (UCS_PTR_IS_ERR(req)) {
+        PS_VLOG(1) << "UCX van: send to node " << id << " failed: " << ucs_status_string(UCS_PTR_STATUS(req));
+        return false;
+      }
+      // The header and the blobs are borrowed, so we wait for completion: a rendezvous send
+      // ends when the peer has fetched the payload, which it does as soon as it progresses.
+      if (!WaitLocked(&pending, req)) {
+        PS_VLOG(1) << "UCX van: send to node " << id << " did not complete within PS_UCX_SEND_TIMEOUT="
+                   << send_timeout_ << " s";
+        return false;
+      }
+    }
+    if (pending.status != UCS_OK)
+      PS_VLOG(1) << "UCX van: send to node " << id << " failed: " << ucs_status_string(pending.status);
+    return pending.status == UCS_OK;
+  }
+
+  bool Recv(Message* msg) override {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lk(worker_mu_);
+        while (ucp_worker_progress(worker_) != 0) {
+        }
+      }
+      if (PopReady(msg)) return true;
+      if (stopped_) return false;
+      ucs_status_t armed;
+      {
+        std::lock_guard<std::mutex> lk(worker_mu_);
+        armed = ucp_worker_arm(worker_);
+      }
+      if (armed == UCS_ERR_BUSY) continue;
+      // A message completed by another thread's progress signals wake_fd_; the timeout only
+      // guards against an event lost between progress and arm.
+      pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      poll(fds, 2, 100);
+      uint64_t drained;
+      if (fds[1].revents & POLLIN) (void)!read(wake_fd_, &drained, sizeof(drained));
+    }
+  }
+
+  void Stop() override {
+    if (stopped_.exchange(true)) return;
+    Wake();
+  }
+
+  long dropped() const override { return dropped_; }
+
+ private:
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+
+  // Called with worker_mu_ held.
+  void Open(Peer* peer) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(peer->port));
+    if (inet_pton(AF_INET, peer->host.c_str(), &addr.sin_addr) != 1)
+      throw std::runtime_error("UCX van: cannot connect to '" + peer->host + "': not an IPv4 address");
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    ep.sockaddr.addrlen = sizeof(addr);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails our requests, not the process
+    ep.err_handler.cb = &UcxVan::OnPeerFailed;
+    ep.err_handler.arg = peer;
+    peer->failed = false;
+    const ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
+    if (st != UCS_OK) {
+      peer->ep = nullptr;
+      peer->failed = true;
+      throw std::runtime_error("UCX van: cannot connect to " + peer->host + ":" + std::to_string(peer->port) +
+                               ": " + ucs_status_string(st));
+    }
+  }
+
+  // Called with worker_mu_ held. Force-closes: a flush could wait on a dead peer.
+  void CloseEndpoint(ucp_ep_h ep) {
+    if (!ep) return;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &rp);
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    ucp_request_free(req);
+  }
+
+  // Progresses the worker (worker_mu_ held) until `pending` completes or the send timeout
+  // passes; on timeout the request is cancelled and false returned.
+  bool WaitLocked(Pending* pending, void* req) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(send_timeout_));
+    unsigned idle = 0;
+    while (!pending->done) {
+      if (ucp_worker_progress(worker_) != 0) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < 64) continue;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ucp_request_cancel(worker_, req);
+        while (!pending->done) ucp_worker_progress(worker_);
+        ucp_request_free(req);
+        return false;
+      }
+      // Nothing to do yet (the peer has not fetched the payload): sleep on the worker's
+      // event fd rather than spin on a core the peer may need.
+      if (ucp_worker_arm(worker_) == UCS_OK) {
+        pollfd fd{worker_fd_, POLLIN, 0};
+        poll(&fd, 1, 1);
+      }
+      idle = 0;
+    }
+    ucp_request_free(req);
+    return true;
+  }
+
+  bool PopReady(Message* msg) {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    while (!inbox_.empty()) {
+      Incoming& head = *inbox_.front();
+      if (head.bad) {
+        ++dropped_;
+        inbox_.pop_front();
+        continue;
+      }
+      if (!head.ready) return false;
+      *msg = std::move(head.msg);
+      inbox_.pop_front();
+      return true;
+    }
+    return false;
+  }
+
+  // Parses the header into `in->msg` (blob views set later); the blob sizes, or empty.
+  bool ParseHeader(const void* header, size_t header_length, size_t length, Incoming* in,
+                   std::vector<uint64_t>* sizes) const {
+    if (header_length < 8) return false;
+    const char* h = static_cast<const char*>(header);
+    uint32_t magic, n;
+    std::memcpy(&magic, h, 4);
+    std::memcpy(&n, h + 4, 4);
+    if (magic != kMagic || n > (header_length - 8) / 8) return false;
+    sizes->resize(n);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      std::memcpy(&(*sizes)[i], h + 8 + 8 * i, 8);
+      if ((*sizes)[i] > static_cast<uint64_t>(max_bytes_)) return false;
+      total += Padded((*sizes)[i]);
+    }
+    if (total != length || static_cast<int64_t>(length) > max_bytes_) return false;
+    const size_t meta_at = 8 + 8 * size_t(n);
+    if (!in->msg.meta.ParseFromArray(h + meta_at, static_cast<int>(header_length - meta_at))) return false;
+    return in->msg.meta.num_blobs() == static_cast<int>(n);
+  }
+
+  static void SetBlobs(const std::shared_ptr<char[]>& buffer, const std::vector<uint64_t>& sizes, Message* msg) {
+    size_t at = 0;
+    msg->data.clear();
+    for (uint64_t size : sizes) {
+      Blob b;
+      b.owner = std::shared_ptr<void>(buffer, buffer.get() + at);
+      b.data = buffer.get() + at;
+      b.size = size;
+      msg->data.push_back(std::move(b));
+      at += Padded(size);
+    }
+  }
+
+  // ---- callbacks (run inside ucp_worker_progress, worker_mu_ held by the progressing thread)
+
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxVan*>(arg);
+    auto in = std::make_shared<Incoming>();
+    std::vector<uint64_t> sizes;
+    const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    if (!self->ParseHeader(header, header_length, length, in.get(), &sizes)) {
+      PS_VLOG(1) << "UCX van: dropped a malformed message (" << header_length << "-byte header, " << length
+                 << " bytes)";
+      ++self->dropped_;
+      if (rndv) ucp_am_data_release(self->worker_, data);
+      return UCS_OK;
+    }
+    // new char[] is aligned for any fundamental type, and every blob starts at a multiple of 8.
+    std::shared_ptr<char[]> buffer(new char[length > 0 ? length : 1]);
+    SetBlobs(buffer, sizes, &in->msg);
+    {
+      std::lock_guard<std::mutex> lk(self->inbox_mu_);
+      self->inbox_.push_back(in);
+    }
+    if (!rndv) {
+      if (length) std::memcpy(buffer.get(), data, length);
+      self->MarkDone(in.get(), true);
+      return UCS_OK;
+    }
+    // Rendezvous: fetch the payload into the buffer; the message is delivered when it lands.
+    auto* ctx = new std::pair<UcxVan*, std::shared_ptr<Incoming>>(self, in);
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.recv_am = &UcxVan::OnPayload;
+    rp.user_data = ctx;
+    ucs_status_ptr_t req = ucp_am_recv_data_nbx(self->worker_, data, buffer.get(), length, &rp);
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+      self->MarkDone(in.get(), req == nullptr);
+      delete ctx;
+    }
+    return UCS_OK;
+  }
+
+  static void OnPayload(void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* ctx = static_cast<std::pair<UcxVan*, std::shared_ptr<Incoming>>*>(user_data);
+    ctx->first->MarkDone(ctx->second.get(), status == UCS_OK);
+    delete ctx;
+    ucp_request_free(request);
+  }
+
+  void MarkDone(Incoming* in, bool ok) {
+    {
+      std::lock_guard<std::mutex> lk(inbox_mu_);
+      (ok ? in->ready : in->bad) = true;
+    }
+    Wake();
+  }
+
+  static void OnSent(void*, ucs_status_t status, void* user_data) {
+    auto* pending = static_cast<Pending*>(user_data);
+    pending->status = status;
+    pending->done = true;
+  }
+
+  static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
+    auto* self = static_cast<UcxVan*>(arg);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.conn_request = request;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &UcxVan::OnAcceptedFailed;
+    ep.err_handler.arg = self;
+    ucp_ep_h handle = nullptr;
+    const ucs_status_t st = ucp_ep_create(self->worker_, &ep, &handle);
+    if (st != UCS_OK) {
+      PS_VLOG(1) << "UCX van: refused a connection: " << ucs_status_string(st);
+      return;
+    }
+    self->accepted_.push_back(handle);
+  }
+
+  static void OnPeerFailed(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* peer = static_cast<Peer*>(arg);
+    PS_VLOG(1) << "UCX van: connection to " << peer->host << ":" << peer->port << " failed: "
+               << ucs_status_string(status);
+    peer->failed = true;
+  }
+
+  // A peer that sent to us went away (it finished, or died: the heartbeats tell which).
+  static void OnAcceptedFailed(void*, ucp_ep_h, ucs_status_t status) {
+    PS_VLOG(2) << "UCX van: an incoming connection closed: " << ucs_status_string(status);
+  }
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;
+  int64_t max_bytes_ = 0;
+  double send_timeout_ = 0;
+  std::mutex worker_mu_;
+  std::unordered_map<int, std::unique_ptr<Peer>> peers_;
+  std::vector<ucp_ep_h> accepted_;
+  std::mutex inbox_mu_;
+  std::deque<std::shared_ptr<Incoming>> inbox_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<long> dropped_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Van> MakeUcxVan() { return std::make_unique<UcxVan>(); }
+
+bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload) {
+  UcxVan van;
+  van.Connect(0, host, port);
+  std::vector<ucp_dt_iov_t> iov;
+  if (!payload.empty()) iov.push_back({const_cast<char*>(payload.data()), payload.size()});
+  return van.Post(0, header, iov);
+}
+
+}  // namespace ps
