@@ -50,7 +50,8 @@ def mode_command(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
     or the hosts of `cluster_file` (a runner cluster description)."""
     script, flags = MODES[mode]
     where = ["-c", cluster_file] if cluster_file else ["-w", str(workers), "-s", "1"]
-    return [sys.executable, os.path.join(ROOT, "python/runner.py"), *where,
+    van = ["--van", args.van] if getattr(args, "van", None) else []
+    return [sys.executable, os.path.join(ROOT, "python/runner.py"), *where, *van,
             "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script),
             *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
             "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),
@@ -111,6 +112,7 @@ def main():
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--rows", type=int, default=500000, help="synthetic samples")
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; samples/s is the median")
+    p.add_argument("--van", choices=["zmq", "ucx"], default=None, help="parameter-server transport (runner --van)")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--plot", default=None, help="PNG of rows moved per iteration (first configuration)")
     p.add_argument("--json", default=None, help="also write the results here")

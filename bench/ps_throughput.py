@@ -6,8 +6,10 @@ the same bytes (``hetu._ps._raw_bench_*``: the same libzmq, DEALER->ROUTER TCP s
 malloc setting as the van; the client sends the keys -- plus the rows for a push -- split over
 the same number of server processes, which answer with a ready buffer of rows, or an empty
 frame for a push; no lookup, gather or optimizer work). Prints rows/s, row-payload GB/s and the PS / raw ratio.
+With --vans zmq ucx the parameter server runs over each van in turn (DMLC_PS_VAN_TYPE).
 
     python bench/ps_throughput.py                      # the default matrix
+    python bench/ps_throughput.py --vans zmq ucx       # the ZMQ van and the UCX van side by side
     python bench/ps_throughput.py --shapes 1x1 --batches 16384 --seconds 2
 
 Throughput is the sum over workers; every worker issues one request at a time.
@@ -97,12 +99,17 @@ def collect(procs, timeout):
     return results
 
 
-def run_shape(workers, servers, args):
-    me = [sys.executable, os.path.abspath(__file__), "--seconds", str(args.seconds), "--batches",
-          *map(str, args.batches)]
+def bench_command(args):
+    return [sys.executable, os.path.abspath(__file__), "--seconds", str(args.seconds), "--batches",
+            *map(str, args.batches)]
+
+
+def run_ps(workers, servers, args, van):
+    """One parameter-server job over `van`; each worker's {op+batch: (requests, seconds)}."""
+    me = bench_command(args)
     port = pick_root_port("127.0.0.1")
     env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER=str(workers),
-               DMLC_NUM_SERVER=str(servers))
+               DMLC_NUM_SERVER=str(servers), DMLC_PS_VAN_TYPE=van)
     logs = subprocess.PIPE
     nodes = [subprocess.Popen([sys.executable, "-m", "hetu.launcher"], env=dict(env, DMLC_ROLE=r), stdout=logs,
                               stderr=subprocess.STDOUT, text=True) for r in ["scheduler"] + ["server"] * servers]
@@ -116,6 +123,12 @@ def run_shape(workers, servers, args):
         for p in nodes + wk:
             if p.poll() is None:
                 p.kill()
+    return ps_res
+
+
+def run_raw(workers, servers, args):
+    """The raw ZMQ round trips of the same bytes; each client's results, as run_ps."""
+    me = bench_command(args)
     ports = [pick_root_port("127.0.0.1") for _ in range(servers)]
     rs = [subprocess.Popen(me + ["--role", "raw-server", "--port", str(p)]) for p in ports]
     import tempfile
@@ -133,7 +146,7 @@ def run_shape(workers, servers, args):
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
-    return ps_res, raw_res
+    return raw_res
 
 
 def rate(results, key, batch):
@@ -148,6 +161,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=0.5, help="measuring time per cell")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per shape, alternating PS and raw; the best of each is reported (shared machines)")
+    ap.add_argument("--vans", nargs="+", default=["zmq"], choices=["zmq", "ucx"],
+                    help="parameter-server transports to measure, side by side")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ports", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -159,18 +174,25 @@ def main():
         return {"ps-worker": ps_worker, "raw-server": raw_server, "raw-client": raw_client}[args.role](args)
     print(f"loopback, {os.cpu_count()} cores, rows of {WIDTH} float32 ({WIDTH * 4} B), table {ROWS} rows, "
           f"{args.seconds} s per cell, best of {args.repeat}; GB/s counts row payload only")
-    head = f"{'W':>2} {'S':>2} {'op':>4} {'batch':>6} | {'PS rows/s':>11} {'PS GB/s':>8} | {'raw rows/s':>11} {'raw GB/s':>8} | {'PS/raw':>6}"
+    cols = args.vans + ["raw"]
+    head = (f"{'W':>2} {'S':>2} {'op':>4} {'batch':>6} | "
+            + " | ".join(f"{c + ' rows/s':>12} {'GB/s':>5}" for c in cols) + " | "
+            + " ".join(f"{v + '/raw':>8}" for v in args.vans))
     print(head)
     print("-" * len(head))
     for shape in args.shapes:
         w, s = map(int, shape.split("x"))
-        runs = [run_shape(w, s, args) for _ in range(args.repeat)]
+        runs = {c: [] for c in cols}
+        for _ in range(args.repeat):  # alternated, so a slow spell of the machine hits all
+            for v in args.vans:
+                runs[v].append(run_ps(w, s, args, v))
+            runs["raw"].append(run_raw(w, s, args))
         for op in ("pull", "push"):
             for b in args.batches:
-                pr, pg = max(rate(ps_res, f"{op}{b}", b) for ps_res, _ in runs)
-                rr, rg = max(rate(raw_res, f"{op}{b}", b) for _, raw_res in runs)
-                print(f"{w:>2} {s:>2} {op:>4} {b:>6} | {pr:>11.3e} {pg:>8.2f} | {rr:>11.3e} {rg:>8.2f} | {pr / rr:>6.2f}",
-                      flush=True)
+                best = {c: max(rate(r, f"{op}{b}", b) for r in runs[c]) for c in cols}
+                print(f"{w:>2} {s:>2} {op:>4} {b:>6} | "
+                      + " | ".join(f"{best[c][0]:>12.3e} {best[c][1]:>5.2f}" for c in cols) + " | "
+                      + " ".join(f"{best[v][0] / best['raw'][0]:>8.2f}" for v in args.vans), flush=True)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ def run_single(tmp_path, data_home, script, args, global_batch):
     return dict(np.load(out)), _summary(proc.stdout)
 
 
-def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300):
+def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300, van="zmq"):
     out = tmp_path / f"cluster-{workers}w{servers}s.npz"
     env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20")
-    cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers),
+    cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--van", van,
            "--timeout", str(timeout - 20), sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
            "--batch-size", str(batch), "--save-params", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

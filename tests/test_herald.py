@@ -14,6 +14,7 @@ import hetu as ht
 from conftest import REPO
 from dist_harness import assert_same_parameters, run_cluster, run_single
 from herald_reference import ReferencePlanner
+from ps_helpers import needs_ucx
 from hetu import _C
 from hetu.herald import Scheduler
 
@@ -51,15 +52,16 @@ def test_herald_moves_fewer_rows_than_het(tmp_path, data_home):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("extra,workers", [(["--allocator", "none"], 2), (["--allocator", "greedy"], 4),
-                                           (["--lookahead", "1"], 2),
-                                           (["--cache", "lfu"], 2), ([], 1), (["--comm", "PS"], 2)])
-def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers):
+@pytest.mark.parametrize("extra,workers,van", [(["--allocator", "none"], 2, "zmq"), (["--allocator", "greedy"], 4, "zmq"),
+                                               (["--lookahead", "1"], 2, "zmq"), (["--cache", "lfu"], 2, "zmq"),
+                                               ([], 1, "zmq"), (["--comm", "PS"], 2, "zmq"),
+                                               pytest.param([], 4, "ucx", marks=needs_ucx)])
+def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers, van):
     args = ["--model", "wdl_criteo", *OPTIMIZERS["adam"]]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
     got, _ = run_cluster(tmp_path, data_home, "run_laia.py",
                          ["--comm", "Hybrid", "--cache", "lru", "--bsp", "0", "--cache-limit-ratio", "0.05",
-                          *args, *extra], workers, 1, 64 // workers)
+                          *args, *extra], workers, 1, 64 // workers, van=van)
     assert_same_parameters(reference, got, exact_rows=False)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ps_helpers import alive
+from ps_helpers import alive, needs_ucx
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "python" / "runner.py"
@@ -97,6 +97,7 @@ def test_workers_get_dmlc_env_and_rank(tmp_path):
     assert "summary" in res.stderr
 
 
+@needs_ucx
 def test_cluster_file_env_and_van_reach_workers(tmp_path):
     cfg = tmp_path / "c.yml"
     cfg.write_text("van: ucx\nenv:\n  HETU_TEST_VAR: forty two\n"
@@ -107,6 +108,9 @@ def test_cluster_file_env_and_van_reach_workers(tmp_path):
     env = json.loads((tmp_path / "env.1.json").read_text())
     assert env["HETU_TEST_VAR"] == "forty two"
     assert env["DMLC_PS_VAN_TYPE"] == "ucx" and env["DMLC_INTERFACE"] == "lo"
+    res = run_runner(["-c", str(cfg), "--van", "zmq", *py(WRITE_ENV)], tmp_path)   # the flag wins
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "env.1.json").read_text())["DMLC_PS_VAN_TYPE"] == "zmq"
 
 
 def test_output_is_tagged_by_rank_even_for_partial_writes(tmp_path):
