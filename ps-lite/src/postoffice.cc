@@ -285,9 +285,9 @@ void Postoffice::HandleControl(Message& msg) {
 bool Postoffice::Send(int id, Message* msg) {
   msg->meta.set_sender(my_id_);
   const bool sent = van_ && van_->Send(id, *msg);
-  // Data goes only to started peers, so a van that cannot deliver it has lost the peer (the
-  // UCX van learns of a closed connection before the heartbeats do). Failing the job here,
-  // as a missed heartbeat would, keeps a worker from reporting a clean exit to the scheduler.
+  // Data goes only to started peers, so a van that cannot even send it has lost the peer.
+  // Failing the job here, as a missed heartbeat would, keeps a worker from reporting a clean
+  // exit to the scheduler while its server is gone.
   if (!sent && started_ && !stopping_ && msg->meta.control() == kData)
     Fail("cannot send to " + Describe(id) + ": its connection is lost");
   return sent;

@@ -4,10 +4,11 @@
 // sizes and the protobuf meta, the payload carries the blobs back to back, each padded to 8
 // bytes so that the receiver can hand out aligned views of one buffer without copying.
 //
-// All UCP calls on the worker are serialised by `worker_mu_`. Whichever thread progresses the
-// worker (Recv waiting for input, Send waiting for its completion) runs the callbacks, which
-// only fill the inbox and signal `wake_fd_`. Messages are delivered in header-arrival order,
-// which UCP keeps per endpoint, so per-pair order is send order as the Van interface promises.
+// All UCP calls on the worker are serialised by `worker_mu_`. The receive thread progresses the
+// worker (sleeping on its event fd when idle) and so runs the callbacks, which fill the inbox,
+// finish sends and signal `wake_fd_`. Send returns once a send is under way, keeping what it
+// borrows alive until its callback. Messages are delivered in header-arrival order, which UCP
+// keeps per endpoint, so per-pair order is send order as the Van interface promises.
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -41,11 +42,6 @@ void Check(ucs_status_t st, const std::string& what) {
   if (st != UCS_OK) throw std::runtime_error("UCX van: " + what + ": " + ucs_status_string(st));
 }
 
-double EnvSeconds(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atof(v) : fallback;
-}
-
 // A message whose header has arrived; its payload may still be on the way (rendezvous).
 struct Incoming {
   Message msg;
@@ -62,10 +58,14 @@ struct Peer {
   std::atomic<bool> failed{false};
 };
 
-// Completion record of one send or rendezvous receive.
-struct Pending {
-  std::atomic<bool> done{false};
-  ucs_status_t status = UCS_OK;
+// A send in flight: the header, the payload's pieces and the blobs' owners stay alive until
+// UCX reports the send complete (a rendezvous send ends when the peer has fetched the payload).
+struct Outgoing {
+  std::string head;
+  std::vector<ucp_dt_iov_t> iov;
+  std::vector<std::shared_ptr<void>> owners;
+  int peer = 0;
+  std::atomic<long>* in_flight = nullptr;  // the van's count of sends under way
 };
 
 class UcxVan : public Van {
@@ -73,7 +73,6 @@ class UcxVan : public Van {
   UcxVan() {
     const char* cap = std::getenv("PS_MAX_MSG_BYTES");
     max_bytes_ = cap ? std::atoll(cap) : (int64_t(4) << 30);
-    send_timeout_ = EnvSeconds("PS_UCX_SEND_TIMEOUT", 120);
     // A scheduler restarted on its port must be able to bind while the old connections sit in
     // TIME_WAIT (ZMQ sets SO_REUSEADDR too). The user's own setting wins.
     setenv("UCX_CM_REUSEADDR", "y", 0);
@@ -109,6 +108,10 @@ class UcxVan : public Van {
   ~UcxVan() override {
     Stop();
     std::lock_guard<std::mutex> lk(worker_mu_);
+    // The last messages (a worker's EXIT, a server's answers) leave before the endpoints close,
+    // as the ZMQ van's linger lets them; a dead peer cannot hold us longer than the deadline.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
     for (auto& kv : peers_) CloseEndpoint(kv.second->ep);
     for (ucp_ep_h ep : accepted_) CloseEndpoint(ep);
     if (listener_) ucp_listener_destroy(listener_);
@@ -153,64 +156,61 @@ class UcxVan : public Van {
   bool Send(int id, const Message& msg) override {
     if (stopped_) return false;
     // Header: magic, blob count, blob sizes, then the meta.
+    auto out = std::make_unique<Outgoing>();
     pb::Meta meta = msg.meta;
     meta.set_num_blobs(static_cast<int>(msg.data.size()));
-    std::string head(8 + 8 * msg.data.size(), '\0');
     const uint32_t n = static_cast<uint32_t>(msg.data.size());
-    std::memcpy(&head[0], &kMagic, 4);
-    std::memcpy(&head[4], &n, 4);
-    std::vector<ucp_dt_iov_t> iov;
-    iov.reserve(2 * msg.data.size());
+    out->head.assign(8 + 8 * msg.data.size(), '\0');
+    std::memcpy(&out->head[0], &kMagic, 4);
+    std::memcpy(&out->head[4], &n, 4);
     static const char kZeros[kAlign] = {};
     for (size_t i = 0; i < msg.data.size(); ++i) {
-      const uint64_t size = msg.data[i].size;
-      std::memcpy(&head[8 + 8 * i], &size, 8);
-      if (size) iov.push_back({const_cast<char*>(msg.data[i].data), size});
-      if (Padded(size) != size) iov.push_back({const_cast<char*>(kZeros), Padded(size) - size});
+      const Blob& b = msg.data[i];
+      const uint64_t size = b.size;
+      std::memcpy(&out->head[8 + 8 * i], &size, 8);
+      if (size) out->iov.push_back({const_cast<char*>(b.data), size});
+      if (Padded(size) != size) out->iov.push_back({const_cast<char*>(kZeros), Padded(size) - size});
+      if (b.owner) out->owners.push_back(b.owner);
     }
-    head += meta.SerializeAsString();
-    return Post(id, head, iov);
+    out->head += meta.SerializeAsString();
+    return Post(id, std::move(out));
   }
 
-  // One active message of `head` and the bytes of `iov`, sent as they are (tests use this to
-  // play a peer that speaks the protocol badly).
-  bool Post(int id, const std::string& head, const std::vector<ucp_dt_iov_t>& iov) {
-    Pending pending;
-    {
-      std::lock_guard<std::mutex> lk(worker_mu_);
-      auto it = peers_.find(id);
-      if (it == peers_.end()) return false;
-      Peer* peer = it->second.get();
-      if (peer->failed) {
-        CloseEndpoint(peer->ep);
-        Open(peer);
-      }
-      ucp_request_param_t rp{};
-      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      rp.cb.send = &UcxVan::OnSent;
-      rp.user_data = &pending;
-      if (!iov.empty()) {  // UCX wants a contiguous datatype (and no buffer) for no payload
-        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-        rp.datatype = ucp_dt_make_iov();
-      }
-      ucs_status_ptr_t req = ucp_am_send_nbx(peer->ep, kAmId, head.data(), head.size(),
-                                             iov.empty() ? nullptr : iov.data(), iov.size(), &rp);
-      if (req == nullptr) return true;
-      if (UCS_PTR_IS_ERR(req)) {
-        PS_VLOG(1) << "UCX van: send to node " << id << " failed: " << ucs_status_string(UCS_PTR_STATUS(req));
-        return false;
-      }
-      // The header and the blobs are borrowed, so we wait for completion: a rendezvous send
-      // ends when the peer has fetched the payload, which it does as soon as it progresses.
-      if (!WaitLocked(&pending, req)) {
-        PS_VLOG(1) << "UCX van: send to node " << id << " did not complete within PS_UCX_SEND_TIMEOUT="
-                   << send_timeout_ << " s";
-        return false;
-      }
+  // Starts sending one active message of `out->head` and the bytes of `out->iov`, as they are
+  // (tests use this to play a peer that speaks the protocol badly). Returns once the send is
+  // under way, like zmq_send: completion (or a dead peer) is seen later, by whichever thread
+  // progresses the worker.
+  bool Post(int id, std::unique_ptr<Outgoing> out) {
+    std::lock_guard<std::mutex> lk(worker_mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end()) return false;
+    Peer* peer = it->second.get();
+    if (peer->failed) {
+      CloseEndpoint(peer->ep);
+      Open(peer);
     }
-    if (pending.status != UCS_OK)
-      PS_VLOG(1) << "UCX van: send to node " << id << " failed: " << ucs_status_string(pending.status);
-    return pending.status == UCS_OK;
+    out->peer = id;
+    out->in_flight = &in_flight_;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = &UcxVan::OnSent;
+    rp.user_data = out.get();
+    if (!out->iov.empty()) {  // UCX wants a contiguous datatype (and no buffer) for no payload
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      rp.datatype = ucp_dt_make_iov();
+    }
+    ucs_status_ptr_t req = ucp_am_send_nbx(peer->ep, kAmId, out->head.data(), out->head.size(),
+                                           out->iov.empty() ? nullptr : out->iov.data(), out->iov.size(), &rp);
+    if (req == nullptr) return true;  // sent already; `out` may go
+    if (UCS_PTR_IS_ERR(req)) {
+      PS_VLOG(1) << "UCX van: send to node " << id << " failed: " << ucs_status_string(UCS_PTR_STATUS(req));
+      return false;
+    }
+    // Callbacks run only inside progress, which needs worker_mu_: OnSent cannot have run yet.
+    out.release();
+    ++in_flight_;
+    Wake();  // the receive thread progresses the worker, and so the send
+    return true;
   }
 
   bool Recv(Message* msg) override {
@@ -228,8 +228,8 @@ class UcxVan : public Van {
         armed = ucp_worker_arm(worker_);
       }
       if (armed == UCS_ERR_BUSY) continue;
-      // A message completed by another thread's progress signals wake_fd_; the timeout only
-      // guards against an event lost between progress and arm.
+      // Send (a send to progress), Stop and callbacks run by other threads' progress (Connect,
+      // Post) signal wake_fd_; the timeout only guards against an event lost before the arm.
       pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       poll(fds, 2, 100);
       uint64_t drained;
@@ -288,37 +288,6 @@ class UcxVan : public Van {
     while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
       ucp_worker_progress(worker_);
     ucp_request_free(req);
-  }
-
-  // Progresses the worker (worker_mu_ held) until `pending` completes or the send timeout
-  // passes; on timeout the request is cancelled and false returned.
-  bool WaitLocked(Pending* pending, void* req) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                               std::chrono::duration<double>(send_timeout_));
-    unsigned idle = 0;
-    while (!pending->done) {
-      if (ucp_worker_progress(worker_) != 0) {
-        idle = 0;
-        continue;
-      }
-      if (++idle < 64) continue;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        ucp_request_cancel(worker_, req);
-        while (!pending->done) ucp_worker_progress(worker_);
-        ucp_request_free(req);
-        return false;
-      }
-      // Nothing to do yet (the peer has not fetched the payload): sleep on the worker's
-      // event fd rather than spin on a core the peer may need.
-      if (ucp_worker_arm(worker_) == UCS_OK) {
-        pollfd fd{worker_fd_, POLLIN, 0};
-        poll(&fd, 1, 1);
-      }
-      idle = 0;
-    }
-    ucp_request_free(req);
-    return true;
   }
 
   bool PopReady(Message* msg) {
@@ -429,10 +398,12 @@ class UcxVan : public Van {
     Wake();
   }
 
-  static void OnSent(void*, ucs_status_t status, void* user_data) {
-    auto* pending = static_cast<Pending*>(user_data);
-    pending->status = status;
-    pending->done = true;
+  static void OnSent(void* request, ucs_status_t status, void* user_data) {
+    std::unique_ptr<Outgoing> out(static_cast<Outgoing*>(user_data));
+    if (status != UCS_OK)
+      PS_VLOG(1) << "UCX van: send to node " << out->peer << " failed: " << ucs_status_string(status);
+    ucp_request_free(request);
+    --*out->in_flight;
   }
 
   static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
@@ -471,7 +442,7 @@ class UcxVan : public Van {
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   int64_t max_bytes_ = 0;
-  double send_timeout_ = 0;
+  std::atomic<long> in_flight_{0};  // sends under way
   std::mutex worker_mu_;
   std::unordered_map<int, std::unique_ptr<Peer>> peers_;
   std::vector<ucp_ep_h> accepted_;
@@ -488,9 +459,12 @@ std::unique_ptr<Van> MakeUcxVan() { return std::make_unique<UcxVan>(); }
 bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload) {
   UcxVan van;
   van.Connect(0, host, port);
-  std::vector<ucp_dt_iov_t> iov;
-  if (!payload.empty()) iov.push_back({const_cast<char*>(payload.data()), payload.size()});
-  return van.Post(0, header, iov);
+  auto out = std::make_unique<Outgoing>();
+  out->head = header;
+  auto bytes = std::make_shared<std::string>(payload);
+  if (!bytes->empty()) out->iov.push_back({&(*bytes)[0], bytes->size()});
+  out->owners.push_back(bytes);
+  return van.Post(0, std::move(out));  // the van's destructor waits for the send
 }
 
 }  // namespace ps
