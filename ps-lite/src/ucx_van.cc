@@ -78,7 +78,7 @@ class UcxVan : public Van {
     setenv("UCX_CM_REUSEADDR", "y", 0);
     // Over TCP, UCX moves a large payload in segments of TX_SEG_SIZE, one send() each; at the
     // 8 KB default an 8 MB reply costs a thousand system calls and runs at a third of the ZMQ
-    // van's rate on loopback (bench/ps_throughput.py --van ucx). RDMA transports ignore these.
+    // van's rate on loopback (bench/ps_throughput.py --vans zmq ucx). RDMA transports ignore these.
     setenv("UCX_TCP_TX_SEG_SIZE", "1m", 0);
     setenv("UCX_TCP_RX_SEG_SIZE", "1m", 0);
     ucp_config_t* config = nullptr;
