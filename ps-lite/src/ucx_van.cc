@@ -42,6 +42,16 @@ void Check(ucs_status_t st, const std::string& what) {
   if (st != UCS_OK) throw std::runtime_error("UCX van: " + what + ": " + ucs_status_string(st));
 }
 
+// `action` ("bind", "connect to") names the step in the error for a host that is not an IPv4 address.
+sockaddr_in IPv4Address(const std::string& host, int port, const char* action) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+    throw std::runtime_error(std::string("UCX van: cannot ") + action + " '" + host + "': not an IPv4 address");
+  return addr;
+}
+
 // A message whose header has arrived; its payload may still be on the way (rendezvous).
 struct Incoming {
   Message msg;
@@ -71,8 +81,7 @@ struct Outgoing {
 class UcxVan : public Van {
  public:
   UcxVan() {
-    const char* cap = std::getenv("PS_MAX_MSG_BYTES");
-    max_bytes_ = cap ? std::atoll(cap) : (int64_t(4) << 30);
+    max_bytes_ = MaxMessageBytes();
     // A scheduler restarted on its port must be able to bind while the old connections sit in
     // TIME_WAIT (ZMQ sets SO_REUSEADDR too). The user's own setting wins.
     setenv("UCX_CM_REUSEADDR", "y", 0);
@@ -121,11 +130,7 @@ class UcxVan : public Van {
   }
 
   int Bind(const std::string& host, int port) override {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port > 0 ? port : 0));
-    if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
-      throw std::runtime_error("UCX van: cannot bind '" + host + "': not an IPv4 address");
+    const sockaddr_in addr = IPv4Address(host, port > 0 ? port : 0, "bind");
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
@@ -252,11 +257,7 @@ class UcxVan : public Van {
 
   // Called with worker_mu_ held.
   void Open(Peer* peer) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(peer->port));
-    if (inet_pton(AF_INET, peer->host.c_str(), &addr.sin_addr) != 1)
-      throw std::runtime_error("UCX van: cannot connect to '" + peer->host + "': not an IPv4 address");
+    const sockaddr_in addr = IPv4Address(peer->host, peer->port, "connect to");
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;

@@ -1,5 +1,6 @@
 #include "van.h"
 
+#include <cstdlib>
 #include <stdexcept>
 
 namespace ps {
@@ -16,11 +17,16 @@ std::unique_ptr<Van> Van::Create(const std::string& type) {
   if (type.empty() || type == "zmq") return MakeZmqVan();
 #ifdef PS_WITH_UCX
   if (type == "ucx") return MakeUcxVan();
-  const char* built = "zmq, ucx";
-#else
-  const char* built = "zmq (the ucx van needs libucx-dev when hetu is built)";
 #endif
+  std::string built;
+  for (const std::string& t : Types()) built += (built.empty() ? "" : ", ") + t;
+  if (built.find("ucx") == std::string::npos) built += " (the ucx van needs libucx-dev when hetu is built)";
   throw std::invalid_argument("DMLC_PS_VAN_TYPE='" + type + "' is not supported; this build has: " + built);
+}
+
+int64_t MaxMessageBytes() {
+  const char* cap = std::getenv("PS_MAX_MSG_BYTES");
+  return cap ? std::atoll(cap) : (int64_t(4) << 30);
 }
 
 }  // namespace ps

@@ -4,6 +4,7 @@
 // (zmq_van.cc, TCP) and the UCX van (ucx_van.cc: RDMA where the host has it, shared memory or
 // TCP elsewhere), picked by Van::Create.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ class Van {
   static std::unique_ptr<Van> Create(const std::string& type);
   static std::vector<std::string> Types();
 };
+
+// PS_MAX_MSG_BYTES: the largest message a van accepts (default 4 GiB), so that a (possibly
+// hostile) peer cannot make us allocate more.
+int64_t MaxMessageBytes();
 
 std::unique_ptr<Van> MakeZmqVan();
 std::unique_ptr<Van> MakeUcxVan();

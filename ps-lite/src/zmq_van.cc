@@ -40,8 +40,7 @@ class ZmqVan : public Van {
   int Bind(const std::string& host, int port) override {
     receiver_ = zmq_socket(ctx_, ZMQ_ROUTER);
     // Bound the size a (possibly hostile) peer can make us allocate for one frame.
-    const char* cap = std::getenv("PS_MAX_MSG_BYTES");
-    int64_t max_bytes = cap ? std::atoll(cap) : (int64_t(4) << 30);
+    int64_t max_bytes = MaxMessageBytes();
     zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes));
     int linger = 0;
     zmq_setsockopt(receiver_, ZMQ_LINGER, &linger, sizeof(linger));
