@@ -75,7 +75,6 @@ struct Outgoing {
   std::vector<ucp_dt_iov_t> iov;
   std::vector<std::shared_ptr<void>> owners;
   int peer = 0;
-  std::atomic<long>* in_flight = nullptr;  // the van's count of sends under way
 };
 
 class UcxVan : public Van {
@@ -117,10 +116,18 @@ class UcxVan : public Van {
   ~UcxVan() override {
     Stop();
     std::lock_guard<std::mutex> lk(worker_mu_);
-    // The last messages (a worker's EXIT, a server's answers) leave before the endpoints close,
-    // as the ZMQ van's linger lets them; a dead peer cannot hold us longer than the deadline.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
+    // The last messages (a worker's EXIT, the scheduler's end of job) must reach their peers
+    // before the endpoints close, as the ZMQ van's linger lets them: a send counts as complete
+    // once the transport has taken it, and a forced close drops what the transport still
+    // holds. So the worker is flushed first; a dead peer cannot hold it past the deadline.
+    ucp_request_param_t rp{};
+    ucs_status_ptr_t flush = ucp_worker_flush_nbx(worker_, &rp);
+    if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (ucp_request_check_status(flush) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+        ucp_worker_progress(worker_);
+      ucp_request_free(flush);
+    }
     for (auto& kv : peers_) CloseEndpoint(kv.second->ep);
     for (ucp_ep_h ep : accepted_) CloseEndpoint(ep);
     if (listener_) ucp_listener_destroy(listener_);
@@ -195,7 +202,6 @@ class UcxVan : public Van {
       Open(peer);
     }
     out->peer = id;
-    out->in_flight = &in_flight_;
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.send = &UcxVan::OnSent;
@@ -213,7 +219,6 @@ class UcxVan : public Van {
     }
     // Callbacks run only inside progress, which needs worker_mu_: OnSent cannot have run yet.
     out.release();
-    ++in_flight_;
     Wake();  // the receive thread progresses the worker, and so the send
     return true;
   }
@@ -404,7 +409,6 @@ class UcxVan : public Van {
     if (status != UCS_OK)
       PS_VLOG(1) << "UCX van: send to node " << out->peer << " failed: " << ucs_status_string(status);
     ucp_request_free(request);
-    --*out->in_flight;
   }
 
   static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
@@ -443,7 +447,6 @@ class UcxVan : public Van {
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   int64_t max_bytes_ = 0;
-  std::atomic<long> in_flight_{0};  // sends under way
   std::mutex worker_mu_;
   std::unordered_map<int, std::unique_ptr<Peer>> peers_;
   std::vector<ucp_ep_h> accepted_;
@@ -465,7 +468,7 @@ bool SendRawUcxMessage(const std::string& host, int port, const std::string& hea
   auto bytes = std::make_shared<std::string>(payload);
   if (!bytes->empty()) out->iov.push_back({&(*bytes)[0], bytes->size()});
   out->owners.push_back(bytes);
-  return van.Post(0, std::move(out));  // the van's destructor waits for the send
+  return van.Post(0, std::move(out));  // the van's destructor flushes the send
 }
 
 }  // namespace ps
