@@ -1,6 +1,7 @@
 """Dead peers end the job with an error that names them (never a hang); garbage on the
 ports is dropped; rendezvous options (worker rank override, van type)."""
 import os
+import signal
 import socket
 import time
 
@@ -54,11 +55,11 @@ def test_nodes_started_before_the_scheduler_all_register(cluster):
 
 
 @pytest.mark.timeout(90)
-def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster):
+@pytest.mark.parametrize("van", VANS)
+def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster, van):
     """A scheduler that took the first registrations dies; the one started in its place on the
-    same port hears from every node again, because nodes repeat their registration. (ZMQ van
-    only: ps-lite/README.md, known limitation of the UCX van.)"""
-    c = cluster(1, 2)
+    same port hears from every node again, because nodes repeat their registration."""
+    c = cluster(1, 2, env={"DMLC_PS_VAN_TYPE": van})
     c.start_scheduler("decoy", env={"DMLC_NUM_WORKER": "5"})   # waits for nodes that never come
     c.start_servers(with_scheduler=False).start_workers("ps.barrier('workers')\nps.finalize()\n")
     time.sleep(4)
@@ -94,6 +95,39 @@ def test_killed_server_fails_workers_within_heartbeat_timeout(cluster, tmp_path,
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("van", VANS)
+def test_scheduler_waits_for_servers_to_confirm_the_end(cluster, tmp_path, van):
+    """The scheduler leaves only once the servers have confirmed the end of the job, sending
+    it again until they do (a van may drop what it holds when its process exits). A server
+    that never confirms (here: stopped) is given up on after half a heartbeat timeout, by
+    name, and still ends when it resumes and reads the end."""
+    c = cluster(3, 2, heartbeat_timeout=8.0, env={"DMLC_PS_VAN_TYPE": van})
+    c.start_servers().start_workers("""
+t = ps.client().init_table("emb", 100, 8)
+t.pull(np.arange(100)).wait()
+open(OUT + ".ready", "w").close()
+while not os.path.exists(OUT + ".go"):
+    time.sleep(0.02)
+ps.finalize()
+""")
+    for w in range(2):
+        wait_for_file(str(tmp_path / f"worker{w}.ready"), 45, c)
+    c.kill("server0", signal.SIGSTOP)
+    stopped_at = time.time()
+    for w in range(2):
+        (tmp_path / f"worker{w}.go").touch()
+    codes = c.wait(["worker0", "worker1", "server1", "server2", "scheduler"], timeout=20)
+    waited = time.time() - stopped_at
+    c.kill("server0", signal.SIGCONT)
+    assert set(codes.values()) == {0}, f"{codes}; logs:\n{c.logs()}"
+    assert waited >= 4.0 - 0.5, f"{waited}; logs:\n{c.logs()}"  # half of the heartbeat timeout
+    gave_up = [line for line in c.log("scheduler").splitlines() if "without the confirmation" in line]
+    assert len(gave_up) == 1 and "server 0" in gave_up[0], c.log("scheduler")
+    assert "server 1" not in gave_up[0] and "server 2" not in gave_up[0], gave_up
+    assert c.wait(["server0"], timeout=20) == {"server0": 0}, c.logs()
+
+
+@pytest.mark.timeout(90)
 def test_killed_worker_ends_scheduler_and_servers_with_its_name(cluster, tmp_path):
     c = cluster(1, 2, heartbeat_timeout=2.0)
     c.start_servers().start_workers(PULL_LOOP, env_per_worker={w: {"DMLC_WORKER_ID": str(w)} for w in range(2)})
@@ -126,6 +160,18 @@ def _raw_garbage(port):
             time.sleep(0.05)
 
 
+def _ucx_garbage(port):
+    """Well-formed UCX active messages whose content is not the van's: random bytes, a header
+    promising blobs that are not in the payload, a payload larger than the header says."""
+    from hetu import _ps
+    rng = np.random.default_rng(port)
+    meta = b"\x10\x01"  # a protobuf field, not a full meta
+    for header, payload in [(rng.bytes(3), b""), (rng.bytes(64), rng.bytes(100000)),
+                            (b"HPS1" + np.uint32(2).tobytes() + np.uint64(8).tobytes() * 2 + meta, b"x" * 8),
+                            (b"HPS1" + np.uint32(0).tobytes() + meta, rng.bytes(64)), (b"", b"")]:
+        assert _ps._ucx_send_raw("127.0.0.1", port, header, payload)
+
+
 def _zmq_garbage(port):
     """Valid ZMTP, invalid content: random frames, a meta promising blobs that never come, a
     huge frame count, an empty frame."""
@@ -154,14 +200,14 @@ ps.finalize()
 
 
 @pytest.mark.timeout(60)
-def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster):
-    """ZMQ van only: ps-lite/README.md, known limitation of the UCX van."""
-    c = cluster(2, 2, env={"PS_VERBOSE": "1"})
+@pytest.mark.parametrize("van", VANS)
+def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster, van):
+    c = cluster(2, 2, env={"PS_VERBOSE": "1", "DMLC_PS_VAN_TYPE": van})
     c.start_servers(fixed_ports=True)
     for port in [c.port] + c.server_ports:
         _wait_port(port)
         _raw_garbage(port)
-        _zmq_garbage(port)
+        (_zmq_garbage if van == "zmq" else _ucx_garbage)(port)
     c.start_workers(GOOD)
     codes = c.wait(c.worker_names() + c.server_names(), timeout=40)
     assert all(v == 0 for v in codes.values()), (codes, c.logs())

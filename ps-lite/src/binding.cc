@@ -252,6 +252,11 @@ PYBIND11_MODULE(_ps, m) {
   m.def("failure", [] { return Node().po->failure(); });
   m.def("dropped_messages", [] { return Node().po->dropped_messages(); });
   m.def("van_types", [] { return Van::Types(); }, "The DMLC_PS_VAN_TYPE values this build accepts.");
+#ifdef PS_WITH_UCX
+  m.def("_ucx_send_raw", [](const std::string& host, int port, const std::string& header, const std::string& payload) {
+    return SendRawUcxMessage(host, port, header, payload);
+  }, py::call_guard<py::gil_scoped_release>());
+#endif
   m.def(
       "barrier",
       [](int group, double timeout) {

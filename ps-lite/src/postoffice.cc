@@ -276,7 +276,13 @@ void Postoffice::HandleControl(Message& msg) {
       cv_.notify_all();
       break;
     }
-    case kTerminate: EndJob(""); break;
+    case kTerminate: {  // confirmed, so that the scheduler knows it may leave (scheduler.cc)
+      Message bye;
+      bye.meta.set_control(kExit);
+      Send(0, &bye);
+      EndJob("");
+      break;
+    }
     case kNodeDead: Fail(msg.meta.error()); EndJob(msg.meta.error()); break;
     default: PS_VLOG(1) << "ignored control " << msg.meta.control() << " from node " << msg.meta.sender();
   }

@@ -46,32 +46,33 @@ void Scheduler::Handle(Message& msg) {
       }
       return;
     }
-    case kExit: {
-      bool all_done;
-      std::vector<int> servers;
+    case kExit: {  // a worker that has finished, or a server confirming the end of the job
+      bool from_worker, all_confirmed;
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (!nodes_.count(from)) return;
         exited_.insert(from);
+        from_worker = nodes_.at(from).role == kWorker;
+        unconfirmed_.erase(from);
         int workers = 0;
-        for (const auto& kv : nodes_) {
+        for (const auto& kv : nodes_)
           if (kv.second.role == kWorker && exited_.count(kv.first)) ++workers;
-          if (kv.second.role == kServer) servers.push_back(kv.first);
+        if (from_worker && workers == po_->num_workers() && !terminating_) {
+          terminating_ = true;
+          terminate_since_ = NowSeconds();
+          for (const auto& kv : nodes_)
+            if (kv.second.role == kServer && !exited_.count(kv.first)) unconfirmed_.insert(kv.first);
         }
-        all_done = workers == po_->num_workers();
+        all_confirmed = terminating_ && unconfirmed_.empty();
       }
-      Message ack;
-      ack.meta.set_control(kExitAck);
-      po_->Send(from, &ack);
-      PS_VLOG(1) << po_->Describe(from) << " finished";
-      if (all_done) {
-        for (int id : servers) {
-          Message term;
-          term.meta.set_control(kTerminate);
-          po_->Send(id, &term);
-        }
-        po_->EndJob("");
+      if (from_worker) {
+        Message ack;
+        ack.meta.set_control(kExitAck);
+        po_->Send(from, &ack);
+        PS_VLOG(1) << po_->Describe(from) << " finished";
+        SendTerminate();
       }
+      if (all_confirmed) po_->EndJob("");
       return;
     }
     default: PS_VLOG(1) << "scheduler ignored control " << msg.meta.control() << " from node " << from;
@@ -224,22 +225,58 @@ void Scheduler::Reject(const std::string& why) {
   po_->EndJob("rendezvous rejected: " + why);
 }
 
+// The scheduler leaves only once every server has confirmed the end of the job (a kExit): a
+// van may drop what it still holds when its process exits, and a server that missed the end
+// would wait out its heartbeat timeout and fail. Unconfirmed servers are sent the end again
+// on every heartbeat tick.
+void Scheduler::SendTerminate() {
+  std::vector<int> ids;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ids.assign(unconfirmed_.begin(), unconfirmed_.end());
+  }
+  for (int id : ids) {
+    Message term;
+    term.meta.set_control(kTerminate);
+    po_->Send(id, &term);
+  }
+}
+
 void Scheduler::CheckHeartbeats() {
   std::string why;
   int dead = -1;
+  bool ending = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     const double now = NowSeconds();
-    for (const auto& kv : last_seen_) {
-      if (exited_.count(kv.first)) continue;
-      if (now - kv.second > po_->config().heartbeat_timeout) {
-        dead = kv.first;
-        why = po_->Describe(dead) + " is dead: no heartbeat for " + std::to_string(now - kv.second) +
-              " s (PS_HEARTBEAT_TIMEOUT=" + std::to_string(po_->config().heartbeat_timeout) + ")";
-        break;
+    if (terminating_) {
+      // Ending servers stop heartbeating, so none is declared dead now. One whose confirmation
+      // was lost would be waited for forever: after half a heartbeat timeout the job ends
+      // without it (a server that really missed the end fails on its own heartbeat timeout).
+      if (!unconfirmed_.empty() && now - terminate_since_ > po_->config().heartbeat_timeout / 2) {
+        std::string missing;
+        for (int id : unconfirmed_) missing += " " + po_->Describe(id);
+        PS_VLOG(0) << "scheduler: ending the job without the confirmation of" << missing;
+        unconfirmed_.clear();
+      }
+      ending = unconfirmed_.empty();
+    } else {
+      for (const auto& kv : last_seen_) {
+        if (exited_.count(kv.first)) continue;
+        if (now - kv.second > po_->config().heartbeat_timeout) {
+          dead = kv.first;
+          why = po_->Describe(dead) + " is dead: no heartbeat for " + std::to_string(now - kv.second) +
+                " s (PS_HEARTBEAT_TIMEOUT=" + std::to_string(po_->config().heartbeat_timeout) + ")";
+          break;
+        }
       }
     }
   }
+  if (ending) {
+    po_->EndJob("");
+    return;
+  }
+  SendTerminate();  // again, to servers that have not confirmed (none before the workers finish)
   if (dead < 0) return;
   Broadcast(kNodeDead, why);
   po_->Fail(why);

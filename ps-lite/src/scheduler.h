@@ -24,6 +24,7 @@ class Scheduler {
   void AssignRanks();
   void Reject(const std::string& why);
   void Broadcast(int control, const std::string& error);
+  void SendTerminate();  // the end of the job, to the servers that have not confirmed it
 
   Postoffice* po_;
   std::mutex mu_;
@@ -31,7 +32,10 @@ class Scheduler {
   std::map<int, NodeInfo> nodes_;  // by id, once assigned
   Message node_list_;              // what every node was sent, kept for repeated registrations
   std::map<int, double> last_seen_;
-  std::set<int> exited_;
+  std::set<int> exited_;        // workers that have finished, servers that confirmed the end
+  bool terminating_ = false;    // all workers finished: the servers are being ended
+  double terminate_since_ = 0;
+  std::set<int> unconfirmed_;   // servers not yet confirming the end
   std::map<int, std::set<int>> barrier_;  // group -> ids arrived
 };
 

@@ -188,9 +188,10 @@ class UcxVan : public Van {
     return Post(id, std::move(out));
   }
 
-  // Starts sending one active message of `out->head` and the bytes of `out->iov`. Returns once
-  // the send is under way, like zmq_send: completion (or a dead peer) is seen later, by
-  // whichever thread progresses the worker.
+  // Starts sending one active message of `out->head` and the bytes of `out->iov`, as they are
+  // (tests use this to play a peer that speaks the protocol badly). Returns once the send is
+  // under way, like zmq_send: completion (or a dead peer) is seen later, by whichever thread
+  // progresses the worker.
   bool Post(int id, std::unique_ptr<Outgoing> out) {
     std::lock_guard<std::mutex> lk(worker_mu_);
     auto it = peers_.find(id);
@@ -458,5 +459,16 @@ class UcxVan : public Van {
 }  // namespace
 
 std::unique_ptr<Van> MakeUcxVan() { return std::make_unique<UcxVan>(); }
+
+bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload) {
+  UcxVan van;
+  van.Connect(0, host, port);
+  auto out = std::make_unique<Outgoing>();
+  out->head = header;
+  auto bytes = std::make_shared<std::string>(payload);
+  if (!bytes->empty()) out->iov.push_back({&(*bytes)[0], bytes->size()});
+  out->owners.push_back(bytes);
+  return van.Post(0, std::move(out));  // the van's destructor flushes the send
+}
 
 }  // namespace ps

@@ -39,5 +39,7 @@ int64_t MaxMessageBytes();
 
 std::unique_ptr<Van> MakeZmqVan();
 std::unique_ptr<Van> MakeUcxVan();
+// Tests: one UCX active message of these exact bytes to the van listening at host:port.
+bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload);
 
 }  // namespace ps
