@@ -159,6 +159,17 @@ struct PlanningThreadHandle {
   std::unique_ptr<hetu::herald::PlanningThread> thread;
 };
 
+// The planning thread's answer: taken at once if ready, else waited for with the GIL released.
+// Released only to wait: on a busy machine getting the GIL back costs more than an answer that
+// is already there.
+template <typename T, typename Try, typename Wait>
+T take_or_wait(const Try& try_take, const Wait& wait) {
+  T out;
+  if (try_take(&out)) return out;
+  py::gil_scoped_release nogil;
+  return wait();
+}
+
 // plan_fields, then the planner's seconds.
 py::tuple plan_to_python(const hetu::herald::FinishedPlan& f) {
   py::list fields = plan_fields(f.plan);
@@ -484,23 +495,15 @@ PYBIND11_MODULE(_C, m) {
            }, py::arg("iteration"), py::arg("samples"),
            "queues global batch `iteration` (its samples' positions in the table); iterations in order")
       .def("samples", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
-             // Released only to wait: on a busy machine getting the GIL back costs more than
-             // an answer that is already there.
-             std::vector<int64_t> v;
-             if (!h.thread->TrySamples(iteration, &v)) {
-               py::gil_scoped_release nogil;
-               v = h.thread->Samples(iteration, timeout);
-             }
-             return to_array(v);
+             return to_array(take_or_wait<std::vector<int64_t>>(
+                 [&](std::vector<int64_t>* v) { return h.thread->TrySamples(iteration, v); },
+                 [&] { return h.thread->Samples(iteration, timeout); }));
            }, py::arg("iteration"), py::arg("timeout"),
            "this worker's samples of `iteration` (positions within the global batch); waits for them")
       .def("plan", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
-             hetu::herald::FinishedPlan f;
-             if (!h.thread->TryPlan(iteration, &f)) {
-               py::gil_scoped_release nogil;
-               f = h.thread->Plan(iteration, timeout);
-             }
-             return plan_to_python(f);
+             return plan_to_python(take_or_wait<hetu::herald::FinishedPlan>(
+                 [&](hetu::herald::FinishedPlan* f) { return h.thread->TryPlan(iteration, f); },
+                 [&] { return h.thread->Plan(iteration, timeout); }));
            }, py::arg("iteration"), py::arg("timeout"),
            "(iteration, samples, keys, hit, pull, owner, invalidate, writeback, planner seconds): the final plan "
            "of `iteration`; waits for it")

@@ -379,11 +379,18 @@ bool Postoffice::WaitForEnd(double timeout_s, std::string* why) {
 void Postoffice::Finalize() {
   if (!van_) return;
   if (cfg_.role == kWorker && started_ && failure().empty()) {
-    Message msg;
-    msg.meta.set_control(kExit);
-    if (Send(0, &msg)) {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::seconds(10), [&] { return exit_acked_ || !failure_.empty(); });
+    // Repeated until acknowledged, as a registration is: a lost kExit would leave the
+    // scheduler waiting for this worker until its heartbeats stop, and then fail the job.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!exit_acked_ && failure_.empty() && std::chrono::steady_clock::now() < deadline) {
+      lk.unlock();
+      Message msg;
+      msg.meta.set_control(kExit);
+      const bool sent = Send(0, &msg);
+      lk.lock();
+      if (!sent) break;
+      cv_.wait_for(lk, std::chrono::seconds(1), [&] { return exit_acked_ || !failure_.empty(); });
     }
   }
   {

@@ -130,7 +130,11 @@ class UcxVan : public Van {
     }
     for (auto& kv : peers_) CloseEndpoint(kv.second->ep);
     for (ucp_ep_h ep : accepted_) CloseEndpoint(ep);
+    // Destroyed last, just before the worker: UCX 1.13 can crash on its own thread (SIGSEGV in
+    // ucp_cm_server_conn_request_cb) when a connection is still being set up through a listener
+    // that is gone (ps-lite/README.md), so the time between the two is kept short.
     if (listener_) ucp_listener_destroy(listener_);
+    listener_ = nullptr;
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
     close(wake_fd_);
@@ -413,6 +417,10 @@ class UcxVan : public Van {
 
   static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
     auto* self = static_cast<UcxVan*>(arg);
+    if (self->stopped_) {  // a van that is closing takes no new peers
+      if (self->listener_) ucp_listener_reject(self->listener_, request);
+      return;
+    }
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
