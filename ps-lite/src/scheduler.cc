@@ -38,12 +38,7 @@ void Scheduler::Handle(Message& msg) {
           if (!arrived.count(id)) return;
         arrived.clear();
       }
-      for (int id : members) {
-        Message done;
-        done.meta.set_control(kBarrierDone);
-        done.meta.set_arg(group);
-        po_->Send(id, &done);
-      }
+      SendControl(members, kBarrierDone, group);
       return;
     }
     case kExit: {  // a worker that has finished, or a server confirming the end of the job
@@ -53,17 +48,14 @@ void Scheduler::Handle(Message& msg) {
         if (!nodes_.count(from)) return;
         exited_.insert(from);
         from_worker = nodes_.at(from).role == kWorker;
-        unconfirmed_.erase(from);
         int workers = 0;
         for (const auto& kv : nodes_)
           if (kv.second.role == kWorker && exited_.count(kv.first)) ++workers;
         if (from_worker && workers == po_->num_workers() && !terminating_) {
           terminating_ = true;
           terminate_since_ = NowSeconds();
-          for (const auto& kv : nodes_)
-            if (kv.second.role == kServer && !exited_.count(kv.first)) unconfirmed_.insert(kv.first);
         }
-        all_confirmed = terminating_ && unconfirmed_.empty();
+        all_confirmed = terminating_ && UnconfirmedServers().empty();
       }
       if (from_worker) {
         Message ack;
@@ -233,12 +225,25 @@ void Scheduler::SendTerminate() {
   std::vector<int> ids;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    ids.assign(unconfirmed_.begin(), unconfirmed_.end());
+    if (terminating_) ids = UnconfirmedServers();
   }
+  SendControl(ids, kTerminate);
+}
+
+std::vector<int> Scheduler::UnconfirmedServers() const {
+  std::vector<int> ids;
+  for (const auto& kv : nodes_)
+    if (kv.second.role == kServer && !exited_.count(kv.first)) ids.push_back(kv.first);
+  return ids;
+}
+
+void Scheduler::SendControl(const std::vector<int>& ids, int control, int64_t arg, const std::string& error) {
   for (int id : ids) {
-    Message term;
-    term.meta.set_control(kTerminate);
-    po_->Send(id, &term);
+    Message msg;
+    msg.meta.set_control(control);
+    msg.meta.set_arg(arg);
+    msg.meta.set_error(error);
+    po_->Send(id, &msg);
   }
 }
 
@@ -253,13 +258,13 @@ void Scheduler::CheckHeartbeats() {
       // Ending servers stop heartbeating, so none is declared dead now. One whose confirmation
       // was lost would be waited for forever: after half a heartbeat timeout the job ends
       // without it (a server that really missed the end fails on its own heartbeat timeout).
-      if (!unconfirmed_.empty() && now - terminate_since_ > po_->config().heartbeat_timeout / 2) {
+      const std::vector<int> unconfirmed = UnconfirmedServers();
+      if (!unconfirmed.empty() && now - terminate_since_ > po_->config().heartbeat_timeout / 2) {
         std::string missing;
-        for (int id : unconfirmed_) missing += " " + po_->Describe(id);
+        for (int id : unconfirmed) missing += " " + po_->Describe(id);
         PS_VLOG(0) << "scheduler: ending the job without the confirmation of" << missing;
-        unconfirmed_.clear();
       }
-      ending = unconfirmed_.empty();
+      ending = unconfirmed.empty() || now - terminate_since_ > po_->config().heartbeat_timeout / 2;
     } else {
       for (const auto& kv : last_seen_) {
         if (exited_.count(kv.first)) continue;
@@ -290,12 +295,7 @@ void Scheduler::Broadcast(int control, const std::string& error) {
     for (const auto& kv : nodes_)
       if (!exited_.count(kv.first)) ids.push_back(kv.first);
   }
-  for (int id : ids) {
-    Message msg;
-    msg.meta.set_control(control);
-    msg.meta.set_error(error);
-    po_->Send(id, &msg);
-  }
+  SendControl(ids, control, 0, error);
 }
 
 }  // namespace ps

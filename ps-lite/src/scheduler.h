@@ -25,6 +25,8 @@ class Scheduler {
   void Reject(const std::string& why);
   void Broadcast(int control, const std::string& error);
   void SendTerminate();  // the end of the job, to the servers that have not confirmed it
+  std::vector<int> UnconfirmedServers() const;  // mu_ held
+  void SendControl(const std::vector<int>& ids, int control, int64_t arg = 0, const std::string& error = "");
 
   Postoffice* po_;
   std::mutex mu_;
@@ -35,7 +37,6 @@ class Scheduler {
   std::set<int> exited_;        // workers that have finished, servers that confirmed the end
   bool terminating_ = false;    // all workers finished: the servers are being ended
   double terminate_since_ = 0;
-  std::set<int> unconfirmed_;   // servers not yet confirming the end
   std::map<int, std::set<int>> barrier_;  // group -> ids arrived
 };
 

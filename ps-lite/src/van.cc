@@ -20,7 +20,9 @@ std::unique_ptr<Van> Van::Create(const std::string& type) {
 #endif
   std::string built;
   for (const std::string& t : Types()) built += (built.empty() ? "" : ", ") + t;
-  if (built.find("ucx") == std::string::npos) built += " (the ucx van needs libucx-dev when hetu is built)";
+#ifndef PS_WITH_UCX
+  built += " (the ucx van needs libucx-dev when hetu is built)";
+#endif
   throw std::invalid_argument("DMLC_PS_VAN_TYPE='" + type + "' is not supported; this build has: " + built);
 }
 
