@@ -55,12 +55,13 @@ def test_nodes_started_before_the_scheduler_all_register(cluster):
 
 
 @pytest.mark.timeout(90)
-def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster):
+@pytest.mark.parametrize("van", VANS)
+def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster, van):
     """A scheduler that took the first registrations dies; the one started in its place on the
-    same port hears from every node again, because nodes repeat their registration. (ZMQ van
-    only: over UCX 1.13 a node that had connections from the killed scheduler may crash as it
-    closes, after its work is done; ps-lite/README.md.)"""
-    c = cluster(1, 2)
+    same port hears from every node again, because nodes repeat their registration. Every node
+    must also close cleanly: over UCX a connection still being set up when a node closed used
+    to crash it (ps-lite/README.md)."""
+    c = cluster(1, 2, env={"DMLC_PS_VAN_TYPE": van})
     c.start_scheduler("decoy", env={"DMLC_NUM_WORKER": "5"})   # waits for nodes that never come
     c.start_servers(with_scheduler=False).start_workers("ps.barrier('workers')\nps.finalize()\n")
     time.sleep(4)

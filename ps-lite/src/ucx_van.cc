@@ -121,18 +121,11 @@ class UcxVan : public Van {
     // once the transport has taken it, and a forced close drops what the transport still
     // holds. So the worker is flushed first; a dead peer cannot hold it past the deadline.
     ucp_request_param_t rp{};
-    ucs_status_ptr_t flush = ucp_worker_flush_nbx(worker_, &rp);
-    if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      while (ucp_request_check_status(flush) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
-        ucp_worker_progress(worker_);
-      ucp_request_free(flush);
-    }
+    Finish(ucp_worker_flush_nbx(worker_, &rp), std::chrono::seconds(2));
     for (auto& kv : peers_) CloseEndpoint(kv.second->ep);
     for (ucp_ep_h ep : accepted_) CloseEndpoint(ep);
-    // Destroyed last, just before the worker: UCX 1.13 can crash on its own thread (SIGSEGV in
-    // ucp_cm_server_conn_request_cb) when a connection is still being set up through a listener
-    // that is gone (ps-lite/README.md), so the time between the two is kept short.
+    // Destroyed last, just before the worker: a connection still being set up through a
+    // listener that is gone crashes UCX (WaitConnected), so the time between the two is short.
     if (listener_) ucp_listener_destroy(listener_);
     listener_ = nullptr;
     ucp_worker_destroy(worker_);
@@ -167,6 +160,7 @@ class UcxVan : public Van {
     slot->host = host;
     slot->port = port;
     Open(slot.get());
+    WaitConnected(slot.get());
   }
 
   bool Send(int id, const Message& msg) override {
@@ -286,18 +280,40 @@ class UcxVan : public Van {
     }
   }
 
+  // Called with worker_mu_ held. UCX connects in the background, and a handshake still under
+  // way when the peer closes reaches a listener being destroyed: UCX then crashes on its own
+  // thread, in ucp_cm_server_conn_request_cb (ps-lite/README.md). Nodes connect to their peers
+  // once, at start, and may send nothing on a connection until the end, so the handshake is
+  // completed here (an endpoint flush), bounded by a deadline.
+  void WaitConnected(Peer* peer) {
+    ucp_request_param_t rp{};
+    const ucs_status_t st = Finish(ucp_ep_flush_nbx(peer->ep, &rp), std::chrono::seconds(2));
+    if (st != UCS_OK)
+      PS_VLOG(1) << "UCX van: connection to " << peer->host << ":" << peer->port << " not made yet: "
+                 << ucs_status_string(st);
+  }
+
   // Called with worker_mu_ held. Force-closes: a flush could wait on a dead peer.
   void CloseEndpoint(ucp_ep_h ep) {
     if (!ep) return;
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &rp);
-    if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    Finish(ucp_ep_close_nbx(ep, &rp), std::chrono::seconds(5));
+  }
+
+  // Called with worker_mu_ held. Progresses the worker until request `req` completes or
+  // `limit` passes (a dead peer must not hold us), then releases it; its status, or
+  // UCS_INPROGRESS if the deadline came first.
+  ucs_status_t Finish(ucs_status_ptr_t req, std::chrono::seconds limit) {
+    if (req == nullptr) return UCS_OK;
+    if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
       ucp_worker_progress(worker_);
+    const ucs_status_t st = ucp_request_check_status(req);
     ucp_request_free(req);
+    return st;
   }
 
   bool PopReady(Message* msg) {
@@ -418,6 +434,7 @@ class UcxVan : public Van {
   static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
     auto* self = static_cast<UcxVan*>(arg);
     if (self->stopped_) {  // a van that is closing takes no new peers
+      PS_VLOG(1) << "UCX van: closing, refused a connection";
       if (self->listener_) ucp_listener_reject(self->listener_, request);
       return;
     }
