@@ -221,7 +221,7 @@ py::tuple row_cache_prepare(RowCache& c, Array<int64_t> keys) {
     py::gil_scoped_release nogil;
     p = c.Prepare(keys.data(), keys.size());
   }
-  return py::make_tuple(to_bool_array(p.cached), to_bool_array(p.hit), to_array(p.local_version),
+  return py::make_tuple(to_bool_array(p.hit), to_array(p.local_version),
                         push_rows(p.evicted, c.width()), p.evictions);
 }
 
@@ -348,8 +348,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("policy"), py::arg("capacity"), py::arg("width"), py::arg("bound"), py::arg("optimizer"),
            py::arg("pin_threshold") = 8)
       .def("prepare", &row_cache_prepare,
-           "one step's distinct ascending keys -> (cached, hit, local_version, (evicted keys, grads, counts), "
-           "evictions)")
+           "one step's distinct ascending keys -> (hit, local_version, (evicted keys, grads, counts), evictions)")
       .def("fill", &row_cache_fill,
            "keys, pos, rows, versions of a versioned pull -> every key's row [len(keys), width]")
       .def("mark_stale", [](RowCache& c, Array<int64_t> keys) {

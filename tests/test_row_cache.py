@@ -47,10 +47,10 @@ class ModelRowCache:
         self.versions[ev_slots] = NEVER
         self.state[ev_slots] = 0
         self.steps[ev_slots] = 0
-        cached = slots >= 0
+        resident = (slots >= 0) & hit
         local = np.full(len(keys), NEVER, np.int64)
-        local[cached & hit] = self.versions[slots[cached & hit]]
-        return cached, hit, local, evicted, len(ev_keys)
+        local[resident] = self.versions[slots[resident]]
+        return hit, local, evicted, len(ev_keys)
 
     def fill(self, keys, pos, rows, versions):
         slots = self.policy.slots(keys)
@@ -103,13 +103,13 @@ def test_row_cache_matches_model_against_a_versioned_server(policy, bound, opt, 
     for step in range(150):
         keys = np.unique(rng.zipf(1.3, size=10) % rows).astype(np.int64)
         got, want = cache.prepare(keys), model.prepare(keys)
-        for g, w in zip(got[:3], want[:3]):
+        for g, w in zip(got[:2], want[:2]):
             np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
-        assert_push_equal(got[3], want[3])
-        assert got[4] == want[4]
-        pushes = [got[3]]
+        assert_push_equal(got[2], want[2])
+        assert got[3] == want[3]
+        pushes = [got[2]]
         # The versioned pull: rows whose server version is more than `bound` ahead.
-        local = got[2]
+        local = got[1]
         pos = np.flatnonzero((local == NEVER) | (server_version[keys] - local > bound))
         pulled = (keys[pos], server[keys[pos]].copy(), server_version[keys[pos]].copy())
         out = cache.fill(keys, pos, pulled[1], pulled[2])
@@ -150,7 +150,7 @@ def test_row_cache_is_safe_under_two_threads():
         try:
             for _ in range(400):
                 keys = np.unique(rng.integers(0, 200, 40)).astype(np.int64)
-                cached, hit, local, evicted, _ = cache.prepare(keys)
+                cache.prepare(keys)
                 pos = np.arange(len(keys))
                 rows = np.repeat(keys[:, None].astype(np.float32), WIDTH, axis=1)
                 cache.fill(keys, pos, rows, np.zeros(len(keys), np.int64))

@@ -60,12 +60,9 @@ Prepared RowCache::Prepare(const int64_t* keys, int64_t n) {
     ClearSlot(r.evicted_slots[j]);
   }
   p.evictions = static_cast<int64_t>(r.evicted_keys.size());
-  p.cached.resize(n);
   p.local_version.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    p.cached[i] = r.slot[i] >= 0;
-    p.local_version[i] = p.cached[i] && r.hit[i] ? version_[r.slot[i]] : kNeverVersion;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    p.local_version[i] = r.slot[i] >= 0 && r.hit[i] ? version_[r.slot[i]] : kNeverVersion;
   p.hit = std::move(r.hit);
   return p;
 }

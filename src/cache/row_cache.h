@@ -28,7 +28,6 @@ struct PushRows {
 };
 
 struct Prepared {
-  std::vector<uint8_t> cached;          // per key: 1 if it has a slot this step (else it bypasses)
   std::vector<uint8_t> hit;             // per key: 1 if it was resident before this step
   std::vector<int64_t> local_version;   // per key: what the versioned pull compares against
   PushRows evicted;                     // pending updates of the rows evicted to make room

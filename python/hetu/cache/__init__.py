@@ -56,7 +56,7 @@ class CachedTable:
 
     def _request(self, uniq):
         """Runs the policy on the step's rows and sends the versioned pull (not waited for)."""
-        cached, hit, local, evicted, evictions = self.store.prepare(uniq)
+        hit, local, evicted, evictions = self.store.prepare(uniq)
         if len(evicted[0]):
             self._outbox.append(evicted)
         return uniq, hit, self.remote.pull_stale(uniq, local, self.bound), evictions
