@@ -259,12 +259,13 @@ void Scheduler::CheckHeartbeats() {
       // was lost would be waited for forever: after half a heartbeat timeout the job ends
       // without it (a server that really missed the end fails on its own heartbeat timeout).
       const std::vector<int> unconfirmed = UnconfirmedServers();
-      if (!unconfirmed.empty() && now - terminate_since_ > po_->config().heartbeat_timeout / 2) {
+      const bool overdue = now - terminate_since_ > po_->config().heartbeat_timeout / 2;
+      if (!unconfirmed.empty() && overdue) {
         std::string missing;
         for (int id : unconfirmed) missing += " " + po_->Describe(id);
         PS_VLOG(0) << "scheduler: ending the job without the confirmation of" << missing;
       }
-      ending = unconfirmed.empty() || now - terminate_since_ > po_->config().heartbeat_timeout / 2;
+      ending = unconfirmed.empty() || overdue;
     } else {
       for (const auto& kv : last_seen_) {
         if (exited_.count(kv.first)) continue;
