@@ -1,6 +1,7 @@
 """Herald: every run must equal the single-process reference row by row (DESIGN.md section 7);
 every worker computes the same plan; the real caches hit exactly where the scheduler predicted
 (a HeraldTable raises PlanMismatch on the first disagreement, so a finished run proves it)."""
+import csv
 import json
 import os
 import re
@@ -68,19 +69,33 @@ def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers, van):
 @pytest.mark.timeout(300)
 def test_herald_with_validation_between_epochs_stays_exact(tmp_path, data_home):
     """Validation flushes the caches mid-training, between prefetched steps; the steps' pulls
-    are sent during the step before (all but the first after a start or a flush)."""
+    are sent during the step before (all but the first after a start or a flush). The
+    per-iteration CSV (--cache-perf) adds up to the summary."""
     args = ["--model", "wdl_criteo", *OPTIMIZERS["adam"], "--nepoch", "2", "--val", "--iters-per-epoch", "20"]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    csv_dir = tmp_path / "csv"
     got, out = run_cluster(tmp_path, data_home, "run_laia.py",
                            ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
-                            "--cache-limit-ratio", "0.1", "--prefetch", *args], 2, 1, 32)
+                            "--cache-limit-ratio", "0.1", "--prefetch", "--cache-perf", "--csv-dir", str(csv_dir),
+                            *args], 2, 1, 32)
     assert_same_parameters(reference, got, exact_rows=False)
-    counters = [json.loads(m)["counters"] for m in re.findall(r"\[worker \d+\] summary (\{.*\})", out)]
-    assert len(counters) == 2, out[-3000:]
-    for c in counters:
+    summaries = {int(rank): json.loads(m)["counters"]
+                 for rank, m in re.findall(r"\[worker (\d+)\] summary (\{.*\})", out)}
+    assert sorted(summaries) == [0, 1], out[-3000:]
+    for rank, c in summaries.items():
         # All but the first step and the first step after the flush were prefetched.
         assert 0 < c["rows_prefetched"] <= c["rows_pulled"], c
         assert c["rows_pulled"] - c["rows_prefetched"] < c["rows_pulled"] / 5, c
+        with open(csv_dir / f"wdl_criteo-herald-Hybrid-lru-worker{rank}.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert [r["iteration"] for r in rows] == [str(i) for i in range(40)] + ["end"]
+        # The final flush writes back the dirty rows and moves nothing else.
+        assert int(rows[-1]["rows_pushed"]) > 0 and int(rows[-1]["rows_pulled"]) == 0, rows[-1]
+        assert all(float(r["step_seconds"]) > 0 for r in rows[:-1])
+        assert float(rows[-1]["step_seconds"]) == 0
+        for field, total in c.items():
+            assert sum(float(r[field]) for r in rows) == pytest.approx(total, rel=1e-9), field
+        assert c["plan_wait_seconds"] < c["step_seconds"], c
 
 
 @pytest.mark.timeout(300)

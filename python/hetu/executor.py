@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 
@@ -137,6 +138,7 @@ class Executor:
         if not state.training:
             self.flush()
         feeds = self._check_feeds(name, feed_dict or {})
+        started = time.perf_counter()
         vals = {}
         for node in self.graph.topo[name]:
             if node.id in feeds:
@@ -148,6 +150,7 @@ class Executor:
             else:
                 vals[node.id] = node.compute([vals[x.id] for x in node.inputs], state)
         if state.training:
+            self.graph.counters.add(step_seconds=time.perf_counter() - started)
             self.graph.counters.end_iteration(state.iteration)
             state.iteration += 1
         outputs = eval_node_list or self.graph.subgraphs[name]

@@ -1,6 +1,10 @@
 """Per-iteration transmission counters (DESIGN.md section 7): rows and bytes each way, cache
 hits / misses / evictions / stale refreshes, rows whose pull was sent during the previous step
-(prefetched), scheduler time and time waiting for its plan."""
+(prefetched), scheduler time, time waiting for its plan, and the training step's wall time.
+
+What happens between training steps (a flush before validation, the lookups of validation) is
+counted in the next step's row; what comes after the last step (the final flush) in a last row
+whose iteration is "end", so the rows of the CSV add up to `totals()`."""
 import collections
 import csv
 import os
@@ -48,4 +52,6 @@ class Counters:
             writer = csv.DictWriter(f, fieldnames=("iteration",) + FIELDS)
             writer.writeheader()
             writer.writerows(self.rows)
+            if any(self.current.values()):
+                writer.writerow({"iteration": "end", **{f: self.current.get(f, 0) for f in FIELDS}})
         os.replace(tmp, path)
