@@ -95,6 +95,8 @@ def per_iteration_rows(csv_dir, mode_tag):
     for path in glob.glob(os.path.join(csv_dir, f"*-{mode_tag}-worker*.csv")):
         with open(path) as f:
             for r in csv.DictReader(f):
+                if r["iteration"] == "end":   # the final flush: not an iteration of the plot
+                    continue
                 it = int(r["iteration"])
                 rows[it] = rows.get(it, 0) + int(float(r["rows_pulled"])) + int(float(r["rows_pushed"]))
     return [rows[k] for k in sorted(rows)]
