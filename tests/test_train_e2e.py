@@ -42,3 +42,18 @@ def test_distributed_flags_without_comm_are_rejected(data_home):
     proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cache", "lru", "--rows", "100000"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0 and "--comm" in proc.stderr
+
+
+@pytest.mark.parametrize("script,flag,value", [
+    ("run_hetu.py", "--batch-size", "0"), ("run_hetu.py", "--embedding-size", "-3"),
+    ("run_hetu.py", "--cache-limit-ratio", "2"), ("run_hetu.py", "--learning-rate", "nan"),
+    ("run_hetu.py", "--bsp", "-2"), ("run_hetu.py", "--bound", "-1"), ("run_hetu.py", "--nepoch", "0"),
+    ("run_laia.py", "--lookahead", "0"), ("run_laia.py", "--iters-per-epoch", "ten")])
+def test_bad_flags_are_rejected_before_anything_starts(tmp_path, script, flag, value):
+    # No data home is given: a run that got past parsing would start making the synthetic data here.
+    env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr" / script), flag, value],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"argument {flag}: " in proc.stderr and repr(value) in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "data").exists()

@@ -24,30 +24,51 @@ OPTIMIZERS = {
 }
 
 
+def _checked(convert, test, wanted):
+    """An argparse type: `convert`, then `test`; a failure is reported by argparse as
+    "argument --flag: <wanted>, got <value>" with exit code 2, before anything starts."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"{wanted}, got {text!r}")
+        return value
+    return parse
+
+
+POSITIVE_INT = _checked(int, lambda v: v > 0, "must be a positive integer")
+NONNEGATIVE_INT = _checked(int, lambda v: v >= 0, "must be an integer >= 0")
+POSITIVE_FLOAT = _checked(float, lambda v: 0 < v < float("inf"), "must be a positive finite number")
+RATIO = _checked(float, lambda v: 0 < v <= 1, "must be in (0, 1]")
+BSP = _checked(int, lambda v: v >= -1, "must be 0 (BSP), -1 (ASP) or k > 0 (SSP)")
+
+
 def build_parser(herald):
     p = argparse.ArgumentParser(description="Train a CTR model with hetu" + (" and the Herald scheduler" if herald else ""))
     p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS))
-    p.add_argument("--batch-size", type=int, default=128, help="per-worker batch size")
-    p.add_argument("--embedding-size", type=int, default=128)
-    p.add_argument("--nepoch", type=float, default=1, help="epochs to train (fractions allowed)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=128, help="per-worker batch size")
+    p.add_argument("--embedding-size", type=POSITIVE_INT, default=128)
+    p.add_argument("--nepoch", type=POSITIVE_FLOAT, default=1, help="epochs to train (fractions allowed)")
     p.add_argument("--val", action="store_true", help="validate after every epoch")
     p.add_argument("--all", action="store_true", help="train on the whole training split each epoch "
                                                         "(default: at most --iters-per-epoch iterations)")
-    p.add_argument("--iters-per-epoch", type=int, default=1000)
+    p.add_argument("--iters-per-epoch", type=POSITIVE_INT, default=1000)
     p.add_argument("--comm", default=None, choices=[None, "PS", "AllReduce", "Hybrid"],
                    help="distribution: PS, AllReduce or Hybrid (default: one process, no communication)")
     p.add_argument("--cache", default=None, choices=[None, "lru", "lfu", "lfuopt"], help="embedding cache policy")
-    p.add_argument("--bound", type=int, default=0, help="cache staleness bound (0: exact)")
-    p.add_argument("--bsp", type=int, default=0, help="0: BSP, -1: ASP, k>0: SSP with staleness k")
-    p.add_argument("--cache-limit-ratio", type=float, default=0.1, help="cache rows / table rows")
+    p.add_argument("--bound", type=NONNEGATIVE_INT, default=0, help="cache staleness bound (0: exact)")
+    p.add_argument("--bsp", type=BSP, default=0, help="0: BSP, -1: ASP, k>0: SSP with staleness k")
+    p.add_argument("--cache-limit-ratio", type=RATIO, default=0.1, help="cache rows / table rows")
     p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to --csv-dir")
     p.add_argument("--csv-dir", default="csv", help="folder for --cache-perf files")
     p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
-    p.add_argument("--learning-rate", type=float, default=0.01)
+    p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=0.01)
     p.add_argument("--dataset", default="synthetic", help="dataset name or prepared folder (default: synthetic)")
     p.add_argument("--data-dir", default=None, help="a prepared dataset folder (overrides --dataset)")
-    p.add_argument("--rows", type=int, default=None, help="synthetic data: number of samples")
-    p.add_argument("--scale", type=float, default=None, help="synthetic data: table-size scale of real Criteo")
+    p.add_argument("--rows", type=POSITIVE_INT, default=None, help="synthetic data: number of samples")
+    p.add_argument("--scale", type=POSITIVE_FLOAT, default=None, help="synthetic data: table-size scale of real Criteo")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs and CI)")
@@ -55,7 +76,7 @@ def build_parser(herald):
                    help="caches send a step's pull during the step before (faster on loopback, slower on "
                         "shaped 1 Gbit/s links: see the README)")
     if herald:
-        p.add_argument("--lookahead", type=int, default=2, help="iterations the scheduler plans ahead")
+        p.add_argument("--lookahead", type=POSITIVE_INT, default=2, help="iterations the scheduler plans ahead")
         p.add_argument("--allocator", default="colocate", choices=["colocate", "greedy", "none"],
                        help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
                             "alone; none: plain data-parallel slices (the 'plan only' ablation)")
