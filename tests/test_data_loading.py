@@ -1,11 +1,14 @@
 """load_dataset: memory-mapped train/val views, the synthetic cache, and concurrent first use."""
 import importlib.util
 import multiprocessing
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import hetu as ht
 import hetu.data.cache as cache
 from hetu.data import ensure_synthetic, generate_synthetic, load_dataset
 
@@ -53,6 +56,46 @@ def test_inconsistent_arrays_are_rejected(tmp_path):
     np.save(folder / "sparse.npy", np.load(folder / "sparse.npy").astype(np.float32))
     with pytest.raises(ValueError, match="sparse.npy is float32"):
         load_dataset(folder)
+
+
+@pytest.mark.parametrize("kind,row,column,value,message", [
+    ("dense", 1850, 3, np.nan, r"dense.npy, row 1850, column 3 \(I4\): nan is a feature that is not finite"),
+    ("dense", 12, 0, np.inf, r"dense.npy, row 12, column 0 \(I1\): inf is a feature that is not finite"),
+    ("sparse", 40, 2, 10**9, r"sparse.npy, row 40, column 2 \(C3\): 1000000000 is an id outside its field's rows, "
+                             r"field 2 holds ids \[32, "),
+    ("sparse", 41, 1, 5, r"sparse.npy, row 41, column 1 \(C2\): 5 is an id outside its field's rows, "
+                         r"field 1 holds ids \[16, 32\)"),
+    ("labels", 1999, 0, 2.0, r"labels.npy, row 1999, column 0 \(label\): 2.0 is a label that is not one of")])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_bad_values_are_named_by_file_row_and_column(tmp_path, kind, row, column, value, message, shuffle):
+    folder = generate_synthetic(tmp_path / "d", rows=2000, progress=False)
+    ds = load_dataset(folder)
+    part = ds.train if row < ds.meta.train_rows else ds.val
+    loader = ht.Dataloader(getattr(part, kind), 50, "train", shuffle=shuffle, prefetch=1, check=part.checker(kind))
+    for _ in range(loader.batch_num):   # the whole split is good
+        loader.next_batch()
+    array = np.load(folder / f"{kind}.npy", mmap_mode="r+")
+    array[row, column] = value
+    array.flush()
+    ds = load_dataset(folder)
+    part = ds.train if row < ds.meta.train_rows else ds.val
+    loader = ht.Dataloader(getattr(part, kind), 50, "train", shuffle=shuffle, prefetch=1, check=part.checker(kind))
+    with pytest.raises(ValueError, match=str(folder) + "/" + message):
+        for _ in range(loader.batch_num):
+            loader.next_batch()
+
+
+def test_a_bad_id_stops_training_with_its_place(tmp_path):
+    folder = generate_synthetic(tmp_path / "d", rows=2000, progress=False)
+    array = np.load(folder / "sparse.npy", mmap_mode="r+")
+    array[70, 5] = -1
+    array.flush()
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--data-dir", str(folder),
+                           "--batch-size", "32", "--embedding-size", "8", "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"{folder}/sparse.npy, row 70, column 5 (C6): -1 is an id outside its field's rows" in proc.stderr, \
+        proc.stderr[-3000:]
 
 
 def _first_use(home, barrier, log_path, results):

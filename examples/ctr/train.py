@@ -119,13 +119,15 @@ def mode_name(args, herald):
 
 
 def make_inputs(data, batch_size, seed):
-    def op(array_of):
-        train, val = array_of(data.train), array_of(data.val)
-        if train is None:
+    """Dataloader ops of the dense features (None without them), ids and labels; every batch
+    read is checked for bad values, which are reported by file, row and column."""
+    def op(kind):
+        if getattr(data.train, kind) is None:
             return None
-        return ht.dataloader_op([ht.Dataloader(train, batch_size, "train", seed=seed),
-                                 ht.Dataloader(val, batch_size, "validate", seed=seed)])
-    return op(lambda p: p.dense), op(lambda p: p.sparse), op(lambda p: p.labels)
+        return ht.dataloader_op([ht.Dataloader(getattr(part, kind), batch_size, name, seed=seed,
+                                               check=part.checker(kind))
+                                 for part, name in ((data.train, "train"), (data.val, "validate"))])
+    return op("dense"), op("sparse"), op("labels")
 
 
 def run_epoch(executor, name, iterations, progress, desc):

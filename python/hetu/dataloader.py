@@ -25,7 +25,10 @@ def _epoch_order(seed, epoch, n):
 
 
 class Dataloader:
-    def __init__(self, data, batch_size, name="default", drop_last=True, shuffle=False, seed=0, prefetch=2):
+    def __init__(self, data, batch_size, name="default", drop_last=True, shuffle=False, seed=0, prefetch=2,
+                 check=None):
+        """`check(batch, rows)`, if given, sees every batch read and the rows of `data` it holds,
+        and raises on bad values (hetu.data.DatasetPart.checker)."""
         if batch_size <= 0:
             raise ValueError(f"Dataloader {name!r}: batch_size must be positive, got {batch_size}")
         self.data = data
@@ -35,6 +38,7 @@ class Dataloader:
         self.shuffle = shuffle
         self.seed = seed
         self.prefetch = max(0, int(prefetch))
+        self.check = check
         self.rank, self.num_workers = 0, 1
         self.batch_plan = None
         self._cursor = 0
@@ -95,8 +99,12 @@ class Dataloader:
     def load(self, step):
         idx = self.indices(step)
         if not self.shuffle and self.batch_plan is None and len(idx) and idx[-1] - idx[0] + 1 == len(idx):
-            return np.ascontiguousarray(self.data[idx[0]:idx[-1] + 1])
-        return np.ascontiguousarray(self.data[idx])
+            batch = np.ascontiguousarray(self.data[idx[0]:idx[-1] + 1])
+        else:
+            batch = np.ascontiguousarray(self.data[idx])
+        if self.check is not None:
+            self.check(batch, idx)
+        return batch
 
     def _reset(self):
         self._cursor = 0

@@ -36,20 +36,66 @@ class DatasetMeta:
 
 
 class DatasetPart:
-    """Rows of one split. ``dense`` is None for datasets without dense features."""
+    """Rows of one split. ``dense`` is None for datasets without dense features. ``path`` and
+    ``first_row`` (this part's first row in the folder's files) name a bad value's place."""
 
-    def __init__(self, dense, sparse, labels, meta):
+    def __init__(self, dense, sparse, labels, meta, path=None, first_row=0):
         self.dense = dense if dense is not None and dense.shape[1] > 0 else None
         self.sparse = sparse
         self.labels = labels
         self.meta = meta
+        self.path = path
+        self.first_row = first_row
 
     def __len__(self):
         return len(self.labels)
 
     def slice(self, start, stop):
         dense = None if self.dense is None else self.dense[start:stop]
-        return DatasetPart(dense, self.sparse[start:stop], self.labels[start:stop], self.meta)
+        return DatasetPart(dense, self.sparse[start:stop], self.labels[start:stop], self.meta, self.path,
+                           self.first_row + start)
+
+    def checker(self, kind):
+        """A check for ht.Dataloader(check=...) on this part's `kind` array ('dense', 'sparse' or
+        'labels'): it raises ValueError naming the file, row, column and value of the first bad
+        entry of a batch (a feature or label that is not finite, a label outside the dataset's
+        label values, an id outside its field's rows). The files are too large to scan when
+        loaded; each batch is checked as it is read, for a few microseconds."""
+        meta = self.meta
+        if kind == "sparse":
+            low = np.asarray(meta.field_offsets, np.int64)
+            high = low + np.asarray(meta.field_sizes, np.int64)
+            names, wanted = meta.field_names, "an id outside its field's rows"
+
+            def bad_entries(batch):
+                return (batch < low) | (batch >= high)
+        elif kind == "dense":
+            names, wanted = meta.info.get("dense_names") or (), "a feature that is not finite"
+
+            def bad_entries(batch):
+                return ~np.isfinite(batch)
+        elif kind == "labels":
+            values = meta.info.get("label", {}).get("values")
+            names = ("label",)
+            wanted = "a label that is not " + (f"one of {values}" if values else "finite")
+
+            def bad_entries(batch):
+                return ~np.isin(batch, values) if values else ~np.isfinite(batch)
+        else:
+            raise ValueError(f"no {kind!r} array; a dataset part has 'dense', 'sparse' and 'labels'")
+        where = f"{self.path}/{kind}.npy" if self.path is not None else f"the {kind} array"
+
+        def check(batch, rows):
+            bad = bad_entries(batch)
+            if bad.any():
+                r, c = (int(i) for i in np.argwhere(bad)[0])
+                name = f" ({names[c]})" if c < len(names) else ""
+                detail = ""
+                if kind == "sparse":
+                    detail = f", field {c} holds ids [{low[c]}, {high[c]})"
+                raise ValueError(f"{where}, row {self.first_row + int(rows[r])}, column {c}{name}: "
+                                 f"{batch[r, c].item()!r} is {wanted}{detail}")
+        return check
 
     def batches(self, batch_size, drop_last=False):
         """(dense or None, sparse, labels) views of consecutive batches."""
@@ -66,8 +112,8 @@ class Dataset:
         dense, sparse, labels = store.load_arrays(self.path, mmap=mmap)
         check_arrays(self.path, self.meta, dense, sparse, labels)
         cut = self.meta.train_rows
-        self.train = DatasetPart(dense[:cut], sparse[:cut], labels[:cut], self.meta)
-        self.val = DatasetPart(dense[cut:], sparse[cut:], labels[cut:], self.meta)
+        self.train = DatasetPart(dense[:cut], sparse[:cut], labels[:cut], self.meta, self.path)
+        self.val = DatasetPart(dense[cut:], sparse[cut:], labels[cut:], self.meta, self.path, cut)
 
     def __repr__(self):
         m = self.meta

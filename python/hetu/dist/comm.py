@@ -1,5 +1,31 @@
 """Collective communication between workers over MPI (mpi4py), for AllReduce aggregation."""
+import os
+import sys
+
 import numpy as np
+
+_exit_hook_installed = False
+
+
+def exit_at_once_on_uncaught_exception(MPI):
+    """Once MPI is up, a worker that dies of an exception would not exit: at interpreter exit it
+    waits in MPI_Finalize for the other ranks, which wait for it in turn (in an AllReduce, or in
+    a pull that the servers hold for this worker's push), and the job hangs. So an uncaught
+    exception prints its traceback and ends the process at once, skipping MPI_Finalize and the
+    exit handlers: mpirun sees a worker fail and stops the others, and the launcher then stops
+    the scheduler and servers (without the launcher, they notice the missing heartbeats)."""
+    global _exit_hook_installed
+    if _exit_hook_installed or MPI.COMM_WORLD.Get_size() < 2:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.excepthook = hook
+    _exit_hook_installed = True
 
 
 class MPICommunicator:
@@ -9,6 +35,7 @@ class MPICommunicator:
         except ImportError as e:
             raise RuntimeError("AllReduce aggregation needs mpi4py (pip install mpi4py) and an MPI launch "
                                "(python/runner.py starts workers through mpirun)") from e
+        exit_at_once_on_uncaught_exception(MPI)
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
