@@ -57,3 +57,17 @@ def test_bad_flags_are_rejected_before_anything_starts(tmp_path, script, flag, v
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"argument {flag}: " in proc.stderr and repr(value) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--save-params", "{tmp}/absent/params.npz"], "--save-params {tmp}/absent/params.npz: the folder {tmp}/absent "
+                                                   "does not exist"),
+    (["--cache-perf", "--csv-dir", "{tmp}/file/csv"], "--csv-dir {tmp}/file/csv: cannot create it")])
+def test_unwritable_outputs_are_rejected_before_training(tmp_path, flags, message):
+    (tmp_path / "file").write_text("a file, not a folder")
+    env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"),
+                           *(f.format(tmp=tmp_path) for f in flags)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and message.format(tmp=tmp_path) in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()   # nothing was loaded or trained

@@ -145,8 +145,25 @@ def run_epoch(executor, name, iterations, progress, desc):
             "auc": ht.metrics.auc(label, pred), "iterations": iterations}
 
 
+def check_outputs(parser, args):
+    """The files a run writes at its end must be writable before it trains, not found out after."""
+    if args.save_params:
+        folder = os.path.dirname(os.path.abspath(args.save_params))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            parser.error(f"--save-params {args.save_params}: the folder {folder} does not exist or is not writable")
+    if args.cache_perf:
+        try:
+            os.makedirs(args.csv_dir, exist_ok=True)
+        except OSError as e:
+            parser.error(f"--csv-dir {args.csv_dir}: cannot create it ({e.strerror})")
+        if not os.access(args.csv_dir, os.W_OK):
+            parser.error(f"--csv-dir {args.csv_dir}: not writable")
+
+
 def main(argv=None, herald=False):
-    args = build_parser(herald).parse_args(argv)
+    parser = build_parser(herald)
+    args = parser.parse_args(argv)
+    check_outputs(parser, args)
     data = load(args)
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
