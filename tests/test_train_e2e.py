@@ -71,3 +71,18 @@ def test_unwritable_outputs_are_rejected_before_training(tmp_path, flags, messag
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and message.format(tmp=tmp_path) in proc.stderr, proc.stderr
     assert not (tmp_path / "data").exists()   # nothing was loaded or trained
+
+
+def test_progress_lines_when_the_output_is_a_log(data_home):
+    """Under the launcher the output is no terminal: progress comes as lines, at most one per
+    --log-interval seconds, none with --no-progress."""
+    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    command = [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--rows", "100000", "--embedding-size", "8",
+               "--iters-per-epoch", "150", "--log-interval", "0.000001"]
+    logged = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    assert logged.returncode == 0, logged.stderr
+    lines = [line for line in logged.stdout.splitlines() if line.startswith("epoch 0: ") and "iterations, loss" in line]
+    assert len(lines) == 149 and lines[0].startswith("epoch 0: 1/150 iterations, loss "), logged.stdout[-2000:]
+    assert lines[-1].startswith("epoch 0: 149/150 iterations") and lines[-1].endswith(" s to go")
+    quiet = subprocess.run(command + ["--no-progress"], capture_output=True, text=True, env=env, timeout=240)
+    assert quiet.returncode == 0 and "iterations, loss" not in quiet.stdout, quiet.stdout[-2000:]

@@ -71,7 +71,9 @@ def build_parser(herald):
     p.add_argument("--scale", type=POSITIVE_FLOAT, default=None, help="synthetic data: table-size scale of real Criteo")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs and CI)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
+    p.add_argument("--log-interval", type=POSITIVE_FLOAT, default=30.0,
+                   help="seconds between progress lines when the output is not a terminal (under the launcher)")
     p.add_argument("--prefetch", action="store_true",
                    help="caches send a step's pull during the step before (faster on loopback, slower on "
                         "shaped 1 Gbit/s links: see the README)")
@@ -131,15 +133,22 @@ def make_inputs(data, batch_size, seed):
 
 
 def run_epoch(executor, name, iterations, progress, desc):
+    """`progress`: "bar" (a terminal), seconds between progress lines (a log), or None."""
     losses, preds, labels = [], [], []
-    bar = tqdm(range(iterations), desc=desc, disable=not progress, leave=False, file=sys.stdout)
+    bar = tqdm(range(iterations), desc=desc, disable=progress != "bar", leave=False, file=sys.stdout)
+    start = last_line = time.time()
     for _ in bar:
         out = executor.run(name, convert_to_numpy_ret_vals=True)
         losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
         preds.append(out[1])
         labels.append(out[2])
-        if progress and len(losses) % 20 == 0:
+        if progress == "bar" and len(losses) % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+        elif isinstance(progress, float) and time.time() - last_line >= progress and len(losses) < iterations:
+            last_line = time.time()
+            rate = len(losses) / (last_line - start)
+            print(f"{desc}: {len(losses)}/{iterations} iterations, loss {np.mean(losses[-20:]):.4f}, "
+                  f"{rate:.1f} it/s, {(iterations - len(losses)) / rate:.0f} s to go", flush=True)
     pred, label = np.concatenate(preds), np.concatenate(labels)
     return {"loss": float(np.mean(losses)), "acc": ht.metrics.accuracy(label, pred),
             "auc": ht.metrics.auc(label, pred), "iterations": iterations}
@@ -180,7 +189,7 @@ def main(argv=None, herald=False):
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
           f"{total} iterations", flush=True)
-    progress = not args.no_progress and sys.stdout.isatty()
+    progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
     start, done, epoch, history = time.time(), 0, 0, []
     while done < total:
         n = min(per_epoch, total - done)
