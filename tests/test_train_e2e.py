@@ -44,6 +44,14 @@ def test_distributed_flags_without_comm_are_rejected(data_home):
     assert proc.returncode != 0 and "--comm" in proc.stderr
 
 
+def test_herald_over_allreduce_is_rejected_before_loading(tmp_path):
+    env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--comm", "AllReduce"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and "--comm PS or Hybrid, not AllReduce" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.parametrize("script,flag,value", [
     ("run_hetu.py", "--batch-size", "0"), ("run_hetu.py", "--embedding-size", "-3"),
     ("run_hetu.py", "--cache-limit-ratio", "2"), ("run_hetu.py", "--learning-rate", "nan"),

@@ -102,6 +102,9 @@ def distribution_options(args, herald):
         if args.cache is not None or herald:
             raise SystemExit("--cache and the Herald scheduler need --comm PS or Hybrid")
         return {}
+    if herald and args.comm == "AllReduce":
+        raise SystemExit("the Herald scheduler needs the embedding tables on the parameter server: "
+                         "--comm PS or Hybrid, not AllReduce")
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
             "prefetch": args.prefetch}
@@ -173,6 +176,7 @@ def main(argv=None, herald=False):
     parser = build_parser(herald)
     args = parser.parse_args(argv)
     check_outputs(parser, args)
+    options = distribution_options(args, herald)
     data = load(args)
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
@@ -181,7 +185,7 @@ def main(argv=None, herald=False):
                                            embedding_size=args.embedding_size,
                                            optimizer=OPTIMIZERS[args.optimizer](args.learning_rate))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
-                           ctx=ht.cpu(0), seed=args.seed, **distribution_options(args, herald))
+                           ctx=ht.cpu(0), seed=args.seed, **options)
     per_epoch = executor.get_batch_num("train")
     if not args.all:
         per_epoch = min(per_epoch, args.iters_per_epoch)
