@@ -221,7 +221,7 @@ def test_movielens_u_data_binary_and_rating_labels(tmp_path):
     out = prepare_movielens(src, tmp_path / "bin", shuffle_seed=None, progress=False)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["field_sizes"] == [3, 3] and meta["num_embeddings"] == 6
-    assert meta["label"] == {"kind": "binary", "rule": "rating >= threshold", "threshold": 4.0}
+    assert meta["label"] == {"kind": "binary", "rule": "rating >= threshold", "threshold": 4.0, "values": [0.0, 1.0]}
     np.testing.assert_array_equal(np.load(out / "sparse.npy"), ML_SPARSE)
     np.testing.assert_array_equal(np.load(out / "labels.npy")[:, 0], [0, 0, 0, 1, 1])
     rated = prepare_movielens(src, tmp_path / "rating", label="rating", shuffle_seed=None,

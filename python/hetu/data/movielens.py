@@ -149,7 +149,7 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
         source = {"kind": "movielens", "path": str(path.resolve()),
                   "skip_bad_lines": bool(skip_bad_lines), "bad_lines_skipped": tracker.skipped,
                   "truncated": tracker.truncated}
-        label_meta = ({"kind": "binary", "rule": "rating >= threshold", "threshold": threshold}
+        label_meta = ({"kind": "binary", "rule": "rating >= threshold", "threshold": threshold, "values": [0.0, 1.0]}
                       if label == "binary" else {"kind": "rating"})
         store.write_meta(tmp_dir, store.dataset_meta(
             "movielens", num_rows, 0, FIELD_NAMES, field_sizes, train_rows, val_rows,
