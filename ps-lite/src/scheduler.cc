@@ -16,9 +16,7 @@ void Scheduler::Handle(Message& msg) {
         if (!nodes_.count(from)) return;
         last_seen_[from] = NowSeconds();
       }
-      Message ack;
-      ack.meta.set_control(kHeartbeatAck);
-      po_->Send(from, &ack);
+      SendControl({from}, kHeartbeatAck);
       return;
     }
     case kBarrier: {
@@ -58,9 +56,7 @@ void Scheduler::Handle(Message& msg) {
         all_confirmed = terminating_ && UnconfirmedServers().empty();
       }
       if (from_worker) {
-        Message ack;
-        ack.meta.set_control(kExitAck);
-        po_->Send(from, &ack);
+        SendControl({from}, kExitAck);
         PS_VLOG(1) << po_->Describe(from) << " finished";
         SendTerminate();
       }
@@ -208,10 +204,7 @@ void Scheduler::Reject(const std::string& why) {
   int temp = -1;
   for (const auto& n : all) {
     po_->van_->Connect(temp, n.host, n.port);
-    Message msg;
-    msg.meta.set_control(kRejected);
-    msg.meta.set_error("rendezvous rejected: " + why);
-    po_->Send(temp--, &msg);
+    SendControl({temp--}, kRejected, 0, "rendezvous rejected: " + why);
   }
   po_->Fail("rendezvous rejected: " + why);
   po_->EndJob("rendezvous rejected: " + why);
