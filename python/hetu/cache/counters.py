@@ -21,8 +21,11 @@ class Counters:
     def add(self, **amounts):
         self.current.update(amounts)
 
+    def _current_row(self, iteration):
+        return {"iteration": iteration, **{f: self.current.get(f, 0) for f in FIELDS}}
+
     def end_iteration(self, iteration):
-        row = {"iteration": iteration, **{f: self.current.get(f, 0) for f in FIELDS}}
+        row = self._current_row(iteration)
         self.rows.append(row)
         self.current = collections.Counter()
         return row
@@ -53,5 +56,5 @@ class Counters:
             writer.writeheader()
             writer.writerows(self.rows)
             if any(self.current.values()):
-                writer.writerow({"iteration": "end", **{f: self.current.get(f, 0) for f in FIELDS}})
+                writer.writerow(self._current_row("end"))
         os.replace(tmp, path)
