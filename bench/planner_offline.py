@@ -52,15 +52,17 @@ def main():
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
     p.add_argument("--seed", type=int, default=0, help="sample order")
+    p.add_argument("--dataset", default="synthetic-criteo",
+                   help="synthetic-criteo, synthetic-avazu, synthetic-movielens or a prepared dataset's name")
     args = p.parse_args()
 
-    data = load_dataset("synthetic-criteo", rows=args.rows)
+    data = load_dataset(args.dataset, rows=args.rows) if args.dataset.startswith("synthetic-") else load_dataset(args.dataset)
     sparse = np.asarray(data.train.sparse)
     order = np.random.default_rng(args.seed).permutation(len(sparse))
     table_rows = data.meta.num_embeddings
     header = f"{'W':>2} {'b':>5} {'ratio':>5} {'HET rows/it':>12}" + "".join(
         f"{a + ' vs HET':>18}{'ms/plan':>9}" for a in args.allocators)
-    print(f"{args.iterations} iterations, {table_rows:,}-row table, LRU; rows moved by all workers")
+    print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, LRU; rows moved by all workers")
     print(header)
     print("-" * len(header), flush=True)
     for workers in args.workers:

@@ -388,8 +388,25 @@ def test_bad_scheduler_settings_have_clear_messages():
         Scheduler(sparse[:10], short, 2, 0, 8, 10, "lru", 2)
 
 
-def test_run_laia_without_parameter_server_is_rejected(data_home):
+@pytest.mark.parametrize("flags,message", [
+    ([], "--comm PS or Hybrid"),
+    # Asynchronous or stale servers let a pull run ahead of another worker's push: the run would
+    # finish with parameters that no synchronous run computes (seen with --comm PS --bsp -1).
+    (["--comm", "PS", "--bsp", "-1"], "needs --bsp 0 and --bound 0 (got --bsp -1 --bound 0)"),
+    (["--comm", "Hybrid", "--bsp", "2"], "needs --bsp 0 and --bound 0 (got --bsp 2 --bound 0)"),
+    (["--comm", "Hybrid", "--cache", "lru", "--bound", "3"], "needs --bsp 0 and --bound 0 (got --bsp 0 --bound 3)")])
+def test_run_laia_with_settings_herald_cannot_honour_is_rejected(data_home, flags, message):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--rows", "20000"],
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--rows", "20000", *flags],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode != 0 and "--comm PS or Hybrid" in proc.stderr
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("options", [{"bsp": -1}, {"bsp": 1}, {"cache_bound": 2}])
+def test_executor_refuses_herald_without_synchronous_exact_training(options):
+    ids = ht.dataloader_op([[np.zeros((16, 2), np.int64), 8, "train"]])
+    table = ht.init.zeros((10, 2), name="table")
+    loss = ht.reduce_mean_op(ht.embedding_lookup_op(table, ids), [0, 1])
+    with pytest.raises(ValueError, match=r"Herald trains exactly synchronously: it needs bsp=0 and cache_bound=0"):
+        ht.Executor({"train": [loss, ht.optim.SGDOptimizer(0.1).minimize(loss)]}, herald=True, **options)

@@ -105,6 +105,10 @@ def distribution_options(args, herald):
     if herald and args.comm == "AllReduce":
         raise SystemExit("the Herald scheduler needs the embedding tables on the parameter server: "
                          "--comm PS or Hybrid, not AllReduce")
+    if herald and args.protocol == "herald" and (args.bsp != 0 or args.bound != 0):
+        raise SystemExit(f"Herald trains exactly synchronously: it needs --bsp 0 and --bound 0 (got --bsp {args.bsp} "
+                         f"--bound {args.bound}); staleness is the HET cache's (run_hetu.py), or Herald's allocation "
+                         "with the HET protocol (--protocol het)")
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
             "prefetch": args.prefetch}

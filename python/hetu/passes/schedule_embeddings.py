@@ -13,6 +13,12 @@ def schedule_embeddings(graph):
     extra = graph.config.extra
     if not extra.get("herald"):
         return graph
+    protocol = extra.get("herald_protocol", "herald")
+    if protocol == "herald" and (graph.config.bsp != 0 or graph.config.cache_bound != 0):
+        # The plan's pulls read what every worker pushed in the iteration before: without the
+        # servers' iteration barrier (bsp 0) a pull may run ahead of another worker's push.
+        raise ValueError(f"Herald trains exactly synchronously: it needs bsp=0 and cache_bound=0 "
+                         f"(got bsp={graph.config.bsp}, cache_bound={graph.config.cache_bound})")
     tables = {pid: r for pid, r in graph.remote.items() if isinstance(r, RemoteTable)}
     if not tables:
         raise ValueError("Herald schedules embedding tables on the parameter server: use comm_mode 'PS' or 'Hybrid'")
@@ -34,7 +40,7 @@ def schedule_embeddings(graph):
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
             loader_op.dataloaders["train"].set_batch_plan(scheduler.samples)
-    if extra.get("herald_protocol", "herald") == "het":
+    if protocol == "het":
         # Ablation "allocator only": Herald's allocation, the HET cache protocol (bind_cache).
         return graph
     for i, (pid, remote) in enumerate(sorted(tables.items())):
