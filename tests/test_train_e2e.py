@@ -68,6 +68,20 @@ def test_bad_flags_are_rejected_before_anything_starts(tmp_path, script, flag, v
 
 
 @pytest.mark.parametrize("flags,message", [
+    (["--batch-size", "2000"], "the training split has 900 samples, fewer than one global batch of 1 worker(s) x "
+                               "--batch-size 2000"),
+    # The validation split is found too small before training, not by a crash after it.
+    (["--batch-size", "300", "--val"], "the validation split has 100 samples, fewer than one global batch of 1 "
+                                       "worker(s) x --batch-size 300")])
+def test_splits_without_a_whole_batch_are_rejected_before_training(data_home, flags, message):
+    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--rows", "1000", "--no-progress",
+                           *flags], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and message in proc.stderr, proc.stdout + proc.stderr
+    assert "epoch 0" not in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags,message", [
     (["--save-params", "{tmp}/absent/params.npz"], "--save-params {tmp}/absent/params.npz: the folder {tmp}/absent "
                                                    "does not exist"),
     (["--cache-perf", "--csv-dir", "{tmp}/file/csv"], "--csv-dir {tmp}/file/csv: cannot create it")])

@@ -176,6 +176,16 @@ def check_outputs(parser, args):
             parser.error(f"--csv-dir {args.csv_dir}: not writable")
 
 
+def check_batches(executor, data, args):
+    """Each split the run reads must hold one global batch; found before training, not after it."""
+    workers = executor.graph.num_workers
+    splits = [("training", "train", len(data.train))] + ([("validation", "validate", len(data.val))] if args.val else [])
+    for what, name, samples in splits:
+        if executor.get_batch_num(name) == 0:
+            raise SystemExit(f"the {what} split has {samples} samples, fewer than one global batch of {workers} "
+                             f"worker(s) x --batch-size {args.batch_size}: lower --batch-size or use more data")
+
+
 def main(argv=None, herald=False):
     parser = build_parser(herald)
     args = parser.parse_args(argv)
@@ -190,6 +200,7 @@ def main(argv=None, herald=False):
                                            optimizer=OPTIMIZERS[args.optimizer](args.learning_rate))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
                            ctx=ht.cpu(0), seed=args.seed, **options)
+    check_batches(executor, data, args)
     per_epoch = executor.get_batch_num("train")
     if not args.all:
         per_epoch = min(per_epoch, args.iters_per_epoch)
