@@ -72,11 +72,16 @@ def test_bad_flags_are_rejected_before_anything_starts(tmp_path, script, flag, v
                                "--batch-size 2000"),
     # The validation split is found too small before training, not by a crash after it.
     (["--batch-size", "300", "--val"], "the validation split has 100 samples, fewer than one global batch of 1 "
-                                       "worker(s) x --batch-size 300")])
-def test_splits_without_a_whole_batch_are_rejected_before_training(data_home, flags, message):
+                                       "worker(s) x --batch-size 300"),
+    (["--nepoch", "0.01"], "--nepoch 0.01 of 7 iterations per epoch is no iteration"),
+    (["--dataset", "nosuch"], "--dataset nosuch: dataset not found: 'nosuch' is neither a folder nor a known name"),
+    (["--data-dir", "{tmp}"], "--data-dir {tmp}: {tmp} is not a complete dataset folder (no meta.json)")])
+def test_runs_that_cannot_train_are_rejected_before_training(tmp_path, data_home, flags, message):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
     proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--rows", "1000", "--no-progress",
-                           *flags], capture_output=True, text=True, env=env, timeout=120)
+                           *(f.format(tmp=tmp_path) for f in flags)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    message = message.format(tmp=tmp_path)
     assert proc.returncode == 1 and message in proc.stderr, proc.stdout + proc.stderr
     assert "epoch 0" not in proc.stdout and "Traceback" not in proc.stderr
 

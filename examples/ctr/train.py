@@ -93,7 +93,10 @@ def load(args):
         name = args.dataset if args.dataset != "synthetic" else f"synthetic-{dataset_of(args.model)}"
         params = {k: v for k, v in (("rows", args.rows), ("scale", args.scale)) if v is not None}
         return load_dataset(name, **params)
-    return load_dataset(source)
+    try:
+        return load_dataset(source)
+    except FileNotFoundError as e:
+        raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {source}: {e}") from None
 
 
 def distribution_options(args, herald):
@@ -205,6 +208,8 @@ def main(argv=None, herald=False):
     if not args.all:
         per_epoch = min(per_epoch, args.iters_per_epoch)
     total = int(round(args.nepoch * per_epoch))
+    if total == 0:
+        raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration")
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
           f"{total} iterations", flush=True)
