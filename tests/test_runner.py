@@ -167,6 +167,29 @@ def test_worker_dying_of_an_exception_after_mpi_started_stops_the_job(tmp_path):
     assert "worker 1: ValueError: bad value at row 7" in res.stderr.split("summary:")[1], res.stderr
 
 
+def test_worker_stopping_alone_after_mpi_started_stops_the_job(tmp_path):
+    """The same for a SystemExit (which sys.excepthook never sees) handed to
+    exit_at_once_if_mpi_started, as examples/ctr/train.py does."""
+    t0 = time.monotonic()
+    res = run_runner(["-w", "2", "-s", "0", *py("""
+        import sys
+        import numpy as np
+        from hetu.dist.comm import MPICommunicator, exit_at_once_if_mpi_started
+        comm = MPICommunicator()
+        try:
+            if comm.rank == 1:
+                sys.exit("this host's data has 10 rows")
+        except SystemExit as stop:
+            exit_at_once_if_mpi_started(stop)
+            raise
+        comm.allreduce_sum(np.ones(4))
+    """)], tmp_path, timeout=60)
+    assert res.returncode != 0
+    assert time.monotonic() - t0 < 40, "the job was not stopped"
+    assert "worker 1 on localhost failed (exit 1)" in res.stderr, res.stderr
+    assert "worker 1: this host's data has 10 rows" in res.stderr.split("summary:")[1], res.stderr
+
+
 def test_timeout_stops_the_job(tmp_path):
     res = run_runner(["-w", "1", "-s", "0", "--timeout", "2", *py("import time; time.sleep(60)")],
                      tmp_path)

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
+from hetu.dist.comm import exit_at_once_if_mpi_started
 from models import MODELS, dataset_of
 
 OPTIMIZERS = {
@@ -190,6 +191,14 @@ def check_batches(executor, data, args):
 
 
 def main(argv=None, herald=False):
+    try:
+        return train(argv, herald)
+    except SystemExit as stop:
+        exit_at_once_if_mpi_started(stop)
+        raise
+
+
+def train(argv, herald):
     parser = build_parser(herald)
     args = parser.parse_args(argv)
     check_outputs(parser, args)

@@ -28,6 +28,23 @@ def exit_at_once_on_uncaught_exception(MPI):
     _exit_hook_installed = True
 
 
+def exit_at_once_if_mpi_started(stop):
+    """The same for a SystemExit, which never reaches sys.excepthook: with MPI up and a non-zero
+    status, prints its message and ends the process now; otherwise returns, for the caller to
+    re-raise. For entry points that may stop on their own after MPI started (a check that fails
+    on one worker only, say, because its host's copy of the data differs)."""
+    if not _exit_hook_installed or stop.code in (None, 0):
+        return
+    if isinstance(stop.code, int):
+        code = stop.code
+    else:
+        print(stop.code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class MPICommunicator:
     def __init__(self):
         try:
