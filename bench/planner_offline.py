@@ -19,6 +19,19 @@ from hetu import _C
 from hetu.data import load_dataset
 
 
+def sample_stream(dataset, rows, seed):
+    """The dataset (synthetic ones made with `rows` samples), its training ids and the order in
+    which the global batches take them."""
+    data = load_dataset(dataset, rows=rows) if dataset.startswith("synthetic-") else load_dataset(dataset)
+    sparse = np.asarray(data.train.sparse)
+    return data, sparse, np.random.default_rng(seed).permutation(len(sparse))
+
+
+def check_enough_samples(sparse, global_batches, workers, batch, rows):
+    if global_batches * workers * batch > len(sparse):
+        raise SystemExit(f"--rows {rows} is too few for {global_batches} global batches of {workers} x {batch}")
+
+
 def het_rows(sparse, order, workers, batch, iterations):
     total = 0
     for t in range(iterations):
@@ -56,9 +69,7 @@ def main():
                    help="synthetic-criteo, synthetic-avazu, synthetic-movielens or a prepared dataset's name")
     args = p.parse_args()
 
-    data = load_dataset(args.dataset, rows=args.rows) if args.dataset.startswith("synthetic-") else load_dataset(args.dataset)
-    sparse = np.asarray(data.train.sparse)
-    order = np.random.default_rng(args.seed).permutation(len(sparse))
+    data, sparse, order = sample_stream(args.dataset, args.rows, args.seed)
     table_rows = data.meta.num_embeddings
     header = f"{'W':>2} {'b':>5} {'ratio':>5} {'HET rows/it':>12}" + "".join(
         f"{a + ' vs HET':>18}{'ms/plan':>9}" for a in args.allocators)
@@ -67,9 +78,7 @@ def main():
     print("-" * len(header), flush=True)
     for workers in args.workers:
         for batch in args.batch:
-            if (args.iterations + 1) * workers * batch > len(sparse):
-                raise SystemExit(f"--rows {args.rows} is too few for {args.iterations + 1} global batches of "
-                                 f"{workers} x {batch}")
+            check_enough_samples(sparse, args.iterations + 1, workers, batch, args.rows)
             het = het_rows(sparse, order, workers, batch, args.iterations)
             for ratio in args.ratios:
                 line = f"{workers:>2} {batch:>5} {ratio:>5} {het / args.iterations:>12,.0f}"

@@ -12,11 +12,15 @@ it back; several workers read it last), and the write-backs (dirty rows evicted 
 elsewhere next). HET at bound 0 pulls and pushes every distinct row of each worker's slice.
 """
 import argparse
+import os
+import sys
 
 import numpy as np
 
 from hetu import _C
-from hetu.data import load_dataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planner_offline import check_enough_samples, sample_stream  # noqa: E402
 
 FIELDS = [("shared_pulls", "pulls of rows several workers read"),
           ("shared_grads", "gradient pushes of rows several workers read"),
@@ -43,12 +47,8 @@ def main():
     args = p.parse_args()
 
     W, b = args.workers, args.batch
-    data = load_dataset(args.dataset, rows=args.rows) if args.dataset.startswith("synthetic-") else \
-        load_dataset(args.dataset)
-    sparse = np.asarray(data.train.sparse)
-    if (args.iterations + 1) * W * b > len(sparse):
-        raise SystemExit(f"--rows {args.rows} is too few for {args.iterations + 1} global batches of {W} x {b}")
-    order = np.random.default_rng(args.seed).permutation(len(sparse))
+    data, sparse, order = sample_stream(args.dataset, args.rows, args.seed)
+    check_enough_samples(sparse, args.iterations + 1, W, b, args.rows)
     capacity = int(args.ratio * data.meta.num_embeddings)
     planners = [_C.Planner(W, r, b, "lru", capacity, allocator=args.allocator) for r in range(W)]
     last_readers = np.full(data.meta.num_embeddings, -1, np.int64)   # bit mask; -1: never read

@@ -21,9 +21,7 @@ def exit_at_once_on_uncaught_exception(MPI):
 
     def hook(kind, value, traceback):
         previous(kind, value, traceback)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        _end_now(1)
     sys.excepthook = hook
     _exit_hook_installed = True
 
@@ -40,6 +38,11 @@ def exit_at_once_if_mpi_started(stop):
     else:
         print(stop.code, file=sys.stderr)
         code = 1
+    _end_now(code)
+
+
+def _end_now(code):
+    """Ends the process with `code`, skipping MPI_Finalize and the exit handlers."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
