@@ -72,6 +72,10 @@ def build_parser(herald):
     p.add_argument("--scale", type=POSITIVE_FLOAT, default=None, help="synthetic data: table-size scale of real Criteo")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run of the checkpoint in this folder up to --nepoch epochs in all")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
     p.add_argument("--log-interval", type=POSITIVE_FLOAT, default=30.0,
                    help="seconds between progress lines when the output is not a terminal (under the launcher)")
@@ -167,10 +171,11 @@ def run_epoch(executor, name, iterations, progress, desc):
 
 def check_outputs(parser, args):
     """The files a run writes at its end must be writable before it trains, not found out after."""
-    if args.save_params:
-        folder = os.path.dirname(os.path.abspath(args.save_params))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            parser.error(f"--save-params {args.save_params}: the folder {folder} does not exist or is not writable")
+    for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint)):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                parser.error(f"{flag} {path}: the folder {folder} does not exist or is not writable")
     if args.cache_perf:
         try:
             os.makedirs(args.csv_dir, exist_ok=True)
@@ -178,6 +183,41 @@ def check_outputs(parser, args):
             parser.error(f"--csv-dir {args.csv_dir}: cannot create it ({e.strerror})")
         if not os.access(args.csv_dir, os.W_OK):
             parser.error(f"--csv-dir {args.csv_dir}: not writable")
+
+
+# What a resumed run must share with the run that wrote its checkpoint: the model, the data and
+# the global batch. The learning rate and the scheduler's settings may change.
+RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "comm", "dataset", "data_dir", "rows", "scale")
+
+
+def run_record(args):
+    return {name: getattr(args, name) for name in RESUME_FLAGS}
+
+
+def check_resume(parser, args):
+    """--resume names a checkpoint of this run's model, data and batch: found before loading."""
+    if not args.resume:
+        return
+    try:
+        saved = ht.Executor.checkpoint_info(args.resume).get("run") or {}
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(f"--resume {args.resume}: {e}")
+    for name in RESUME_FLAGS:
+        if name in saved and saved[name] != getattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"--resume {args.resume}: the checkpoint was trained with {flag} {saved[name]}, "
+                         f"this run has {flag} {getattr(args, name)}")
+
+
+def resume(executor, args):
+    """Loads --resume into the executor; the step it continues from."""
+    if not args.resume:
+        return 0
+    try:
+        executor.load(args.resume)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        raise SystemExit(f"--resume {args.resume}: {str(e).strip(chr(39))}") from None
+    return executor.state.iteration
 
 
 def check_batches(executor, data, args):
@@ -202,6 +242,7 @@ def train(argv, herald):
     parser = build_parser(herald)
     args = parser.parse_args(argv)
     check_outputs(parser, args)
+    check_resume(parser, args)
     options = distribution_options(args, herald)
     data = load(args)
     meta = data.meta
@@ -219,13 +260,17 @@ def train(argv, herald):
     total = int(round(args.nepoch * per_epoch))
     if total == 0:
         raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration")
+    first = resume(executor, args)
+    if first >= total:
+        raise SystemExit(f"--resume {args.resume}: the checkpoint is at step {first}, and --nepoch {args.nepoch:g} "
+                         f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train")
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
-          f"{total} iterations", flush=True)
+          f"{total} iterations" + (f", resumed at step {first} from {args.resume}" if first else ""), flush=True)
     progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
-    start, done, epoch, history = time.time(), 0, 0, []
+    start, done, epoch, history = time.time(), first, first // per_epoch, []
     while done < total:
-        n = min(per_epoch, total - done)
+        n = min(per_epoch * (epoch + 1), total) - done   # a resumed run may start within an epoch
         t0 = time.time()
         stats = run_epoch(executor, "train", n, progress, f"epoch {epoch}")
         stats["seconds"] = time.time() - t0
@@ -239,6 +284,8 @@ def train(argv, herald):
         history.append(stats)
         done += n
         epoch += 1
+        if args.checkpoint:
+            executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
     executor.flush()   # every worker: pending cached updates reach the servers
     elapsed = time.time() - start
     print(executor.counters.summary_line(), flush=True)
@@ -246,9 +293,9 @@ def train(argv, herald):
         path = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
         executor.counters.write_csv(path)
         print(f"per-iteration counters written to {path}", flush=True)
-    summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total, "seconds": elapsed,
-               "counters": executor.counters.totals(),
-               "samples_per_second": total * args.batch_size / elapsed, "final": history[-1]}
+    summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total - first,
+               "first_step": first, "seconds": elapsed, "counters": executor.counters.totals(),
+               "samples_per_second": (total - first) * args.batch_size / elapsed, "final": history[-1]}
     print("summary " + json.dumps(summary), flush=True)
     if args.save_params and executor.graph.rank == 0:
         tmp = args.save_params + ".tmp.npz"

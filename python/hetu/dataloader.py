@@ -106,7 +106,20 @@ class Dataloader:
             self.check(batch, idx)
         return batch
 
+    @property
+    def position(self):
+        """Batches read so far (counted over all epochs): where a checkpoint resumes."""
+        return self._cursor
+
+    def seek(self, step):
+        """The next batch read is global batch `step` (a run resumed from a checkpoint)."""
+        if step < 0:
+            raise ValueError(f"Dataloader {self.name!r}: cannot seek to batch {step}")
+        self._reset()
+        self._cursor = int(step)
+
     def _reset(self):
+        # Batches already submitted to the prefetch thread are dropped unread.
         self._cursor = 0
         self._pending.clear()
 

@@ -217,21 +217,36 @@ class Executor:
     def _host(self, x):
         return x.get() if hasattr(x, "get") else x
 
-    def save(self, directory):
-        """Parameters, optimizer state and running statistics, written to a temporary folder
-        that is renamed into place, so an interrupted save never leaves a partial checkpoint.
-        With a bounded cache, every worker calls flush() first (a collective push)."""
-        directory = os.path.abspath(directory)
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self, directory, run=None):
+        """A checkpoint from which load() continues the run exactly: parameters, optimizer state,
+        running statistics, the step reached and the batch every dataloader reads next. `run`:
+        anything of the caller's (e.g. its flags), returned by checkpoint_info().
+
+        Every worker calls it at the same step. Pending cached updates are flushed first (a
+        collective push); then worker 0 has the servers write their shards of the tables and
+        writes the rest itself (local parameters are the same on every worker), into a temporary
+        folder renamed into place, so an interrupted save never leaves a partial checkpoint. The
+        servers write on their own hosts: across hosts, the folder must be on a shared file
+        system."""
+        self.flush()
+        self._barrier()   # every worker's pushes are in, so the servers have applied them all
+        if self.graph.rank == 0:
+            self._write_checkpoint(os.path.abspath(directory), run)
+        self._barrier()   # no worker pushes again before the servers have written
+
+    def _write_checkpoint(self, directory, run):
         parent = os.path.dirname(directory)
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory), dir=parent)
         try:
-            arrays = {}
+            arrays, clocks = {}, {}
             remote = self.graph.remote
             for p in self.graph.parameters:
                 if p.id in remote:
                     # The servers write their shards (values, optimizer state, versions).
                     remote[p.id].table.save(os.path.join(tmp, "ps")).wait()
+                    clocks[p.name] = remote[p.id].clock
                     continue
                 arrays[f"param/{p.name}"] = self._host(self.values[p.id])
                 if p.id in self.opt_states:
@@ -242,7 +257,11 @@ class Executor:
                 arrays[f"persistent/{key}"] = self._host(value)
             np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
             meta = {"seed": self.config.seed, "iteration": self.state.iteration,
-                    "optimizer_steps": {op.name: op.step_count for op in self.graph.optimizer_ops}}
+                    "optimizer_steps": {op.name: op.step_count for op in self.graph.optimizer_ops},
+                    "workers": self.graph.num_workers, "servers": self._num_servers(), "clocks": clocks,
+                    "loaders": [{name: d.position for name, d in op.dataloaders.items()}
+                                for op in self.graph.dataloaders],
+                    "run": run}
             with open(os.path.join(tmp, "meta.json"), "w") as f:
                 json.dump(meta, f)
             if os.path.exists(directory):
@@ -252,36 +271,98 @@ class Executor:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    @staticmethod
+    def checkpoint_info(directory):
+        """The checkpoint's meta.json (step reached, cluster shape, the `run` given to save())."""
+        path = os.path.join(directory, "meta.json")
+        if not os.path.exists(os.path.join(directory, "arrays.npz")) or not os.path.exists(path):
+            raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no arrays.npz and meta.json)")
+        with open(path) as f:
+            return json.load(f)
+
     def load(self, directory):
-        path = os.path.join(directory, "arrays.npz")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no arrays.npz)")
+        """Continues from a checkpoint of save(), into an executor of the same graph and cluster
+        shape that has not trained yet. Every worker calls it; everything is checked before
+        anything is changed."""
+        directory = os.path.abspath(directory)
+        meta = self.checkpoint_info(directory)
+        if self.state.iteration:
+            raise RuntimeError(f"load {directory}: this executor has trained {self.state.iteration} steps; "
+                               f"load a checkpoint into a new one")
+        self._check_checkpoint_shape(directory, meta)
         xp = self.state.xp
         remote = self.graph.remote
-        with np.load(path) as data:
+        with np.load(os.path.join(directory, "arrays.npz")) as data:
+            arrays = {key: data[key] for key in data.files}
+        for p in self.graph.parameters:
+            if p.id in remote:
+                if p.name not in meta.get("clocks", {}):
+                    raise KeyError(f"checkpoint {directory} has no parameter {p.name} on the servers")
+                continue
+            key = f"param/{p.name}"
+            if key not in arrays:
+                raise KeyError(f"checkpoint {directory} has no parameter {p.name}")
+            if arrays[key].shape != self.values[p.id].shape:
+                raise ValueError(f"checkpoint {directory}: {p.name} has shape {arrays[key].shape}, "
+                                 f"the graph expects {self.values[p.id].shape}")
+
+        if self.graph.rank == 0:
             for p in self.graph.parameters:
                 if p.id in remote:
-                    remote[p.id].table.load(os.path.join(os.path.abspath(directory), "ps")).wait()
-                    if p.id in self.values:
-                        self.values[p.id][...] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
-                    continue
-                key = f"param/{p.name}"
-                if key not in data:
-                    raise KeyError(f"checkpoint {directory} has no parameter {p.name}")
-                if data[key].shape != self.values[p.id].shape:
-                    raise ValueError(f"checkpoint {directory}: {p.name} has shape {data[key].shape}, "
-                                     f"the graph expects {self.values[p.id].shape}")
-                self.values[p.id][...] = xp.asarray(data[key])
-                if f"optstate/{p.name}" in data:
-                    self.opt_states[p.id] = (np.array(data[f"optstate/{p.name}"]), np.array(data[f"optsteps/{p.name}"]))
-            for key in data.files:
-                if key.startswith("persistent/"):
-                    self.persistent[key[len("persistent/"):]] = xp.asarray(data[key])
-        with open(os.path.join(directory, "meta.json")) as f:
-            meta = json.load(f)
+                    remote[p.id].table.load(os.path.join(directory, "ps")).wait()
+        self._barrier()   # every table is loaded before any worker reads one
+        for p in self.graph.parameters:
+            if p.id in remote:
+                # Pushes are tagged with the clock, which the servers' loaded tables continue.
+                remote[p.id].clock = meta["clocks"][p.name]
+                if p.id in self.values:
+                    self.values[p.id][...] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
+                continue
+            self.values[p.id][...] = xp.asarray(arrays[f"param/{p.name}"])
+            if f"optstate/{p.name}" in arrays:
+                self.opt_states[p.id] = (np.array(arrays[f"optstate/{p.name}"]), np.array(arrays[f"optsteps/{p.name}"]))
+        for key, value in arrays.items():
+            if key.startswith("persistent/"):
+                self.persistent[key[len("persistent/"):]] = xp.asarray(value)
         self.state.iteration = meta["iteration"]
         for op in self.graph.optimizer_ops:
             op.step_count = meta["optimizer_steps"].get(op.name, op.step_count)
+        for op, positions in zip(self.graph.dataloaders, meta.get("loaders", [])):
+            for name, position in positions.items():
+                op.dataloaders[name].seek(position)
+        # The caches start empty (the checkpoint's were flushed to the servers); Herald's plans
+        # restart with them at the step reached.
+        for cache in self.graph.caches.values():
+            if hasattr(cache, "start_at"):
+                cache.start_at(self.state.iteration)
+        if getattr(self.graph, "scheduler", None) is not None:
+            self.graph.scheduler.start_at(self.state.iteration)
+
+    def _check_checkpoint_shape(self, directory, meta):
+        """The cluster and the data path a checkpoint continues must be the ones it was written by."""
+        workers, servers = meta.get("workers", 1), meta.get("servers", 0)
+        if workers != self.graph.num_workers:
+            raise ValueError(f"checkpoint {directory} was written by {workers} worker(s), this run has "
+                             f"{self.graph.num_workers}: the global batch, and so the training, would differ")
+        if servers != self._num_servers():
+            raise ValueError(f"checkpoint {directory} was written with {servers} server(s), this run has "
+                             f"{self._num_servers()}: the servers' shards would not match")
+        loaders = meta.get("loaders", [])
+        names = [sorted(op.dataloaders) for op in self.graph.dataloaders]
+        if loaders and [sorted(p) for p in loaders] != names:
+            raise ValueError(f"checkpoint {directory} holds dataloaders {[sorted(p) for p in loaders]}, "
+                             f"the graph has {names}")
+
+    def _num_servers(self):
+        if not self.graph.remote:
+            return 0
+        from . import ps
+        return ps.num_servers()
+
+    def _barrier(self):
+        comm = getattr(self.graph, "comm", None)
+        if comm is not None:
+            comm.barrier()
 
 
 def _check_unique_names(parameters):

@@ -67,14 +67,27 @@ class Scheduler:
             raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
                             f"{sparse.shape}")
         self.loader, self.lookahead, self.timeout = loader, lookahead, timeout
-        planner = _C.Planner(num_workers, rank, batch_size, policy, capacity, pin_threshold, allocator=allocator)
-        # Data loaders ask for allocations up to a few steps behind the plans taken.
-        self._thread = _C.PlanningThread(planner, np.ascontiguousarray(sparse), history=2 * lookahead + 8)
+        self._planner_args = (num_workers, rank, batch_size, policy, capacity, pin_threshold, allocator)
+        self._ids = np.ascontiguousarray(sparse)
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
-        self._submitted = 0
-        self._submit(lookahead)
+        self._thread = None
+        self.start_at(0)
         # The thread reads the id table: stop it before the interpreter tears the table down.
         atexit.register(self.close)
+
+    def start_at(self, step):
+        """Plans from global batch `step` on, every cache empty: a new run starts at 0, a run
+        resumed from a checkpoint (whose caches were flushed, so that its rows are all on the
+        servers) at the checkpoint's step. All workers call it with the same step."""
+        if self._thread is not None:
+            self._thread.close()
+        *args, allocator = self._planner_args
+        planner = _C.Planner(*args, allocator=allocator)
+        # Data loaders ask for allocations up to a few steps behind the plans taken.
+        self._thread = _C.PlanningThread(planner, self._ids, history=2 * self.lookahead + 8)
+        # The planner counts its iterations from 0: global batch `step` is its iteration 0.
+        self._first = self._submitted = int(step)
+        self._submit(step + self.lookahead)
 
     # --- consumers ----------------------------------------------------------------------------
     def samples(self, t):
@@ -87,6 +100,7 @@ class Scheduler:
         start = time.perf_counter()
         self._submit(t + self.lookahead + 1)
         plan = Plan(*self._answer(self._thread.plan, t))
+        plan.iteration += self._first
         return plan, time.perf_counter() - start
 
     def close(self):
@@ -100,13 +114,17 @@ class Scheduler:
             return
         with self._lock:
             while self._submitted <= last:
-                self._thread.submit(self._submitted, self.loader.global_indices(self._submitted))
+                self._thread.submit(self._submitted - self._first, self.loader.global_indices(self._submitted))
                 self._submitted += 1
 
     def _answer(self, wait, t):
+        if t < self._first:
+            raise ValueError(f"Herald scheduler: step {t} comes before the first planned step, {self._first}")
         try:
-            return wait(t, self.timeout)
-        except TimeoutError:
+            return wait(t - self._first, self.timeout)
+        except TimeoutError as e:
+            if self._first:
+                raise TimeoutError(f"{e} (planner iteration 0 is step {self._first} of the resumed run)") from None
             raise
         except Exception as e:
             raise RuntimeError(f"Herald scheduler failed: {e}") from e

@@ -136,6 +136,12 @@ class HeraldTable:
         """A written-back row: key, values, optimizer state, step count and version increment."""
         return self.width * 4 + self.state_width * 4 + 16
 
+    def start_at(self, step):
+        """The next lookup is step `step` (a run resumed from a checkpoint; nothing cached yet)."""
+        if self._step is not None or self.t != 0:
+            raise RuntimeError(f"{self.remote.param.name}: a resumed table must not have trained (at step {self.t})")
+        self.t = int(step)
+
     def flush(self, lr):
         """Writes every dirty row back, then one (possibly empty) push that every worker sends, so
         the next pulls of any worker see the written rows."""
