@@ -1,5 +1,6 @@
 """Checkpoints (--checkpoint / --resume): a run stopped after an epoch and resumed from its
 checkpoint trains the same parameters as one run straight through (DESIGN.md section 4)."""
+import json
 import os
 import subprocess
 import sys
@@ -35,19 +36,22 @@ def test_single_process_resume_is_bit_identical(tmp_path, data_home):
     ("run_hetu.py", ["--comm", "PS", "--cache", "lru", "--bound", "0", "--prefetch"], 2, True),
     # Herald: dirty rows flushed into the checkpoint; the resumed plans start from empty caches
     # and allocate differently, so float sums are taken in another order.
-    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05"], 1, False)])
+    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05",
+                     "--prefetch"], 1, False)])
 def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_home, script, flags, servers,
                                                                   bitwise):
-    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", [*ADAM, "--nepoch", "2"], global_batch=64)
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", [*ADAM, "--nepoch", "3"], global_batch=64)
     ckpt = tmp_path / "ckpt"
     args = [*flags, "--bsp", "0", *ADAM]
     if bitwise:
-        straight, _ = run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "2"], 2, servers, 32)
+        straight, _ = run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "3"], 2, servers, 32)
     run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "1", "--checkpoint", str(ckpt)], 2, servers, 32)
     assert len(os.listdir(ckpt / "ps")) > 0
-    got, out = run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "2", "--resume", str(ckpt)], 2, servers,
-                           32)
+    # The resumed run also checkpoints (after steps 40 and 60) as it goes on training.
+    got, out = run_cluster(tmp_path, data_home, script,
+                           [*args, "--nepoch", "3", "--resume", str(ckpt), "--checkpoint", str(ckpt)], 2, servers, 32)
     assert "resumed at step 20" in out
+    assert json.loads((ckpt / "meta.json").read_text())["iteration"] == 60
     assert_same_parameters(reference, got, exact_rows=False)
     if bitwise:
         for name, value in straight.items():
