@@ -12,6 +12,7 @@ from conftest import REPO
 from dist_harness import COMMON, assert_same_parameters, run_cluster, run_single
 
 ADAM = ["--optimizer", "adam", "--learning-rate", "0.01", "--iters-per-epoch", "20"]
+HERALD = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05", "--prefetch"]
 
 
 def test_single_process_resume_is_bit_identical(tmp_path, data_home):
@@ -30,16 +31,17 @@ def test_single_process_resume_is_bit_identical(tmp_path, data_home):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("script,flags,servers,bitwise", [
+@pytest.mark.parametrize("script,resume_script,flags,servers,bitwise", [
     # Dense and sparse on 2 servers, HET cache with prefetch: shards of every table, the clocks.
     # The allocation is the plain slices, so the resumed run repeats the straight one bit for bit.
-    ("run_hetu.py", ["--comm", "PS", "--cache", "lru", "--bound", "0", "--prefetch"], 2, True),
+    ("run_hetu.py", "run_hetu.py", ["--comm", "PS", "--cache", "lru", "--bound", "0", "--prefetch"], 2, True),
     # Herald: dirty rows flushed into the checkpoint; the resumed plans start from empty caches
     # and allocate differently, so float sums are taken in another order.
-    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05",
-                     "--prefetch"], 1, False)])
-def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_home, script, flags, servers,
-                                                                  bitwise):
+    ("run_laia.py", "run_laia.py", HERALD, 1, False),
+    # Everything is on the servers at a checkpoint, so a HET run can go on as Herald.
+    ("run_hetu.py", "run_laia.py", HERALD, 1, False)])
+def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_home, script, resume_script, flags,
+                                                                  servers, bitwise):
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", [*ADAM, "--nepoch", "3"], global_batch=64)
     ckpt = tmp_path / "ckpt"
     args = [*flags, "--bsp", "0", *ADAM]
@@ -48,7 +50,7 @@ def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_
     run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "1", "--checkpoint", str(ckpt)], 2, servers, 32)
     assert len(os.listdir(ckpt / "ps")) > 0
     # The resumed run also checkpoints (after steps 40 and 60) as it goes on training.
-    got, out = run_cluster(tmp_path, data_home, script,
+    got, out = run_cluster(tmp_path, data_home, resume_script,
                            [*args, "--nepoch", "3", "--resume", str(ckpt), "--checkpoint", str(ckpt)], 2, servers, 32)
     assert "resumed at step 20" in out
     assert json.loads((ckpt / "meta.json").read_text())["iteration"] == 60
