@@ -313,3 +313,23 @@ def test_real_parameter_server_init_finalize(tmp_path):
     """)], tmp_path, timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[worker 0] finalized" in res.stdout and "[worker 1] finalized" in res.stdout
+
+
+def test_allreduce_job_with_servers_ends_with_its_workers(tmp_path):
+    """A graph with nothing on the servers, launched with servers (e.g. AllReduce under a
+    cluster file that lists some): the workers join the job, so the scheduler and the servers
+    end with them instead of waiting to the shutdown timeout for workers that never connect."""
+    pytest.importorskip("hetu._ps", reason="hetu._ps (ps-lite bindings) not built yet")
+    res = run_runner(["-w", "2", "-s", "1", "--timeout", "60", "--shutdown-timeout", "20", *py("""
+        import numpy as np
+        import hetu as ht
+        x = ht.placeholder_op("x")
+        w = ht.Variable("w", value=np.ones((3, 1), np.float32))
+        loss = ht.reduce_mean_op(ht.matmul_op(x, w), [0, 1])
+        ex = ht.Executor([loss, ht.optim.SGDOptimizer(0.1).minimize(loss)], comm_mode="AllReduce")
+        ex.run(feed_dict={x: np.ones((4, 3), np.float32)})
+        print("trained", ex.parameters()["w"].ravel().tolist())
+    """)], tmp_path, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[worker 0] trained" in res.stdout and "[worker 1] trained" in res.stdout, res.stdout
+    assert "did not exit" not in res.stdout + res.stderr

@@ -13,12 +13,17 @@ from ..ops.embedding import IndexedSlices
 _started = False
 
 
+def launched_as_ps_worker():
+    """Whether python/runner.py started this process as a worker of a job with servers."""
+    return os.environ.get("DMLC_ROLE") == "worker" and int(os.environ.get("DMLC_NUM_SERVER", "0")) >= 1
+
+
 def start_worker():
     """Starts this process's PS node once (environment from python/runner.py)."""
     global _started
     if _started:
         return
-    if os.environ.get("DMLC_ROLE") != "worker" or int(os.environ.get("DMLC_NUM_SERVER", "0")) < 1:
+    if not launched_as_ps_worker():
         raise RuntimeError("parameters on the parameter server need a PS job: launch with "
                            "python/runner.py -s N (or a cluster file with servers), which sets DMLC_ROLE=worker")
     import hetu.ps as ps

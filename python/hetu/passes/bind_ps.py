@@ -2,12 +2,17 @@
 created on the servers (same initializer, seed and stream as a local run), embedding lookups of
 PS tables become sparse pulls, and their updates become pushes tagged with the iteration."""
 from ..dist.ps import (PSDenseUpdater, PSEmbeddingLookupOp, PSSparseUpdater, RemoteDense, RemoteTable, SyncMode,
-                       start_worker)
+                       launched_as_ps_worker, start_worker)
 from ..ops.embedding import EmbeddingLookupOp
 
 
 def bind_ps(graph):
     if not graph.ps_params:
+        if launched_as_ps_worker():
+            # Nothing of this graph is on the servers, but the job has some (e.g. AllReduce with a
+            # cluster file that lists servers): join it, so that the scheduler and the servers
+            # end when the workers do, instead of waiting for them to connect.
+            start_worker()
         return graph
     start_worker()
     import hetu.ps as ps
