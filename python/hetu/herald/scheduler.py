@@ -97,11 +97,16 @@ class Scheduler:
 
     def plan(self, t):
         """Blocks until plan t is final; returns (plan, seconds waited)."""
+        self._submit(t + 1)   # plan t is final once t+1 is allocated (in training, long submitted)
         start = time.perf_counter()
-        self._submit(t + self.lookahead + 1)
         plan = Plan(*self._answer(self._thread.plan, t))
+        waited = time.perf_counter() - start
+        # The look-ahead is submitted after the timer: on busy cores the planning thread, woken
+        # here, may take this thread's core for a plan's time, which is the planner's cost
+        # ("sched s"), not a wait for this plan.
+        self._submit(t + self.lookahead + 1)
         plan.iteration += self._first
-        return plan, time.perf_counter() - start
+        return plan, waited
 
     def close(self):
         """Stops the planning thread (after the iteration it is computing)."""
