@@ -2,6 +2,7 @@
 checkpoint trains the same parameters as one run straight through (DESIGN.md section 4)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -101,4 +102,15 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
                 "--resume", str(hybrid), launcher=cluster(2))
     assert proc.returncode != 0
     assert "was written by 1 worker(s), this run has 2: the global batch, and so the training, would differ" \
+        in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # A damaged shard is named by the server that reads it, in one line.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(hybrid, damaged)
+    shard = damaged / "ps" / "embedding.shard0-of-1.bin"
+    os.truncate(shard, 1000)
+    proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--comm", "Hybrid", "--nepoch", "2",
+                "--resume", str(damaged), launcher=cluster(1))
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
+    assert f"--resume {damaged}: load of table 'embedding' failed: table 'embedding': {shard} is truncated" \
         in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -215,7 +215,7 @@ def resume(executor, args):
         return 0
     try:
         executor.load(args.resume)
-    except (FileNotFoundError, KeyError, ValueError) as e:
+    except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:   # RuntimeError: a server's load
         raise SystemExit(f"--resume {args.resume}: {str(e).strip(chr(39))}") from None
     return executor.state.iteration
 
