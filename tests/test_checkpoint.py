@@ -19,13 +19,20 @@ HERALD = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-r
 def test_single_process_resume_is_bit_identical(tmp_path, data_home):
     straight, _ = run_single(tmp_path, data_home, "run_hetu.py", [*ADAM, "--nepoch", "2"], global_batch=64)
     ckpt = tmp_path / "ckpt"
-    _, first = run_single(tmp_path, data_home, "run_hetu.py", [*ADAM, "--nepoch", "1", "--checkpoint", str(ckpt)],
-                          global_batch=64)
-    assert first["iterations"] == 20 and sorted(os.listdir(ckpt)) == ["arrays.npz", "meta.json"]
+    # 14 of the epoch's 20 steps, a checkpoint every 6: after steps 6, 12 and 14 (the end).
+    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *ADAM, "--batch-size", "64",
+                           "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [int(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("checkpoint at step")] \
+        == [6, 12, 14], proc.stdout
+    assert sorted(os.listdir(ckpt)) == ["arrays.npz", "meta.json"]
     assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []   # no temporary folder left
+    # Resumed within the first epoch.
     resumed, summary = run_single(tmp_path, data_home, "run_hetu.py",
                                   [*ADAM, "--nepoch", "2", "--resume", str(ckpt)], global_batch=64)
-    assert (summary["first_step"], summary["iterations"]) == (20, 20)
+    assert (summary["first_step"], summary["iterations"]) == (14, 26)
     assert sorted(resumed) == sorted(straight)
     for name, value in straight.items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
@@ -50,10 +57,13 @@ def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_
         straight, _ = run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "3"], 2, servers, 32)
     run_cluster(tmp_path, data_home, script, [*args, "--nepoch", "1", "--checkpoint", str(ckpt)], 2, servers, 32)
     assert len(os.listdir(ckpt / "ps")) > 0
-    # The resumed run also checkpoints (after steps 40 and 60) as it goes on training.
+    # The resumed run also checkpoints as it goes on training, within epochs too (steps 21, 28,
+    # 35, 40, 42, 49, 56, 60): every one a flush, between prefetched steps.
     got, out = run_cluster(tmp_path, data_home, resume_script,
-                           [*args, "--nepoch", "3", "--resume", str(ckpt), "--checkpoint", str(ckpt)], 2, servers, 32)
+                           [*args, "--nepoch", "3", "--resume", str(ckpt), "--checkpoint", str(ckpt),
+                            "--checkpoint-every", "7"], 2, servers, 32)
     assert "resumed at step 20" in out
+    assert "[worker 0] checkpoint at step 49 written to" in out and "[worker 1] checkpoint at" not in out
     assert json.loads((ckpt / "meta.json").read_text())["iteration"] == 60
     assert_same_parameters(reference, got, exact_rows=False)
     if bitwise:
@@ -81,6 +91,7 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
         (["--batch-size", "64", "--resume", str(tmp_path)], f"{tmp_path} is not a hetu checkpoint"),
         (["--batch-size", "64", "--checkpoint", str(tmp_path / "no" / "ckpt")],
          f"the folder {tmp_path / 'no'} does not exist or is not writable"),
+        (["--batch-size", "64", "--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint DIR"),
     ]
     for args, message in cases:
         proc = _run(data_home, "run_hetu.py", *ADAM, *args)

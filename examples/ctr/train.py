@@ -74,6 +74,8 @@ def build_parser(herald):
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
+    p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None, metavar="N",
+                   help="with --checkpoint: also save every N steps within an epoch")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run of the checkpoint in this folder up to --nepoch epochs in all")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
@@ -147,8 +149,9 @@ def make_inputs(data, batch_size, seed):
     return op("dense"), op("sparse"), op("labels")
 
 
-def run_epoch(executor, name, iterations, progress, desc):
-    """`progress`: "bar" (a terminal), seconds between progress lines (a log), or None."""
+def run_epoch(executor, name, iterations, progress, desc, after_step=None):
+    """`progress`: "bar" (a terminal), seconds between progress lines (a log), or None.
+    `after_step()`, if given, runs after every step."""
     losses, preds, labels = [], [], []
     bar = tqdm(range(iterations), desc=desc, disable=progress != "bar", leave=False, file=sys.stdout)
     start = last_line = time.time()
@@ -157,6 +160,8 @@ def run_epoch(executor, name, iterations, progress, desc):
         losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
         preds.append(out[1])
         labels.append(out[2])
+        if after_step is not None:
+            after_step()
         if progress == "bar" and len(losses) % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
         elif isinstance(progress, float) and time.time() - last_line >= progress and len(losses) < iterations:
@@ -171,6 +176,8 @@ def run_epoch(executor, name, iterations, progress, desc):
 
 def check_outputs(parser, args):
     """The files a run writes at its end must be writable before it trains, not found out after."""
+    if args.checkpoint_every and not args.checkpoint:
+        parser.error("--checkpoint-every needs --checkpoint DIR")
     for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -207,6 +214,24 @@ def check_resume(parser, args):
             flag = "--" + name.replace("_", "-")
             parser.error(f"--resume {args.resume}: the checkpoint was trained with {flag} {saved[name]}, "
                          f"this run has {flag} {getattr(args, name)}")
+
+
+def save_checkpoint(executor, args):
+    executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
+    if executor.graph.rank == 0:
+        print(f"checkpoint at step {executor.state.iteration} written to {args.checkpoint}", flush=True)
+
+
+def midway_checkpoints(executor, args, epoch_end):
+    """run_epoch's after-step hook for --checkpoint-every (the epoch's end has its own checkpoint)."""
+    if not args.checkpoint_every:
+        return None
+
+    def after_step():
+        step = executor.state.iteration
+        if step % args.checkpoint_every == 0 and step < epoch_end:
+            save_checkpoint(executor, args)
+    return after_step
 
 
 def resume(executor, args):
@@ -272,7 +297,8 @@ def train(argv, herald):
     while done < total:
         n = min(per_epoch * (epoch + 1), total) - done   # a resumed run may start within an epoch
         t0 = time.time()
-        stats = run_epoch(executor, "train", n, progress, f"epoch {epoch}")
+        stats = run_epoch(executor, "train", n, progress, f"epoch {epoch}",
+                          after_step=midway_checkpoints(executor, args, done + n))
         stats["seconds"] = time.time() - t0
         line = (f"epoch {epoch}: train loss {stats['loss']:.4f} acc {stats['acc']:.4f} auc {stats['auc']:.4f} "
                 f"({n / stats['seconds']:.1f} it/s, {n * args.batch_size / stats['seconds']:.0f} samples/s)")
@@ -285,7 +311,7 @@ def train(argv, herald):
         done += n
         epoch += 1
         if args.checkpoint:
-            executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
+            save_checkpoint(executor, args)
     executor.flush()   # every worker: pending cached updates reach the servers
     elapsed = time.time() - start
     print(executor.counters.summary_line(), flush=True)
