@@ -80,8 +80,10 @@ def _run(data_home, script, *args, launcher=()):
 @pytest.mark.timeout(300)
 def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
     ckpt = tmp_path / "ckpt"
-    proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--checkpoint", str(ckpt))
+    proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--checkpoint", str(ckpt), "--val")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    validated = [line.split(" | ")[1] for line in proc.stdout.splitlines() if line.startswith("epoch 0:")]
+    assert len(validated) == 1 and validated[0].startswith("val loss"), proc.stdout
 
     cases = [
         (["--batch-size", "32", "--resume", str(ckpt)],
@@ -100,7 +102,12 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
 
     proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--resume", str(ckpt))
     assert proc.returncode == 1 and "the checkpoint is at step 20, and --nepoch 1 of 20 iterations per epoch is " \
-                                   "20 steps: nothing is left to train" in proc.stderr, proc.stderr
+                                   "20 steps: nothing is left to train (with --val: validate it only)" in proc.stderr, \
+        proc.stderr
+    # With --val, a finished checkpoint is validated: the metrics the run printed after its epoch.
+    proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--resume", str(ckpt), "--val")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"checkpoint {ckpt} at step 20: {validated[0]}" in proc.stdout, (validated, proc.stdout)
 
     # A checkpoint of one worker resumed by two: the global batch would differ.
     def cluster(workers):

@@ -234,6 +234,20 @@ def midway_checkpoints(executor, args, epoch_end):
     return after_step
 
 
+def val_line(val):
+    return f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f}"
+
+
+def validate_only(executor, args, step, progress, herald):
+    """--resume of a checkpoint with nothing left to train, with --val: the checkpoint's metrics."""
+    val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
+    print(f"checkpoint {args.resume} at step {step}: " + val_line(val), flush=True)
+    summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": 0, "first_step": step,
+               "final": {"val": val}}
+    print("summary " + json.dumps(summary), flush=True)
+    return summary
+
+
 def resume(executor, args):
     """Loads --resume into the executor; the step it continues from."""
     if not args.resume:
@@ -286,13 +300,16 @@ def train(argv, herald):
     if total == 0:
         raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration")
     first = resume(executor, args)
+    progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
     if first >= total:
+        if args.val:
+            return validate_only(executor, args, first, progress, herald)
         raise SystemExit(f"--resume {args.resume}: the checkpoint is at step {first}, and --nepoch {args.nepoch:g} "
-                         f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train")
+                         f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train "
+                         f"(with --val: validate it only)")
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
           f"{total} iterations" + (f", resumed at step {first} from {args.resume}" if first else ""), flush=True)
-    progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
     start, done, epoch, history = time.time(), first, first // per_epoch, []
     while done < total:
         n = min(per_epoch * (epoch + 1), total) - done   # a resumed run may start within an epoch
@@ -305,7 +322,7 @@ def train(argv, herald):
         if args.val:
             val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
             stats["val"] = val
-            line += f" | val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f}"
+            line += " | " + val_line(val)
         print(line, flush=True)
         history.append(stats)
         done += n
