@@ -234,14 +234,16 @@ def midway_checkpoints(executor, args, epoch_end):
     return after_step
 
 
-def val_line(val):
-    return f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f}"
+def validate(executor, progress):
+    """The whole validation split: its metrics and their line for the log."""
+    val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
+    return val, f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f}"
 
 
 def validate_only(executor, args, step, progress, herald):
     """--resume of a checkpoint with nothing left to train, with --val: the checkpoint's metrics."""
-    val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
-    print(f"checkpoint {args.resume} at step {step}: " + val_line(val), flush=True)
+    val, line = validate(executor, progress)
+    print(f"checkpoint {args.resume} at step {step}: {line}", flush=True)
     summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": 0, "first_step": step,
                "final": {"val": val}}
     print("summary " + json.dumps(summary), flush=True)
@@ -320,9 +322,8 @@ def train(argv, herald):
         line = (f"epoch {epoch}: train loss {stats['loss']:.4f} acc {stats['acc']:.4f} auc {stats['auc']:.4f} "
                 f"({n / stats['seconds']:.1f} it/s, {n * args.batch_size / stats['seconds']:.0f} samples/s)")
         if args.val:
-            val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
-            stats["val"] = val
-            line += " | " + val_line(val)
+            stats["val"], val_line = validate(executor, progress)
+            line += " | " + val_line
         print(line, flush=True)
         history.append(stats)
         done += n

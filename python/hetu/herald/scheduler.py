@@ -22,6 +22,7 @@ caches use, plus which cached rows are valid and which are dirty) and, per itera
 The write-back of iteration t depends on who reads what at t+1, so plan(t) is final once
 iteration t+1 is allocated: the lookahead is at least 1."""
 import atexit
+import functools
 import threading
 import time
 
@@ -67,7 +68,8 @@ class Scheduler:
             raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
                             f"{sparse.shape}")
         self.loader, self.lookahead, self.timeout = loader, lookahead, timeout
-        self._planner_args = (num_workers, rank, batch_size, policy, capacity, pin_threshold, allocator)
+        self._new_planner = functools.partial(_C.Planner, num_workers, rank, batch_size, policy, capacity,
+                                              pin_threshold, allocator=allocator)
         self._ids = np.ascontiguousarray(sparse)
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
         self._thread = None
@@ -81,10 +83,8 @@ class Scheduler:
         servers) at the checkpoint's step. All workers call it with the same step."""
         if self._thread is not None:
             self._thread.close()
-        *args, allocator = self._planner_args
-        planner = _C.Planner(*args, allocator=allocator)
         # Data loaders ask for allocations up to a few steps behind the plans taken.
-        self._thread = _C.PlanningThread(planner, self._ids, history=2 * self.lookahead + 8)
+        self._thread = _C.PlanningThread(self._new_planner(), self._ids, history=2 * self.lookahead + 8)
         # The planner counts its iterations from 0: global batch `step` is its iteration 0.
         self._first = self._submitted = int(step)
         self._submit(step + self.lookahead)

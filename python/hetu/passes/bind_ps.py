@@ -7,14 +7,14 @@ from ..ops.embedding import EmbeddingLookupOp
 
 
 def bind_ps(graph):
+    # A worker of a job with servers joins it even when nothing of its graph is there (e.g.
+    # AllReduce with a cluster file that lists servers), so that the scheduler and the servers end
+    # when the workers do instead of waiting for them to connect. A graph with parameters there
+    # needs such a job: start_worker says how to launch one.
+    if graph.ps_params or launched_as_ps_worker():
+        start_worker()
     if not graph.ps_params:
-        if launched_as_ps_worker():
-            # Nothing of this graph is on the servers, but the job has some (e.g. AllReduce with a
-            # cluster file that lists servers): join it, so that the scheduler and the servers
-            # end when the workers do, instead of waiting for them to connect.
-            start_worker()
         return graph
-    start_worker()
     import hetu.ps as ps
     client, sync, seed = ps.client(), SyncMode(graph.config.bsp), graph.config.seed
     for param, opt_op, sparse in graph.ps_params.values():
