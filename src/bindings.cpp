@@ -4,15 +4,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "cache/policy.h"
 #include "cache/row_cache.h"
 #include "common/parallel.h"
+#include "data/click_log.h"
 #include "herald/allocate.h"
 #include "herald/plan_cache.h"
 #include "herald/planner.h"
@@ -510,4 +513,67 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              h.thread->Stop();
            }, "stops the thread after the iteration it is planning");
+
+  using hetu::data::ClickLogEncoder;
+  auto view = [](const py::bytes& b) {
+    char* data;
+    py::ssize_t size;
+    if (PyBytes_AsStringAndSize(b.ptr(), &data, &size) != 0) throw py::error_already_set();
+    return std::string_view(data, static_cast<size_t>(size));
+  };
+  py::class_<ClickLogEncoder>(m, "ClickLogEncoder",
+                              "counts and encodes the plainly clean chunks of a click log (hetu.data.tabular)")
+      .def(py::init([](const std::string& delimiter, int num_columns, int label_column, std::vector<int> dense_columns,
+                       std::vector<int> categorical_columns) {
+             if (delimiter.size() != 1) throw std::invalid_argument("ClickLogEncoder: the delimiter must be one byte");
+             hetu::data::ClickLogLayout layout;
+             layout.delimiter = delimiter[0];
+             layout.num_columns = num_columns;
+             layout.label_column = label_column;
+             layout.dense_columns = std::move(dense_columns);
+             layout.categorical_columns = std::move(categorical_columns);
+             return new ClickLogEncoder(std::move(layout));
+           }),
+           py::arg("delimiter"), py::arg("num_columns"), py::arg("label_column"), py::arg("dense_columns"),
+           py::arg("categorical_columns"))
+      .def("count_chunk", [view](ClickLogEncoder& e, const py::bytes& text, int64_t max_rows) {
+             const std::string_view t = view(text);
+             py::gil_scoped_release nogil;
+             return e.CountChunk(t, max_rows);
+           }, py::arg("text"), py::arg("max_rows"),
+           "pass 1: counts the values of the first max_rows lines (all if < 0); how many, or -1 (nothing "
+           "counted) if one is not plainly clean")
+      .def("count_values", [](ClickLogEncoder& e, int field, const std::vector<std::string>& values) {
+             for (const std::string& v : values) e.CountValue(field, v);
+           }, py::arg("field"), py::arg("values"), "pass 1 for values the Python parser read")
+      .def("build", &ClickLogEncoder::Build, py::arg("min_count"), "builds the vocabularies; the field sizes")
+      .def("encode_chunk", [view](const ClickLogEncoder& e, const py::bytes& text, int64_t max_rows,
+                                  const std::vector<int64_t>& offsets) -> py::object {
+             const std::string_view t = view(text);
+             const int64_t lines = hetu::data::CountLines(t);
+             const int64_t capacity = max_rows < 0 ? lines : std::min(lines, max_rows);
+             const py::ssize_t nd = static_cast<py::ssize_t>(e.layout().dense_columns.size());
+             Array<float> labels(capacity);
+             Array<int64_t> dense(std::vector<py::ssize_t>{capacity, nd});
+             Array<int64_t> sparse(std::vector<py::ssize_t>{capacity, e.num_fields()});
+             int64_t rows;
+             {
+               float* l = labels.mutable_data();
+               int64_t* d = dense.mutable_data();
+               int64_t* s = sparse.mutable_data();
+               py::gil_scoped_release nogil;
+               rows = e.EncodeChunk(t, max_rows, offsets, capacity, l, d, s);
+             }
+             if (rows < 0) return py::none();
+             return py::make_tuple(rows, labels, dense, sparse);
+           }, py::arg("text"), py::arg("max_rows"), py::arg("offsets"),
+           "pass 2: (rows, labels, raw integers, ids + offsets) of the first max_rows lines (arrays may have "
+           "spare rows at the end), or None if one is not plainly clean")
+      .def("encode_values", [](const ClickLogEncoder& e, int field, const std::vector<std::string>& values) {
+             Array<int64_t> out(static_cast<py::ssize_t>(values.size()));
+             int64_t* o = out.mutable_data();
+             for (size_t i = 0; i < values.size(); ++i) o[i] = e.Id(field, values[i]);
+             return out;
+           }, py::arg("field"), py::arg("values"), "pass 2 for values the Python parser read: local ids")
+      .def("distinct", &ClickLogEncoder::distinct, py::arg("field"), "distinct values counted in a field");
 }

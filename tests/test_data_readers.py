@@ -135,6 +135,101 @@ def test_criteo_skip_bad_lines_counts_and_reports(tmp_path, capsys):
     np.testing.assert_array_equal(np.load(out / "labels.npy")[:, 0], [1, 0, 0, 1])
 
 
+def messy_criteo(rng, lines):
+    """Random Criteo lines (power-law values, so counts tie and differ), a few of them unusual in
+    ways only the Python parser takes: '\\r\\n' ends, an integer written '+5', a non-ASCII and an
+    invalid UTF-8 value, a lone '\\r' inside a line (two bad lines to the text reader), a line of
+    two columns; the last line has no newline."""
+    out = []
+    for i in range(lines):
+        cats = {c: "%x" % min(int(rng.zipf(1.5)), 50) for c in range(1, NUM_CATS + 1)}
+        cats[int(rng.integers(1, NUM_CATS + 1))] = ""
+        ints = {k: int(rng.integers(-3, 40)) for k in range(1, NUM_INTS + 1) if rng.random() < 0.8}
+        columns = criteo_line(int(rng.integers(0, 2)), ints, cats).encode()[:-1].split(b"\t")
+        end = b"\n"
+        kind = i % 37
+        if kind == 5:
+            end = b"\r\n"
+        elif kind == 11:
+            columns[2] = b"+5"
+        elif kind == 17:
+            columns[14] = "caf\u00e9".encode()            # C1
+        elif kind == 23:
+            columns[15] = b"\xff\xfe"                     # C2: both bytes become U+FFFD
+        elif kind == 29:
+            columns = [b"1", b"2"]
+        elif kind == 31:
+            columns[20] = columns[20] + b"\r"
+        out.append(b"\t".join(columns) + end)
+    return b"".join(out)[:-1]
+
+
+@pytest.mark.parametrize("chunk_bytes", [97, 4096, 1 << 24])
+def test_native_and_python_parsers_write_the_same_dataset(tmp_path, monkeypatch, chunk_bytes):
+    """The native encoder takes the plainly clean chunks, the Python parser the rest: whichever
+    takes a chunk, the dataset and the bad lines reported are the same as with the Python parser
+    alone (every chunk refused natively)."""
+    from hetu.data import tabular
+    src = tmp_path / "train.txt"
+    src.write_bytes(messy_criteo(np.random.default_rng(0), 600))
+    native_chunks = []
+
+    class Counting:
+        def __init__(self, encoder):
+            self.encoder = encoder
+
+        def __getattr__(self, name):
+            return getattr(self.encoder, name)
+
+        def count_chunk(self, text, max_rows):
+            taken = self.encoder.count_chunk(text, max_rows)
+            native_chunks.append(taken >= 0)
+            return taken
+
+    class PythonOnly(Counting):
+        def count_chunk(self, text, max_rows):
+            return -1
+
+        def encode_chunk(self, text, max_rows, offsets):
+            return None
+
+    outputs, logs = {}, {}
+    native_encoder = tabular.click_log_encoder
+    for name, wrapper in [("mixed", Counting), ("python", PythonOnly)]:
+        monkeypatch.setattr(tabular, "click_log_encoder",
+                            lambda layout, wrapper=wrapper: wrapper(native_encoder(layout)))
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as stream:
+            outputs[name] = prepare_criteo(src, tmp_path / name, skip_bad_lines=True, min_count=2,
+                                           chunk_bytes=chunk_bytes, progress=False, log=stream)
+        logs[name] = log.read_text()
+    assert any(native_chunks) and (chunk_bytes == 1 << 24 or not all(native_chunks))
+    # 16 lines of two columns; 16 lines cut in two by a lone '\\r' (the line numbers after the
+    # first of them count both halves)
+    assert logs["mixed"] == logs["python"] and "skipped 48 bad line(s)" in logs["python"]
+    assert "train.txt:30: expected 40 columns, found 2" in logs["python"]
+    assert "train.txt:32: expected 40 columns, found 21" in logs["python"]
+    assert "train.txt:33: expected 40 columns, found 20" in logs["python"]
+    for name in ("dense.npy", "sparse.npy", "labels.npy"):
+        np.testing.assert_array_equal(np.load(outputs["mixed"] / name), np.load(outputs["python"] / name))
+    meta = {name: json.loads((out / "meta.json").read_text()) for name, out in outputs.items()}
+    assert meta["mixed"] == meta["python"] and meta["python"]["num_rows"] == 600 - 32
+    # each unusual value is a value of its own (seen 17 and 16 times: kept at min_count 2); line
+    # 37k + j is row 35k + j for j < 29 (each 37 lines lose two)
+    sparse = np.load(outputs["python"] / "sparse.npy")
+    for row, field in [(17, 0), (23, 1)]:
+        ids = set(sparse[row::35, field])
+        assert len(ids) == 1 and ids.isdisjoint(np.delete(sparse[:, field], np.s_[row::35]))
+
+
+def test_clean_file_is_encoded_natively(tmp_path, monkeypatch):
+    from hetu.data import tabular
+    src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS * 50))
+    monkeypatch.setattr(tabular, "parse_chunk", lambda *a, **k: pytest.fail("Python parser used"))
+    out = prepare_criteo(src, tmp_path / "out", chunk_bytes=1000, progress=False)
+    assert json.loads((out / "meta.json").read_text())["num_rows"] == 300
+
+
 def test_truncated_file_alone_is_reported(tmp_path):
     src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS) + CRITEO_ROWS[0][:30])
     with pytest.raises(DataFormatError, match=r"train\.txt:7: file truncated"):

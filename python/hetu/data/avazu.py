@@ -26,12 +26,12 @@ LAYOUT = TableLayout(
 
 def prepare_avazu(input_path, output_dir, *, rows=None, min_count=1, skip_bad_lines=False,
                   val_fraction=0.1, shuffle_seed=None, overwrite=False, progress=True,
-                  chunk_lines=100_000, log=None):
+                  chunk_bytes=1 << 24, log=None):
     """Encode the Avazu ``train`` CSV (with its header row) into a dataset folder.
 
     The ``id`` column is dropped, ``click`` is the label, the other 22 columns are categorical
     fields (``hour``, YYMMDDHH, included as is). No dense features: dense.npy is [N, 0]."""
     return prepare_table(LAYOUT, input_path, output_dir, rows=rows, min_count=min_count,
                          skip_bad_lines=skip_bad_lines, val_fraction=val_fraction,
-                         shuffle_seed=shuffle_seed, chunk_lines=chunk_lines,
+                         shuffle_seed=shuffle_seed, chunk_bytes=chunk_bytes,
                          overwrite=overwrite, progress=progress, log=log)

@@ -25,7 +25,7 @@ LAYOUT = TableLayout(
 
 def prepare_criteo(input_path, output_dir, *, rows=None, min_count=1, skip_bad_lines=False,
                    val_fraction=0.1, shuffle_seed=None, overwrite=False, progress=True,
-                   chunk_lines=100_000, log=None):
+                   chunk_bytes=1 << 24, log=None):
     """Encode Criteo ``train.txt`` into a dataset folder.
 
     Categorical values seen fewer than ``min_count`` times, and missing ones, share local id 0 of
@@ -34,5 +34,5 @@ def prepare_criteo(input_path, output_dir, *, rows=None, min_count=1, skip_bad_l
     traffic, which is the usual way Criteo is evaluated."""
     return prepare_table(LAYOUT, input_path, output_dir, rows=rows, min_count=min_count,
                          skip_bad_lines=skip_bad_lines, val_fraction=val_fraction,
-                         shuffle_seed=shuffle_seed, chunk_lines=chunk_lines,
+                         shuffle_seed=shuffle_seed, chunk_bytes=chunk_bytes,
                          overwrite=overwrite, progress=progress, log=log)

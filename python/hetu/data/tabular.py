@@ -6,9 +6,13 @@ Pass 1 counts every categorical value per field; the per-field dictionaries are 
 the field's bucket for missing and rare values). Pass 2 re-reads the file and writes encoded rows
 into memory-mapped outputs. Memory is bounded by the chunk size plus the dictionaries, never by
 the row count: the 45M-row Criteo file streams through the same way as a 40-line test file.
+
+The counting, the dictionaries and the encoding of clean chunks are native
+(``hetu._C.ClickLogEncoder``, src/data/click_log.cpp). A chunk with anything unusual in it (a bad
+line, non-ASCII bytes, an integer written as "+5") is parsed here by ``parse_chunk``, which
+defines the format and words the errors; its values go to the same dictionaries.
 """
-import collections
-import itertools
+import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from .. import _C
 from . import store
 from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
-                     count_lines, iter_line_chunks, parse_int_column, require_input_file,
-                     split_lines)
+                     parse_int_column, require_input_file, split_lines)
 
 MISSING_OR_RARE_ID = 0
 CLICK_LABELS = ("0", "1")
@@ -122,53 +126,84 @@ def check_header(layout, path):
     return 1
 
 
-def iter_parsed_chunks(layout, path, tracker, rows, chunk_lines, progress, description):
-    skip = check_header(layout, path)
-    total_lines = count_lines(path) - skip if progress else None
-    remaining = rows
-    with tqdm(total=total_lines, unit="line", desc=description, disable=not progress,
-              file=sys.stderr, mininterval=1.0) as bar:
-        for first_line, lines in iter_line_chunks(path, chunk_lines, skip_lines=skip):
-            chunk = parse_chunk(layout, path, first_line, lines, tracker, remaining)
-            bar.update(len(lines))
-            if len(chunk):
-                yield chunk
-            if remaining is not None:
-                remaining -= len(chunk)
-                if remaining <= 0:
-                    return
+class ChunkReader:
+    """The file in chunks of complete lines (bytes, cut after a newline), header skipped, with a
+    progress bar over the bytes read. The line numbers (1-based, counting the header) are kept by
+    the caller: a chunk is parsed either by the native encoder or by ``python_lines``."""
+
+    def __init__(self, layout, path, chunk_bytes, progress, description):
+        self.path, self.chunk_bytes = path, chunk_bytes
+        self.skip = check_header(layout, path)
+        self.first_line = 1 + self.skip
+        self.bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=description,
+                        disable=not progress, file=sys.stderr, mininterval=1.0)
+
+    def __iter__(self):
+        with self.bar, open(self.path, "rb") as f:
+            for _ in range(self.skip):
+                header = f.readline()
+                if b"\r" in header.rstrip(b"\r\n"):
+                    raise DataFormatError(f"{self.path}:1: the header ends in a lone carriage "
+                                          "return (old Mac line ends); convert the file to \\n "
+                                          "line ends first")
+                self.bar.update(len(header))
+            carry = b""
+            while True:
+                block = f.read(self.chunk_bytes)
+                if not block:
+                    break
+                self.bar.update(len(block))
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    carry += block
+                    continue
+                text, carry = carry + block[:cut + 1], block[cut + 1:]
+                yield text
+            if carry:
+                yield carry  # the last line, without its newline
 
 
-def count_values(layout, path, tracker, rows, chunk_lines, progress):
-    """Pass 1: number of good rows and a value -> count dict per categorical field."""
-    counters = [collections.Counter() for _ in layout.categorical_columns]
-    num_rows = 0
-    for chunk in iter_parsed_chunks(layout, path, tracker, rows, chunk_lines, progress,
-                                    f"{layout.name} pass 1/2 (count)"):
-        num_rows += len(chunk)
-        for counter, values in zip(counters, chunk.categorical):
-            counter.update(values)  # Counter.update counts an iterable in C
-    return num_rows, counters
+def python_lines(text):
+    """A chunk's lines as the text reader of the Python path sees them: decoded (invalid bytes
+    replaced), universal newlines, each line keeping its "\n" (the last one may lack it)."""
+    return list(io.StringIO(text.decode("utf-8", errors="replace"), newline=None))
 
 
-def build_vocabulary(counter, min_count):
-    """value -> local id: most frequent first (hot ids get small numbers), ties broken by value
-    so the result does not depend on dict order; id 0 is left for missing and rare values."""
-    kept = [(value, count) for value, count in counter.items()
-            if value != "" and count >= min_count]
-    kept.sort(key=lambda item: (-item[1], item[0]))
-    return {value: index + 1 for index, (value, _) in enumerate(kept)}
+def native_lines(text):
+    return text.count(b"\n") + (not text.endswith(b"\n"))
 
 
-def encode_values(values, vocabulary):
-    lookup = vocabulary.get
-    return np.fromiter(map(lookup, values, itertools.repeat(MISSING_OR_RARE_ID)),
-                       dtype=np.int64, count=len(values))
+def click_log_encoder(layout):
+    return _C.ClickLogEncoder(layout.delimiter, layout.num_columns, layout.label_column,
+                              list(layout.dense_columns), list(layout.categorical_columns))
+
+
+def count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress):
+    """Pass 1: the number of good rows (at most ``rows``), each field's values counted in
+    ``encoder``. Plainly clean chunks are counted natively; any other chunk is parsed by
+    ``parse_chunk``, which reports its bad lines."""
+    reader = ChunkReader(layout, path, chunk_bytes, progress, f"{layout.name} pass 1/2 (count)")
+    num_rows, line_number = 0, reader.first_line
+    for text in reader:
+        remaining = -1 if rows is None else rows - num_rows
+        taken = encoder.count_chunk(text, remaining)
+        if taken >= 0:
+            line_number += native_lines(text)
+        else:
+            lines = python_lines(text)
+            chunk = parse_chunk(layout, path, line_number, lines, tracker, None if rows is None else remaining)
+            for field, values in enumerate(chunk.categorical):
+                encoder.count_values(field, values)
+            taken, line_number = len(chunk), line_number + len(lines)
+        num_rows += taken
+        if rows is not None and num_rows >= rows:
+            break
+    return num_rows
 
 
 def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
                   skip_bad_lines=False, val_fraction=0.1, shuffle_seed=None,
-                  chunk_lines=100_000, overwrite=False, progress=True, log=None):
+                  chunk_bytes=1 << 24, overwrite=False, progress=True, log=None):
     """Read ``input_path`` and write a dataset folder at ``output_dir``; returns its path."""
     log = log if log is not None else sys.stderr
     path = require_input_file(input_path)
@@ -177,20 +212,17 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
     if rows is not None and rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     tracker = BadLineTracker(skip_bad_lines, stream=log)
-    num_rows, counters = count_values(layout, path, tracker, rows, chunk_lines, progress)
+    encoder = click_log_encoder(layout)
+    num_rows = count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress)
     if num_rows == 0:
         raise DataFormatError(f"{path}: no usable rows")
-    vocabularies = []
-    for i in range(len(counters)):
-        vocabularies.append(build_vocabulary(counters[i], min_count))
-        counters[i] = None  # release the counts field by field
-    field_sizes = [len(vocabulary) + 1 for vocabulary in vocabularies]
+    field_sizes = encoder.build(min_count)
     offsets = store.field_offsets(field_sizes)
     train_rows, val_rows = store.contiguous_split(num_rows, val_fraction)
 
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
-        write_encoded(layout, path, tmp_dir, num_rows, vocabularies, offsets, rows,
-                      chunk_lines, progress, shuffle_seed)
+        write_encoded(layout, path, tmp_dir, num_rows, encoder, offsets, rows, chunk_bytes,
+                      progress, shuffle_seed)
         summary = tracker.summary(path)
         source = {
             "kind": layout.name, "path": str(path.resolve()), "row_limit": rows,
@@ -212,25 +244,41 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
     return Path(output_dir)
 
 
-def write_encoded(layout, path, out_dir, num_rows, vocabularies, offsets, rows, chunk_lines,
+def write_encoded(layout, path, out_dir, num_rows, encoder, offsets, rows, chunk_bytes,
                   progress, shuffle_seed):
     """Pass 2: encode every good row into memmapped arrays (then shuffle them if asked)."""
     suffix = ".unshuffled.npy" if shuffle_seed is not None else ".npy"
     names = ["dense" + suffix, "sparse" + suffix, "labels" + suffix]
     num_dense = len(layout.dense_columns)
     dense = store.create_array(out_dir, names[0], np.float32, (num_rows, num_dense))
-    sparse = store.create_array(out_dir, names[1], np.int64, (num_rows, len(vocabularies)))
+    sparse = store.create_array(out_dir, names[1], np.int64, (num_rows, len(offsets)))
     labels = store.create_array(out_dir, names[2], np.float32, (num_rows, 1))
     quiet = BadLineTracker(skip_bad_lines=True, max_reported=0)  # pass 1 already reported
-    start = 0
-    for chunk in iter_parsed_chunks(layout, path, quiet, rows, chunk_lines, progress,
-                                    f"{layout.name} pass 2/2 (encode)"):
-        stop = start + len(chunk)
-        dense[start:stop] = chunk.dense
-        labels[start:stop, 0] = chunk.labels
-        for f, (values, vocabulary) in enumerate(zip(chunk.categorical, vocabularies)):
-            sparse[start:stop, f] = encode_values(values, vocabulary) + offsets[f]
+    offsets = [int(offset) for offset in offsets]
+    reader = ChunkReader(layout, path, chunk_bytes, progress, f"{layout.name} pass 2/2 (encode)")
+    start, line_number = 0, reader.first_line
+    for text in reader:
+        remaining = num_rows - start
+        encoded = encoder.encode_chunk(text, remaining, offsets)
+        if encoded is not None:
+            n, chunk_labels, raw_dense, chunk_sparse = encoded
+            stop = start + n
+            dense[start:stop] = dense_transform(raw_dense[:n])
+            labels[start:stop, 0] = chunk_labels[:n]
+            sparse[start:stop] = chunk_sparse[:n]
+            line_number += native_lines(text)
+        else:
+            lines = python_lines(text)
+            chunk = parse_chunk(layout, path, line_number, lines, quiet, remaining)
+            stop = start + len(chunk)
+            dense[start:stop] = chunk.dense
+            labels[start:stop, 0] = chunk.labels
+            for f, values in enumerate(chunk.categorical):
+                sparse[start:stop, f] = encoder.encode_values(f, values) + offsets[f]
+            line_number += len(lines)
         start = stop
+        if start >= num_rows:
+            break
     if start != num_rows:
         raise DataFormatError(f"{path}: changed while being read ({num_rows} rows in pass 1, "
                               f"{start} in pass 2)")
