@@ -7,6 +7,9 @@ Folder format (written by every reader and by the generator): ``dense.npy`` floa
 (field offset + local id, all fields in one id space), ``labels.npy`` float32 [N, 1], and
 ``meta.json`` (field sizes and offsets, num_embeddings, split, source). The first
 ``split.train_rows`` rows train, the rest validate.
+
+The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``; the rest needs
+no compiled code.
 """
 from .avazu import prepare_avazu
 from .cache import data_home, ensure_synthetic, synthetic_dataset_dir
