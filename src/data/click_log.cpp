@@ -17,7 +17,7 @@ uint64_t HashBytes(std::string_view s) {
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
-  return h;
+  return h ? h : 1;
 }
 
 // Empty -> 0; otherwise an optional '-' and 1-18 digits (so no overflow). Anything else is left
@@ -54,7 +54,7 @@ FieldVocabulary::FieldVocabulary() : cells_(1024), mask_(1023) {}
 const FieldVocabulary::Cell* FieldVocabulary::Find(std::string_view value, uint64_t hash) const {
   for (size_t i = hash & mask_;; i = (i + 1) & mask_) {
     const Cell& c = cells_[i];
-    if (!c.used) return &c;
+    if (!c.hash) return &c;
     if (c.hash == hash && Bytes(c) == value) return &c;
   }
 }
@@ -64,9 +64,9 @@ void FieldVocabulary::Grow() {
   old.swap(cells_);
   mask_ = cells_.size() - 1;
   for (const Cell& c : old) {
-    if (!c.used) continue;
+    if (!c.hash) continue;
     size_t i = c.hash & mask_;
-    while (cells_[i].used) i = (i + 1) & mask_;
+    while (cells_[i].hash) i = (i + 1) & mask_;
     cells_[i] = c;
   }
 }
@@ -75,15 +75,13 @@ void FieldVocabulary::Count(std::string_view value, int64_t times) {
   if (built_) throw std::logic_error("FieldVocabulary: Count after Build");
   const uint64_t hash = HashBytes(value);
   Cell* c = const_cast<Cell*>(Find(value, hash));
-  if (c->used) {
+  if (c->hash) {
     c->count += times;
     return;
   }
-  if (value.size() > UINT32_MAX) throw std::length_error("FieldVocabulary: value too long");
-  c->used = 1;
+  if (value.size() >= (1u << 24)) throw std::length_error("FieldVocabulary: a value of 16 MB or more");
   c->hash = hash;
-  c->offset = arena_.size();
-  c->length = static_cast<uint32_t>(value.size());
+  c->where = static_cast<uint64_t>(arena_.size()) << 24 | value.size();
   c->count = times;
   arena_.append(value);
   if (++size_ * 2 > cells_.size()) Grow();
@@ -95,7 +93,7 @@ int64_t FieldVocabulary::Build(int64_t min_count) {
   std::vector<size_t> kept;
   for (size_t i = 0; i < cells_.size(); ++i) {
     const Cell& c = cells_[i];
-    if (c.used && c.length > 0 && c.count >= min_count) kept.push_back(i);
+    if (c.hash && (c.where & 0xffffff) > 0 && c.count >= min_count) kept.push_back(i);
   }
   std::sort(kept.begin(), kept.end(), [this](size_t a, size_t b) {
     const Cell &x = cells_[a], &y = cells_[b];
@@ -110,7 +108,7 @@ int64_t FieldVocabulary::Build(int64_t min_count) {
 int64_t FieldVocabulary::Id(std::string_view value) const {
   if (!built_) throw std::logic_error("FieldVocabulary: Id before Build");
   const Cell* c = Find(value, HashBytes(value));
-  return c->used ? c->count : 0;
+  return c->hash ? c->count : 0;
 }
 
 ClickLogEncoder::ClickLogEncoder(ClickLogLayout layout)
