@@ -164,11 +164,12 @@ class ChunkReader:
 
 def python_lines(text):
     """A chunk's lines as the text reader of the Python path sees them: decoded (invalid bytes
-    replaced), universal newlines, each line keeping its "\n" (the last one may lack it)."""
+    replaced), universal newlines, each line keeping its newline (the last one may lack it)."""
     return list(io.StringIO(text.decode("utf-8", errors="replace"), newline=None))
 
 
 def native_lines(text):
+    """A chunk's lines as the native encoder counts them ('\\n' ends only)."""
     return text.count(b"\n") + (not text.endswith(b"\n"))
 
 
