@@ -295,6 +295,23 @@ def test_avazu_parses_to_hand_computed_arrays(tmp_path):
     assert load_dataset(out).train.dense is None
 
 
+def test_avazu_line_ends(tmp_path):
+    """'\\r\\n' line ends (header included) give the same dataset as '\\n'; old Mac '\\r' ends,
+    which would hide lines from a reader that splits at '\\n', are refused."""
+    rows = [avazu_line(10000000 + i, click, "14102100", site) for i, (click, site) in
+            enumerate([(0, "s1"), (1, "s2"), (0, "s1")])]
+    text = AVAZU_HEADER + "".join(rows)
+    unix = prepare_avazu(write(tmp_path, "unix", text), tmp_path / "unix-out", progress=False)
+    (tmp_path / "dos").write_bytes(text.replace("\n", "\r\n").encode())
+    dos = prepare_avazu(tmp_path / "dos", tmp_path / "dos-out", progress=False)
+    for name in ("sparse.npy", "labels.npy"):
+        np.testing.assert_array_equal(np.load(dos / name), np.load(unix / name))
+    (tmp_path / "mac").write_bytes(text.replace("\n", "\r").encode())
+    with pytest.raises(DataFormatError, match=r"mac:1: the header ends in a lone carriage return"):
+        prepare_avazu(tmp_path / "mac", tmp_path / "mac-out", progress=False)
+    assert not (tmp_path / "mac-out").exists()
+
+
 def test_avazu_bad_header_and_bad_label(tmp_path):
     src = write(tmp_path, "train", "id,hour,C1\n" + avazu_line(1, 0, "14102100", "s"))
     with pytest.raises(DataFormatError, match=r"train:1: expected the avazu header"):
