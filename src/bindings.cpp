@@ -474,7 +474,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate")
       .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
            "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
-           "the now final plan of the previous iteration or None)");
+           "the now final plan of the previous iteration or None)")
+      .def("valid_masks", [](const hetu::herald::Planner& p, Array<int64_t> keys) {
+             Array<uint64_t> out(keys.size());
+             uint64_t* o = out.mutable_data();
+             for (py::ssize_t i = 0; i < keys.size(); ++i) o[i] = p.ValidMask(keys.data()[i]);
+             return out;
+           }, py::arg("keys"), "per key, one bit per worker whose modelled cached copy is valid now");
   py::register_exception<hetu::herald::PlanTimeout>(m, "PlanTimeout", PyExc_TimeoutError);
   py::class_<PlanningThreadHandle>(m, "PlanningThread",
                                    "Herald's planner on a thread of its own that never takes the GIL "

@@ -275,6 +275,20 @@ def test_plan_cache_follows_the_plan_and_refuses_a_wrong_one():
     assert len(cache.drain()[0]) == 0   # clean now
 
 
+def test_planner_reports_which_cached_copies_are_valid():
+    # allocator none: worker 0 trains samples 0-1 (rows 1, 2, 3), worker 1 samples 2-3 (rows 1, 4, 5, 6)
+    planner = _C.Planner(2, 0, 2, "lru", 100, allocator="none")
+    planner.advance(np.array([[1, 2], [1, 3], [1, 4], [5, 6]], np.int64), 0)
+    masks = planner.valid_masks(np.arange(1, 8, dtype=np.int64))
+    # row 1: stepped on the servers (both read it), valid nowhere; rows 2-3 stepped by worker 0,
+    # rows 4-6 by worker 1, each valid (dirty) in its stepper's cache only; row 7 never read
+    np.testing.assert_array_equal(masks, [0, 1, 1, 2, 2, 2, 0])
+    planner.advance(np.array([[2, 4], [7, 7], [8, 8], [9, 9]], np.int64), 1)
+    masks = planner.valid_masks(np.array([2, 4, 7], np.int64))
+    # row 4, read by worker 0 alone now, is stepped there; worker 1's copy is invalidated
+    np.testing.assert_array_equal(masks, [1, 1, 1])
+
+
 def test_cpp_planner_rejects_bad_input():
     with pytest.raises(ValueError, match="1 to 64"):
         _C.Planner(65, 0, 8, "lru", 10)

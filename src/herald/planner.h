@@ -53,6 +53,9 @@ class Planner {
   // Iterations must come in order 0, 1, 2, ...
   Advanced Advance(const int64_t* ids, int64_t fields, int64_t iteration);
 
+  // One bit per worker whose cached copy of `key` is valid now (after the last Advance).
+  uint64_t ValidMask(int64_t key) const;
+
  private:
   struct CacheModel {
     cache::CachePolicy policy;
@@ -75,7 +78,6 @@ class Planner {
   // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), mirrored in
   // valid_by_key_.
   void SetValid(int w, int64_t slot, int64_t key, bool valid);
-  uint64_t ValidMask(int64_t key) const;
   // Rule: at the end of t-1 a worker writes back its dirty rows that another worker reads at t.
   void FinishPending(const BatchRows& batch);
 
