@@ -164,62 +164,100 @@ def messy_criteo(rng, lines):
     return b"".join(out)[:-1]
 
 
+class _Counting:
+    """The native encoder, recording whether it took each chunk of pass 1."""
+
+    def __init__(self, encoder, taken):
+        self.encoder, self.taken = encoder, taken
+
+    def __getattr__(self, name):
+        return getattr(self.encoder, name)
+
+    def count_chunk(self, text, max_rows):
+        rows = self.encoder.count_chunk(text, max_rows)
+        self.taken.append(rows >= 0)
+        return rows
+
+
+class _PythonOnly(_Counting):
+    """Refuses every chunk, so that the Python parser reads the whole file."""
+
+    def count_chunk(self, text, max_rows):
+        return -1
+
+    def encode_chunk(self, text, max_rows, offsets):
+        return None
+
+
+def prepare_both_ways(tmp_path, monkeypatch, src, **options):
+    """prepare_criteo with native and Python chunks mixed, then with the Python parser alone:
+    {way: (output folder or the error's message, what was logged)}, and the native flags."""
+    from hetu.data import tabular
+    native_encoder, taken, results = tabular.click_log_encoder, [], {}
+    for way, wrapper in [("mixed", _Counting), ("python", _PythonOnly)]:
+        monkeypatch.setattr(tabular, "click_log_encoder",
+                            lambda layout, wrapper=wrapper: wrapper(native_encoder(layout), taken))
+        log = tmp_path / f"{way}.log"
+        with open(log, "w") as stream:
+            try:
+                result = prepare_criteo(src, tmp_path / way, progress=False, log=stream, **options)
+            except DataFormatError as e:
+                result = str(e)
+        results[way] = (result, log.read_text())
+    return results, taken
+
+
+def assert_same_dataset(a, b):
+    for name in ("dense.npy", "sparse.npy", "labels.npy"):
+        np.testing.assert_array_equal(np.load(a / name), np.load(b / name))
+    meta = [json.loads((out / "meta.json").read_text()) for out in (a, b)]
+    assert meta[0] == meta[1]
+    return meta[0]
+
+
 @pytest.mark.parametrize("chunk_bytes", [97, 4096, 1 << 24])
 def test_native_and_python_parsers_write_the_same_dataset(tmp_path, monkeypatch, chunk_bytes):
     """The native encoder takes the plainly clean chunks, the Python parser the rest: whichever
     takes a chunk, the dataset and the bad lines reported are the same as with the Python parser
     alone (every chunk refused natively)."""
-    from hetu.data import tabular
     src = tmp_path / "train.txt"
     src.write_bytes(messy_criteo(np.random.default_rng(0), 600))
-    native_chunks = []
-
-    class Counting:
-        def __init__(self, encoder):
-            self.encoder = encoder
-
-        def __getattr__(self, name):
-            return getattr(self.encoder, name)
-
-        def count_chunk(self, text, max_rows):
-            taken = self.encoder.count_chunk(text, max_rows)
-            native_chunks.append(taken >= 0)
-            return taken
-
-    class PythonOnly(Counting):
-        def count_chunk(self, text, max_rows):
-            return -1
-
-        def encode_chunk(self, text, max_rows, offsets):
-            return None
-
-    outputs, logs = {}, {}
-    native_encoder = tabular.click_log_encoder
-    for name, wrapper in [("mixed", Counting), ("python", PythonOnly)]:
-        monkeypatch.setattr(tabular, "click_log_encoder",
-                            lambda layout, wrapper=wrapper: wrapper(native_encoder(layout)))
-        log = tmp_path / f"{name}.log"
-        with open(log, "w") as stream:
-            outputs[name] = prepare_criteo(src, tmp_path / name, skip_bad_lines=True, min_count=2,
-                                           chunk_bytes=chunk_bytes, progress=False, log=stream)
-        logs[name] = log.read_text()
+    results, native_chunks = prepare_both_ways(tmp_path, monkeypatch, src, skip_bad_lines=True, min_count=2,
+                                               chunk_bytes=chunk_bytes)
+    (mixed, mixed_log), (python, python_log) = results["mixed"], results["python"]
     assert any(native_chunks) and (chunk_bytes == 1 << 24 or not all(native_chunks))
     # 16 lines of two columns; 16 lines cut in two by a lone '\\r' (the line numbers after the
     # first of them count both halves)
-    assert logs["mixed"] == logs["python"] and "skipped 48 bad line(s)" in logs["python"]
-    assert "train.txt:30: expected 40 columns, found 2" in logs["python"]
-    assert "train.txt:32: expected 40 columns, found 21" in logs["python"]
-    assert "train.txt:33: expected 40 columns, found 20" in logs["python"]
-    for name in ("dense.npy", "sparse.npy", "labels.npy"):
-        np.testing.assert_array_equal(np.load(outputs["mixed"] / name), np.load(outputs["python"] / name))
-    meta = {name: json.loads((out / "meta.json").read_text()) for name, out in outputs.items()}
-    assert meta["mixed"] == meta["python"] and meta["python"]["num_rows"] == 600 - 32
+    assert mixed_log == python_log and "skipped 48 bad line(s)" in python_log
+    assert "train.txt:30: expected 40 columns, found 2" in python_log
+    assert "train.txt:32: expected 40 columns, found 21" in python_log
+    assert "train.txt:33: expected 40 columns, found 20" in python_log
+    assert assert_same_dataset(mixed, python)["num_rows"] == 600 - 32
     # each unusual value is a value of its own (seen 17 and 16 times: kept at min_count 2); line
     # 37k + j is row 35k + j for j < 29 (each 37 lines lose two)
-    sparse = np.load(outputs["python"] / "sparse.npy")
+    sparse = np.load(python / "sparse.npy")
     for row, field in [(17, 0), (23, 1)]:
         ids = set(sparse[row::35, field])
         assert len(ids) == 1 and ids.isdisjoint(np.delete(sparse[:, field], np.s_[row::35]))
+
+
+@pytest.mark.parametrize("chunk_bytes,rows,skip", [(97, 100, True), (4096, 251, True), (1 << 20, 30, True),
+                                                   (97, None, False), (4096, 29, False)])
+def test_native_and_python_parsers_agree_on_row_limits_and_errors(tmp_path, monkeypatch, chunk_bytes, rows, skip):
+    src = tmp_path / "train.txt"
+    src.write_bytes(messy_criteo(np.random.default_rng(1), 300))
+    results, _ = prepare_both_ways(tmp_path, monkeypatch, src, rows=rows, skip_bad_lines=skip,
+                                   chunk_bytes=chunk_bytes)
+    (mixed, mixed_log), (python, python_log) = results["mixed"], results["python"]
+    assert mixed_log == python_log
+    if rows == 29 or not skip and rows is None:
+        # the first bad line is line 30: within the limit it stops both, before it neither
+        if rows == 29:
+            assert assert_same_dataset(mixed, python)["num_rows"] == 29
+        else:
+            assert mixed == python and mixed.startswith(f"{src}:30: expected 40 columns, found 2")
+    else:
+        assert assert_same_dataset(mixed, python)["num_rows"] == rows
 
 
 def test_clean_file_is_encoded_natively(tmp_path, monkeypatch):

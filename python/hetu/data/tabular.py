@@ -95,7 +95,7 @@ def parse_chunk(layout, path, first_line_number, lines, tracker, row_limit=None)
         problems.update(found)
 
     last_line = len(rows) - 1
-    if row_limit is not None and len(candidates) > row_limit:
+    if row_limit is not None and len(candidates) >= row_limit:
         last_line = candidates[row_limit - 1] if row_limit > 0 else -1
         candidates = candidates[:row_limit]
         columns = [column[:row_limit] for column in columns]
