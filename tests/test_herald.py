@@ -66,6 +66,23 @@ def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers, van):
     assert_same_parameters(reference, got, exact_rows=False)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers,batch,servers,model,opt,lr,ratio,cache,comm,extra", [
+    # five workers, two servers, a cache smaller than one worker's rows, pulls sent a step early
+    (5, 13, 2, "dcn_criteo", "adam", "0.001", "0.002", "lfu", "PS", ["--prefetch"]),
+    # three workers, odd batch, LFU-opt pinning, plans three steps ahead, the greedy allocator
+    (3, 16, 2, "dfm_criteo", "momentum", "0.002", "0.01", "lfuopt", "Hybrid", ["--lookahead", "3", "--allocator", "greedy"]),
+])
+def test_herald_stays_exact_in_mixed_settings(tmp_path, data_home, workers, batch, servers, model, opt, lr, ratio,
+                                              cache, comm, extra):
+    args = ["--model", model, "--optimizer", opt, "--learning-rate", lr, "--iters-per-epoch", "40"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=workers * batch)
+    got, _ = run_cluster(tmp_path, data_home, "run_laia.py",
+                         ["--comm", comm, "--cache", cache, "--bound", "0", "--bsp", "0", "--cache-limit-ratio", ratio,
+                          *extra, *args], workers, servers, batch)
+    assert_same_parameters(reference, got, exact_rows=False)
+
+
 @pytest.mark.timeout(300)
 def test_herald_with_validation_between_epochs_stays_exact(tmp_path, data_home):
     """Validation flushes the caches mid-training, between prefetched steps; the steps' pulls
