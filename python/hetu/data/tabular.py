@@ -127,8 +127,9 @@ def check_header(layout, path):
 
 class ChunkReader:
     """The file in chunks of complete lines (bytes, cut after a newline), header skipped, with a
-    progress bar over the bytes read. The line numbers (1-based, counting the header) are kept by
-    the caller: a chunk is parsed either by the native encoder or by ``python_lines``."""
+    progress bar over the bytes read. The caller keeps the line numbers (1-based, counting the
+    header), since a chunk's lines count differently for the native encoder (``native_lines``)
+    and for the Python parser (``python_lines``: a lone carriage return also ends a line)."""
 
     def __init__(self, layout, path, chunk_bytes, progress, description):
         self.path, self.chunk_bytes = path, chunk_bytes
