@@ -1,6 +1,7 @@
 """Readers on tiny hand-written files: expected arrays are worked out by hand in the comments."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -258,6 +259,24 @@ def test_native_and_python_parsers_agree_on_row_limits_and_errors(tmp_path, monk
             assert mixed == python and mixed.startswith(f"{src}:30: expected 40 columns, found 2")
     else:
         assert assert_same_dataset(mixed, python)["num_rows"] == rows
+
+
+def test_dataset_does_not_depend_on_the_thread_count(tmp_path):
+    """Lines are encoded in ranges and fields counted by different threads: one thread and two
+    write the same files (20,000 lines: several line ranges per chunk)."""
+    rng = np.random.default_rng(2)
+    lines = [criteo_line(int(rng.integers(0, 2)), {k: int(rng.integers(0, 9)) for k in range(1, 14)},
+                         {c: "%x" % int(rng.zipf(1.3) % 5000) for c in range(1, NUM_CATS + 1)})
+             for _ in range(20000)]
+    src = write(tmp_path, "train.txt", "".join(lines))
+    for threads in (1, 2):
+        env = dict(os.environ, HETU_NUM_THREADS=str(threads))
+        proc = subprocess.run([sys.executable, "-m", "hetu.data.prepare", "criteo", "--input", str(src),
+                               "--output", str(tmp_path / f"t{threads}"), "--quiet"], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    for name in ("dense.npy", "sparse.npy", "labels.npy", "meta.json"):
+        assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes(), name
 
 
 def test_clean_file_is_encoded_natively(tmp_path, monkeypatch):

@@ -1,10 +1,13 @@
 #include "data/click_log.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <utility>
+
+#include "common/parallel.h"
 
 namespace hetu {
 namespace data {
@@ -146,29 +149,49 @@ bool ClickLogEncoder::Split(std::string_view line, std::vector<std::string_view>
   return true;
 }
 
-template <typename Take>
-int64_t ClickLogEncoder::ForEachLine(std::string_view text, int64_t max_rows, Take take) const {
-  std::vector<std::string_view> columns;
-  int64_t rows = 0;
+std::vector<std::string_view> ClickLogEncoder::Lines(std::string_view text, int64_t max_rows) {
+  std::vector<std::string_view> lines;
   size_t pos = 0;
-  while (pos < text.size() && (max_rows < 0 || rows < max_rows)) {
+  while (pos < text.size() && (max_rows < 0 || static_cast<int64_t>(lines.size()) < max_rows)) {
     size_t end = text.find('\n', pos);
     if (end == std::string_view::npos) end = text.size();
-    if (!Split(text.substr(pos, end - pos), &columns)) return -1;
-    take(rows, columns);
-    ++rows;
+    lines.push_back(text.substr(pos, end - pos));
     pos = end + 1;
   }
-  return rows;
+  return lines;
+}
+
+template <typename Take>
+bool ClickLogEncoder::ForEachLine(const std::vector<std::string_view>& lines, Take take) const {
+  std::atomic<bool> clean{true};
+  parallel_for(static_cast<int64_t>(lines.size()), kLinesPerPart, [&](int64_t begin, int64_t end) {
+    std::vector<std::string_view> columns;
+    for (int64_t i = begin; i < end && clean.load(std::memory_order_relaxed); ++i) {
+      if (!Split(lines[i], &columns)) {
+        clean = false;
+        return;
+      }
+      take(i, columns);
+    }
+  });
+  return clean;
 }
 
 int64_t ClickLogEncoder::CountChunk(std::string_view text, int64_t max_rows) {
-  // Check every line first: a chunk is counted whole or not at all.
-  if (ForEachLine(text, max_rows, [](int64_t, const std::vector<std::string_view>&) {}) < 0) return -1;
+  const std::vector<std::string_view> lines = Lines(text, max_rows);
+  // Every line is checked first: a chunk is counted whole or not at all.
+  if (!ForEachLine(lines, [](int64_t, const std::vector<std::string_view>&) {})) return -1;
+  // Each thread counts the values of its own fields, so that no field's table is shared, and
+  // splits every line again for them (cheap next to the hash-table probes of a large field).
   const auto& categorical = layout_.categorical_columns;
-  return ForEachLine(text, max_rows, [&](int64_t, const std::vector<std::string_view>& columns) {
-    for (size_t f = 0; f < categorical.size(); ++f) fields_[f].Count(columns[categorical[f]]);
+  parallel_for(static_cast<int64_t>(fields_.size()), 1, [&](int64_t first, int64_t last) {
+    std::vector<std::string_view> columns;
+    for (std::string_view line : lines) {
+      Split(line, &columns);
+      for (int64_t f = first; f < last; ++f) fields_[f].Count(columns[categorical[f]]);
+    }
   });
+  return static_cast<int64_t>(lines.size());
 }
 
 std::vector<int64_t> ClickLogEncoder::Build(int64_t min_count) {
@@ -182,16 +205,15 @@ int64_t ClickLogEncoder::EncodeChunk(std::string_view text, int64_t max_rows, co
   const auto& categorical = layout_.categorical_columns;
   const auto& dense_columns = layout_.dense_columns;
   if (offsets.size() != categorical.size()) throw std::invalid_argument("EncodeChunk: one offset per field");
-  const int64_t lines = CountLines(text);
-  if ((max_rows < 0 ? lines : std::min(lines, max_rows)) > capacity)
-    throw std::length_error("EncodeChunk: more rows than the outputs hold");
+  const std::vector<std::string_view> lines = Lines(text, max_rows);
+  if (static_cast<int64_t>(lines.size()) > capacity) throw std::length_error("EncodeChunk: more rows than the outputs hold");
   const int64_t nf = static_cast<int64_t>(categorical.size()), nd = static_cast<int64_t>(dense_columns.size());
-  const int64_t rows = ForEachLine(text, max_rows, [&](int64_t r, const std::vector<std::string_view>& columns) {
+  const bool clean = ForEachLine(lines, [&](int64_t r, const std::vector<std::string_view>& columns) {
     labels[r] = columns[layout_.label_column] == "1" ? 1.0f : 0.0f;
     for (int64_t k = 0; k < nd; ++k) ParseInteger(columns[dense_columns[k]], &dense[r * nd + k]);
     for (int64_t f = 0; f < nf; ++f) sparse[r * nf + f] = fields_[f].Id(columns[categorical[f]]) + offsets[f];
   });
-  return rows;
+  return clean ? static_cast<int64_t>(lines.size()) : -1;
 }
 
 }  // namespace data

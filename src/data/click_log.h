@@ -7,6 +7,10 @@
 // integer columns empty or an optional '-' and 1-18 digits. For any other chunk it returns -1
 // having changed nothing, and the Python parser takes that chunk (and reports its bad lines);
 // its values come back here through CountValue / Id. So both parsers give identical files.
+//
+// Chunks are worked on by hetu::parallel_for's threads (HETU_NUM_THREADS): lines are split and
+// encoded in ranges, and values are counted field by field, each field by one thread, so the
+// dictionaries and the files do not depend on the thread count.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -84,9 +88,12 @@ class ClickLogEncoder {
  private:
   // Splits and checks one line; false when it is not plainly clean.
   bool Split(std::string_view line, std::vector<std::string_view>* columns) const;
-  // Calls take(columns) for each of the first max_rows lines; -1 if one is not clean.
+  // The first max_rows lines of text (all when max_rows < 0), without their '\n'.
+  static std::vector<std::string_view> Lines(std::string_view text, int64_t max_rows);
+  // Calls take(i, columns) for every line, on several threads; false if one is not clean.
   template <typename Take>
-  int64_t ForEachLine(std::string_view text, int64_t max_rows, Take take) const;
+  bool ForEachLine(const std::vector<std::string_view>& lines, Take take) const;
+  static constexpr int64_t kLinesPerPart = 4096;
 
   ClickLogLayout layout_;
   std::vector<FieldVocabulary> fields_;
