@@ -3,7 +3,8 @@
 Writes a Criteo-format train.txt (label, 13 integer columns with 20% missing, 26 hex categorical
 columns drawn from a power law within each field's size in the full data, 10% missing), then
 prepares it with each parser in turn, in separate processes (wall time and peak resident
-memory of each): `native` is the default path (hetu._C.ClickLogEncoder takes every clean chunk),
+memory of each): `native` is the default path (hetu._C.ClickLogEncoder takes every clean chunk,
+on HETU_NUM_THREADS threads),
 `python` sends every chunk to the Python parser (the previous implementation's parsing; the value
 dictionaries are the native ones in both). The two outputs are checked to be identical.
 
@@ -97,7 +98,9 @@ def main():
         tmp = Path(tmp)
         source = tmp / "train.txt"
         write_criteo(source, args.lines)
-        print(f"{source.stat().st_size / 2**20:.0f} MiB, {args.lines:,} lines", flush=True)
+        from hetu import _C
+        print(f"{source.stat().st_size / 2**20:.0f} MiB, {args.lines:,} lines; the native encoder on "
+              f"{_C.num_threads()} threads (HETU_NUM_THREADS, default: every core)", flush=True)
         runs = {mode: [] for mode in MODES}
         for _ in range(args.repeats):
             for mode in MODES:  # in turn, so that the machine's noise falls on both
