@@ -279,6 +279,14 @@ def test_dataset_does_not_depend_on_the_thread_count(tmp_path):
         assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes(), name
 
 
+def test_a_value_too_long_for_the_dictionary_is_an_error_not_a_crash(tmp_path):
+    # values are stored with a 24-bit length; the counting threads must not be the ones to find out
+    src = write(tmp_path, "train.txt", CRITEO_ROWS[0] + criteo_line(1, {}, {21: "x" * (1 << 24)}))
+    with pytest.raises(ValueError, match="a value of 16 MB or more"):
+        prepare_criteo(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_clean_file_is_encoded_natively(tmp_path, monkeypatch):
     from hetu.data import tabular
     src = write(tmp_path, "train.txt", "".join(CRITEO_ROWS * 50))

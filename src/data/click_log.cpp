@@ -82,7 +82,7 @@ void FieldVocabulary::Count(std::string_view value, int64_t times) {
     c->count += times;
     return;
   }
-  if (value.size() >= (1u << 24)) throw std::length_error("FieldVocabulary: a value of 16 MB or more");
+  if (value.size() >= kMaxValueBytes) throw std::length_error("FieldVocabulary: a value of 16 MB or more");
   c->hash = hash;
   c->where = static_cast<uint64_t>(arena_.size()) << 24 | value.size();
   c->count = times;
@@ -141,6 +141,9 @@ bool ClickLogEncoder::Split(std::string_view line, std::vector<std::string_view>
   }
   columns->push_back(line.substr(start));
   if (static_cast<int>(columns->size()) != layout_.num_columns) return false;
+  // Too long for a dictionary slot: the Python path raises that on the calling thread (a worker
+  // thread of the pool must not throw).
+  if (line.size() >= kMaxValueBytes) return false;
   const std::string_view label = (*columns)[layout_.label_column];
   if (label != "0" && label != "1") return false;
   int64_t unused;

@@ -59,6 +59,8 @@ class FieldVocabulary {
   bool built_ = false;
 };
 
+constexpr size_t kMaxValueBytes = size_t{1} << 24;  // values are stored with a 24-bit length
+
 // Lines in a chunk: its newlines, plus a last line that lacks one.
 int64_t CountLines(std::string_view text);
 
