@@ -542,10 +542,11 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("delimiter"), py::arg("num_columns"), py::arg("label_column"), py::arg("dense_columns"),
            py::arg("categorical_columns"))
-      .def("count_chunk", [view](ClickLogEncoder& e, const py::bytes& text, int64_t max_rows) {
+      .def("count_chunk", [view](ClickLogEncoder& e, const py::bytes& text, int64_t max_rows) -> int64_t {
              const std::string_view t = view(text);
              py::gil_scoped_release nogil;
-             return e.CountChunk(t, max_rows);
+             const std::vector<std::string_view> lines = ClickLogEncoder::Lines(t, max_rows);
+             return e.CountChunk(lines) ? static_cast<int64_t>(lines.size()) : -1;
            }, py::arg("text"), py::arg("max_rows"),
            "pass 1: counts the values of the first max_rows lines (all if < 0); how many, or -1 (nothing "
            "counted) if one is not plainly clean")
@@ -556,30 +557,33 @@ PYBIND11_MODULE(_C, m) {
       .def("encode_chunk", [view](const ClickLogEncoder& e, const py::bytes& text, int64_t max_rows,
                                   const std::vector<int64_t>& offsets) -> py::object {
              const std::string_view t = view(text);
-             const int64_t lines = hetu::data::CountLines(t);
-             const int64_t capacity = max_rows < 0 ? lines : std::min(lines, max_rows);
-             const py::ssize_t nd = static_cast<py::ssize_t>(e.layout().dense_columns.size());
-             Array<float> labels(capacity);
-             Array<int64_t> dense(std::vector<py::ssize_t>{capacity, nd});
-             Array<int64_t> sparse(std::vector<py::ssize_t>{capacity, e.num_fields()});
-             int64_t rows;
+             std::vector<std::string_view> lines;
+             {
+               py::gil_scoped_release nogil;
+               lines = ClickLogEncoder::Lines(t, max_rows);
+             }
+             const auto rows = static_cast<py::ssize_t>(lines.size());
+             const auto nd = static_cast<py::ssize_t>(e.layout().dense_columns.size());
+             Array<float> labels(rows);
+             Array<int64_t> dense(std::vector<py::ssize_t>{rows, nd});
+             Array<int64_t> sparse(std::vector<py::ssize_t>{rows, e.num_fields()});
+             bool clean;
              {
                float* l = labels.mutable_data();
                int64_t* d = dense.mutable_data();
                int64_t* s = sparse.mutable_data();
                py::gil_scoped_release nogil;
-               rows = e.EncodeChunk(t, max_rows, offsets, capacity, l, d, s);
+               clean = e.EncodeChunk(lines, offsets, l, d, s);
              }
-             if (rows < 0) return py::none();
+             if (!clean) return py::none();
              return py::make_tuple(rows, labels, dense, sparse);
            }, py::arg("text"), py::arg("max_rows"), py::arg("offsets"),
-           "pass 2: (rows, labels, raw integers, ids + offsets) of the first max_rows lines (arrays may have "
-           "spare rows at the end), or None if one is not plainly clean")
+           "pass 2: (rows, labels, raw integers, ids + offsets) of the first max_rows lines, or None if one is "
+           "not plainly clean")
       .def("encode_values", [](const ClickLogEncoder& e, int field, const std::vector<std::string>& values) {
              Array<int64_t> out(static_cast<py::ssize_t>(values.size()));
              int64_t* o = out.mutable_data();
              for (size_t i = 0; i < values.size(); ++i) o[i] = e.Id(field, values[i]);
              return out;
-           }, py::arg("field"), py::arg("values"), "pass 2 for values the Python parser read: local ids")
-      .def("distinct", &ClickLogEncoder::distinct, py::arg("field"), "distinct values counted in a field");
+           }, py::arg("field"), py::arg("values"), "pass 2 for values the Python parser read: local ids");
 }

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
-#include <numeric>
 #include <stdexcept>
 #include <utility>
 
@@ -47,11 +45,6 @@ bool ParseInteger(std::string_view s, int64_t* out) {
 
 }  // namespace
 
-int64_t CountLines(std::string_view text) {
-  const int64_t newlines = static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
-  return newlines + (!text.empty() && text.back() != '\n');
-}
-
 FieldVocabulary::FieldVocabulary() : cells_(1024), mask_(1023) {}
 
 const FieldVocabulary::Cell* FieldVocabulary::Find(std::string_view value, uint64_t hash) const {
@@ -74,18 +67,18 @@ void FieldVocabulary::Grow() {
   }
 }
 
-void FieldVocabulary::Count(std::string_view value, int64_t times) {
+void FieldVocabulary::Count(std::string_view value) {
   if (built_) throw std::logic_error("FieldVocabulary: Count after Build");
   const uint64_t hash = HashBytes(value);
   Cell* c = const_cast<Cell*>(Find(value, hash));
   if (c->hash) {
-    c->count += times;
+    ++c->count;
     return;
   }
   if (value.size() >= kMaxValueBytes) throw std::length_error("FieldVocabulary: a value of 16 MB or more");
   c->hash = hash;
   c->where = static_cast<uint64_t>(arena_.size()) << 24 | value.size();
-  c->count = times;
+  c->count = 1;
   arena_.append(value);
   if (++size_ * 2 > cells_.size()) Grow();
 }
@@ -126,6 +119,9 @@ ClickLogEncoder::ClickLogEncoder(ClickLogLayout layout)
 }
 
 bool ClickLogEncoder::Split(std::string_view line, std::vector<std::string_view>* columns) const {
+  // Too long for a dictionary slot: the Python path raises that on the calling thread (a worker
+  // thread of the pool must not throw).
+  if (line.size() >= kMaxValueBytes) return false;
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   columns->clear();
   size_t start = 0;
@@ -141,9 +137,6 @@ bool ClickLogEncoder::Split(std::string_view line, std::vector<std::string_view>
   }
   columns->push_back(line.substr(start));
   if (static_cast<int>(columns->size()) != layout_.num_columns) return false;
-  // Too long for a dictionary slot: the Python path raises that on the calling thread (a worker
-  // thread of the pool must not throw).
-  if (line.size() >= kMaxValueBytes) return false;
   const std::string_view label = (*columns)[layout_.label_column];
   if (label != "0" && label != "1") return false;
   int64_t unused;
@@ -180,10 +173,9 @@ bool ClickLogEncoder::ForEachLine(const std::vector<std::string_view>& lines, Ta
   return clean;
 }
 
-int64_t ClickLogEncoder::CountChunk(std::string_view text, int64_t max_rows) {
-  const std::vector<std::string_view> lines = Lines(text, max_rows);
+bool ClickLogEncoder::CountChunk(const std::vector<std::string_view>& lines) {
   // Every line is checked first: a chunk is counted whole or not at all.
-  if (!ForEachLine(lines, [](int64_t, const std::vector<std::string_view>&) {})) return -1;
+  if (!ForEachLine(lines, [](int64_t, const std::vector<std::string_view>&) {})) return false;
   // Each thread counts the values of its own fields, so that no field's table is shared, and
   // splits every line again for them (cheap next to the hash-table probes of a large field).
   const auto& categorical = layout_.categorical_columns;
@@ -194,7 +186,7 @@ int64_t ClickLogEncoder::CountChunk(std::string_view text, int64_t max_rows) {
       for (int64_t f = first; f < last; ++f) fields_[f].Count(columns[categorical[f]]);
     }
   });
-  return static_cast<int64_t>(lines.size());
+  return true;
 }
 
 std::vector<int64_t> ClickLogEncoder::Build(int64_t min_count) {
@@ -203,20 +195,17 @@ std::vector<int64_t> ClickLogEncoder::Build(int64_t min_count) {
   return sizes;
 }
 
-int64_t ClickLogEncoder::EncodeChunk(std::string_view text, int64_t max_rows, const std::vector<int64_t>& offsets,
-                                     int64_t capacity, float* labels, int64_t* dense, int64_t* sparse) const {
+bool ClickLogEncoder::EncodeChunk(const std::vector<std::string_view>& lines, const std::vector<int64_t>& offsets,
+                                  float* labels, int64_t* dense, int64_t* sparse) const {
   const auto& categorical = layout_.categorical_columns;
   const auto& dense_columns = layout_.dense_columns;
   if (offsets.size() != categorical.size()) throw std::invalid_argument("EncodeChunk: one offset per field");
-  const std::vector<std::string_view> lines = Lines(text, max_rows);
-  if (static_cast<int64_t>(lines.size()) > capacity) throw std::length_error("EncodeChunk: more rows than the outputs hold");
   const int64_t nf = static_cast<int64_t>(categorical.size()), nd = static_cast<int64_t>(dense_columns.size());
-  const bool clean = ForEachLine(lines, [&](int64_t r, const std::vector<std::string_view>& columns) {
+  return ForEachLine(lines, [&](int64_t r, const std::vector<std::string_view>& columns) {
     labels[r] = columns[layout_.label_column] == "1" ? 1.0f : 0.0f;
     for (int64_t k = 0; k < nd; ++k) ParseInteger(columns[dense_columns[k]], &dense[r * nd + k]);
     for (int64_t f = 0; f < nf; ++f) sparse[r * nf + f] = fields_[f].Id(columns[categorical[f]]) + offsets[f];
   });
-  return clean ? static_cast<int64_t>(lines.size()) : -1;
 }
 
 }  // namespace data

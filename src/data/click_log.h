@@ -34,14 +34,13 @@ struct ClickLogLayout {
 class FieldVocabulary {
  public:
   FieldVocabulary();
-  void Count(std::string_view value, int64_t times = 1);
+  void Count(std::string_view value);
   // Keeps values seen at least min_count times (the empty value never), most frequent first,
   // ties by value (bytewise, which for UTF-8 is code point order, as Python sorts str), and
   // numbers them from 1. Returns the field's size: kept values + 1 (id 0: missing or rare).
   int64_t Build(int64_t min_count);
   // Local id after Build: 0 for missing, rare or unseen values.
   int64_t Id(std::string_view value) const;
-  int64_t distinct() const { return static_cast<int64_t>(size_); }
 
  private:
   struct Cell {
@@ -61,37 +60,34 @@ class FieldVocabulary {
 
 constexpr size_t kMaxValueBytes = size_t{1} << 24;  // values are stored with a 24-bit length
 
-// Lines in a chunk: its newlines, plus a last line that lacks one.
-int64_t CountLines(std::string_view text);
-
 class ClickLogEncoder {
  public:
   explicit ClickLogEncoder(ClickLogLayout layout);
 
-  // Pass 1 over `text` (complete lines; the file's last line may lack its newline): counts the
-  // values of the first max_rows lines (all when max_rows < 0) and returns how many it took, or
-  // -1 if one of those lines is not plainly clean.
-  int64_t CountChunk(std::string_view text, int64_t max_rows);
+  // The first max_rows lines of a chunk of complete lines (all when max_rows < 0; the file's last
+  // line may lack its newline), without their '\n'.
+  static std::vector<std::string_view> Lines(std::string_view text, int64_t max_rows);
+
+  // Pass 1: counts the values of `lines`, or returns false, having counted nothing, if one of
+  // them is not plainly clean.
+  bool CountChunk(const std::vector<std::string_view>& lines);
   void CountValue(int field, std::string_view value) { fields_.at(field).Count(value); }
 
   // Builds every field's vocabulary; returns the field sizes.
   std::vector<int64_t> Build(int64_t min_count);
 
-  // Pass 2: like CountChunk, but writes each taken line's label, raw integers ([rows, dense])
-  // and local ids plus the field's offset ([rows, fields]); the outputs hold `capacity` rows.
-  int64_t EncodeChunk(std::string_view text, int64_t max_rows, const std::vector<int64_t>& offsets,
-                      int64_t capacity, float* labels, int64_t* dense, int64_t* sparse) const;
+  // Pass 2: like CountChunk, but writes each line's label, raw integers ([lines, dense]) and
+  // local ids plus the field's offset ([lines, fields]).
+  bool EncodeChunk(const std::vector<std::string_view>& lines, const std::vector<int64_t>& offsets, float* labels,
+                   int64_t* dense, int64_t* sparse) const;
   int64_t Id(int field, std::string_view value) const { return fields_.at(field).Id(value); }
 
   const ClickLogLayout& layout() const { return layout_; }
   int num_fields() const { return static_cast<int>(fields_.size()); }
-  int64_t distinct(int field) const { return fields_.at(field).distinct(); }
 
  private:
   // Splits and checks one line; false when it is not plainly clean.
   bool Split(std::string_view line, std::vector<std::string_view>* columns) const;
-  // The first max_rows lines of text (all when max_rows < 0), without their '\n'.
-  static std::vector<std::string_view> Lines(std::string_view text, int64_t max_rows);
   // Calls take(i, columns) for every line, on several threads; false if one is not clean.
   template <typename Take>
   bool ForEachLine(const std::vector<std::string_view>& lines, Take take) const;

@@ -128,8 +128,8 @@ def check_header(layout, path):
 class ChunkReader:
     """The file in chunks of complete lines (bytes, cut after a newline), header skipped, with a
     progress bar over the bytes read. The caller keeps the line numbers (1-based, counting the
-    header), since a chunk's lines count differently for the native encoder (``native_lines``)
-    and for the Python parser (``python_lines``: a lone carriage return also ends a line)."""
+    header): a chunk the native encoder takes is one row per line ('\\n' ends), while the Python
+    parser's ``python_lines`` also end a line at a lone carriage return."""
 
     def __init__(self, layout, path, chunk_bytes, progress, description):
         self.path, self.chunk_bytes = path, chunk_bytes
@@ -169,11 +169,6 @@ def python_lines(text):
     return list(io.StringIO(text.decode("utf-8", errors="replace"), newline=None))
 
 
-def native_lines(text):
-    """A chunk's lines as the native encoder counts them ('\\n' ends only)."""
-    return text.count(b"\n") + (not text.endswith(b"\n"))
-
-
 def click_log_encoder(layout):
     from .. import _C  # imported here so that hetu.data stays importable without the build
     return _C.ClickLogEncoder(layout.delimiter, layout.num_columns, layout.label_column,
@@ -190,7 +185,8 @@ def count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress):
         remaining = -1 if rows is None else rows - num_rows
         taken = encoder.count_chunk(text, remaining)
         if taken >= 0:
-            line_number += native_lines(text)
+            # every line taken is a row; fewer lines than the chunk's only at the row limit
+            line_number += taken
         else:
             lines = python_lines(text)
             chunk = parse_chunk(layout, path, line_number, lines, tracker, None if rows is None else remaining)
@@ -265,10 +261,10 @@ def write_encoded(layout, path, out_dir, num_rows, encoder, offsets, rows, chunk
         if encoded is not None:
             n, chunk_labels, raw_dense, chunk_sparse = encoded
             stop = start + n
-            dense[start:stop] = dense_transform(raw_dense[:n])
-            labels[start:stop, 0] = chunk_labels[:n]
-            sparse[start:stop] = chunk_sparse[:n]
-            line_number += native_lines(text)
+            dense[start:stop] = dense_transform(raw_dense)
+            labels[start:stop, 0] = chunk_labels
+            sparse[start:stop] = chunk_sparse
+            line_number += n
         else:
             lines = python_lines(text)
             chunk = parse_chunk(layout, path, line_number, lines, quiet, remaining)
