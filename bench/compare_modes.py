@@ -55,8 +55,14 @@ def mode_command(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
             "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script),
             *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
             "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),
-            "--iters-per-epoch", str(args.iterations), "--rows", str(args.rows), "--no-progress",
+            "--iters-per-epoch", str(args.iterations), *data_flags(args), "--no-progress",
             "--cache-perf", "--csv-dir", csv_dir]
+
+
+def data_flags(args):
+    """A prepared dataset (read in its stored order), or synthetic data of --rows samples."""
+    data_dir = getattr(args, "data_dir", None)
+    return ["--data-dir", os.path.abspath(data_dir)] if data_dir else ["--rows", str(args.rows)]
 
 
 def worker_summaries(mode, workers, returncode, stdout, stderr=""):
@@ -113,6 +119,8 @@ def main():
     p.add_argument("--embedding-size", type=int, default=128)
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--rows", type=int, default=500000, help="synthetic samples")
+    p.add_argument("--data-dir", default=None,
+                   help="a prepared dataset instead of the synthetic one (with a --model for it)")
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; samples/s is the median")
     p.add_argument("--van", choices=["zmq", "ucx"], default=None, help="parameter-server transport (runner --van)")
     p.add_argument("--timeout", type=int, default=900)

@@ -9,6 +9,7 @@ measured here with nothing else running; in a cluster the planner shares the cor
 
     python bench/planner_offline.py                              # the README's grid, 40 iterations
     python bench/planner_offline.py --workers 4 --batch 1024 --ratios 0.1 --iterations 200
+    python bench/planner_offline.py --dataset DIR --order stored   # a prepared dataset, as stored
 """
 import argparse
 import time
@@ -19,12 +20,14 @@ from hetu import _C
 from hetu.data import load_dataset
 
 
-def sample_stream(dataset, rows, seed):
+def sample_stream(dataset, rows, seed, stored_order=False):
     """The dataset (synthetic ones made with `rows` samples), its training ids and the order in
-    which the global batches take them."""
+    which the global batches take them: a seeded shuffle, or the stored order (the order in
+    which the examples' loaders read a dataset)."""
     data = load_dataset(dataset, rows=rows) if dataset.startswith("synthetic-") else load_dataset(dataset)
     sparse = np.asarray(data.train.sparse)
-    return data, sparse, np.random.default_rng(seed).permutation(len(sparse))
+    order = np.arange(len(sparse)) if stored_order else np.random.default_rng(seed).permutation(len(sparse))
+    return data, sparse, order
 
 
 def check_enough_samples(sparse, global_batches, workers, batch, rows):
@@ -64,16 +67,20 @@ def main():
     p.add_argument("--allocators", nargs="+", default=["none", "greedy", "colocate"])
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
-    p.add_argument("--seed", type=int, default=0, help="sample order")
+    p.add_argument("--seed", type=int, default=0, help="sample order (the shuffle's seed)")
+    p.add_argument("--order", choices=["shuffled", "stored"], default="shuffled",
+                   help="global batches from a seeded shuffle of the training rows (default) or in the "
+                        "dataset's stored order, as training reads them (e.g. time order)")
     p.add_argument("--dataset", default="synthetic-criteo",
                    help="synthetic-criteo, synthetic-avazu, synthetic-movielens or a prepared dataset's name")
     args = p.parse_args()
 
-    data, sparse, order = sample_stream(args.dataset, args.rows, args.seed)
+    data, sparse, order = sample_stream(args.dataset, args.rows, args.seed, args.order == "stored")
     table_rows = data.meta.num_embeddings
     header = f"{'W':>2} {'b':>5} {'ratio':>5} {'HET rows/it':>12}" + "".join(
         f"{a + ' vs HET':>18}{'ms/plan':>9}" for a in args.allocators)
-    print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, LRU; rows moved by all workers")
+    print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, {args.order} order, LRU; "
+          f"rows moved by all workers")
     print(header)
     print("-" * len(header), flush=True)
     for workers in args.workers:

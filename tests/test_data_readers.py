@@ -417,10 +417,35 @@ def test_movielens_csv_and_dat_formats(tmp_path):
     np.testing.assert_array_equal(np.load(dat / "sparse.npy"), ML_SPARSE)
 
 
+def test_movielens_time_order(tmp_path):
+    # a sixth rating at the same second as the third: ties keep file order
+    src = write(tmp_path, "u.data", U_DATA + "186\t242\t2\t878887116\n")
+    out = prepare_movielens(src, tmp_path / "time", shuffle_seed=None, time_order=True, progress=False)
+    by_time = [2, 5, 4, 0, 3, 1]
+    np.testing.assert_array_equal(np.load(out / "sparse.npy"), np.vstack([ML_SPARSE, [[1, 3]]])[by_time])
+    np.testing.assert_array_equal(np.load(out / "ratings.npy")[:, 0], np.array([3, 3, 1, 4, 5, 2])[by_time])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["source"]["order"] == "time" and meta["split"]["val_rows"] == 1
+    assert sorted(p.name for p in out.iterdir()) == ["dense.npy", "labels.npy", "meta.json", "ratings.npy",
+                                                     "sparse.npy"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        prepare_movielens(src, tmp_path / "both", shuffle_seed=1, time_order=True, progress=False)
+    cli = run_cli("movielens", "--input", src, "--output", tmp_path / "cli", "--time-order", "--quiet")
+    assert cli.returncode == 0, cli.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "cli" / "sparse.npy"), np.load(out / "sparse.npy"))
+    refused = run_cli("movielens", "--input", src, "--output", tmp_path / "cli2", "--time-order",
+                      "--shuffle-seed", "4", "--quiet")
+    assert refused.returncode == 2 and "exclude each other" in refused.stderr
+    assert not (tmp_path / "cli2").exists()
+
+
 def test_movielens_bad_line(tmp_path):
     src = write(tmp_path, "u.data", U_DATA + "7\tabc\t3\t1\n")
     with pytest.raises(DataFormatError, match=r"u\.data:6: column 2: expected a number"):
         prepare_movielens(src, tmp_path / "out", progress=False)
+    late = write(tmp_path, "late.data", U_DATA + "7\t242\t3\tyesterday\n")
+    with pytest.raises(DataFormatError, match=r"late\.data:6: column 4: expected a number, found 'yesterday'"):
+        prepare_movielens(late, tmp_path / "late", progress=False)
     out = prepare_movielens(src, tmp_path / "out", skip_bad_lines=True, progress=False)
     assert json.loads((out / "meta.json").read_text())["num_rows"] == 5
 

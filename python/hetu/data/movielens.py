@@ -6,7 +6,10 @@ Accepted files (format picked from the first line):
   * ``ratings.csv`` (ml-20m, ml-25m, ml-latest): header ``userId,movieId,rating,timestamp``.
 
 Users and items are re-numbered densely from 0 in ascending order of their raw ids (user field
-first, items offset by the number of users). Label: by default binary, 1.0 when
+first, items offset by the number of users). Rows are shuffled by default; with
+``time_order=True`` they are sorted by timestamp instead (ties in file order), the order in
+which the ratings were given, so that training reads them the way a click log is read, and the
+validation split is the latest ratings. Label: by default binary, 1.0 when
 rating >= ``threshold`` (4.0), the usual implicit-feedback reading of explicit ratings; with
 ``label="rating"`` the raw rating itself (float32). The raw ratings are kept in ``ratings.npy``
 either way, so the other label can be derived without re-reading the source.
@@ -18,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import store
-from .tabular import shuffle_into_place
+from .tabular import permute_into_place, shuffle_into_place
 from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
                      count_lines, iter_line_chunks, parse_float_column, parse_int_column,
                      require_input_file, split_lines)
@@ -47,7 +50,8 @@ def detect_format(path):
 
 
 def parse_ratings_chunk(path, first_line_number, lines, delimiter, tracker):
-    """(users int64, items int64, ratings float64) of the good lines of one chunk."""
+    """(users int64, items int64, ratings float64, timestamps int64) of the good lines of one
+    chunk."""
     rows = split_lines(lines, delimiter)
     problems = {}
     for i, fields in enumerate(rows):
@@ -61,7 +65,8 @@ def parse_ratings_chunk(path, first_line_number, lines, delimiter, tracker):
         users, bad_users = parse_int_column(columns[0], allow_empty=False)
         items, bad_items = parse_int_column(columns[1], allow_empty=False)
         ratings, bad_ratings = parse_float_column(columns[2])
-        for column, bad in ((1, bad_users), (2, bad_items), (3, bad_ratings)):
+        timestamps, bad_timestamps = parse_int_column(columns[3], allow_empty=False)
+        for column, bad in ((1, bad_users), (2, bad_items), (3, bad_ratings), (4, bad_timestamps)):
             for j in bad:
                 found.setdefault(candidates[j], BadLine(
                     str(path), first_line_number + candidates[j], column,
@@ -76,7 +81,7 @@ def parse_ratings_chunk(path, first_line_number, lines, delimiter, tracker):
         problems.update(found)
     for i in sorted(problems):
         tracker.report(problems[i])
-    return users, items, ratings
+    return users, items, ratings, timestamps
 
 
 def iter_ratings(path, tracker, chunk_lines, progress, description):
@@ -85,11 +90,10 @@ def iter_ratings(path, tracker, chunk_lines, progress, description):
     with tqdm(total=total, unit="line", desc=description, disable=not progress,
               file=sys.stderr, mininterval=1.0) as bar:
         for first_line, lines in iter_line_chunks(path, chunk_lines, skip_lines=skip):
-            users, items, ratings = parse_ratings_chunk(path, first_line, lines, delimiter,
-                                                        tracker)
+            parsed = parse_ratings_chunk(path, first_line, lines, delimiter, tracker)
             bar.update(len(lines))
-            if len(users):
-                yield users, items, ratings
+            if len(parsed[0]):
+                yield parsed
 
 
 def make_labels(ratings, label, threshold):
@@ -99,23 +103,26 @@ def make_labels(ratings, label, threshold):
 
 
 def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
-                      skip_bad_lines=False, val_fraction=0.1, shuffle_seed=0, overwrite=False,
-                      progress=True, chunk_lines=500_000, log=None):
+                      skip_bad_lines=False, val_fraction=0.1, shuffle_seed=0, time_order=False,
+                      overwrite=False, progress=True, chunk_lines=500_000, log=None):
     """Encode a MovieLens ratings file into a dataset folder (two passes: distinct ids, encode).
 
     Ratings files are sorted by user (or time), so rows are shuffled with ``shuffle_seed`` by
     default before the contiguous train/validation split; pass ``shuffle_seed=None`` to keep
-    file order."""
+    file order, or ``time_order=True`` (with ``shuffle_seed=None``) to sort them by timestamp."""
     log = log if log is not None else sys.stderr
     if label not in LABEL_KINDS:
         raise ValueError(f"label must be one of {LABEL_KINDS}, got {label!r}")
+    if time_order and shuffle_seed is not None:
+        raise ValueError(f"time order and a shuffle (seed {shuffle_seed}) exclude each other")
+    order = "time" if time_order else "file" if shuffle_seed is None else "shuffled"
     path = require_input_file(input_path)
     tracker = BadLineTracker(skip_bad_lines, stream=log)
     user_ids = np.empty(0, dtype=np.int64)
     item_ids = np.empty(0, dtype=np.int64)
     num_rows = 0
-    for users, items, _ in iter_ratings(path, tracker, chunk_lines, progress,
-                                        "movielens pass 1/2 (ids)"):
+    for users, items, _, _ in iter_ratings(path, tracker, chunk_lines, progress,
+                                           "movielens pass 1/2 (ids)"):
         user_ids = np.union1d(user_ids, users)
         item_ids = np.union1d(item_ids, items)
         num_rows += len(users)
@@ -126,27 +133,33 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
 
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
         names = ("dense", "sparse", "labels", "ratings")
-        suffix = ".unshuffled.npy" if shuffle_seed is not None else ".npy"
+        suffix = ".npy" if order == "file" else ".unshuffled.npy"
         files = [name + suffix for name in names]
         dense = store.create_array(tmp_dir, files[0], np.float32, (num_rows, 0))
         sparse = store.create_array(tmp_dir, files[1], np.int64, (num_rows, 2))
         labels = store.create_array(tmp_dir, files[2], np.float32, (num_rows, 1))
         raw_ratings = store.create_array(tmp_dir, files[3], np.float32, (num_rows, 1))
+        timestamps = np.empty(num_rows, dtype=np.int64) if order == "time" else None
         start = 0
         quiet = BadLineTracker(skip_bad_lines=True, max_reported=0)
-        for users, items, ratings in iter_ratings(path, quiet, chunk_lines, progress,
-                                                  "movielens pass 2/2 (encode)"):
+        for users, items, ratings, times in iter_ratings(path, quiet, chunk_lines, progress,
+                                                         "movielens pass 2/2 (encode)"):
             stop = start + len(users)
+            if timestamps is not None:
+                timestamps[start:stop] = times
             sparse[start:stop, 0] = np.searchsorted(user_ids, users)
             sparse[start:stop, 1] = np.searchsorted(item_ids, items) + field_sizes[0]
             labels[start:stop, 0] = make_labels(ratings, label, threshold)
             raw_ratings[start:stop, 0] = ratings
             start = stop
         store.flush_arrays(dense, sparse, labels, raw_ratings)
-        if shuffle_seed is not None:
+        if order == "shuffled":
             shuffle_into_place(tmp_dir, [dense, sparse, labels, raw_ratings], files,
                                shuffle_seed)
-        source = {"kind": "movielens", "path": str(path.resolve()),
+        elif order == "time":
+            permute_into_place(tmp_dir, [dense, sparse, labels, raw_ratings], files,
+                               np.argsort(timestamps, kind="stable"))
+        source = {"kind": "movielens", "path": str(path.resolve()), "order": order,
                   "skip_bad_lines": bool(skip_bad_lines), "bad_lines_skipped": tracker.skipped,
                   "truncated": tracker.truncated}
         label_meta = ({"kind": "binary", "rule": "rating >= threshold", "threshold": threshold, "values": [0.0, 1.0]}

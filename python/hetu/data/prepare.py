@@ -3,6 +3,7 @@
     python -m hetu.data.prepare criteo    --input train.txt  --output DIR [--rows N] [--min-count K]
     python -m hetu.data.prepare avazu     --input train      --output DIR [--rows N] [--min-count K]
     python -m hetu.data.prepare movielens --input u.data     --output DIR [--label binary|rating]
+                                          [--time-order]
     python -m hetu.data.prepare synthetic --output DIR [--shape criteo|avazu|movielens] [--rows N]
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
 
@@ -20,6 +21,7 @@ from .synthetic import SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
 from .textio import DataFormatError
 
 DEFAULTS = SyntheticSpec()
+MOVIELENS_SHUFFLE_SEED = 0   # ratings files are sorted by user or time: shuffled unless asked
 
 
 def add_common(parser, shuffle_default):
@@ -29,7 +31,8 @@ def add_common(parser, shuffle_default):
                         help="skip malformed lines (counted at the end) instead of stopping")
     parser.add_argument("--val-fraction", type=float, default=0.1,
                         help="last fraction of rows used for validation (default 0.1)")
-    parser.add_argument("--shuffle-seed", type=int, default=shuffle_default,
+    # The default is applied in run(), so that a seed given next to --time-order is seen.
+    parser.add_argument("--shuffle-seed", type=int, default=None,
                         help="shuffle rows with this seed before the split "
                              f"(default {shuffle_default}: "
                              f"{'keep file order' if shuffle_default is None else 'shuffled'})")
@@ -53,10 +56,14 @@ def build_parser():
     add_click_log(subparsers, "criteo", "Criteo Kaggle train.txt")
     add_click_log(subparsers, "avazu", "Avazu train CSV")
     movielens = subparsers.add_parser("movielens", help="MovieLens u.data / ratings.dat / .csv")
-    add_common(movielens, shuffle_default=0)
+    add_common(movielens, shuffle_default=MOVIELENS_SHUFFLE_SEED)
     movielens.add_argument("--label", choices=("binary", "rating"), default="binary",
                            help="binary: 1 when rating >= --threshold (default); rating: raw")
     movielens.add_argument("--threshold", type=float, default=4.0)
+    movielens.add_argument("--time-order", action="store_true",
+                           help="sort the ratings by timestamp instead of shuffling them: "
+                                "training reads them in the order they were given, and the "
+                                "validation split is the latest")
     synthetic = subparsers.add_parser("synthetic", help="generate a synthetic dataset")
     synthetic.add_argument("--output", required=True)
     synthetic.add_argument("--shape", choices=sorted(SHAPES), default="criteo")
@@ -86,10 +93,15 @@ def run(args):
                        skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
                        shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress)
     if args.command == "movielens":
+        if args.time_order and args.shuffle_seed is not None:
+            raise ValueError("--time-order and --shuffle-seed exclude each other")
+        shuffle_seed = None if args.time_order else MOVIELENS_SHUFFLE_SEED if args.shuffle_seed is None \
+            else args.shuffle_seed
         return prepare_movielens(args.input, args.output, label=args.label,
                                  threshold=args.threshold, skip_bad_lines=args.skip_bad_lines,
-                                 val_fraction=args.val_fraction, shuffle_seed=args.shuffle_seed,
-                                 overwrite=args.force, progress=progress)
+                                 val_fraction=args.val_fraction, shuffle_seed=shuffle_seed,
+                                 time_order=args.time_order, overwrite=args.force,
+                                 progress=progress)
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
         "interaction_signal", "val_fraction", "seed")}

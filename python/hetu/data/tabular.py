@@ -286,8 +286,13 @@ def write_encoded(layout, path, out_dir, num_rows, encoder, offsets, rows, chunk
 
 
 def shuffle_into_place(out_dir, arrays, unshuffled_names, shuffle_seed):
-    num_rows = len(arrays[0])
-    permutation = np.random.default_rng(shuffle_seed).permutation(num_rows)
+    permutation = np.random.default_rng(shuffle_seed).permutation(len(arrays[0]))
+    permute_into_place(out_dir, arrays, unshuffled_names, permutation)
+
+
+def permute_into_place(out_dir, arrays, unshuffled_names, permutation):
+    """Writes each array's rows in `permutation` order under its name without ".unshuffled"
+    and deletes the unshuffled file."""
     for array, name in zip(arrays, unshuffled_names):
         final = store.create_array(out_dir, name.replace(".unshuffled", ""), array.dtype,
                                    array.shape)
