@@ -222,6 +222,69 @@ def test_versions_state_assign_save_load(cluster, tmp_path, servers):
     cluster(servers, 1).run(STATE, dict(dir=str(tmp_path / "ckpt")))
 
 
+MASKED_AND_WRITE_BACK = """
+from hetu import _C
+c = ps.client()
+R, Wd, r = 50, 4, ps.rank()
+t = c.init_table("emb", R, Wd, init=("uniform", -1, 1), seed=3, optimizer=("adam", {}), bsp=True)
+cfg = _C.OptimConfig(); cfg.kind = 4
+table = np.empty((R, Wd), np.float32); _C.init_fill(1, -1, 1, 3, _C.name_stream("emb"), 0, table)
+state = np.zeros((R, 2 * Wd), np.float32); steps = np.zeros(R, np.int64); versions = np.zeros(R, np.int64)
+def check(iteration):
+    rows, st, sp, ver = t.pull_with_state(np.arange(R), iteration=iteration).wait()
+    assert np.array_equal(rows, table) and np.array_equal(st, state), np.argwhere(rows != table)
+    assert np.array_equal(sp, steps) and np.array_equal(ver, versions), (sp, ver, versions)
+    # a masked pull: every key's row, state only for the marked keys (keys out of order, so
+    # that with 3 servers a server's keys are not one run of the array)
+    keys = np.array([45, 2, 30, 17, 8, 33, 49, 0])
+    mask = np.array([1, 0, 1, 0, 0, 1, 1, 0], bool)
+    for m in (mask, np.zeros(8, bool), np.ones(8, bool)):
+        rows, st, sp, ver = t.pull_with_state(keys, iteration=iteration, with_state=m).wait()
+        assert np.array_equal(rows, table[keys])
+        assert st.shape == (m.sum(), 2 * Wd) and np.array_equal(st, state[keys[m]])
+        assert np.array_equal(sp, steps[keys[m]]) and np.array_equal(ver, versions[keys[m]])
+    # A write-back is written on arrival (the rows no other worker reads in that iteration),
+    # so the next push waits until both workers have checked.
+    ps.barrier("workers", 30)
+check(0)
+# Iteration 0: both workers push rows 3 and 10 (server 0's with 3 servers); worker 0 writes
+# back rows 45 and 2, worker 1 row 47 (server 2's): written first, then the push taken in.
+grads = np.stack([np.full(Wd, 1 + r, np.float32), np.full(Wd, -2.0 * r, np.float32)])
+wb = {0: np.array([45, 2]), 1: np.array([47])}
+rng = np.random.default_rng(5)
+wb_vals = {w: rng.standard_normal((len(k), Wd)).astype(np.float32) for w, k in wb.items()}
+wb_state = {w: np.abs(rng.standard_normal((len(k), 2 * Wd))).astype(np.float32) for w, k in wb.items()}
+wb_steps = {0: np.array([4, 9]), 1: np.array([2])}
+t.push(np.array([3, 10]), grads, iteration=0, lr=0.1,
+       write_back=(wb[r], wb_vals[r], wb_state[r], wb_steps[r], 1)).wait()
+for w in (0, 1):
+    table[wb[w]] = wb_vals[w]; state[wb[w]] = wb_state[w]; steps[wb[w]] = wb_steps[w]; versions[wb[w]] += 1
+summed = np.stack([np.full(Wd, 3, np.float32), np.full(Wd, -2, np.float32)])
+_C.apply_rows(cfg, np.float32(0.1), table, state, steps, np.array([3, 10]), summed)
+versions[[3, 10]] += 2
+check(1)
+# A bad write-back fails the request but its push still counts, so iteration 1 completes.
+bad = np.array([99]) if r == 0 else np.array([46])
+try:
+    t.push(np.array([3]), np.ones((1, Wd)), iteration=1, lr=0.1,
+           write_back=(bad, np.zeros((1, Wd)), np.zeros((1, 2 * Wd)), np.zeros(1, np.int64), 1)).wait()
+    assert r == 1, "a write-back of key 99 was accepted"
+except RuntimeError as e:
+    assert r == 0 and "key 99" in str(e), e
+table[46] = 0; state[46] = 0; steps[46] = 0; versions[46] += 1
+_C.apply_rows(cfg, np.float32(0.1), table, state, steps, np.array([3]), np.full((1, Wd), 2, np.float32))
+versions[3] += 2
+check(2)
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("servers", [1, 3])
+def test_masked_state_pull_and_push_with_write_back(cluster, servers):
+    cluster(servers, 2).run(MASKED_AND_WRITE_BACK, {}, timeout=40)
+
+
 BAD = """
 c = ps.client()
 t = c.init_table("emb", 30, 4, optimizer="sgd")

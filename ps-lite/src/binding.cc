@@ -48,7 +48,7 @@ double DefaultWaitTimeout() {
   return e ? std::atof(e) : 600.0;
 }
 
-enum ResultKind { kNothing, kRows, kDenseRows, kStale, kState };
+enum ResultKind { kNothing, kRows, kDenseRows, kStale, kState, kMarkedState };
 
 template <typename T>
 py::array WrapBlob(const Blob& b, std::vector<py::ssize_t> shape) {
@@ -84,14 +84,38 @@ py::array Gathered(Request& r, size_t bi, int64_t per, std::vector<py::ssize_t> 
   return out;
 }
 
+// A masked pull_with_state's state, steps and versions: each part answered for its marked keys,
+// in key order; out holds the marked keys of the whole request in key order (marked_before[i]:
+// how many keys before position i are marked).
+template <typename T>
+void ScatterMarked(const Request& r, const std::vector<uint8_t>& marked, const std::vector<int64_t>& marked_before,
+                   size_t bi, int64_t per, T* out) {
+  if (per == 0) return;
+  for (const Part& p : r.parts) {
+    const Blob& b = p.response.data.at(bi);
+    int64_t j = 0;
+    for (int64_t i = 0; i < p.size(); ++i) {
+      const int64_t pos = p.at(i);
+      if (!marked[pos]) continue;
+      if (static_cast<size_t>((j + 1) * per) * sizeof(T) > b.size) throw std::runtime_error("server answer has the wrong size");
+      std::copy(b.as<T>() + j * per, b.as<T>() + (j + 1) * per, out + marked_before[pos] * per);
+      ++j;
+    }
+    if (static_cast<size_t>(j * per) * sizeof(T) != b.size) throw std::runtime_error("server answer has the wrong size");
+  }
+}
+
 class Handle {
  public:
   Handle(std::shared_ptr<Request> req, py::list keep, int kind) : req_(std::move(req)), keep_(std::move(keep)), kind_(kind) {}
+  // A pull_with_state that wants state for the keys `marked` (a byte per key) only.
+  Handle(std::shared_ptr<Request> req, py::list keep, std::vector<uint8_t> marked)
+      : req_(std::move(req)), keep_(std::move(keep)), kind_(kMarkedState), marked_(std::move(marked)) {}
   // Moved, never copied: a moved-from handle owns nothing, so its destructor must not wait
   // (pybind11 moves the returned handle into the Python object).
   Handle(Handle&& o) noexcept
-      : req_(std::move(o.req_)), keep_(std::move(o.keep_)), kind_(o.kind_), result_(std::move(o.result_)),
-        consumed_(o.consumed_) {}
+      : req_(std::move(o.req_)), keep_(std::move(o.keep_)), kind_(o.kind_), marked_(std::move(o.marked_)),
+        result_(std::move(o.result_)), consumed_(o.consumed_) {}
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
   ~Handle() {
@@ -132,6 +156,22 @@ class Handle {
         py::array versions = Gathered<int64_t>(r, 3, 1, {n});
         return py::make_tuple(rows, state, steps, versions);
       }
+      case kMarkedState: {
+        std::vector<int64_t> before(n);
+        py::ssize_t m = 0;
+        for (py::ssize_t i = 0; i < n; ++i) {
+          before[i] = m;
+          m += marked_[i] ? 1 : 0;
+        }
+        const py::ssize_t sw = static_cast<py::ssize_t>(r.slots * w);
+        py::array rows = Gathered<float>(r, 0, w, {n, w});
+        py::array_t<float> state({m, sw});
+        py::array_t<int64_t> steps(m), versions(m);
+        ScatterMarked<float>(r, marked_, before, 1, sw, state.mutable_data());
+        ScatterMarked<int64_t>(r, marked_, before, 2, 1, steps.mutable_data());
+        ScatterMarked<int64_t>(r, marked_, before, 3, 1, versions.mutable_data());
+        return py::make_tuple(rows, state, steps, versions);
+      }
       case kStale: {
         // Positions are mapped back to the caller's key array and sorted.
         std::vector<std::tuple<int64_t, const Part*, int64_t>> hits;
@@ -163,6 +203,7 @@ class Handle {
   std::shared_ptr<Request> req_;
   py::list keep_;  // the caller's arrays, alive while the van may still read them
   int kind_;
+  std::vector<uint8_t> marked_;  // kMarkedState: the keys whose state was asked for
   py::object result_ = py::none();
   bool consumed_ = false;
 };
@@ -311,8 +352,11 @@ PYBIND11_MODULE(_ps, m) {
       });
 
   m.def("push", [](const std::string& name, int64_t rows, int64_t width, bool dense, Arr<int64_t> keys,
-                   Arr<float> grads, std::optional<Arr<int64_t>> counts, int64_t iteration, float lr, bool pull) {
-    TableRef t = Ref(name, rows, width, dense);
+                   Arr<float> grads, std::optional<Arr<int64_t>> counts, int64_t iteration, float lr, bool pull,
+                   int64_t slots, std::optional<Arr<int64_t>> wb_keys, std::optional<Arr<float>> wb_values,
+                   std::optional<Arr<float>> wb_state, std::optional<Arr<int64_t>> wb_steps,
+                   std::optional<Arr<int64_t>> wb_version_add) {
+    TableRef t = Ref(name, rows, width, dense, slots);
     const int64_t n = dense ? 0 : keys.size();
     CheckSize(name, "gradient", grads.size(), dense ? rows * width : n * width);
     if (counts) CheckSize(name, "counts", counts->size(), n);
@@ -323,11 +367,30 @@ PYBIND11_MODULE(_ps, m) {
     const int64_t* k = keys.data();
     const float* g = grads.data();
     const int64_t* c = counts ? counts->data() : nullptr;
+    WriteBack wb;
+    if (wb_keys) {
+      if (dense || pull || !wb_values || !wb_state || !wb_steps || !wb_version_add)
+        throw py::value_error("table '" + name + "': a write-back goes with a sparse push, with rows, optimizer "
+                              "state, steps and version increments");
+      wb.n = wb_keys->size();
+      CheckSize(name, "write-back rows", wb_values->size(), wb.n * width);
+      CheckSize(name, "write-back optimizer state", wb_state->size(), wb.n * slots * width);
+      CheckSize(name, "write-back steps", wb_steps->size(), wb.n);
+      CheckSize(name, "write-back version increments", wb_version_add->size(), wb.n);
+      for (py::object o : {py::object(*wb_keys), py::object(*wb_values), py::object(*wb_state),
+                           py::object(*wb_steps), py::object(*wb_version_add)})
+        keep.append(o);
+      wb.keys = wb_keys->data();
+      wb.values = wb_values->data();
+      wb.state = wb_state->data();
+      wb.steps = wb_steps->data();
+      wb.version_add = wb_version_add->data();
+    }
     KVWorker& w = Worker();
     std::shared_ptr<Request> req;
     {
       py::gil_scoped_release nogil;
-      req = w.Push(t, pull ? kPushPull : kPush, k, n, g, c, iteration, lr);
+      req = w.Push(t, pull ? kPushPull : kPush, k, n, g, c, iteration, lr, wb_keys ? &wb : nullptr);
     }
     return Handle(req, keep, pull ? (dense ? kDenseRows : kRows) : kNothing);
   });
@@ -367,19 +430,26 @@ PYBIND11_MODULE(_ps, m) {
   });
 
   m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
-                              int64_t iteration) {
+                              int64_t iteration, std::optional<Arr<uint8_t>> with_state) {
     TableRef t = Ref(name, rows, width, false, slots);
     py::list keep;
     keep.append(keys);
     const int64_t* k = keys.data();
     const int64_t n = keys.size();
+    std::vector<uint8_t> marked;
+    if (with_state) {
+      CheckSize(name, "state mask", with_state->size(), n);
+      keep.append(*with_state);
+      marked.assign(with_state->data(), with_state->data() + n);
+    }
+    const uint8_t* mask = with_state ? with_state->data() : nullptr;
     KVWorker& w = Worker();
     std::shared_ptr<Request> req;
     {
       py::gil_scoped_release nogil;
-      req = w.PullState(t, k, n, iteration);
+      req = w.PullState(t, k, n, iteration, mask);
     }
-    return Handle(req, keep, kState);
+    return with_state ? Handle(req, keep, std::move(marked)) : Handle(req, keep, kState);
   });
 
   m.def("assign", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,

@@ -1,10 +1,12 @@
 // Data operations shared by KVWorker and KVServer. Blobs per op (request -> response):
 //   kInit       -                                  -> -
-//   kPush       keys, grads[, counts] (dense: grads) -> -
+//   kPush       keys, grads[, counts] (dense: grads)
+//               [, then a write-back: keys, rows, state, steps, version_add] -> -
 //   kPull       keys (dense: -)                    -> rows
 //   kPushPull   as kPush                           -> rows after the push's iteration is applied
 //   kPullStale  keys, versions; arg = bound        -> positions, rows, versions
-//   kPullState  keys                               -> rows, state, steps, versions
+//   kPullState  keys[, a byte per key: 1 = with state] -> rows, state, steps, versions
+//               (with the bytes: state, steps and versions of the marked keys only)
 //   kAssign     keys, rows, state, steps, version_add -> -
 //   kSave/kLoad path                               -> -
 //   kClear      -                                  -> -

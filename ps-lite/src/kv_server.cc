@@ -122,13 +122,25 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
   TableShard& t = *e.shard;
   const std::string& name = t.name();
   const int op = msg.meta.op();
-  const bool sparse_op = op == kPullStale || op == kPullState || op == kAssign;
+  const bool sparse_op = op == kPullStale || op == kPullState || op == kAssign || msg.meta.has_write_back();
   if (sparse_op && t.dense()) {
     Reply(msg, {}, "table '" + name + "' is dense; " + OpName(op) + " needs an embedding table");
     return true;
   }
+  if (msg.meta.has_write_back() && op != kPush) {
+    Reply(msg, {}, "table '" + name + "': a write-back travels only with a push, not a " + OpName(op));
+    return true;
+  }
   switch (op) {
-    case kPush: Reply(msg, {}, Push(e, msg)); return true;
+    case kPush: {
+      // The write-back goes first, as if it had come as a kAssign just before the push; a bad
+      // one fails the request, but the push is still taken so the iteration can complete.
+      std::string err;
+      if (msg.meta.has_write_back()) err = Assign(t, msg, msg.meta.has_counts() ? 3 : 2);
+      const std::string pushed = Push(e, msg);
+      Reply(msg, {}, err.empty() ? pushed : err);
+      return true;
+    }
     case kPushPull:
     case kPull: {
       int64_t iteration = msg.meta.iteration();
@@ -180,32 +192,27 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
     case kPullState: {
       if (!Servable(t, msg, msg.meta.iteration())) return false;
       const int64_t n = NumKeys(msg);
+      const bool masked = msg.meta.with_state_mask();
       const int64_t* keys;
-      if (!ReadKeys(t, msg, n, &keys)) return true;
+      if (!ReadKeys(t, msg, n, &keys, masked ? Expect<uint8_t>(msg, 1, n, "state mask", name) : "")) return true;
+      // The keys whose optimizer state is wanted: all, or those the mask marks.
+      std::vector<int64_t> marked;
+      if (masked)
+        for (int64_t i = 0; i < n; ++i)
+          if (msg.data[1].as<uint8_t>()[i]) marked.push_back(keys[i]);
+      const int64_t m = masked ? static_cast<int64_t>(marked.size()) : n;
       float *rows, *state;
       int64_t *steps, *versions;
       Blob rb = Blob::Alloc<float>(n * t.width(), &rows);
-      Blob sb = Blob::Alloc<float>(n * t.slots() * t.width(), &state);
-      Blob stb = Blob::Alloc<int64_t>(n, &steps);
-      Blob vb = Blob::Alloc<int64_t>(n, &versions);
+      Blob sb = Blob::Alloc<float>(m * t.slots() * t.width(), &state);
+      Blob stb = Blob::Alloc<int64_t>(m, &steps);
+      Blob vb = Blob::Alloc<int64_t>(m, &versions);
       t.Gather(keys, n, rows);
-      t.GatherState(keys, n, state, steps, versions);
+      t.GatherState(masked ? marked.data() : keys, m, state, steps, versions);
       Reply(msg, {rb, sb, stb, vb}, "");
       return true;
     }
-    case kAssign: {
-      const int64_t n = NumKeys(msg);
-      std::string err = Expect<float>(msg, 1, n * t.width(), "rows", name);
-      if (err.empty()) err = Expect<float>(msg, 2, n * t.slots() * t.width(), "optimizer state", name);
-      if (err.empty()) err = Expect<int64_t>(msg, 3, n, "steps", name);
-      if (err.empty()) err = Expect<int64_t>(msg, 4, n, "version increments", name);
-      if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), n);
-      if (err.empty())
-        t.Assign(msg.data[0].as<int64_t>(), n, msg.data[1].as<float>(), msg.data[2].as<float>(),
-                 msg.data[3].as<int64_t>(), msg.data[4].as<int64_t>());
-      Reply(msg, {}, err);
-      return true;
-    }
+    case kAssign: Reply(msg, {}, Assign(t, msg, 0)); return true;
     case kSave: {
       std::error_code ec;
       std::filesystem::create_directories(msg.meta.path(), ec);
@@ -216,6 +223,21 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
     case kClear: t.Reset(); Reply(msg, {}, ""); return true;
     default: Reply(msg, {}, "table '" + name + "': unknown op " + std::to_string(op)); return true;
   }
+}
+
+std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
+  const std::string& name = t.name();
+  const int64_t n = msg.data.size() > first ? static_cast<int64_t>(msg.data[first].count<int64_t>()) : 0;
+  std::string err = Expect<float>(msg, first + 1, n * t.width(), "rows", name);
+  if (err.empty()) err = Expect<float>(msg, first + 2, n * t.slots() * t.width(), "optimizer state", name);
+  if (err.empty()) err = Expect<int64_t>(msg, first + 3, n, "steps", name);
+  if (err.empty()) err = Expect<int64_t>(msg, first + 4, n, "version increments", name);
+  const int64_t* keys = n ? msg.data[first].as<int64_t>() : nullptr;
+  if (err.empty()) err = t.CheckKeys(keys, n);
+  if (err.empty())
+    t.Assign(keys, n, msg.data[first + 1].as<float>(), msg.data[first + 2].as<float>(),
+             msg.data[first + 3].as<int64_t>(), msg.data[first + 4].as<int64_t>());
+  return err;
 }
 
 std::string KVServer::Push(Entry& e, Message& msg) {

@@ -38,6 +38,8 @@ class KVServer {
   bool Process(Entry& e, Message& msg, bool* push_done);
   bool SafeProcess(Entry& e, Message& msg, bool* push_done);  // errors become the reply
   std::string Push(Entry& e, Message& msg);
+  // Writes the rows of the kAssign-shaped blobs starting at data[first]; "" or the error.
+  std::string Assign(TableShard& t, const Message& msg, size_t first);
   void TryApply(Entry& e);
   void ServeDeferred(Entry& e);
   bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;

@@ -97,11 +97,14 @@ std::shared_ptr<Request> KVWorker::Init(const std::string& name, const pb::Table
 }
 
 std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t* keys, int64_t n, const float* grads,
-                                        const int64_t* counts, int64_t iteration, float lr) {
+                                        const int64_t* counts, int64_t iteration, float lr,
+                                        const WriteBack* write_back) {
   auto req = NewRequest(t, op);
   const bool bsp = iteration >= 0;
   if (t.dense) PartitionDense(t, req.get());
-  else Partition(t, keys, n, bsp, req.get());
+  else Partition(t, keys, n, bsp || write_back, req.get());
+  Request written;  // the write-back's keys by server
+  if (write_back) Partition(t, write_back->keys, write_back->n, true, &written);
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_lr(lr);
     m.meta.set_has_iteration(bsp);
@@ -110,13 +113,23 @@ std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t
       if (p.size() > 0) m.data.push_back(SliceOf(p, grads, 1));
       return;
     }
-    if (p.size() == 0) return;
+    const Part* wb = nullptr;
+    for (const Part& w : written.parts)
+      if (w.node == p.node && w.size() > 0) wb = &w;
+    if (p.size() == 0 && !wb) return;
     m.data.push_back(SliceOf(p, keys, 1));
     m.data.push_back(SliceOf(p, grads, t.width));
     if (counts) {
       m.meta.set_has_counts(true);
       m.data.push_back(SliceOf(p, counts, 1));
     }
+    if (!wb) return;
+    m.meta.set_has_write_back(true);
+    m.data.push_back(SliceOf(*wb, write_back->keys, 1));
+    m.data.push_back(SliceOf(*wb, write_back->values, t.width));
+    m.data.push_back(SliceOf(*wb, write_back->state, t.slots * t.width));
+    m.data.push_back(SliceOf(*wb, write_back->steps, 1));
+    m.data.push_back(SliceOf(*wb, write_back->version_add, 1));
   });
   return req;
 }
@@ -148,13 +161,18 @@ std::shared_ptr<Request> KVWorker::PullStale(const TableRef& t, const int64_t* k
   return req;
 }
 
-std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration) {
+std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration,
+                                             const uint8_t* with_state) {
   auto req = NewRequest(t, kPullState);
   Partition(t, keys, n, false, req.get());
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_has_iteration(iteration >= 0);  // waits like a pull for `iteration`
     m.meta.set_iteration(iteration);
     m.data.push_back(SliceOf(p, keys, 1));
+    if (with_state) {
+      m.meta.set_with_state_mask(true);
+      m.data.push_back(SliceOf(p, with_state, 1));
+    }
   });
   return req;
 }

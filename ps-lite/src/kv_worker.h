@@ -13,6 +13,17 @@
 
 namespace ps {
 
+// Rows a worker writes back to the servers (values, optimizer state, step counts, version
+// increments), sent with its push (Herald's owner-computed rows).
+struct WriteBack {
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+  const float* values = nullptr;
+  const float* state = nullptr;
+  const int64_t* steps = nullptr;
+  const int64_t* version_add = nullptr;
+};
+
 struct TableRef {
   std::string name;
   int64_t rows = 0, width = 0, slots = 0;
@@ -25,14 +36,19 @@ class KVWorker {
 
   std::shared_ptr<Request> Init(const std::string& name, const pb::TableSpec& spec);
   // op: kPush or kPushPull. iteration < 0: apply on arrival (ASP). Under BSP every server
-  // gets a message, empty if it owns none of the keys, so it can count this worker in.
+  // gets a message, empty if it owns none of the keys, so it can count this worker in. With a
+  // write-back (kPush only) every server gets one too; each applies its rows of the write-back,
+  // then takes the push, so one message does what kAssign followed by kPush do.
   std::shared_ptr<Request> Push(const TableRef& t, int op, const int64_t* keys, int64_t n, const float* grads,
-                                const int64_t* counts, int64_t iteration, float lr);
+                                const int64_t* counts, int64_t iteration, float lr,
+                                const WriteBack* write_back = nullptr);
   std::shared_ptr<Request> Pull(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration);
   std::shared_ptr<Request> PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions, int64_t n,
                                      int64_t bound,
                                      int64_t iteration = -1);
-  std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration = -1);
+  // with_state (optional, a byte per key): state, steps and versions only for the keys marked 1.
+  std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration = -1,
+                                     const uint8_t* with_state = nullptr);
   std::shared_ptr<Request> Assign(const TableRef& t, const int64_t* keys, int64_t n, const float* values,
                                   const float* state, const int64_t* steps, const int64_t* version_add);
   // kSave, kLoad (path) or kClear, on every server.

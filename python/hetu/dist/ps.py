@@ -81,8 +81,10 @@ class RemoteTable:
         `bound` ahead of `versions`, as of the next step (clock: every push so far applied)."""
         return self.table.pull_stale(keys, versions, bound, iteration=self.sync.tag(self.clock))
 
-    def push(self, keys, grads, lr, counts=None):
-        self.table.push(keys, grads, iteration=self.sync.tag(self.clock), lr=lr, counts=counts).wait()
+    def push(self, keys, grads, lr, counts=None, write_back=None):
+        """The step's push (and a write-back of rows, written first: hetu.ps.Table.push)."""
+        self.table.push(keys, grads, iteration=self.sync.tag(self.clock), lr=lr, counts=counts,
+                        write_back=write_back).wait()
         self.clock += 1
 
     # The uncached path of PSEmbeddingLookupOp and PSSparseUpdater.

@@ -2,10 +2,11 @@
 
 Each step it (1) runs its own CachePolicy on the step's rows and checks that hits and pulls are
 exactly what the scheduler predicted, (2) pulls the planned rows (with optimizer state for the
-rows it will step itself), (3) after the backward pass steps its owner rows locally, sends the
-gradients of shared rows to the servers, invalidates, and writes back the planned dirty rows
-(values, optimizer state and step counts) before its push, so every other worker's next pull
-sees them. The rows and the per-row bookkeeping of (1) and (3) are hetu._C.PlanCache
+rows it will step itself), (3) after the backward pass steps its owner rows locally, invalidates,
+and sends the gradients of shared rows to the servers together with the planned write-back of
+dirty rows (values, optimizer state and step counts), which the servers write before they take
+the push in, so every other worker's next pull sees them. One message each way per step, as in
+HET. The rows and the per-row bookkeeping of (1) and (3) are hetu._C.PlanCache
 (src/herald/plan_cache.h); this class sends and receives.
 
 Prefetch (off by default, as for the HET cache; `prefetch=True`): the plan of the next
@@ -38,8 +39,7 @@ class HeraldTable:
         self.t = 0
         self._step = None
         self.prefetch = prefetch
-        self._prefetched = None        # pulls of iteration self.t, sent after the last push
-        self._write_back_sent = None   # handle of the last write-back, waited for one step later
+        self._prefetched = None        # the pull of iteration self.t, sent after the last push
 
     def _mismatch(self, what):
         return PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: {what}")
@@ -63,18 +63,15 @@ class HeraldTable:
         if not prefetched:
             self._drop(fetch)
             fetch = self._request(plan)
-        # The pulls go out first: the servers apply this worker's messages in order, so they
-        # see the last write-back whether or not its acknowledgement is back yet.
-        self._settle_write_back()
-        if fetch.own is not None:
-            vals[fetch.own_pull], state[fetch.own_pull], steps[fetch.own_pull], _ = fetch.own.wait()
-        if fetch.shared is not None:
-            vals[fetch.shared_pull] = fetch.shared.wait()
+        if fetch.handle is not None:
+            own = fetch.pulled[fetch.with_state]
+            vals[fetch.pulled], state[own], steps[own], _ = fetch.handle.wait()
         self._step = (plan, uniq, vals, state, steps)
-        pulled = len(fetch.own_pull) + len(fetch.shared_pull)
+        pulled = len(fetch.pulled)
+        owned = int(np.count_nonzero(fetch.with_state))
         self.counters.add(rows_pulled=pulled,
-                          bytes_pulled=len(fetch.own_pull) * (self.width * 4 + self.state_width * 4 + 24) +
-                          len(fetch.shared_pull) * (self.width * 4 + 8),
+                          bytes_pulled=owned * (self.width * 4 + self.state_width * 4 + 24) +
+                          (pulled - owned) * (self.width * 4 + 8),
                           hits=served, misses=n - served, evictions=evictions,
                           rows_prefetched=pulled if prefetched else 0)
         if self.primary:
@@ -82,29 +79,22 @@ class HeraldTable:
         return vals
 
     def _request(self, plan, plan_wait=0.0):
-        """Sends the pulls of `plan` (not waited for): values and optimizer state of the rows this
-        worker will step, values of the shared rows."""
-        own_pull = np.flatnonzero(plan.pull & plan.owner)
-        shared_pull = np.flatnonzero(plan.pull & ~plan.owner)
-        tag = self.remote.sync.tag(self.remote.clock)
-        table = self.remote.table
-        own = table.pull_with_state(plan.keys[own_pull], iteration=tag) if len(own_pull) else None
-        shared = table.pull(plan.keys[shared_pull], iteration=tag) if len(shared_pull) else None
-        return _Fetch((plan.iteration, self.remote.clock), own_pull, shared_pull, own, shared, plan_wait)
+        """Sends the pull of `plan` (not waited for): values of the planned rows, and optimizer
+        state of those this worker will step itself."""
+        pulled = np.flatnonzero(plan.pull)
+        with_state = plan.owner[pulled].astype(bool)
+        handle = None
+        if len(pulled):
+            handle = self.remote.table.pull_with_state(plan.keys[pulled], iteration=self.remote.sync.tag(self.remote.clock),
+                                                       with_state=with_state)
+        return _Fetch((plan.iteration, self.remote.clock), pulled, with_state, handle, plan_wait)
 
     @staticmethod
     def _drop(fetch):
-        """Waits for pulls whose rows are not wanted (a flush came in between): their arrays must
-        outlive the requests, and an error in them still surfaces."""
-        if fetch is not None:
-            for h in (fetch.own, fetch.shared):
-                if h is not None:
-                    h.wait()
-
-    def _settle_write_back(self):
-        handle, self._write_back_sent = self._write_back_sent, None
-        if handle is not None:
-            handle.wait()
+        """Waits for a pull whose rows are not wanted (a flush came in between): its arrays must
+        outlive the request, and an error in it still surfaces."""
+        if fetch is not None and fetch.handle is not None:
+            fetch.handle.wait()
 
     # --- backward -----------------------------------------------------------------------------
     def update(self, uniq, summed, lr):
@@ -116,13 +106,11 @@ class HeraldTable:
             keys, plan.owner, summed, lr, vals, state, steps, plan.invalidate, plan.writeback)
         if error:
             raise self._mismatch(error)
-        # The write-back is sent before the push: every other worker's pull for the next
-        # iteration waits for this push, and the server handles this worker's messages in order.
-        # Its answer is only an acknowledgement, waited for at the next lookup.
-        if len(wb_keys):
-            self._write_back_sent = self.remote.table.assign(wb_keys, wb_vals, wb_state, wb_steps, version_add=1)
+        # The write-back travels with the push and is written first: every other worker's pull
+        # for the next iteration waits for this push.
         shared = ~plan.owner
-        self.remote.push(keys[shared], np.ascontiguousarray(summed[shared]), lr)
+        self.remote.push(keys[shared], np.ascontiguousarray(summed[shared]), lr,
+                         write_back=(wb_keys, wb_vals, wb_state, wb_steps, 1) if len(wb_keys) else None)
         pushed = int(np.count_nonzero(shared))
         self.counters.add(rows_pushed=pushed + len(wb_keys),
                           bytes_pushed=pushed * (self.width * 4 + 8) + len(wb_keys) * self._row_bytes())
@@ -143,25 +131,25 @@ class HeraldTable:
         self.t = int(step)
 
     def flush(self, lr):
-        """Writes every dirty row back, then one (possibly empty) push that every worker sends, so
+        """Writes every dirty row back with one (possibly empty) push that every worker sends, so
         the next pulls of any worker see the written rows."""
-        self._settle_write_back()
         # The next lookup pulls anew, after the rows written here (see Prefetch above).
         self._drop(self._prefetched)
         self._prefetched = None
         keys, vals, state, steps = self.store.drain()
         if len(keys):
-            self.remote.table.assign(keys, vals, state, steps, version_add=1).wait()
             self.counters.add(rows_pushed=len(keys), bytes_pushed=len(keys) * self._row_bytes())
-        self.remote.push(np.empty(0, np.int64), np.empty((0, self.width), np.float32), lr)
+        self.remote.push(np.empty(0, np.int64), np.empty((0, self.width), np.float32), lr,
+                         write_back=(keys, vals, state, steps, 1) if len(keys) else None)
 
 
 class _Fetch:
-    """The pulls of one iteration in flight: `key` (iteration, clock) they were sent for, the
-    positions pulled with optimizer state (`own_pull`, handle `own`) and without (`shared_pull`,
-    `shared`), and the time spent waiting for the plan that named them."""
-    __slots__ = ("key", "own_pull", "shared_pull", "own", "shared", "plan_wait")
+    """The pull of one iteration in flight: `key` (iteration, clock) it was sent for, the
+    positions pulled, which of them come with optimizer state (the rows this worker steps), the
+    handle (None when nothing is pulled) and the time spent waiting for the plan that named
+    them."""
+    __slots__ = ("key", "pulled", "with_state", "handle", "plan_wait")
 
-    def __init__(self, key, own_pull, shared_pull, own, shared, plan_wait):
-        self.key, self.own_pull, self.shared_pull = key, own_pull, shared_pull
-        self.own, self.shared, self.plan_wait = own, shared, plan_wait
+    def __init__(self, key, pulled, with_state, handle, plan_wait):
+        self.key, self.pulled, self.with_state = key, pulled, with_state
+        self.handle, self.plan_wait = handle, plan_wait

@@ -157,6 +157,9 @@ class Handle:
         return self._h.done()
 
 
+_NO_WRITE_BACK = (None,) * 5   # a push's write-back arrays, when it has none
+
+
 def _keys(keys):
     return np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
 
@@ -208,20 +211,23 @@ class Table:
         self._sparse()
         return Handle(_ps.pull(self.name, self.rows, self.width, False, _keys(keys), _iter(iteration)))
 
-    def push(self, keys, grads, iteration=None, lr=None, counts=None):
+    def push(self, keys, grads, iteration=None, lr=None, counts=None, write_back=None):
         """Sends gradients (n, width) of `keys`. Result: None. `counts`: per-key contributions
-        added to the rows' versions (default: 1 per distinct key)."""
-        return self._push(keys, grads, iteration, lr, counts, False)
+        added to the rows' versions (default: 1 per distinct key). `write_back`: (keys, values,
+        state, steps, version_add) as for :meth:`assign`, written in the same message just
+        before the push is taken in (one message instead of an assign and a push)."""
+        return self._push(keys, grads, iteration, lr, counts, False, write_back)
 
     def push_pull(self, keys, grads, iteration=None, lr=None, counts=None):
         """push, then the rows of `keys` as they are once this push's iteration is applied."""
         return self._push(keys, grads, iteration, lr, counts, True)
 
-    def _push(self, keys, grads, iteration, lr, counts, pull):
+    def _push(self, keys, grads, iteration, lr, counts, pull, write_back=None):
         self._sparse()
         c = None if counts is None else _keys(counts)
+        wb = self._assignment(*write_back) if write_back is not None else _NO_WRITE_BACK
         return Handle(_ps.push(self.name, self.rows, self.width, False, _keys(keys), _f32(grads), c,
-                               _iter(iteration), _lr(lr), pull))
+                               _iter(iteration), _lr(lr), pull, self.slots, *wb))
 
     def pull_stale(self, keys, versions, bound=0, iteration=None):
         """Rows whose server version exceeds the given local version by more than `bound`.
@@ -231,24 +237,31 @@ class Table:
         return Handle(_ps.pull_stale(self.name, self.rows, self.width, _keys(keys), _keys(versions),
                                      int(bound), _iter(iteration)))
 
-    def pull_with_state(self, keys, iteration=None):
+    def pull_with_state(self, keys, iteration=None, with_state=None):
         """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,)).
-        With `iteration=t` (BSP table) it waits like a pull for t."""
+        With `iteration=t` (BSP table) it waits like a pull for t. With `with_state` (n bools)
+        the state, steps and versions are those of the marked keys only, in key order (m rows);
+        the rows are every key's."""
         self._sparse()
+        mask = None if with_state is None else np.ascontiguousarray(with_state, dtype=np.uint8).reshape(-1)
         return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.slots, _keys(keys),
-                                          _iter(iteration)))
+                                          _iter(iteration), mask))
 
     def assign(self, keys, values, state=None, steps=None, version_add=1):
         """Writes rows, their optimizer state (n, slots*width) and step counts (owner-computes
         write-back) and adds `version_add` (scalar or per key) to their versions. Result: None."""
         self._sparse()
+        return Handle(_ps.assign(self.name, self.rows, self.width, self.slots, *self._assignment(
+            keys, values, state, steps, version_add)))
+
+    def _assignment(self, keys, values, state=None, steps=None, version_add=1):
+        """The arrays of an assignment (assign, or a push's write-back), defaults filled in."""
         k = _keys(keys)
         n = len(k)
         state = np.zeros((n, self.slots * self.width), np.float32) if state is None else state
         steps = np.zeros(n, np.int64) if steps is None else steps
         vadd = np.broadcast_to(np.asarray(version_add, np.int64), (n,))
-        return Handle(_ps.assign(self.name, self.rows, self.width, self.slots, k, _f32(values), _f32(state),
-                                 _keys(steps), _keys(vadd)))
+        return k, _f32(values), _f32(state), _keys(steps), _keys(vadd)
 
     # dense tensors
     def dense_pull(self, iteration=None):
@@ -261,13 +274,13 @@ class Table:
         """Sends the gradient of the whole tensor (same BSP/ASP rules as push). Result: None."""
         self._dense()
         return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
-                               _iter(iteration), _lr(lr), False))
+                               _iter(iteration), _lr(lr), False, 0, *_NO_WRITE_BACK))
 
     def dense_push_pull(self, grad, iteration=None, lr=None):
         """dense_push, then the tensor once this push's iteration is applied."""
         self._dense()
         return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
-                               _iter(iteration), _lr(lr), True), self._reshape)
+                               _iter(iteration), _lr(lr), True, 0, *_NO_WRITE_BACK), self._reshape)
 
     def _reshape(self, flat):
         return flat.reshape(self.shape)
