@@ -85,8 +85,8 @@ class HeraldTable:
         with_state = plan.owner[pulled].astype(bool)
         handle = None
         if len(pulled):
-            handle = self.remote.table.pull_with_state(plan.keys[pulled], iteration=self.remote.sync.tag(self.remote.clock),
-                                                       with_state=with_state)
+            tag = self.remote.sync.tag(self.remote.clock)
+            handle = self.remote.table.pull_with_state(plan.keys[pulled], iteration=tag, with_state=with_state)
         return _Fetch((plan.iteration, self.remote.clock), pulled, with_state, handle, plan_wait)
 
     @staticmethod
