@@ -299,15 +299,10 @@ def test_servers_that_do_not_exit_after_workers_are_killed_and_named(tmp_path):
     assert len(pids) == 2 and not any(alive(p) for p in pids)
 
 
-def test_real_parameter_server_init_finalize(tmp_path):
-    pytest.importorskip("hetu.launcher", reason="hetu.launcher (ps-lite) not built yet")
-    pytest.importorskip("hetu._ps", reason="hetu._ps (ps-lite bindings) not built yet")
-    ps = pytest.importorskip("hetu.ps")
-    if not (hasattr(ps, "init") and hasattr(ps, "finalize")):
-        pytest.skip("hetu.ps has no init/finalize")
+def test_real_parameter_server_start_finalize(tmp_path):
     res = run_runner(["-w", "2", "-s", "1", "--timeout", "60", *py("""
         import hetu.ps as ps
-        ps.init()
+        ps.start()
         ps.finalize()
         print("finalized")
     """)], tmp_path, timeout=90)
