@@ -59,6 +59,13 @@ def mode_command(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
             "--cache-perf", "--csv-dir", csv_dir]
 
 
+def add_data_arguments(parser, rows):
+    """--rows (synthetic samples, default `rows`) and --data-dir, as data_flags reads them."""
+    parser.add_argument("--rows", type=int, default=rows, help="synthetic samples")
+    parser.add_argument("--data-dir", default=None,
+                        help="a prepared dataset instead of the synthetic one (with a --model for it)")
+
+
 def data_flags(args):
     """A prepared dataset (read in its stored order), or synthetic data of --rows samples."""
     data_dir = getattr(args, "data_dir", None)
@@ -118,9 +125,7 @@ def main():
     p.add_argument("--model", default="wdl_criteo")
     p.add_argument("--embedding-size", type=int, default=128)
     p.add_argument("--iterations", type=int, default=40)
-    p.add_argument("--rows", type=int, default=500000, help="synthetic samples")
-    p.add_argument("--data-dir", default=None,
-                   help="a prepared dataset instead of the synthetic one (with a --model for it)")
+    add_data_arguments(p, rows=500000)
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; samples/s is the median")
     p.add_argument("--van", choices=["zmq", "ucx"], default=None, help="parameter-server transport (runner --van)")
     p.add_argument("--timeout", type=int, default=900)

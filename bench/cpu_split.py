@@ -89,9 +89,7 @@ def main():
     p.add_argument("--model", default="wdl_criteo")
     p.add_argument("--embedding-size", type=int, default=128)
     p.add_argument("--iterations", type=int, default=200)
-    p.add_argument("--rows", type=int, default=500000, help="synthetic samples")
-    p.add_argument("--data-dir", default=None,
-                   help="a prepared dataset instead of the synthetic one (with a --model for it)")
+    compare_modes.add_data_arguments(p, rows=500000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()

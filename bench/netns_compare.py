@@ -53,9 +53,7 @@ def main():
     p.add_argument("--model", default="wdl_criteo")
     p.add_argument("--embedding-size", type=int, default=128)
     p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
-    p.add_argument("--data-dir", default=None,
-                   help="a prepared dataset instead of the synthetic one (with a --model for it)")
+    compare_modes.add_data_arguments(p, rows=200000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--modes", nargs="+", default=["PS", "HET", "Herald"], choices=list(compare_modes.MODES),
                    help="compare_modes' modes; PS and HET are the reference columns")

@@ -4,7 +4,7 @@
 // hetu.data.tabular keeps the semantics and the error messages. This code takes only chunks
 // whose every line is plainly clean, where the Python parser is known to give the same result:
 // ASCII bytes, '\n' or "\r\n" line ends, exactly the expected columns, a label of "0" or "1",
-// integer columns empty or an optional '-' and 1-18 digits. For any other chunk it returns -1
+// integer columns empty or an optional '-' and 1-18 digits. For any other chunk it returns false
 // having changed nothing, and the Python parser takes that chunk (and reports its bad lines);
 // its values come back here through CountValue / Id. So both parsers give identical files.
 //

@@ -93,10 +93,9 @@ def run(args):
                        skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
                        shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress)
     if args.command == "movielens":
-        if args.time_order and args.shuffle_seed is not None:
-            raise ValueError("--time-order and --shuffle-seed exclude each other")
-        shuffle_seed = None if args.time_order else MOVIELENS_SHUFFLE_SEED if args.shuffle_seed is None \
-            else args.shuffle_seed
+        # prepare_movielens refuses a seed given with --time-order
+        shuffle_seed = args.shuffle_seed if args.shuffle_seed is not None \
+            else None if args.time_order else MOVIELENS_SHUFFLE_SEED
         return prepare_movielens(args.input, args.output, label=args.label,
                                  threshold=args.threshold, skip_bad_lines=args.skip_bad_lines,
                                  val_fraction=args.val_fraction, shuffle_seed=shuffle_seed,
