@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -229,16 +230,24 @@ py::tuple row_cache_prepare(RowCache& c, Array<int64_t> keys) {
 }
 
 Array<float> row_cache_fill(RowCache& c, Array<int64_t> keys, Array<int64_t> pos, Array<float> rows,
-                            Array<int64_t> versions) {
+                            Array<int64_t> versions, std::optional<Array<float>> state,
+                            std::optional<Array<int64_t>> steps) {
   const int64_t n = keys.size(), m = pos.size();
   check_rows(rows, m, c.width(), "RowCache.fill");
   if (versions.size() != m) throw std::invalid_argument("RowCache.fill: one version per returned row");
+  if (state.has_value() != steps.has_value())
+    throw std::invalid_argument("RowCache.fill: optimizer state and steps come together");
+  if (state) {
+    check_rows(*state, m, c.state_width(), "RowCache.fill (optimizer state)");
+    if (steps->size() != m) throw std::invalid_argument("RowCache.fill: one step count per returned row");
+  }
   Array<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(c.width())});
   int64_t missing;
   {
     float* o = out.mutable_data();
     py::gil_scoped_release nogil;
-    missing = c.Fill(keys.data(), n, pos.data(), rows.data(), versions.data(), m, o);
+    missing = c.Fill(keys.data(), n, pos.data(), rows.data(), versions.data(), state ? state->data() : nullptr,
+                     steps ? steps->data() : nullptr, m, o);
   }
   if (missing >= 0)
     throw std::runtime_error("RowCache.fill: row " + std::to_string(keys.data()[missing]) +
@@ -352,12 +361,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("pin_threshold") = 8)
       .def("prepare", &row_cache_prepare,
            "one step's distinct ascending keys -> (hit, local_version, (evicted keys, grads, counts), evictions)")
-      .def("fill", &row_cache_fill,
-           "keys, pos, rows, versions of a versioned pull -> every key's row [len(keys), width]")
-      .def("mark_stale", [](RowCache& c, Array<int64_t> keys) {
-        py::gil_scoped_release nogil;
-        c.MarkStale(keys.data(), keys.size());
-      })
+      .def("fill", &row_cache_fill, py::arg("keys"), py::arg("pos"), py::arg("rows"), py::arg("versions"),
+           py::arg("state") = py::none(), py::arg("steps") = py::none(),
+           "keys, pos, rows, versions (and optimizer state, steps) of a versioned pull -> every key's row "
+           "[len(keys), width]")
       .def("step", [](RowCache& c, Array<int64_t> keys, Array<float> summed, float lr) {
              check_rows(summed, keys.size(), c.width(), "RowCache.step");
              hetu::cache::PushRows p;
@@ -367,7 +374,8 @@ PYBIND11_MODULE(_C, m) {
              }
              return push_rows(p, c.width());
            },
-           "bound > 0: local step of the cached rows -> (keys, grads, counts) due for a push")
+           "local step of the cached rows -> (keys, grads, counts) due for a push (bound 0: nothing; every "
+           "row is pushed as summed)")
       .def("drain", [](RowCache& c) {
              hetu::cache::PushRows p;
              {
@@ -379,16 +387,18 @@ PYBIND11_MODULE(_C, m) {
            "every pending update -> (keys, grads, counts), keys ascending")
       .def("keys", [](const RowCache& c) { return to_array(c.Keys()); })
       .def("row", [](const RowCache& c, int64_t key) -> py::object {
-             Array<float> values(c.width());
-             int64_t version, pending;
-             if (!c.Row(key, values.mutable_data(), &version, &pending)) return py::none();
-             return py::make_tuple(values, version, pending);
+             Array<float> values(c.width()), state(c.state_width());
+             int64_t version, pending, steps;
+             if (!c.Row(key, values.mutable_data(), state.mutable_data(), &steps, &version, &pending))
+               return py::none();
+             return py::make_tuple(values, version, pending, state, steps);
            },
-           "(values, local version, pending updates) of a resident row, or None")
+           "(values, local version, pending updates, optimizer state, steps) of a resident row, or None")
       .def_property_readonly("size", &RowCache::size)
       .def_property_readonly("capacity", &RowCache::capacity)
       .def_property_readonly("width", &RowCache::width)
-      .def_property_readonly("bound", &RowCache::bound);
+      .def_property_readonly("bound", &RowCache::bound)
+      .def_property_readonly("state_width", &RowCache::state_width);
 
   py::class_<PlanCache>(m, "PlanCache",
                         "a worker's cached embedding rows under Herald's plan: policy, values, optimizer state, "

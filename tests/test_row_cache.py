@@ -1,5 +1,6 @@
 """The worker cache's row store (hetu._C.RowCache) against a NumPy model of the HET protocol's
-bookkeeping, on random traces with a simulated versioned server; and under two threads."""
+bookkeeping, on random traces with a simulated versioned server that steps rows by the same
+optimizer rule (and another worker updating some rows); and under two threads."""
 import threading
 
 import numpy as np
@@ -43,7 +44,7 @@ class ModelRowCache:
 
     def prepare(self, keys):
         slots, hit, ev_keys, ev_slots = self.policy.access(keys)
-        evicted = self._take(ev_keys, ev_slots) if self.bound else (ev_keys[:0], np.zeros((0, WIDTH)), ev_keys[:0])
+        evicted = self._take(ev_keys, ev_slots)
         self.versions[ev_slots] = NEVER
         self.state[ev_slots] = 0
         self.steps[ev_slots] = 0
@@ -52,25 +53,26 @@ class ModelRowCache:
         local[resident] = self.versions[slots[resident]]
         return hit, local, evicted, len(ev_keys)
 
-    def fill(self, keys, pos, rows, versions):
+    def fill(self, keys, pos, rows, versions, state, steps):
         slots = self.policy.slots(keys)
         out = np.empty((len(keys), WIDTH), np.float32)
         out[slots >= 0] = self.values[slots[slots >= 0]]
         into = slots[pos] >= 0
         self.values[slots[pos[into]]] = rows[into]
         self.versions[slots[pos[into]]] = versions[into]
+        self.state[slots[pos[into]]] = state[into]
+        self.steps[slots[pos[into]]] = steps[into]
         out[pos] = rows
         return out
-
-    def mark_stale(self, keys):
-        s = self.policy.slots(keys)
-        self.versions[s[s >= 0]] = NEVER
 
     def step(self, keys, summed, lr):
         slots = self.policy.slots(keys)
         cached = slots >= 0
         s = slots[cached]
         _C.apply_rows(self.opt, lr, self.values, self.state, self.steps, s, np.ascontiguousarray(summed[cached]))
+        if self.bound == 0:   # every row pushed at once by the caller, one contribution each
+            self.versions[s] += 1
+            return keys[:0], np.zeros((0, WIDTH), np.float32), keys[:0]
         self.pending_grad[s] += summed[cached]
         self.pending[s] += 1
         due = self.pending[s] > self.bound
@@ -89,6 +91,36 @@ def assert_push_equal(got, want):
         np.testing.assert_array_equal(g, np.asarray(w).reshape(g.shape))
 
 
+class ModelServer:
+    """The servers' side of the protocol: per row values, optimizer state, steps and version;
+    an iteration's pushes summed per row in push order, each row stepped once by the rule."""
+
+    def __init__(self, rng, rows, opt):
+        self.opt = opt
+        self.values = rng.standard_normal((rows, WIDTH)).astype(np.float32)
+        self.state = np.zeros((rows, _C.optim_slots(opt.kind) * WIDTH), np.float32)
+        self.steps = np.zeros(rows, np.int64)
+        self.versions = np.zeros(rows, np.int64)
+
+    def pull_stale(self, keys, local, bound):
+        pos = np.flatnonzero((local == NEVER) | (self.versions[keys] - local > bound))
+        k = keys[pos]
+        return pos, self.values[k].copy(), self.versions[k].copy(), self.state[k].copy(), self.steps[k].copy()
+
+    def apply(self, pushes, lr):
+        summed, counts = {}, {}
+        for keys, grads, c in pushes:
+            for key, g, n in zip(keys.tolist(), grads, c.tolist()):
+                summed[key] = summed[key] + g if key in summed else g.astype(np.float32).copy()
+                counts[key] = counts.get(key, 0) + n
+        if not summed:
+            return
+        rows = np.array(sorted(summed), np.int64)
+        _C.apply_rows(self.opt, lr, self.values, self.state, self.steps, rows,
+                      np.ascontiguousarray([summed[r] for r in rows.tolist()], np.float32))
+        self.versions[rows] += [counts[r] for r in rows.tolist()]
+
+
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lfuopt"])
 @pytest.mark.parametrize("bound", [0, 2])
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
@@ -96,10 +128,10 @@ def assert_push_equal(got, want):
 def test_row_cache_matches_model_against_a_versioned_server(policy, bound, opt, capacity):
     rng = np.random.default_rng([capacity, bound])
     rows = 50
-    server = rng.standard_normal((rows, WIDTH)).astype(np.float32)
-    server_version = np.zeros(rows, np.int64)
+    server = ModelServer(rng, rows, optimizer(opt))
     cache, model = _C.RowCache(policy, capacity, WIDTH, bound, optimizer(opt), 3), ModelRowCache(policy, capacity, bound, optimizer(opt))
     lr = 0.05
+    hits = 0
     for step in range(150):
         keys = np.unique(rng.zipf(1.3, size=10) % rows).astype(np.int64)
         got, want = cache.prepare(keys), model.prepare(keys)
@@ -108,35 +140,35 @@ def test_row_cache_matches_model_against_a_versioned_server(policy, bound, opt, 
         assert_push_equal(got[2], want[2])
         assert got[3] == want[3]
         pushes = [got[2]]
-        # The versioned pull: rows whose server version is more than `bound` ahead.
-        local = got[1]
-        pos = np.flatnonzero((local == NEVER) | (server_version[keys] - local > bound))
-        pulled = (keys[pos], server[keys[pos]].copy(), server_version[keys[pos]].copy())
-        out = cache.fill(keys, pos, pulled[1], pulled[2])
-        np.testing.assert_array_equal(out, model.fill(keys, pos, pulled[1], pulled[2]), err_msg=f"step {step}")
+        pos, *pulled = server.pull_stale(keys, got[1], bound)
+        hits += int(np.count_nonzero(got[0])) - int(np.count_nonzero(got[0][pos]))
+        out = cache.fill(keys, pos, *pulled)
+        np.testing.assert_array_equal(out, model.fill(keys, pos, *pulled), err_msg=f"step {step}")
         summed = rng.standard_normal((len(keys), WIDTH)).astype(np.float32)
-        if bound == 0:
-            cache.mark_stale(keys)
-            model.mark_stale(keys)
-            pushes.append((keys, summed, np.ones(len(keys), np.int64)))
-        else:
-            got_push = cache.step(keys, summed, lr)
-            assert_push_equal(got_push, model.step(keys, summed, lr))
-            pushes.append(got_push)
+        got_push = cache.step(keys, summed, lr)
+        assert_push_equal(got_push, model.step(keys, summed, lr))
+        pushes.append((keys, summed, np.ones(len(keys), np.int64)) if bound == 0 else got_push)
         if bound and step % 37 == 36:
             got_push = cache.drain()
             assert_push_equal(got_push, model.drain())
             pushes.append(got_push)
-        for k, g, c in pushes:   # the server: plain SGD on the summed gradients
-            np.subtract.at(server, k, lr * g)
-            np.add.at(server_version, k, c)
+        other = np.unique(rng.integers(0, rows, 2)).astype(np.int64)   # another worker's updates
+        pushes.append((other, rng.standard_normal((len(other), WIDTH)).astype(np.float32), np.ones(len(other), np.int64)))
+        server.apply(pushes, lr)
         resident = np.sort(cache.keys())
         np.testing.assert_array_equal(resident, np.sort(model.policy.keys()))
         for k in resident:
-            values, version, pending = cache.row(int(k))
+            values, version, pending, state, steps = cache.row(int(k))
             s = model.policy.slots(np.array([k]))[0]
             np.testing.assert_array_equal(values, model.values[s])
-            assert (version, pending) == (model.versions[s], model.pending[s])
+            np.testing.assert_array_equal(state, model.state[s])
+            assert (version, pending, steps) == (model.versions[s], model.pending[s], model.steps[s])
+            if bound == 0 and version == server.versions[k]:
+                # HET at bound 0: a copy as recent as the servers' is their row, bit for bit.
+                np.testing.assert_array_equal(values, server.values[k], err_msg=f"step {step} row {k}")
+                np.testing.assert_array_equal(state, server.state[k], err_msg=f"step {step} row {k}")
+                assert steps == server.steps[k]
+    assert hits > 150, hits   # rows only this worker updated are served from the cache
     assert cache.row(rows + 1) is None
 
 
@@ -169,7 +201,7 @@ def test_row_cache_is_safe_under_two_threads():
     keys = cache.keys()
     assert len(keys) == len(set(keys.tolist())) <= 64
     for k in keys:   # every row still holds what was filled for its own key (zero-lr steps)
-        values, _, _ = cache.row(int(k))
+        values = cache.row(int(k))[0]
         np.testing.assert_array_equal(values, np.full(WIDTH, k, np.float32))
 
 
@@ -187,5 +219,11 @@ def test_row_cache_rejects_bad_input():
         cache.fill(keys, np.array([0], np.int64), np.zeros((1, WIDTH), np.float32), np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="position 5 out of range"):
         cache.fill(keys, np.array([5], np.int64), np.zeros((1, WIDTH), np.float32), np.zeros(1, np.int64))
-    with pytest.raises(RuntimeError, match="write-through"):
-        cache.step(keys, np.zeros((2, WIDTH), np.float32), 0.1)
+    with pytest.raises(ValueError, match="state and steps come together"):
+        cache.fill(keys, np.array([0], np.int64), np.zeros((1, WIDTH), np.float32), np.zeros(1, np.int64),
+                   np.zeros((1, 0), np.float32))
+    adam = _C.RowCache("lru", 4, WIDTH, 0, optimizer("adam"))
+    adam.prepare(keys)
+    with pytest.raises(ValueError, match="optimizer state"):
+        adam.fill(keys, np.arange(2), np.zeros((2, WIDTH), np.float32), np.zeros(2, np.int64),
+                  np.zeros((2, WIDTH), np.float32), np.zeros(2, np.int64))

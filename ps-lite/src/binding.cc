@@ -48,7 +48,7 @@ double DefaultWaitTimeout() {
   return e ? std::atof(e) : 600.0;
 }
 
-enum ResultKind { kNothing, kRows, kDenseRows, kStale, kState, kMarkedState };
+enum ResultKind { kNothing, kRows, kDenseRows, kStale, kStaleState, kState, kMarkedState };
 
 template <typename T>
 py::array WrapBlob(const Blob& b, std::vector<py::ssize_t> shape) {
@@ -172,7 +172,8 @@ class Handle {
         ScatterMarked<int64_t>(r, marked_, before, 3, 1, versions.mutable_data());
         return py::make_tuple(rows, state, steps, versions);
       }
-      case kStale: {
+      case kStale:
+      case kStaleState: {
         // Positions are mapped back to the caller's key array and sorted.
         std::vector<std::tuple<int64_t, const Part*, int64_t>> hits;
         for (const Part& p : r.parts) {
@@ -182,18 +183,28 @@ class Handle {
             if (local < 0 || local >= p.size()) throw std::runtime_error("server answer has a bad position");
             hits.emplace_back(p.at(local), &p, static_cast<int64_t>(i));
           }
+          const size_t m = idx.count<int64_t>(), sw = r.slots * w;
+          if (p.response.data.at(1).size != m * w * sizeof(float) || p.response.data.at(2).size != m * sizeof(int64_t) ||
+              (kind_ == kStaleState && (p.response.data.at(3).size != m * sw * sizeof(float) ||
+                                        p.response.data.at(4).size != m * sizeof(int64_t))))
+            throw std::runtime_error("server answer has the wrong size");
         }
         std::sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
         const py::ssize_t m = static_cast<py::ssize_t>(hits.size());
-        py::array_t<int64_t> pos(m), versions(m);
-        py::array_t<float> rows({m, w});
+        const py::ssize_t sw = static_cast<py::ssize_t>(kind_ == kStaleState ? r.slots * w : 0);
+        py::array_t<int64_t> pos(m), versions(m), steps(kind_ == kStaleState ? m : 0);
+        py::array_t<float> rows({m, w}), state({kind_ == kStaleState ? m : 0, sw});
         for (py::ssize_t i = 0; i < m; ++i) {
           const auto& [g, part, j] = hits[i];
+          const std::vector<Blob>& got = part->response.data;
           pos.mutable_data()[i] = g;
-          versions.mutable_data()[i] = part->response.data.at(2).as<int64_t>()[j];
-          const float* src = part->response.data.at(1).as<float>() + j * w;
-          std::copy(src, src + w, rows.mutable_data() + i * w);
+          versions.mutable_data()[i] = got[2].as<int64_t>()[j];
+          std::copy(got[1].as<float>() + j * w, got[1].as<float>() + (j + 1) * w, rows.mutable_data() + i * w);
+          if (kind_ != kStaleState) continue;
+          std::copy(got[3].as<float>() + j * sw, got[3].as<float>() + (j + 1) * sw, state.mutable_data() + i * sw);
+          steps.mutable_data()[i] = got[4].as<int64_t>()[j];
         }
+        if (kind_ == kStaleState) return py::make_tuple(pos, rows, versions, state, steps);
         return py::make_tuple(pos, rows, versions);
       }
       default: return py::none();
@@ -411,9 +422,9 @@ PYBIND11_MODULE(_ps, m) {
     return Handle(req, keep, dense ? kDenseRows : kRows);
   });
 
-  m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, Arr<int64_t> keys,
-                         Arr<int64_t> versions, int64_t bound, int64_t iteration) {
-    TableRef t = Ref(name, rows, width, false);
+  m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
+                         Arr<int64_t> versions, int64_t bound, int64_t iteration, bool with_state) {
+    TableRef t = Ref(name, rows, width, false, slots);
     CheckSize(name, "versions", versions.size(), keys.size());
     py::list keep;
     keep.append(keys);
@@ -424,9 +435,9 @@ PYBIND11_MODULE(_ps, m) {
     std::shared_ptr<Request> req;
     {
       py::gil_scoped_release nogil;
-      req = w.PullStale(t, k, v, n, bound, iteration);
+      req = w.PullStale(t, k, v, n, bound, iteration, with_state);
     }
-    return Handle(req, keep, kStale);
+    return Handle(req, keep, with_state ? kStaleState : kStale);
   });
 
   m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,

@@ -5,6 +5,7 @@
 //   kPull       keys (dense: -)                    -> rows
 //   kPushPull   as kPush                           -> rows after the push's iteration is applied
 //   kPullStale  keys, versions; arg = bound        -> positions, rows, versions
+//               (with_state: then the returned rows' optimizer state and steps)
 //   kPullState  keys[, a byte per key: 1 = with state] -> rows, state, steps, versions
 //               (with the bytes: state, steps and versions of the marked keys only)
 //   kAssign     keys, rows, state, steps, version_add -> -

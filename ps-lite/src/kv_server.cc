@@ -178,15 +178,24 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       if (!ReadKeys(t, msg, n, &keys, Expect<int64_t>(msg, 1, n, "versions", name))) return true;
       std::vector<int64_t> idx = t.Stale(keys, msg.data[1].as<int64_t>(), n, msg.meta.arg());
       const int64_t m = static_cast<int64_t>(idx.size());
+      std::vector<int64_t> stale(m);
+      for (int64_t i = 0; i < m; ++i) stale[i] = keys[idx[i]];
       float* rows;
       int64_t* versions;
       Blob rb = Blob::Alloc<float>(m * t.width(), &rows);
       Blob vb = Blob::Alloc<int64_t>(m, &versions);
-      for (int64_t i = 0; i < m; ++i) {
-        t.Gather(keys + idx[i], 1, rows + i * t.width());
-        versions[i] = t.Version(keys[idx[i]]);
+      t.Gather(stale.data(), m, rows);
+      std::vector<Blob> reply = {Blob::FromVector(std::move(idx)), rb, vb};
+      if (msg.meta.with_state()) {
+        float* state;
+        int64_t* steps;
+        reply.push_back(Blob::Alloc<float>(m * t.slots() * t.width(), &state));
+        reply.push_back(Blob::Alloc<int64_t>(m, &steps));
+        t.GatherState(stale.data(), m, state, steps, versions);
+      } else {
+        for (int64_t i = 0; i < m; ++i) versions[i] = t.Version(stale[i]);
       }
-      Reply(msg, {Blob::FromVector(std::move(idx)), rb, vb}, "");
+      Reply(msg, std::move(reply), "");
       return true;
     }
     case kPullState: {

@@ -147,11 +147,12 @@ std::shared_ptr<Request> KVWorker::Pull(const TableRef& t, const int64_t* keys, 
 }
 
 std::shared_ptr<Request> KVWorker::PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions,
-                                             int64_t n, int64_t bound, int64_t iteration) {
+                                             int64_t n, int64_t bound, int64_t iteration, bool with_state) {
   auto req = NewRequest(t, kPullStale);
   Partition(t, keys, n, false, req.get());
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_arg(bound);
+    m.meta.set_with_state(with_state);
     // Like a pull for `iteration`, it waits until the previous iteration is applied (BSP/SSP).
     m.meta.set_has_iteration(iteration >= 0);
     m.meta.set_iteration(iteration);

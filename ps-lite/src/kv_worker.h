@@ -43,9 +43,9 @@ class KVWorker {
                                 const int64_t* counts, int64_t iteration, float lr,
                                 const WriteBack* write_back = nullptr);
   std::shared_ptr<Request> Pull(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration);
+  // with_state: the rows that come back bring their optimizer state and steps.
   std::shared_ptr<Request> PullStale(const TableRef& t, const int64_t* keys, const int64_t* versions, int64_t n,
-                                     int64_t bound,
-                                     int64_t iteration = -1);
+                                     int64_t bound, int64_t iteration = -1, bool with_state = false);
   // with_state (optional, a byte per key): state, steps and versions only for the keys marked 1.
   std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration = -1,
                                      const uint8_t* with_state = nullptr);

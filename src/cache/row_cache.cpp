@@ -21,16 +21,14 @@ RowCache::RowCache(PolicyKind kind, int64_t capacity, int64_t width, int64_t bou
   if (bound < 0) throw std::invalid_argument("RowCache: bound must not be negative, got " + std::to_string(bound));
   values_.assign(capacity * width, 0.0f);
   version_.assign(capacity, kNeverVersion);
-  if (bound > 0) {
-    pending_.assign(capacity, 0);
-    pending_grad_.assign(capacity * width, 0.0f);
-    opt_state_.assign(capacity * slots_per_row_ * width, 0.0f);
-    opt_steps_.assign(capacity, 0);
-  }
+  opt_state_.assign(capacity * slots_per_row_ * width, 0.0f);
+  opt_steps_.assign(capacity, 0);
+  pending_.assign(capacity, 0);
+  if (bound > 0) pending_grad_.assign(capacity * width, 0.0f);
 }
 
 void RowCache::TakePending(int64_t key, int64_t slot, PushRows* out) {
-  if (bound_ == 0 || pending_[slot] == 0) return;
+  if (pending_[slot] == 0) return;
   float* g = &pending_grad_[slot * width_];
   out->keys.push_back(key);
   out->grads.insert(out->grads.end(), g, g + width_);
@@ -42,11 +40,10 @@ void RowCache::TakePending(int64_t key, int64_t slot, PushRows* out) {
 
 void RowCache::ClearSlot(int64_t slot) {
   version_[slot] = kNeverVersion;
-  if (bound_ == 0) return;
-  pending_[slot] = 0;
-  std::fill_n(&pending_grad_[slot * width_], width_, 0.0f);
   std::fill_n(opt_state_.begin() + slot * slots_per_row_ * width_, slots_per_row_ * width_, 0.0f);
   opt_steps_[slot] = 0;
+  pending_[slot] = 0;
+  if (bound_ > 0) std::fill_n(&pending_grad_[slot * width_], width_, 0.0f);
 }
 
 Prepared RowCache::Prepare(const int64_t* keys, int64_t n) {
@@ -68,10 +65,11 @@ Prepared RowCache::Prepare(const int64_t* keys, int64_t n) {
 }
 
 int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const float* rows,
-                       const int64_t* versions, int64_t m, float* out) {
+                       const int64_t* versions, const float* state, const int64_t* steps, int64_t m, float* out) {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<uint8_t> returned(n, 0);
   const size_t row_bytes = width_ * sizeof(float);
+  const int64_t sw = slots_per_row_ * width_;
   for (int64_t j = 0; j < m; ++j) {
     const int64_t i = pos[j];
     if (i < 0 || i >= n) throw std::invalid_argument("RowCache.fill: position " + std::to_string(i) + " out of range");
@@ -81,6 +79,8 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
     if (s < 0) continue;  // bypasses the cache this step
     std::memcpy(&values_[s * width_], rows + j * width_, row_bytes);
     version_[s] = versions[j];
+    if (state && sw) std::memcpy(&opt_state_[s * sw], state + j * sw, sw * sizeof(float));
+    if (steps) opt_steps_[s] = steps[j];
   }
   for (int64_t i = 0; i < n; ++i) {
     if (returned[i]) continue;
@@ -91,16 +91,7 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
   return -1;
 }
 
-void RowCache::MarkStale(const int64_t* keys, int64_t n) {
-  std::lock_guard<std::mutex> lk(mu_);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = policy_.SlotOf(keys[i]);
-    if (s >= 0) version_[s] = kNeverVersion;
-  }
-}
-
 PushRows RowCache::Step(const int64_t* keys, const float* summed, int64_t n, float lr) {
-  if (bound_ == 0) throw std::logic_error("RowCache.step: with bound 0 the cache is write-through; use mark_stale");
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<int64_t> slots, rows_cached;
   std::vector<float> grads_cached;
@@ -109,6 +100,7 @@ PushRows RowCache::Step(const int64_t* keys, const float* summed, int64_t n, flo
     const int64_t s = policy_.SlotOf(keys[i]);
     const float* g = summed + i * width_;
     if (s < 0) {
+      if (bound_ == 0) continue;  // the caller pushes every row
       bypass.keys.push_back(keys[i]);
       bypass.grads.insert(bypass.grads.end(), g, g + width_);
       bypass.counts.push_back(1);
@@ -121,6 +113,12 @@ PushRows RowCache::Step(const int64_t* keys, const float* summed, int64_t n, flo
   // The local copy takes the step now, by the servers' rule, with its state cached beside it.
   kernels::apply_rows(optimizer_, lr, values_.data(), opt_state_.data(), opt_steps_.data(), width_, slots.data(),
                       grads_cached.data(), static_cast<int64_t>(slots.size()));
+  if (bound_ == 0) {
+    // Pushed now with one contribution each; the servers' version of a row that no other
+    // worker updated this iteration ends equal to this one, and the next read is a hit.
+    for (int64_t s : slots) version_[s] += 1;
+    return out;
+  }
   for (size_t j = 0; j < slots.size(); ++j) {
     const int64_t s = slots[j];
     float* acc = &pending_grad_[s * width_];
@@ -137,7 +135,7 @@ PushRows RowCache::Step(const int64_t* keys, const float* summed, int64_t n, flo
 PushRows RowCache::Drain() {
   std::lock_guard<std::mutex> lk(mu_);
   PushRows out;
-  if (bound_ == 0) return out;
+  if (bound_ == 0) return out;  // nothing is ever pending
   std::vector<int64_t> keys = policy_.Keys();
   std::sort(keys.begin(), keys.end());
   for (int64_t k : keys) TakePending(k, policy_.SlotOf(k), &out);
@@ -154,13 +152,17 @@ std::vector<int64_t> RowCache::Keys() const {
   return policy_.Keys();
 }
 
-bool RowCache::Row(int64_t key, float* values, int64_t* version, int64_t* pending) const {
+bool RowCache::Row(int64_t key, float* values, float* state, int64_t* steps, int64_t* version,
+                   int64_t* pending) const {
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t s = policy_.SlotOf(key);
   if (s < 0) return false;
   std::memcpy(values, &values_[s * width_], width_ * sizeof(float));
+  const int64_t sw = state_width();
+  std::memcpy(state, &opt_state_[s * sw], sw * sizeof(float));
+  *steps = opt_steps_[s];
   *version = version_[s];
-  *pending = bound_ > 0 ? pending_[s] : 0;
+  *pending = pending_[s];
   return true;
 }
 

@@ -1,6 +1,7 @@
 // A worker's cached embedding rows (HET, DESIGN.md section 6): the replacement policy, and per
-// slot the row's values, its local version and, with a staleness bound k > 0, the pending local
-// updates and the optimizer state the local steps use.
+// slot the row's values, its optimizer state and step count (as pulled, then stepped locally by
+// the servers' rule), its local version and, with a staleness bound k > 0, the pending local
+// updates not yet pushed.
 //
 // Every operation takes whole batches and names rows by key, never by a slot handed out
 // earlier, and one mutex guards the whole store: a prefetch thread may prepare the next step
@@ -44,17 +45,17 @@ class RowCache {
   Prepared Prepare(const int64_t* keys, int64_t n);
 
   // Stores what the versioned pull returned (rows[j] is keys[pos[j]], at server version
-  // versions[j]) in the rows' slots and writes every key's row to out[n, width]. Returns -1,
+  // versions[j], with optimizer state state[j] and step count steps[j] when the pull brought
+  // them, else null) in the rows' slots and writes every key's row to out[n, width]. Returns -1,
   // or the position of a key that was neither returned nor valid in the cache.
   int64_t Fill(const int64_t* keys, int64_t n, const int64_t* pos, const float* rows, const int64_t* versions,
-               int64_t m, float* out);
+               const float* state, const int64_t* steps, int64_t m, float* out);
 
-  // k = 0 (write-through): the servers step these rows with every worker's sum, so the local
-  // copies are stale from now on.
-  void MarkStale(const int64_t* keys, int64_t n);
-
-  // k > 0: the cached rows take the optimizer step locally and accumulate the gradient; rows
-  // with more than k pending updates, and rows not cached, are returned to be pushed.
+  // The cached rows take the optimizer step locally, by the servers' rule with the state cached
+  // beside them, and count it as pending. Rows with more than k pending updates are due: their
+  // version takes the pending count and they are returned to be pushed, with rows not cached.
+  // At k = 0 every row is due at once, so nothing accumulates: the cached rows' versions take
+  // their one contribution here and the caller pushes `summed` as it is (nothing is returned).
   PushRows Step(const int64_t* keys, const float* summed, int64_t n, float lr);
 
   // k > 0: every pending update, keys ascending (before validation, a checkpoint or the end).
@@ -63,10 +64,12 @@ class RowCache {
   int64_t width() const { return width_; }
   int64_t bound() const { return bound_; }
   int64_t capacity() const { return policy_.capacity(); }
+  int64_t state_width() const { return slots_per_row_ * width_; }
   int64_t size() const;
   std::vector<int64_t> Keys() const;
-  // The resident row of `key` (values, local version, pending count); false if absent.
-  bool Row(int64_t key, float* values, int64_t* version, int64_t* pending) const;
+  // The resident row of `key` (values, optimizer state, steps, local version, pending count);
+  // false if absent.
+  bool Row(int64_t key, float* values, float* state, int64_t* steps, int64_t* version, int64_t* pending) const;
 
  private:
   void TakePending(int64_t key, int64_t slot, PushRows* out);  // moves a slot's pending updates out
@@ -79,11 +82,10 @@ class RowCache {
   const int slots_per_row_;
   std::vector<float> values_;        // [capacity, width]
   std::vector<int64_t> version_;     // [capacity]
-  // k > 0 only:
-  std::vector<int64_t> pending_;     // [capacity] local updates not yet pushed
-  std::vector<float> pending_grad_;  // [capacity, width] their summed gradient
   std::vector<float> opt_state_;     // [capacity, slots * width]
   std::vector<int64_t> opt_steps_;   // [capacity]
+  std::vector<int64_t> pending_;     // [capacity] local updates not yet pushed (k > 0)
+  std::vector<float> pending_grad_;  // [capacity, width] their summed gradient (k > 0 only)
 };
 
 }  // namespace cache

@@ -1,14 +1,21 @@
-"""HET-style embedding cache on each worker (DESIGN.md section 6).
+"""HET-style embedding cache on each worker (DESIGN.md section 6), speaking HET's protocol as
+HET's own code does.
 
 The rows themselves live in hetu._C.RowCache (src/cache/row_cache.h): the replacement policy
 (the same CachePolicy that Herald's scheduler uses to predict every worker's cache), and per
-row the values, the local version (the server's version when it was pulled) and, with a
-staleness bound k > 0, the pending local updates and the optimizer state of the local steps.
-This class speaks the protocol with the servers. Each step: the batch's distinct rows go
-through the policy; one versioned pull returns only the rows that are missing or whose server
-version is more than k ahead; after the backward pass, rows whose pending updates exceed k
-(all of them when k = 0) are pushed, and so are evicted rows with pending updates. k = 0 is
-exact.
+row the values, the optimizer state and step count, the local version and the pending local
+updates. This class speaks the protocol with the servers. Each step:
+- lookup: the batch's distinct rows go through the policy; one versioned pull carries every key
+  with its local version and returns, with their optimizer state (when the optimizer keeps any)
+  and the servers' version, only the rows that are missing or whose server version is more
+  than the bound k ahead;
+- update: the worker steps its copy of every cached row it read with its summed gradient, by
+  the servers' rule, and counts the contribution as pending; rows with more than k pending
+  updates (all of them at k = 0) are pushed with their counts, which both the local and the
+  servers' versions take; evicted rows with pending updates go with the same push.
+So at k = 0 a row that only this worker updated since it last read it is a hit on the next read
+(its copy equals the servers' bit for bit: same rule, same state, same summed gradient), and a
+row that another worker also updated is re-pulled: exact with any row-wise optimizer.
 
 Prefetch (off by default; `ht.Executor(prefetch=True)`, `--prefetch`): when `next_ids` is set
 (the bind_cache pass points it at the training dataloader), the next step's versioned pull is
@@ -36,6 +43,8 @@ class CachedTable:
                              f"(raise --cache-limit-ratio)")
         self.remote, self.bound, self.width = remote, int(bound), width
         self.store = _C.RowCache(policy, int(min(capacity, rows)), width, self.bound, optimizer.config, pin_threshold)
+        # Optimizer state travels with pulled rows only when the rule keeps any.
+        self.with_state = self.store.state_width > 0
         self.counters = counters or Counters()
         self._outbox = []         # (keys, grads, counts or None) to push with this iteration's push
         self.next_ids = None      # callable: the next training step's ids (see Prefetch above)
@@ -59,30 +68,30 @@ class CachedTable:
         hit, local, evicted, evictions = self.store.prepare(uniq)
         if len(evicted[0]):
             self._outbox.append(evicted)
-        return uniq, hit, self.remote.pull_stale(uniq, local, self.bound), evictions
+        return uniq, hit, self.remote.pull_stale(uniq, local, self.bound, self.with_state), evictions
 
     def _receive(self, fetch, prefetched=False):
         uniq, hit, handle, evictions = fetch
-        pos, rows, versions = handle.wait()
-        out = self.store.fill(uniq, pos, rows, versions)
+        pos, rows, versions, *state = handle.wait()
+        out = self.store.fill(uniq, pos, rows, versions, *state)
         refreshed = int(np.count_nonzero(hit[pos]))
         served = int(np.count_nonzero(hit)) - refreshed
-        self.counters.add(rows_pulled=len(pos), bytes_pulled=len(pos) * (self.width * 4 + 8) + len(uniq) * 16,
+        # Each key sent: itself and its local version. Each row back: its position, values and
+        # version, and with state its optimizer state and step count.
+        row_bytes = (self.width + self.store.state_width) * 4 + (24 if self.with_state else 16)
+        self.counters.add(rows_pulled=len(pos), bytes_pulled=len(pos) * row_bytes + len(uniq) * 16,
                           hits=served, misses=len(uniq) - served, evictions=evictions,
                           stale_refreshes=refreshed, rows_prefetched=len(pos) if prefetched else 0)
         return out
 
     # --- backward: the step's summed gradient rows ------------------------------------------------
     def update(self, uniq, summed, lr):
+        summed = np.ascontiguousarray(summed, np.float32)
+        due = self.store.step(uniq, summed, lr)
         if self.bound == 0:
-            # Write-through: the servers step every touched row once with all workers' sum, so the
-            # local copy is stale from now on.
-            self.store.mark_stale(uniq)
-            self._outbox.append((uniq, summed, None))
-        else:
-            due = self.store.step(uniq, np.ascontiguousarray(summed, np.float32), lr)
-            if len(due[0]):
-                self._outbox.append(due)
+            self._outbox.append((uniq, summed, None))   # every row, one contribution each
+        elif len(due[0]):
+            self._outbox.append(due)
         self._flush_outbox(lr)
         if self.next_ids is not None:
             self._prefetched = self._request(np.unique(self.next_ids()))

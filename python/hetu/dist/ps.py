@@ -76,10 +76,12 @@ class RemoteTable:
     def pull(self, keys):
         return self.table.pull(keys, iteration=self.sync.tag(self.clock)).wait()
 
-    def pull_stale(self, keys, versions, bound):
-        """A handle to (positions, rows, versions) of the keys whose server version is more than
-        `bound` ahead of `versions`, as of the next step (clock: every push so far applied)."""
-        return self.table.pull_stale(keys, versions, bound, iteration=self.sync.tag(self.clock))
+    def pull_stale(self, keys, versions, bound, with_state=False):
+        """A handle to (positions, rows, versions[, state, steps]) of the keys whose server
+        version is more than `bound` ahead of `versions`, as of the next step (clock: every push
+        so far applied)."""
+        return self.table.pull_stale(keys, versions, bound, iteration=self.sync.tag(self.clock),
+                                     with_state=with_state)
 
     def push(self, keys, grads, lr, counts=None, write_back=None):
         """The step's push (and a write-back of rows, written first: hetu.ps.Table.push)."""

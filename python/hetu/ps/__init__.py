@@ -229,13 +229,14 @@ class Table:
         return Handle(_ps.push(self.name, self.rows, self.width, False, _keys(keys), _f32(grads), c,
                                _iter(iteration), _lr(lr), pull, self.slots, *wb))
 
-    def pull_stale(self, keys, versions, bound=0, iteration=None):
+    def pull_stale(self, keys, versions, bound=0, iteration=None, with_state=False):
         """Rows whose server version exceeds the given local version by more than `bound`.
-        Result: (positions into keys (sorted), rows (m, width), server versions (m,)). With
+        Result: (positions into keys (sorted), rows (m, width), server versions (m,)), and with
+        `with_state` also their optimizer state (m, slots*width) and step counts (m,). With
         `iteration=t` (BSP table) it waits like a pull for t: versions as of iteration t-1."""
         self._sparse()
-        return Handle(_ps.pull_stale(self.name, self.rows, self.width, _keys(keys), _keys(versions),
-                                     int(bound), _iter(iteration)))
+        return Handle(_ps.pull_stale(self.name, self.rows, self.width, self.slots, _keys(keys), _keys(versions),
+                                     int(bound), _iter(iteration), bool(with_state)))
 
     def pull_with_state(self, keys, iteration=None, with_state=None):
         """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,)).
