@@ -9,6 +9,9 @@ import pytest
 
 from hetu import _C
 from dist_harness import assert_same_parameters, run_cluster, run_single
+from ps_helpers import cluster_fixture
+
+cluster = pytest.fixture(cluster_fixture)
 
 
 class ModelLRU:
@@ -144,3 +147,66 @@ def test_cache_smaller_than_a_batch_still_exact(tmp_path, data_home):
                          ["--comm", "PS", "--cache", "lru", "--bound", "0", "--bsp", "0",
                           "--cache-limit-ratio", "0.0001", *args], 2, 1, 32)
     assert_same_parameters(reference, got, exact_rows=True)
+
+
+HET_ON_SERVERS = """
+import types
+import hetu as ht
+from hetu.cache import CachedTable
+from hetu.cache.counters import Counters
+
+R, WIDTH, LR, r = 40, 4, 0.01, ps.rank()
+opt = ht.optim.AdamOptimizer(learning_rate=LR)
+rule = {k: v for k, v in opt.rule().items() if k != "kind"}
+table = ps.client().init_table("emb", R, WIDTH, init=("uniform", -1, 1), seed=5, optimizer=("adam", rule))
+
+
+class Remote:
+    '''The versioned pull and the iteration-tagged push of hetu.dist.ps.RemoteTable.'''
+    param = types.SimpleNamespace(shape=(R, WIDTH), name="emb")
+    clock = 0
+
+    def pull_stale(self, keys, versions, bound, with_state=False):
+        return table.pull_stale(keys, versions, bound, iteration=self.clock, with_state=with_state)
+
+    def push(self, keys, grads, lr, counts=None):
+        table.push(keys, grads, iteration=self.clock, lr=lr, counts=counts).wait()
+        self.clock += 1
+
+
+remote, counters = Remote(), Counters()
+cache = CachedTable(remote, "lru", 16, 0, opt, counters)
+# With two servers rows 0-19 live on server 0 and 20-39 on server 1; row 30 is read by both
+# workers in every step, the others by one worker only.
+mine = np.array([[1, 2, 21, 30], [5, 25, 30, 33]][r], np.int64)
+for step in range(4):
+    before = dict(counters.current)
+    got = cache.lookup(mine)
+    pulled = counters.current["rows_pulled"] - before.get("rows_pulled", 0)
+    hits = counters.current["hits"] - before.get("hits", 0)
+    # Every row read equals the servers' row; the cached copies equal it with state and steps.
+    rows, state, steps, versions = table.pull_with_state(mine, iteration=remote.clock).wait()
+    assert np.array_equal(got, rows), (step, got - rows)
+    for i, key in enumerate(mine.tolist()):
+        values, version, pending, cstate, csteps = cache.store.row(key)
+        assert np.array_equal(values, rows[i]) and np.array_equal(cstate, state[i]), (step, key)
+        assert (version, pending, csteps) == (versions[i], 0, steps[i]), (step, key, version, versions[i])
+    if step == 0:
+        assert (pulled, hits) == (4, 0), (step, pulled, hits)
+    else:   # only the shared row comes back: the rows this worker alone updated are hits
+        assert (pulled, hits) == (1, 3), (step, pulled, hits)
+        assert versions[mine.tolist().index(30)] == 2 * step, versions
+    grad = np.random.default_rng([r, step]).standard_normal((4, WIDTH)).astype(np.float32)
+    cache.update(mine, grad, LR)
+    assert counters.current["rows_pushed"] - before.get("rows_pushed", 0) == 4
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("servers", [1, 2])
+def test_het_rows_only_this_worker_updated_are_hits(cluster, servers):
+    """HET at bound 0 on real servers: a row only this worker updated is served from its cache
+    (no row pulled) and equals the servers' row, optimizer state and steps bit for bit; the row
+    both workers update is re-pulled by both, every step."""
+    cluster(servers, 2).run(HET_ON_SERVERS, {}, timeout=90)

@@ -243,6 +243,7 @@ std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
   if (err.empty()) err = Expect<int64_t>(msg, first + 4, n, "version increments", name);
   const int64_t* keys = n ? msg.data[first].as<int64_t>() : nullptr;
   if (err.empty()) err = t.CheckKeys(keys, n);
+  if (err.empty()) err = t.CheckVersionAdds(keys, msg.data[first + 4].as<int64_t>(), n, 0, "version increment");
   if (err.empty())
     t.Assign(keys, n, msg.data[first + 1].as<float>(), msg.data[first + 2].as<float>(),
              msg.data[first + 3].as<int64_t>(), msg.data[first + 4].as<int64_t>());
@@ -265,6 +266,8 @@ std::string KVServer::Push(Entry& e, Message& msg) {
       err = Expect<float>(msg, 1, p.n * t.width(), "gradient", name);
       if (err.empty() && msg.meta.has_counts()) err = Expect<int64_t>(msg, 2, p.n, "counts", name);
       if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), p.n);
+      if (err.empty() && msg.meta.has_counts())
+        err = t.CheckVersionAdds(msg.data[0].as<int64_t>(), msg.data[2].as<int64_t>(), p.n, 1, "contribution count");
       if (err.empty()) {
         p.keys = msg.data[0].as<int64_t>();
         p.values = msg.data[1].as<float>();

@@ -99,6 +99,15 @@ std::string TableShard::CheckKeys(const int64_t* keys, int64_t n) const {
   return "";
 }
 
+std::string TableShard::CheckVersionAdds(const int64_t* keys, const int64_t* adds, int64_t n, int64_t least,
+                                         const char* what) const {
+  for (int64_t i = 0; i < n; ++i)
+    if (adds[i] < least)
+      return "table '" + name_ + "', row " + std::to_string(keys[i]) + ": " + what + " " + std::to_string(adds[i]) +
+             " (at least " + std::to_string(least) + "; a row's version never goes backwards)";
+  return "";
+}
+
 void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
   const int64_t w = width();
   if (dense()) {

@@ -58,6 +58,10 @@ class TableShard {
 
   // "" if every key is a row of this shard, else an error naming the table and the key.
   std::string CheckKeys(const int64_t* keys, int64_t n) const;
+  // "" if every key's version increment (`what`) is at least `least`, else an error naming the
+  // table and the row: a version must never go backwards, or a cache would keep a stale row.
+  std::string CheckVersionAdds(const int64_t* keys, const int64_t* adds, int64_t n, int64_t least,
+                               const char* what) const;
 
   // One optimizer step per touched row from the pushes (in worker-rank order; one for ASP).
   // Each push: keys (sparse), values, optional per-key contribution counts. Sums run in the
