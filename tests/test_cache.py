@@ -1,7 +1,9 @@
 """The embedding cache: replacement policies against small Python models on random traces, and
 the HET protocol in real clusters (exact at bound 0, fewer transmissions at bound > 0)."""
 import collections
+import csv
 import json
+import math
 import re
 
 import numpy as np
@@ -210,3 +212,65 @@ def test_het_rows_only_this_worker_updated_are_hits(cluster, servers):
     (no row pulled) and equals the servers' row, optimizer state and steps bit for bit; the row
     both workers update is re-pulled by both, every step."""
     cluster(servers, 2).run(HET_ON_SERVERS, {}, timeout=90)
+
+
+def het_model(slices_per_iteration, workers, capacity):
+    """HET at bound 0, written from the protocol alone: Python LRUs (ModelLRU) and a dict of
+    versions. -> per iteration, per worker (rows pulled, rows pushed)."""
+    caches = [ModelLRU(capacity) for _ in range(workers)]
+    server, local = collections.Counter(), [dict() for _ in range(workers)]
+    counts = []
+    for slices in slices_per_iteration:
+        reads = [sorted(set(int(k) for k in np.ravel(ids))) for ids in slices]
+        row = []
+        for w, keys in enumerate(reads):
+            hits, evicted, bypass = caches[w].access(keys)
+            for k in evicted:
+                local[w].pop(k, None)
+            pulled = 0
+            for k, hit in zip(keys, hits):
+                if not (hit and local[w].get(k) == server[k]):
+                    pulled += 1
+                    if k not in bypass:
+                        local[w][k] = server[k]
+            row.append([pulled, len(keys)])
+        for w, keys in enumerate(reads):
+            for k in keys:
+                if k in caches[w].order:
+                    local[w][k] += 1
+                server[k] += 1
+        counts.append(row)
+    return np.array(counts)
+
+
+@pytest.mark.timeout(300)
+def test_het_rows_moved_equal_an_independent_model_of_the_protocol(tmp_path, data_home, monkeypatch):
+    """The rows a HET cluster pulls and pushes, worker by worker and iteration by iteration,
+    equal a model of the protocol run on the same ids; the benches' replay (hetu.cache.replay)
+    counts the same."""
+    from hetu.cache.replay import HetReplay
+    from hetu.data import load_dataset
+    workers, batch, ratio, iterations = 2, 32, 0.02, 30
+    csv_dir = tmp_path / "csv"
+    run_cluster(tmp_path, data_home, "run_hetu.py",
+                ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0", "--cache-limit-ratio", str(ratio),
+                 "--cache-perf", "--csv-dir", str(csv_dir), *CACHE_ARGS], workers, 1, batch)
+    got = []
+    for w in range(workers):
+        with open(csv_dir / f"wdl_criteo-het-Hybrid-lru-b0-worker{w}.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r["iteration"] != "end"]
+        got.append([[int(r["rows_pulled"]), int(r["rows_pushed"])] for r in rows])
+    got = np.array(got).transpose(1, 0, 2)   # iteration, worker, (pulled, pushed)
+    monkeypatch.setenv("HETU_DATA_HOME", data_home)
+    data = load_dataset("synthetic-criteo", rows=20000)
+    rows = data.meta.num_embeddings
+    capacity = math.ceil(ratio * rows)
+    ids = np.asarray(data.train.sparse[:iterations * workers * batch])
+    slices = [[ids[(t * workers + w) * batch:(t * workers + w + 1) * batch] for w in range(workers)]
+              for t in range(iterations)]
+    want = het_model(slices, workers, capacity)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_array_equal(got, want)
+    assert want[1:, :, 0].sum() < want[1:, :, 1].sum()   # rows only one worker updated were hits
+    replay = HetReplay(workers, rows, capacity)
+    np.testing.assert_array_equal(np.array([np.stack(replay.step(s), axis=1) for s in slices]), want)
