@@ -3,8 +3,9 @@
 For each configuration, W planners (hetu._C.Planner, one per rank, as every worker runs one)
 plan the same global batches of the synthetic Criteo-shaped data. Rows moved are counted from
 the plans as HeraldTable would move them: pulls, gradient pushes of shared rows and write-backs
-(no final flush). HET at bound 0 moves what plain PS moves: each worker pulls and pushes every
-distinct row of its slice of the batch. Planner time is per plan (one rank, one iteration),
+(no final flush). HET at bound 0 is replayed with the same policy and capacity
+(hetu.cache.replay): each worker pulls the rows its cache lacks or another worker updated since
+it read them, and pushes every distinct row of its slice. Planner time is per plan (one rank, one iteration),
 measured here with nothing else running; in a cluster the planner shares the cores.
 
     python bench/planner_offline.py                              # the README's grid, 40 iterations
@@ -17,6 +18,7 @@ import time
 import numpy as np
 
 from hetu import _C
+from hetu.cache.replay import het_rows
 from hetu.data import load_dataset
 
 
@@ -35,7 +37,8 @@ def check_enough_samples(sparse, global_batches, workers, batch, rows):
         raise SystemExit(f"--rows {rows} is too few for {global_batches} global batches of {workers} x {batch}")
 
 
-def het_rows(sparse, order, workers, batch, iterations):
+def ps_rows(sparse, order, workers, batch, iterations):
+    """Plain PS: each worker pulls and pushes every distinct row of its slice."""
     total = 0
     for t in range(iterations):
         ids = sparse[order[t * workers * batch:(t + 1) * workers * batch]]
@@ -77,7 +80,7 @@ def main():
 
     data, sparse, order = sample_stream(args.dataset, args.rows, args.seed, args.order == "stored")
     table_rows = data.meta.num_embeddings
-    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'HET rows/it':>12}" + "".join(
+    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'PS rows/it':>11} {'HET rows/it':>12} {'HET vs PS':>9}" + "".join(
         f"{a + ' vs HET':>18}{'ms/plan':>9}" for a in args.allocators)
     print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, {args.order} order, LRU; "
           f"rows moved by all workers")
@@ -86,9 +89,11 @@ def main():
     for workers in args.workers:
         for batch in args.batch:
             check_enough_samples(sparse, args.iterations + 1, workers, batch, args.rows)
-            het = het_rows(sparse, order, workers, batch, args.iterations)
+            ps = ps_rows(sparse, order, workers, batch, args.iterations)
             for ratio in args.ratios:
-                line = f"{workers:>2} {batch:>5} {ratio:>5} {het / args.iterations:>12,.0f}"
+                het = het_rows(sparse, order, workers, batch, int(ratio * table_rows), args.iterations, table_rows)
+                line = (f"{workers:>2} {batch:>5} {ratio:>5} {ps / args.iterations:>11,.0f} "
+                        f"{het / args.iterations:>12,.0f} {het / ps:>9.3f}")
                 for allocator in args.allocators:
                     rows, per_plan = herald_rows(sparse, order, workers, batch, int(ratio * table_rows), allocator,
                                                  args.iterations)

@@ -9,7 +9,9 @@ a gradient push from each reader (stepped once on the servers). Rows that one wo
 if its cache has no valid copy, split by what happened to the row before (never read; this worker
 read it last, so its cache evicted it; another worker alone read it last, so that worker writes
 it back; several workers read it last), and the write-backs (dirty rows evicted or read
-elsewhere next). HET at bound 0 pulls and pushes every distinct row of each worker's slice.
+elsewhere next). HET at bound 0 (hetu.cache.replay, same policy and capacity) pulls the rows its
+cache lacks or another worker updated since it read them, and pushes every distinct row of each
+worker's slice.
 """
 import argparse
 import os
@@ -18,6 +20,7 @@ import sys
 import numpy as np
 
 from hetu import _C
+from hetu.cache.replay import HetReplay
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from planner_offline import check_enough_samples, sample_stream  # noqa: E402
@@ -31,7 +34,7 @@ FIELDS = [("shared_pulls", "pulls of rows several workers read"),
           ("migrated", "  another worker alone read it last"),
           ("was_shared", "  several workers read it last"),
           ("writebacks", "write-backs"),
-          ("het", "HET: rows pulled and pushed")]
+          ("het", "HET (bound 0): rows pulled and pushed")]
 
 
 def main():
@@ -55,11 +58,13 @@ def main():
     counts = dict.fromkeys((name for name, _ in FIELDS), 0)
     batch_ids = lambda t: np.ascontiguousarray(sparse[order[t * W * b:(t + 1) * W * b]], dtype=np.int64)
     counted_from = args.iterations // 2
+    het = HetReplay(W, data.meta.num_embeddings, capacity)
     for t in range(args.iterations + 1):   # plan t - 1 is final once t is allocated
         plans = [planner.advance(batch_ids(t), t)[1] for planner in planners]
         if plans[0] is None:
             continue
         ids = batch_ids(t - 1)
+        het_pulled, het_pushed = het.step([ids[w * b:(w + 1) * b] for w in range(W)])
         readers = np.zeros(data.meta.num_embeddings, np.int64)
         for rank, plan in enumerate(plans):
             readers[plan[2]] |= 1 << rank
@@ -79,7 +84,7 @@ def main():
                 counts["migrated"] += int(np.count_nonzero(single & (before != 1 << rank)))
                 counts["was_shared"] += int(np.count_nonzero((before > 0) & ~single))
                 counts["writebacks"] += len(writeback)
-            counts["het"] += sum(2 * len(np.unique(ids[w * b:(w + 1) * b])) for w in range(W))
+            counts["het"] += int(het_pulled.sum() + het_pushed.sum())
         touched = np.flatnonzero(readers)
         last_readers[touched] = readers[touched]
 
