@@ -82,6 +82,11 @@ def report(workers, rate, res):
         ratio = lambda ref: speed[m] / speed[ref] if ref in speed else float("nan")
         print(f"{workers:>2} {rate or 'veth':>7}  {m:<19}{res[m][0]['rows']:>11}{res[m][0]['bytes'] / 1e6:>9.1f}{speed[m]:>11.0f}"
               f"{runs:>28}{ratio('PS'):>7.2f}{ratio('HET'):>7.2f}", flush=True)
+    if "Herald" in res and "HET" in res:
+        het, herald = res["HET"][0], res["Herald"][0]
+        print(f"{'':>12}Herald vs HET: {1 - herald['rows'] / het['rows']:.1%} fewer rows "
+              f"({herald['bytes'] / 1e6:.1f} against {het['bytes'] / 1e6:.1f} MB), "
+              f"{speed['Herald'] / speed['HET']:.2f}x samples/s", flush=True)
 
 if __name__ == "__main__":
     main()
