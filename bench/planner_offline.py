@@ -75,7 +75,8 @@ def main():
                    help="global batches from a seeded shuffle of the training rows (default) or in the "
                         "dataset's stored order, as training reads them (e.g. time order)")
     p.add_argument("--dataset", default="synthetic-criteo",
-                   help="synthetic-criteo, synthetic-avazu, synthetic-movielens or a prepared dataset's name")
+                   help="synthetic-criteo, synthetic-avazu, synthetic-movielens (each also with -sessions, "
+                        "e.g. synthetic-criteo-sessions with --order stored) or a prepared dataset's name")
     args = p.parse_args()
 
     data, sparse, order = sample_stream(args.dataset, args.rows, args.seed, args.order == "stored")

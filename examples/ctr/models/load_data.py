@@ -10,7 +10,7 @@ Default synthetic sizes (small enough to train in well under a minute on 2 CPU c
   avazu:     500,000 rows, 22 fields scaled by 0.03 -> 283,608 ids
   movielens: 500,000 rows, user/item at MovieLens-1M size (6,040 + 3,706 ids)
 Any ``hetu.data.SyntheticSpec`` field can be overridden by keyword (rows=, scale=, seed=,
-zipf_exponent=, drift=, ...).
+zipf_exponent=, drift=, sessions=True for time-ordered reuse of the user-like fields, ...).
 """
 from hetu.data import load_dataset
 

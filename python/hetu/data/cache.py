@@ -1,7 +1,7 @@
 """Synthetic datasets generated on first use into a shared cache folder.
 
-Folder: ``$HETU_DATA_HOME`` (default ``~/.cache/hetu/datasets``) / ``synthetic-<shape>-<hash>``,
-where the hash covers every generator parameter (defaults included), so changing any parameter
+Folder: ``$HETU_DATA_HOME`` (default ``~/.cache/hetu/datasets``) / ``synthetic-<shape>-<hash>``
+(``synthetic-<shape>-sessions-<hash>`` with sessions), where the hash covers every generator parameter (defaults included), so changing any parameter
 gives a new folder and equal parameters share one. Several worker processes may start at once:
 an fcntl lock lets exactly one generate while the others wait, then all load the same files.
 """
@@ -32,7 +32,7 @@ def spec_key(spec):
 def synthetic_dataset_dir(shape="criteo", cache_dir=None, **params):
     spec = synthetic_spec(shape, **params)
     root = Path(cache_dir) if cache_dir is not None else data_home()
-    return root / f"synthetic-{spec.shape}-{spec_key(spec)}", spec
+    return root / f"{spec.name}-{spec_key(spec)}", spec
 
 
 def ensure_synthetic(shape="criteo", cache_dir=None, progress=False, **params):

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import store
 from .cache import data_home, ensure_synthetic
-from .synthetic import SHAPES
+from .synthetic import parse_synthetic_name
 
 PREPARED_NAMES = ("criteo", "avazu", "movielens")
 
@@ -135,7 +135,8 @@ def check_arrays(path, meta, dense, sparse, labels):
 
 def resolve_dataset_dir(name_or_dir, **synthetic_params):
     """Folder for a dataset path, a synthetic name (``synthetic`` = ``synthetic-criteo``,
-    ``synthetic-avazu``, ``synthetic-movielens``), or a prepared name under $HETU_DATA_HOME."""
+    ``synthetic-avazu``, ``synthetic-movielens``, each also with sessions: ``-sessions``, e.g.
+    ``synthetic-criteo-sessions``), or a prepared name under $HETU_DATA_HOME."""
     name = str(name_or_dir)
     path = Path(name).expanduser()
     if path.is_dir():
@@ -143,9 +144,9 @@ def resolve_dataset_dir(name_or_dir, **synthetic_params):
             raise FileNotFoundError(f"{path} is not a complete dataset folder (no meta.json)")
         return path
     if name == "synthetic" or name.startswith("synthetic-"):
-        shape = "criteo" if name == "synthetic" else name[len("synthetic-"):]
-        if shape not in SHAPES:
-            raise ValueError(f"unknown synthetic dataset {name!r}; shapes: {sorted(SHAPES)}")
+        shape, sessions = parse_synthetic_name(name)
+        if sessions:
+            synthetic_params = {"sessions": True, **synthetic_params}
         return ensure_synthetic(shape, **synthetic_params)
     if synthetic_params:
         raise TypeError(f"synthetic parameters given for non-synthetic dataset {name!r}")

@@ -6,6 +6,7 @@
                                           [--time-order]
     python -m hetu.data.prepare synthetic --output DIR [--shape criteo|avazu|movielens] [--rows N]
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
+                                          [--sessions [--session-length L] ...]
 
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
@@ -80,6 +81,12 @@ def build_parser():
                            default=DEFAULTS.interaction_signal)
     synthetic.add_argument("--val-fraction", type=float, default=DEFAULTS.val_fraction)
     synthetic.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    synthetic.add_argument("--sessions", action="store_true",
+                           help="user-like fields from a few open sessions (time-ordered reuse)")
+    synthetic.add_argument("--session-length", type=float, default=DEFAULTS.session_length)
+    synthetic.add_argument("--concurrent-sessions", type=int,
+                           default=DEFAULTS.concurrent_sessions)
+    synthetic.add_argument("--session-switch", type=float, default=DEFAULTS.session_switch)
     synthetic.add_argument("--force", action="store_true")
     synthetic.add_argument("--quiet", action="store_true")
     return parser
@@ -103,7 +110,8 @@ def run(args):
                                  progress=progress)
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
-        "interaction_signal", "val_fraction", "seed")}
+        "interaction_signal", "val_fraction", "seed", "sessions", "session_length",
+        "concurrent_sessions", "session_switch")}
     if args.scale is not None:
         params["scale"] = args.scale
     spec = synthetic_spec(args.shape, **params)

@@ -23,3 +23,24 @@ def top_rows_lookup_share(sparse, num_embeddings, fraction=0.01):
     top = max(1, int(np.ceil(fraction * num_embeddings)))
     hottest = np.partition(counts, len(counts) - top)[len(counts) - top:]
     return float(hottest.sum() / counts.sum())
+
+
+def reuse_distances(sparse):
+    """For each lookup of an id seen before in an earlier sample: samples since its previous
+    lookup. ``sparse`` is [N] or [N, F] ids in stream order; an id repeated within one sample
+    counts once."""
+    sparse = np.asarray(sparse, dtype=np.int64)
+    if sparse.ndim == 1:
+        sparse = sparse[:, None]
+    ids = sparse.reshape(-1)
+    samples = np.repeat(np.arange(len(sparse), dtype=np.int64), sparse.shape[1])
+    order = np.lexsort((samples, ids))
+    same_id = ids[order][1:] == ids[order][:-1]
+    distances = np.diff(samples[order])[same_id]
+    return distances[distances > 0]
+
+
+def reuse_share_within(sparse, window):
+    """Share of the reuses (``reuse_distances``) that come within ``window`` samples."""
+    distances = reuse_distances(sparse)
+    return float(np.mean(distances <= window)) if len(distances) else 0.0

@@ -14,8 +14,17 @@ generated with numpy in seconds and needing no download.
   (std ``interaction_signal``) that linear models cannot capture.
 * Dense (Criteo shape only): log(x + 1) of log-normal counts, with a per-feature share of missing
   values written as 0, as the Criteo reader produces them.
-* Rows are i.i.d. (or drift in stream order), so the split is simply the last ``val_fraction`` of
-  rows. Everything is a function of the spec, seed included: same spec, same bytes.
+* Sessions (optional, ``sessions=True``): the shape's user-like fields (MovieLens: user; Avazu:
+  device id, IP and model; Criteo: the five fields with over a million real values) come from a
+  few open sessions instead of independent draws. Each sample stays on the previous sample's
+  session or, with probability ``session_switch``, moves to one of ``concurrent_sessions`` open
+  sessions chosen uniformly; a session ends after a geometric number of its samples (mean
+  ``session_length``) and its slot opens a new one, whose ids are drawn from the fields' laws.
+  So consecutive samples reuse ids the way a time-ordered log does (Herald's scheduler exploits
+  that); the other fields stay independent. Defaults fitted by ``bench/session_fit.py``.
+* Rows are i.i.d. (or drift, or sessions, in stream order), so the split is simply the last
+  ``val_fraction`` of rows. Everything is a function of the spec, seed included: same spec, same
+  bytes.
 """
 import math
 import sys
@@ -40,13 +49,25 @@ class Shape:
     field_names: tuple
     num_dense: int
     default_scale: float
+    session_fields: tuple   # fields that describe the user, constant within a session
 
 
 SHAPES = {
-    "criteo": Shape(criteo.FIELD_SIZES, criteo.FIELD_NAMES, criteo.NUM_DENSE, 0.01),
-    "avazu": Shape(avazu.FIELD_SIZES, avazu.FIELD_NAMES, 0, 0.03),
-    "movielens": Shape(MOVIELENS_1M_SIZES, ("user", "item"), 0, 1.0),
+    # Criteo's fields are anonymous; the ones with millions of values are the per-user ones
+    "criteo": Shape(criteo.FIELD_SIZES, criteo.FIELD_NAMES, criteo.NUM_DENSE, 0.01,
+                    tuple(f for f, size in enumerate(criteo.FIELD_SIZES) if size > 1_000_000)),
+    "avazu": Shape(avazu.FIELD_SIZES, avazu.FIELD_NAMES, 0, 0.03,
+                   tuple(avazu.FIELD_NAMES.index(name)
+                         for name in ("device_id", "device_ip", "device_model"))),
+    "movielens": Shape(MOVIELENS_1M_SIZES, ("user", "item"), 0, 1.0, (0,)),
 }
+SESSIONS_SUFFIX = "-sessions"
+SESSION_PARAMETERS = ("session_length", "concurrent_sessions", "session_switch")
+# fitted by bench/session_fit.py to the user reuse distances of MovieLens 100K in time order
+# (grid search, L1 distance of the histograms on power-of-two bins: 0.056); docs/session_fit.png
+FIT_SESSION_LENGTH = 100.0
+FIT_CONCURRENT_SESSIONS = 2
+FIT_SESSION_SWITCH = 0.2
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,10 @@ class SyntheticSpec:
     interaction_signal: float = 0.6
     val_fraction: float = 0.1
     seed: int = 0
+    sessions: bool = False
+    session_length: float = FIT_SESSION_LENGTH
+    concurrent_sessions: int = FIT_CONCURRENT_SESSIONS
+    session_switch: float = FIT_SESSION_SWITCH
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -70,9 +95,22 @@ class SyntheticSpec:
             raise ValueError(f"rows, scale and min_field_size must be positive: {self}")
         if self.zipf_exponent < 0 or not 0 < self.positive_rate < 1 or self.drift < 0:
             raise ValueError(f"bad zipf_exponent, positive_rate or drift: {self}")
+        if self.session_length < 1 or self.concurrent_sessions < 1 or \
+                not 0 <= self.session_switch <= 1:
+            raise ValueError(f"bad session_length, concurrent_sessions or session_switch: {self}")
+
+    @property
+    def name(self):
+        return f"synthetic-{self.shape}{SESSIONS_SUFFIX if self.sessions else ''}"
 
     def as_dict(self):
-        return asdict(self)
+        """The parameters that make the data. Session parameters only count with sessions on,
+        so independent datasets keep the identity (cache folder, meta) they had without them."""
+        params = asdict(self)
+        if not self.sessions:
+            for name in ("sessions",) + SESSION_PARAMETERS:
+                del params[name]
+        return params
 
 
 def synthetic_spec(shape="criteo", **overrides):
@@ -88,6 +126,18 @@ def synthetic_spec(shape="criteo", **overrides):
     return replace(SyntheticSpec(shape=shape), **overrides)
 
 
+def parse_synthetic_name(name):
+    """(shape, sessions) of ``synthetic``, ``synthetic-<shape>`` or ``synthetic-<shape>-sessions``."""
+    shape = "criteo" if name == "synthetic" else name[len("synthetic-"):]
+    sessions = shape.endswith(SESSIONS_SUFFIX)
+    if sessions:
+        shape = shape[:-len(SESSIONS_SUFFIX)]
+    if shape not in SHAPES:
+        raise ValueError(f"unknown synthetic dataset {name!r}; shapes: {sorted(SHAPES)}, "
+                         f"each optionally with {SESSIONS_SUFFIX!r}")
+    return shape, sessions
+
+
 def scaled_field_sizes(real_sizes, scale, min_field_size):
     real = np.asarray(real_sizes, dtype=np.int64)
     scaled = np.rint(real * scale).astype(np.int64)
@@ -98,6 +148,52 @@ def zipf_cdf(size, exponent):
     weights = np.arange(1, size + 1, dtype=np.float64) ** -exponent
     cdf = np.cumsum(weights)
     return cdf / cdf[-1]
+
+
+class OpenSessions:
+    """The ids of the user-like fields, sample by sample: ``concurrent_sessions`` open sessions
+    (slots); each sample stays on the previous sample's slot or, with probability
+    ``session_switch``, moves to a uniformly chosen slot (possibly the same), and with
+    probability 1 / ``session_length`` opens a new session in its slot (so sessions last a
+    geometric number of their slot's samples, mean ``session_length``), with ids from
+    ``draw_ids(rng, rows)`` ([len(rows), S] ids of sessions opening at stream positions rows).
+    Vectorised per chunk; the current slot and the open sessions' ids carry over to the next."""
+
+    def __init__(self, spec, draw_ids, rng):
+        self.opening = 1.0 / spec.session_length
+        self.concurrent = spec.concurrent_sessions
+        self.switch = spec.session_switch
+        self.draw_ids = draw_ids
+        self.slot = 0
+        self.open_ids = draw_ids(rng, np.zeros(self.concurrent, dtype=np.int64))
+
+    def next_ids(self, rng, first_row, n):
+        positions = np.arange(n, dtype=np.int64)
+        # slot of each sample: the one chosen at the latest switch, or the carried slot
+        switches = rng.random(n) < self.switch
+        chosen = rng.integers(0, self.concurrent, n)
+        latest_switch = np.maximum.accumulate(np.where(switches, positions, -1))
+        slots = np.where(latest_switch >= 0, chosen[np.maximum(latest_switch, 0)], self.slot)
+        opens = rng.random(n) < self.opening
+        new_rows = np.flatnonzero(opens)
+        new_ids = self.draw_ids(rng, first_row + new_rows)
+        # per slot, the latest opening so far (-1: the session carried into the chunk); rows
+        # sorted by slot, offset by slot so that one running maximum serves every slot
+        order = np.argsort(slots, kind="stable")
+        ordered_slots = slots[order]
+        stride = n + 1
+        marks = ordered_slots * stride + np.where(opens[order], order + 1, 0)
+        opened_at = np.maximum.accumulate(marks) - ordered_slots * stride - 1
+        new_index = np.cumsum(opens) - 1            # row -> its session's index in new_ids
+        carried = opened_at < 0
+        ids = np.empty((n, self.open_ids.shape[1]), dtype=np.int64)
+        ids[order[carried]] = self.open_ids[ordered_slots[carried]]
+        ids[order[~carried]] = new_ids[new_index[opened_at[~carried]]]
+        # each slot's last sample holds the session still open at the chunk's end
+        last = np.flatnonzero(np.r_[ordered_slots[1:] != ordered_slots[:-1], True])
+        self.open_ids[ordered_slots[last]] = ids[order[last]]
+        self.slot = int(slots[-1])
+        return ids
 
 
 class HiddenModel:
@@ -167,15 +263,22 @@ class HiddenModel:
         return np.log1p(counts).astype(np.float32)
 
     def sample_ids(self, rng, first_row, n):
-        ids = np.empty((n, len(self.field_sizes)), dtype=np.int64)
-        position = (first_row + np.arange(n, dtype=np.int64)) / self.spec.rows
-        for f, (size, cdf, perm) in enumerate(zip(self.field_sizes, self.cdfs,
-                                                  self.permutations)):
-            ranks = np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), size - 1)
+        return self.field_ids(rng, range(len(self.field_sizes)),
+                              first_row + np.arange(n, dtype=np.int64))
+
+    def field_ids(self, rng, field_indices, rows):
+        """Independent draws of the given fields' global ids for samples at stream positions
+        ``rows`` (the position sets the drift)."""
+        ids = np.empty((len(rows), len(field_indices)), dtype=np.int64)
+        position = np.asarray(rows) / self.spec.rows
+        for column, f in enumerate(field_indices):
+            size, cdf, perm = self.field_sizes[f], self.cdfs[f], self.permutations[f]
+            ranks = np.minimum(np.searchsorted(cdf, rng.random(len(rows)), side="right"),
+                               size - 1)
             if self.spec.drift:
                 ranks = (ranks + np.floor(self.spec.drift * size * position).astype(np.int64)) \
                     % size
-            ids[:, f] = perm[ranks] + self.offsets[f]
+            ids[:, column] = perm[ranks] + self.offsets[f]
         return ids
 
     def logits(self, ids, dense):
@@ -188,9 +291,23 @@ class HiddenModel:
             logit += 0.5 * ((total ** 2).sum(axis=1) - (embedded ** 2).sum(axis=(1, 2)))
         return logit
 
-    def generate_chunk(self, chunk_index, first_row, n):
+    def sessions(self):
+        """The open sessions at the start of the stream (None without sessions)."""
+        if not self.spec.sessions:
+            return None
+        fields = SHAPES[self.spec.shape].session_fields
+        return OpenSessions(self.spec, lambda rng, rows: self.field_ids(rng, fields, rows),
+                            np.random.default_rng([self.spec.seed, 2]))
+
+    def generate_chunk(self, chunk_index, first_row, n, sessions=None):
+        """One chunk of the stream; ``sessions`` (from ``self.sessions()``) is carried from
+        chunk to chunk, so chunks must come in order."""
         rng = np.random.default_rng([self.spec.seed, 1, chunk_index])
         ids = self.sample_ids(rng, first_row, n)
+        if sessions is not None:
+            # a stream of its own, so the other fields, dense and draws stay as without sessions
+            ids[:, list(SHAPES[self.spec.shape].session_fields)] = sessions.next_ids(
+                np.random.default_rng([self.spec.seed, 2, chunk_index]), first_row, n)
         dense = self._dense_features(rng, n)
         logit = self.logits(ids, dense)
         labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
@@ -206,6 +323,7 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
         spec = replace(spec, **overrides)
     started = time.perf_counter()
     model = HiddenModel(spec)
+    sessions = model.sessions()
     shape = SHAPES[spec.shape]
     n = spec.rows
     logits = np.empty(n, dtype=np.float32)
@@ -215,11 +333,11 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
                                     (n, len(model.field_sizes)))
         labels = store.create_array(tmp_dir, store.LABELS_FILE, np.float32, (n, 1))
         chunks = range(0, n, CHUNK_ROWS)
-        for index, start in enumerate(tqdm(chunks, desc=f"synthetic {spec.shape}", unit="chunk",
+        for index, start in enumerate(tqdm(chunks, desc=spec.name, unit="chunk",
                                            disable=not progress, file=sys.stderr)):
             stop = min(start + CHUNK_ROWS, n)
             chunk_dense, chunk_ids, chunk_labels, chunk_logits = \
-                model.generate_chunk(index, start, stop - start)
+                model.generate_chunk(index, start, stop - start, sessions)
             dense[start:stop] = chunk_dense
             sparse[start:stop] = chunk_ids
             labels[start:stop, 0] = chunk_labels
@@ -231,7 +349,7 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
         source = {"kind": "synthetic", "spec": spec.as_dict(),
                   "real_field_sizes": list(shape.real_sizes), "measured": measured}
         store.write_meta(tmp_dir, store.dataset_meta(
-            f"synthetic-{spec.shape}", n, model.num_dense, shape.field_names, model.field_sizes,
+            spec.name, n, model.num_dense, shape.field_names, model.field_sizes,
             train_rows, val_rows, spec.val_fraction, None, source,
             label={"kind": "click", "values": [0.0, 1.0]},
             dense_names=[f"I{i}" for i in range(1, model.num_dense + 1)]))
