@@ -53,6 +53,29 @@ def test_herald_moves_fewer_rows_than_het(tmp_path, data_home):
     assert _rows_moved(herald) < 0.85 * _rows_moved(het), (_rows_moved(herald), _rows_moved(het))
 
 
+def _counters(stdout):
+    found = {int(r): json.loads(c)["counters"] for r, c in re.findall(r"\[worker (\d+)\] summary (\{.*\})", stdout)}
+    assert found, stdout[-3000:]
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_het_protocol_on_herald_allocation_pulls_exactly_what_herald_pulls(tmp_path, data_home):
+    """With the same allocation and cache, HET's own protocol and Herald's plan keep the same
+    copies valid (a row another worker updated is re-read, one only this worker updated is
+    not), so every worker pulls the same rows; Herald saves on pushes only."""
+    common = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0", "--cache-limit-ratio", "0.01",
+              "--model", "wdl_criteo", *OPTIMIZERS["adam"], "--iters-per-epoch", "40"]
+    _, herald = run_cluster(tmp_path, data_home, "run_laia.py", common, 3, 1, 32)
+    _, het = run_cluster(tmp_path, data_home, "run_laia.py", [*common, "--protocol", "het"], 3, 1, 32)
+    herald, het = _counters(herald), _counters(het)
+    assert sorted(herald) == sorted(het) == [0, 1, 2]
+    for w in herald:
+        assert herald[w]["rows_pulled"] == het[w]["rows_pulled"], (w, herald[w], het[w])
+        assert herald[w]["evictions"] == het[w]["evictions"] > 0, (w, herald[w], het[w])
+        assert herald[w]["rows_pushed"] < het[w]["rows_pushed"], (w, herald[w], het[w])
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("extra,workers,van", [(["--allocator", "none"], 2, "zmq"), (["--allocator", "greedy"], 4, "zmq"),
                                                (["--lookahead", "1"], 2, "zmq"), (["--cache", "lfu"], 2, "zmq"),
