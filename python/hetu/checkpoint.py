@@ -78,7 +78,7 @@ def seal(folder, meta):
     files = {}
     for rel in _files(folder):
         path = os.path.join(folder, rel)
-        files[rel] = sha256_of(path)
+        files[rel] = {"sha256": sha256_of(path), "bytes": os.path.getsize(path)}
         _fsync(path)
     meta = {**meta, "files": files}
     with open(os.path.join(folder, META), "w") as f:
@@ -127,19 +127,26 @@ def read_meta(folder):
             meta = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}): the checkpoint is damaged") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("files", {}), dict):
+    files = meta.get("files", {}) if isinstance(meta, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(f, dict) and {"sha256", "bytes"} <= set(f)
+                                              for f in files.values()):
         raise ValueError(f"{path} is not a checkpoint's meta.json: the checkpoint is damaged")
     return meta
 
 
 def verify(folder, meta, only=None):
-    """Every file meta.json lists (or those under `only`, a relative prefix) has its checksum."""
-    for rel, digest in sorted(meta.get("files", {}).items()):
+    """Every file meta.json lists (or those under `only`, a relative prefix) is as saved."""
+    for rel, saved in sorted(meta.get("files", {}).items()):
         if only is not None and not rel.startswith(only):
             continue
         path = os.path.join(folder, rel)
         if not os.path.isfile(path):
             raise ValueError(f"checkpoint file {path} is missing")
-        if sha256_of(path) != digest:
-            raise ValueError(f"checkpoint file {path} is corrupt: its sha256 differs from the one in "
+        size = os.path.getsize(path)
+        if size < saved["bytes"]:
+            raise ValueError(f"checkpoint file {path} is truncated: {size} bytes, {saved['bytes']} when saved")
+        if size > saved["bytes"]:
+            raise ValueError(f"checkpoint file {path} has {size - saved['bytes']} bytes appended since it was saved")
+        if sha256_of(path) != saved["sha256"]:
+            raise ValueError(f"checkpoint file {path} is corrupt: its content differs from its sha256 in "
                              f"{os.path.join(folder, META)}")
