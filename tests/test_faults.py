@@ -209,6 +209,28 @@ def test_damaged_server_shards_are_named(tmp_path, data_home):
                    f"--resume {ckpt}: checkpoint file {shard} has 16 bytes appended since it was saved")
 
 
+SHARD_WITH_A_TAIL = """
+t = ps.client().init_table("emb", 64, 4, init=("constant", 1.0))
+t.save(ARGS["dir"]).wait()
+with open(os.path.join(ARGS["dir"], "emb.shard0-of-1.bin"), "ab") as f:
+    f.write(b"tail")
+try:
+    t.load(ARGS["dir"]).wait()
+    print("LOADED", flush=True)
+except RuntimeError as e:
+    print("ERROR:", e, flush=True)
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_server_refuses_a_shard_file_with_bytes_after_its_data(cluster, tmp_path):
+    # The check of the servers' own, for shard files that no meta.json lists.
+    c = cluster(1, 1).run(SHARD_WITH_A_TAIL, args={"dir": str(tmp_path / "shards")})
+    out = c.log("worker0")
+    assert f"{tmp_path}/shards/emb.shard0-of-1.bin has bytes after the shard's data" in out and "LOADED" not in out, out
+
+
 # --------------------------------------------------------------------------- reports
 
 def test_failing_report_keeps_the_trained_parameters(tmp_path, data_home):
