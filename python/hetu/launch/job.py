@@ -13,12 +13,12 @@ from typing import Dict, List, Optional
 
 from .cluster import Cluster, Node, is_local, resolve, root_address
 from .guard import LauncherGuard
-from .mpirun import (MpiOutputDemux, WORKER_SHIM, pump_mpirun, MPI_EXIT, MPI_FAILED_RANK, MPI_NOTICED,
-                     MPI_SIGNAL)
+from .mpirun import WORKER_SHIM, MpiOutputDemux, MpirunReport, mpirun_options, pump_mpirun
 from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
 from .ssh import Ssh, remote_command
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
+# Local variables that remote processes need to find the same interpreter and libraries.
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
 
 
@@ -39,9 +39,8 @@ class Job:
         self.ssh = Ssh(cluster, self.workdir)
         self.local = {n.host: is_local(n.host) for n in cluster.nodes}
         self.rank_host: Dict[int, str] = {}
-        self.mpi_failed_rank: Optional[int] = None
+        self.mpirun_report = MpirunReport()
         self.worker_last_stderr: Dict[int, str] = {}
-        self.mpi_failed_status: Optional[str] = None
         self.interrupted: Optional[int] = None
         self.guard: Optional[LauncherGuard] = None
         self.t0 = time.monotonic()
@@ -131,16 +130,8 @@ class Job:
         return sorted(nodes, key=lambda n: not n.chief)
 
     def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
-        # yield_when_idle: oversubscribed ranks waiting in a collective must not spin on a core
-        # that the parameter server or another rank needs.
-        argv = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output",
-                "--mca", "mpi_yield_when_idle", "1"]
-        if os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
-        if any(not self.local[n.host] for n in self.cluster.nodes):
-            argv += ["--mca", "plm_rsh_agent", "ssh",
-                     "--mca", "plm_rsh_args", f"-F {self.ssh.config}"]
-        argv += self.cluster.mpirun_args
+        remote = any(not self.local[n.host] for n in self.cluster.nodes)
+        argv = mpirun_options(self.ssh.config if remote else None) + self.cluster.mpirun_args
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
                   **env, "DMLC_ROLE": "worker"}
         contexts = []
@@ -166,17 +157,7 @@ class Job:
             self.worker_last_stderr[rank] = line
 
     def on_mpirun_line(self, line: str, stream):
-        m = MPI_FAILED_RANK.search(line)
-        if m and self.mpi_failed_rank is None:
-            self.mpi_failed_rank = int(m.group(1))
-        m = MPI_NOTICED.search(line)
-        if m and self.mpi_failed_rank is None:
-            self.mpi_failed_rank = int(m.group(1))
-            self.mpi_failed_status = f"killed by signal {m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
-        for pattern, fmt in ((MPI_EXIT, "exit {}"), (MPI_SIGNAL, "killed by {}")):
-            m = pattern.search(line)
-            if m and self.mpi_failed_status is None:
-                self.mpi_failed_status = fmt.format(m.group(1).strip())
+        self.mpirun_report.read(line)
         emit(stream, "mpirun", line)
 
     def start_workers(self, env):
@@ -214,10 +195,10 @@ class Job:
             return f"{proc.label} on {proc.host} failed ({describe_status(rc)}{hint})"
         for t in proc.threads:   # mpirun's own report names the rank; let it be read
             t.join(timeout=5)
-        if self.mpi_failed_rank is not None:
-            r = self.mpi_failed_rank
+        r = self.mpirun_report.failed_rank
+        if r is not None:
             return (f"worker {r} on {self.rank_host.get(r, '?')} failed "
-                    f"({self.mpi_failed_status or describe_status(rc)})")
+                    f"({self.mpirun_report.failed_status or describe_status(rc)})")
         return f"mpirun (all workers) failed ({describe_status(rc)})"
 
     def check_deadline(self):

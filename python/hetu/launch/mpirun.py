@@ -1,7 +1,7 @@
 """All workers under one mpirun: the worker shim and the reading of mpirun's tagged output."""
 import os
 import re
-from typing import Dict
+from typing import Dict, List, Optional
 
 # The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
 # equal to the one mpirun tracks, so mpirun's signals and exit codes reach the real process.
@@ -13,7 +13,20 @@ WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
                't=$(( $(nproc) / HETU_LOCAL_WORKERS )); [ "$t" -ge 1 ] || t=1; '
                f'for v in {" ".join(THREAD_VARS)}; do '
                '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
-# Local variables that remote workers need to find the same interpreter and libraries.
+
+
+def mpirun_options(ssh_config: Optional[str]) -> List[str]:
+    """mpirun's options for a hetu job; `ssh_config` when some hosts are remote."""
+    # yield_when_idle: oversubscribed ranks waiting in a collective must not spin on a core
+    # that the parameter server or another rank needs.
+    argv = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output",
+            "--mca", "mpi_yield_when_idle", "1"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    if ssh_config:
+        argv += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {ssh_config}"]
+    return argv
+
 
 MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
 MPI_FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
@@ -21,6 +34,27 @@ MPI_FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 MPI_NOTICED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
 MPI_EXIT = re.compile(r"Exit code:\s*(-?\d+)")
 MPI_SIGNAL = re.compile(r"Signal:\s*(.+)$")
+
+
+class MpirunReport:
+    """What mpirun's own lines say about the worker that failed: its rank and how it ended."""
+
+    def __init__(self):
+        self.failed_rank: Optional[int] = None
+        self.failed_status: Optional[str] = None
+
+    def read(self, line: str):
+        m = MPI_FAILED_RANK.search(line)
+        if m and self.failed_rank is None:
+            self.failed_rank = int(m.group(1))
+        m = MPI_NOTICED.search(line)
+        if m and self.failed_rank is None:
+            self.failed_rank = int(m.group(1))
+            self.failed_status = f"killed by signal {m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
+        for pattern, fmt in ((MPI_EXIT, "exit {}"), (MPI_SIGNAL, "killed by {}")):
+            m = pattern.search(line)
+            if m and self.failed_status is None:
+                self.failed_status = fmt.format(m.group(1).strip())
 
 
 class MpiOutputDemux:
