@@ -339,6 +339,7 @@ def train(argv, herald):
     # The trained model first: a report that fails afterwards must not lose it.
     if args.save_params and executor.graph.rank == 0:
         save_params(executor, args.save_params)
+    executor.barrier()   # no worker's failing report ends the job before they are written
     print(executor.counters.summary_line(), flush=True)
     failed_report = write_counters(executor, args, herald) if args.cache_perf else None
     summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total - first,

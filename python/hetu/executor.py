@@ -228,10 +228,10 @@ class Executor:
         interrupted at any point leaves a complete checkpoint to resume from. The servers write on
         their own hosts: across hosts, the folder must be on a shared file system."""
         self.flush()
-        self._barrier()   # every worker's pushes are in, so the servers have applied them all
+        self.barrier()   # every worker's pushes are in, so the servers have applied them all
         if self.graph.rank == 0:
             self._write_checkpoint(os.path.abspath(directory), run)
-        self._barrier()   # no worker pushes again before the servers have written
+        self.barrier()   # no worker pushes again before the servers have written
 
     def _write_checkpoint(self, directory, run):
         tmp = checkpoint.new_folder(directory)
@@ -307,7 +307,7 @@ class Executor:
             for p in self.graph.parameters:
                 if p.id in remote:
                     remote[p.id].table.load(os.path.join(directory, "ps")).wait()
-        self._barrier()   # every table is loaded before any worker reads one
+        self.barrier()   # every table is loaded before any worker reads one
         for p in self.graph.parameters:
             if p.id in remote:
                 # Pushes are tagged with the clock, which the servers' loaded tables continue.
@@ -356,7 +356,8 @@ class Executor:
         from . import ps
         return ps.num_servers()
 
-    def _barrier(self):
+    def barrier(self):
+        """Every worker waits for all the others (nothing to wait for in one process)."""
         comm = getattr(self.graph, "comm", None)
         if comm is not None:
             comm.barrier()

@@ -201,7 +201,15 @@ class Job:
                     f"({self.mpirun_report.failed_status or describe_status(rc)})")
         return f"mpirun (all workers) failed ({describe_status(rc)})"
 
+    def check_guard(self):
+        if self.guard is not None and not self.guard.lost and self.guard.popen.poll() is not None:
+            self.guard.lost = True
+            self.log(f"warning: the launcher's guard (pid {self.guard.popen.pid}) ended "
+                     f"({describe_status(self.guard.popen.returncode)}): if this launcher dies now, "
+                     "its job runs on")
+
     def check_deadline(self):
+        self.check_guard()
         if self.timeout is not None and time.monotonic() - self.t0 > self.timeout:
             running = ", ".join(p.label for p in self.procs if p.poll() is None)
             raise JobFailed(f"job timed out after {self.timeout:g} s (--timeout); still "
