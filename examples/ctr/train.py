@@ -254,10 +254,10 @@ def resume(executor, args):
     """Loads --resume into the executor; the step it continues from."""
     if not args.resume:
         return 0
-    folder, note = ht.checkpoint.locate(args.resume)
-    if note and executor.graph.rank == 0:
-        print(f"--resume {args.resume}: {note}", flush=True)
     try:
+        folder, note = ht.checkpoint.locate(args.resume)
+        if note and executor.graph.rank == 0:
+            print(f"--resume {args.resume}: {note}", flush=True)
         executor.load(folder)
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:   # RuntimeError: a server's load
         raise SystemExit(f"--resume {args.resume}: {str(e).strip(chr(39))}") from None
