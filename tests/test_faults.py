@@ -57,9 +57,11 @@ def local_cluster(workers, servers=1):
 # --------------------------------------------------------------------------- the launcher
 
 WORKER_THAT_TRAINS_ON = textwrap.dedent("""
-    import os, time
+    import os, subprocess, time
     import hetu.ps as ps
     ps.start()
+    if os.environ["DMLC_WORKER_ID"] == "0":   # a daemon outside the process tree (its parent exits)
+        subprocess.run(["sh", "-c", "sleep 300 > /dev/null 2>&1 & echo $! > daemon.pid"], check=True)
     with open(os.path.join(os.environ["OUT"], "started." + os.environ["DMLC_WORKER_ID"]), "w") as f:
         f.write(str(os.getpid()))
     while True:
@@ -81,7 +83,9 @@ def test_killed_launcher_takes_every_process_of_its_job_with_it(tmp_path):
         while len(list(tmp_path.glob("started.*"))) < 2:
             assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
             time.sleep(0.1)
-        job = descendants(launcher.pid)
+        daemon = int((tmp_path / "daemon.pid").read_text())
+        assert daemon not in descendants(launcher.pid) and alive(daemon)
+        job = descendants(launcher.pid) + [daemon]
         worker_pids = [int(p.read_text()) for p in tmp_path.glob("started.*")]
         assert set(worker_pids) <= set(job) and len(job) >= 5, job   # guard, scheduler, server, mpirun, workers
         launcher.kill()

@@ -6,10 +6,11 @@ launcher holds the write end, so the guard sees end-of-file the instant the laun
 by kill -9. The launcher tells the guard every process it starts ("start PID LABEL") and that
 it finished its own teardown ("end"). End-of-file without "end" means the launcher was lost: the
 guard says so, naming it, and stops every process the launcher started, with their descendants,
-as the launcher's teardown would. Processes on other hosts follow: a remote scheduler or server
+as the launcher's teardown would, and every local process whose environment carries the job's
+HETU_JOB mark (a daemon a worker left behind). Processes on other hosts follow: a remote scheduler or server
 ends with its ssh session (see ssh.remote_command), remote workers with mpirun.
 
-    python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE
+    python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE JOB_MARK
 """
 import os
 import signal
@@ -18,16 +19,16 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .processes import kill_snapshot, proc_starttime, signal_group, snapshot_tree
+from .processes import kill_snapshot, proc_starttime, processes_with_env, signal_group, snapshot_tree
 
 
 class LauncherGuard:
     """The launcher's end of the guard: a pipe to a `python -m hetu.launch.guard` process."""
 
-    def __init__(self, kill_grace: float, host: str):
+    def __init__(self, kill_grace: float, host: str, job_mark: str):
         read_end, self._write_end = os.pipe()   # both non-inheritable: no child holds the write end
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "hetu.launch.guard", str(os.getpid()), host, f"{kill_grace:g}"],
+            [sys.executable, "-m", "hetu.launch.guard", str(os.getpid()), host, f"{kill_grace:g}", job_mark],
             stdin=read_end, start_new_session=True)
         os.close(read_end)
         self.lost = False
@@ -67,15 +68,18 @@ def read_launcher(stream) -> Tuple[List[Tuple[int, Optional[str], str]], bool]:
     return started, False
 
 
-def stop_job(started, grace: float):
+def stop_job(started, grace: float, job_mark: str):
     """SIGTERM to every process group the launcher started, SIGKILL after `grace` seconds to
-    those and to everything that was below them (mpirun's workers have groups of their own)."""
+    those, to everything that was below them (mpirun's workers have groups of their own) and
+    to every process marked with the job's mark."""
     live = [(pid, label) for pid, start, label in started if start is not None and proc_starttime(pid) == start]
     pids = [pid for pid, _ in live]
-    tree: Dict[int, Optional[str]] = {pid: proc_starttime(pid) for pid in pids}
-    tree.update(snapshot_tree(pids))
+    marked = [pid for pid in processes_with_env(job_mark) if pid != os.getpid()]
+    tree: Dict[int, Optional[str]] = {pid: proc_starttime(pid) for pid in pids + marked}
+    tree.update(snapshot_tree(pids + marked))
     for pid in pids:
         signal_group(pid, signal.SIGTERM)
+    kill_snapshot({pid: tree[pid] for pid in marked}, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(proc_starttime(p) == s for p, s in tree.items() if s):
         time.sleep(0.05)
@@ -86,7 +90,7 @@ def stop_job(started, grace: float):
 
 
 def main(argv=None):
-    launcher_pid, host, grace = (argv or sys.argv[1:])[:3]
+    launcher_pid, host, grace, job_mark = (argv or sys.argv[1:])[:4]
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the launcher's to handle
     started, finished = read_launcher(sys.stdin.buffer)
     if finished:
@@ -97,7 +101,7 @@ def main(argv=None):
               f"{', '.join(labels) or 'nothing was started'}", file=sys.stderr, flush=True)
     except OSError:
         pass   # the launcher's stderr may have gone with it; the job is stopped all the same
-    stop_job(started, float(grace))
+    stop_job(started, float(grace), job_mark)
     return 1
 
 

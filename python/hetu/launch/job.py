@@ -1,5 +1,6 @@
 """One job: starts the scheduler, the servers and the workers, supervises them, stops them."""
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -43,6 +44,8 @@ class Job:
         self.worker_last_stderr: Dict[int, str] = {}
         self.interrupted: Optional[int] = None
         self.guard: Optional[LauncherGuard] = None
+        # In every process's environment: the guard finds what the job started by it.
+        self.job_mark = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.t0 = time.monotonic()
 
     def log(self, message: str):
@@ -56,7 +59,8 @@ class Job:
                    DMLC_NUM_WORKER=str(self.cluster.num_workers),
                    DMLC_NUM_SERVER=str(self.cluster.num_servers),
                    DMLC_PS_VAN_TYPE=self.cluster.van,
-                   PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"), PYTHONUNBUFFERED="1")
+                   PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"), PYTHONUNBUFFERED="1",
+                   HETU_JOB=self.job_mark)
         return env
 
     def node_env(self, node: Node) -> Dict[str, str]:
@@ -301,7 +305,7 @@ class Job:
     def run(self) -> int:
         try:
             # First: from now on, a launcher that dies takes its job with it.
-            self.guard = LauncherGuard(self.kill_grace, socket.gethostname())
+            self.guard = LauncherGuard(self.kill_grace, socket.gethostname(), f"HETU_JOB={self.job_mark}")
             self.root_uri = root_address(self.cluster)
             env = self.base_env(self.free_port())
             self.start_parameter_servers(env)

@@ -77,6 +77,21 @@ def kill_snapshot(tree: Dict[int, Optional[str]], sig=signal.SIGKILL):
                 pass
 
 
+def processes_with_env(assignment: str) -> List[int]:
+    """Pids of the processes whose environment holds `assignment` ("NAME=value"): what a job
+    started, even where a process left the tree (a daemon whose parent exited)."""
+    wanted, found = assignment.encode(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if wanted in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def signal_group(pid: int, sig):
     """Children start in sessions of their own, so their group id is their pid."""
     try:
