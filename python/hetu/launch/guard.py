@@ -7,8 +7,9 @@ by kill -9. The launcher tells the guard every process it starts ("start PID LAB
 it finished its own teardown ("end"). End-of-file without "end" means the launcher was lost: the
 guard says so, naming it, and stops every process the launcher started, with their descendants,
 as the launcher's teardown would, and every local process whose environment carries the job's
-HETU_JOB mark (a daemon a worker left behind). Processes on other hosts follow: a remote scheduler or server
-ends with its ssh session (see ssh.remote_command), remote workers with mpirun.
+HETU_JOB mark (a daemon a worker left behind). Processes on other hosts follow: a remote
+scheduler or server ends with its ssh session (see ssh.remote_command), remote workers with
+mpirun.
 
     python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE JOB_MARK
 """
@@ -19,7 +20,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .processes import kill_snapshot, proc_starttime, processes_with_env, signal_group, snapshot_tree
+from .processes import (is_running, kill_snapshot, proc_starttime, processes_with_env, signal_group,
+                        snapshot_tree)
 
 
 class LauncherGuard:
@@ -72,8 +74,7 @@ def stop_job(started, grace: float, job_mark: str):
     """SIGTERM to every process group the launcher started, SIGKILL after `grace` seconds to
     those, to everything that was below them (mpirun's workers have groups of their own) and
     to every process marked with the job's mark."""
-    live = [(pid, label) for pid, start, label in started if start is not None and proc_starttime(pid) == start]
-    pids = [pid for pid, _ in live]
+    pids = [pid for pid, start, _ in started if is_running(pid, start)]
     marked = [pid for pid in processes_with_env(job_mark) if pid != os.getpid()]
     tree: Dict[int, Optional[str]] = {pid: proc_starttime(pid) for pid in pids + marked}
     tree.update(snapshot_tree(pids + marked))
@@ -81,12 +82,11 @@ def stop_job(started, grace: float, job_mark: str):
         signal_group(pid, signal.SIGTERM)
     kill_snapshot({pid: tree[pid] for pid in marked}, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(proc_starttime(p) == s for p, s in tree.items() if s):
+    while time.monotonic() < deadline and any(is_running(p, s) for p, s in tree.items()):
         time.sleep(0.05)
     for pid in pids:
         signal_group(pid, signal.SIGKILL)
     kill_snapshot(tree, signal.SIGKILL)
-    return [label for _, label in live]
 
 
 def main(argv=None):

@@ -35,6 +35,16 @@ def proc_starttime(pid: int) -> Optional[str]:
         return None
 
 
+def is_running(pid: int, start: Optional[str]) -> bool:
+    """Whether pid is still the process that started at `start`, and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return start is not None and fields[19] == start and fields[0] != "Z"
+
+
 def _children_map() -> Dict[int, List[int]]:
     tree: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
