@@ -19,7 +19,7 @@ def parse_args(argv):
     ap.add_argument("--shutdown-timeout", type=float, default=60.0,
                     help="seconds servers and scheduler get to exit after the workers finish")
     ap.add_argument("--kill-grace", type=float, default=5.0,
-                    help="seconds between the stop signal and SIGKILL at teardown")
+                    help="seconds between the stop signal and SIGKILL at teardown (also when the launcher is lost)")
     ap.add_argument("--van", choices=sorted(VANS), default=None,
                     help="parameter-server transport (overrides the cluster file's 'van'; default zmq)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the commands started")

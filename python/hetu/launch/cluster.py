@@ -141,7 +141,7 @@ def load_cluster(path) -> Cluster:
     except OSError as e:
         raise ConfigError(f"cannot read cluster file {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a text file (byte {e.start} is not UTF-8); "
+        raise ConfigError(f"{path}: not a text file (the byte at offset {e.start} is not UTF-8); "
                           "a cluster file is YAML") from None
     except yaml.YAMLError as e:
         # One line: the problem and where (PyYAML's own text spans several).

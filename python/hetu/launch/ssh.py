@@ -5,6 +5,7 @@ from typing import Dict, List
 
 from .cluster import Cluster
 
+
 class Ssh:
     """ssh command lines for the cluster's remote hosts, through one generated config file, so
     the runner and mpirun's daemons use the same ports, users and options."""
