@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Launcher CLI: `python python/runner.py -c CLUSTER.yml COMMAND...` (see hetu.runner)."""
+"""Launcher CLI: `python python/runner.py -c CLUSTER.yml COMMAND...` (see hetu.launch)."""
 import os
 import sys
 

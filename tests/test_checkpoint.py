@@ -122,7 +122,7 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
     assert "was written by 1 worker(s), this run has 2: the global batch, and so the training, would differ" \
         in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    # A damaged shard is named by the server that reads it, in one line.
+    # A damaged shard is named, in one line, before anything is loaded.
     damaged = tmp_path / "damaged"
     shutil.copytree(hybrid, damaged)
     shard = damaged / "ps" / "embedding.shard0-of-1.bin"
@@ -130,5 +130,5 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
     proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--comm", "Hybrid", "--nepoch", "2",
                 "--resume", str(damaged), launcher=cluster(1))
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
-    assert f"--resume {damaged}: load of table 'embedding' failed: table 'embedding': {shard} is truncated" \
+    assert f"--resume {damaged}: checkpoint file {shard} is truncated: 1000 bytes" \
         in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -134,6 +134,42 @@ def test_remote_processes_are_killed_at_teardown(hosts, tmp_path):
     assert [p for p in pids if alive(p)] == [], "remote processes outlived the runner"
 
 
+WORKER_THAT_HANGS = [sys.executable, "-c",
+                     "import json, os, socket, time; "
+                     "json.dump({'pid': os.getpid(), 'host': socket.gethostname()}, "
+                     "open(os.path.join(os.environ['OUT'], 'worker.%d.json' % os.getpid()), 'w')); "
+                     "time.sleep(300)"]
+
+
+def test_killed_launcher_ends_the_processes_on_every_host(hosts, tmp_path):
+    (tmp_path / "fake_launcher.py").write_text(FAKE_LAUNCHER)
+    cfg = hosts.write_cluster_file(tmp_path / "cluster.yml", workers=[1, 1], servers=[0, 1],
+                                   env={"OUT": str(tmp_path), "FAKE_MODE": "hang"})
+    env = {**os.environ, "HETU_LAUNCHER": "fake_launcher",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    with open(tmp_path / "launcher.log", "w") as log:
+        launcher = subprocess.Popen([sys.executable, str(RUNNER), "--kill-grace", "2", "-c", cfg, *WORKER_THAT_HANGS],
+                                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("ps.*.json"))) + len(list(tmp_path.glob("worker.*.json"))) < 4:
+            assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.1)
+        records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+        assert {r["host"] for r in records} == {hosts[0].hostname, hosts[1].hostname}
+        launcher.kill()
+        killed = time.monotonic()
+        pids = [r["pid"] for r in records]
+        while any(alive(p) for p in pids) and time.monotonic() - killed < 10:
+            time.sleep(0.1)
+        assert [p for p in pids if alive(p)] == [], "processes outlived their launcher by 10 s"
+        assert f"the launcher (pid {launcher.pid} on " in (tmp_path / "launcher.log").read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+
+
 RECEIVER = textwrap.dedent("""
     import socket, sys, time
     srv = socket.create_server((sys.argv[1], 0))

@@ -102,7 +102,7 @@ def load(args):
         return load_dataset(name, **params)
     try:
         return load_dataset(source)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {source}: {e}") from None
 
 
@@ -255,9 +255,13 @@ def resume(executor, args):
     if not args.resume:
         return 0
     try:
-        executor.load(args.resume)
+        folder, note = ht.checkpoint.locate(args.resume)
+        if note and executor.graph.rank == 0:
+            print(f"--resume {args.resume}: {note}", flush=True)
+        executor.load(folder)
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:   # RuntimeError: a server's load
         raise SystemExit(f"--resume {args.resume}: {str(e).strip(chr(39))}") from None
+    args.resumed_from = folder
     return executor.state.iteration
 
 
@@ -311,7 +315,7 @@ def train(argv, herald):
                          f"(with --val: validate it only)")
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
-          f"{total} iterations" + (f", resumed at step {first} from {args.resume}" if first else ""), flush=True)
+          f"{total} iterations" + (f", resumed at step {first} from {args.resumed_from}" if first else ""), flush=True)
     start, done, epoch, history = time.time(), first, first // per_epoch, []
     while done < total:
         n = min(per_epoch * (epoch + 1), total) - done   # a resumed run may start within an epoch
@@ -332,17 +336,45 @@ def train(argv, herald):
             save_checkpoint(executor, args)
     executor.flush()   # every worker: pending cached updates reach the servers
     elapsed = time.time() - start
+    # The trained model first: a report that fails afterwards must not lose it.
+    if args.save_params and executor.graph.rank == 0:
+        save_params(executor, args.save_params)
+    executor.barrier()   # no worker's failing report ends the job before they are written
     print(executor.counters.summary_line(), flush=True)
-    if args.cache_perf:
-        path = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
-        executor.counters.write_csv(path)
-        print(f"per-iteration counters written to {path}", flush=True)
+    failed_report = write_counters(executor, args, herald) if args.cache_perf else None
     summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total - first,
                "first_step": first, "seconds": elapsed, "counters": executor.counters.totals(),
                "samples_per_second": (total - first) * args.batch_size / elapsed, "final": history[-1]}
     print("summary " + json.dumps(summary), flush=True)
-    if args.save_params and executor.graph.rank == 0:
-        tmp = args.save_params + ".tmp.npz"
-        np.savez(tmp, **executor.parameters())
-        os.replace(tmp, args.save_params)
+    if failed_report:
+        raise SystemExit(failed_report)
     return summary
+
+
+def save_params(executor, path):
+    tmp = path + ".tmp.npz"
+    try:
+        np.savez(tmp, **executor.parameters())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise SystemExit(f"--save-params: cannot write {path}: {e.strerror or e}") from None
+
+
+def write_counters(executor, args, herald):
+    """--cache-perf's CSV; on failure its partial file is removed and the error returned."""
+    path = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
+    try:
+        executor.counters.write_csv(path)
+    except OSError as e:
+        _remove_quietly(path + ".tmp")   # write_csv's partial file
+        return f"--cache-perf: cannot write {path}: {e.strerror or e}"
+    print(f"per-iteration counters written to {path}", flush=True)
+    return None
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass

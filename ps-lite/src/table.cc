@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <new>
 #include <unordered_map>
@@ -268,6 +269,7 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
   put(steps_.data(), steps_.size() * sizeof(int64_t));
   put(versions_.data(), versions_.size() * sizeof(int64_t));
   ok = (std::fflush(f) == 0) && ok;
+  ok = (fsync(fileno(f)) == 0) && ok;  // on disk before the checkpoint that lists it is
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
@@ -298,8 +300,10 @@ std::string TableShard::Load(const std::string& dir, int rank, int num_servers) 
   get(state.data(), state.size() * sizeof(float));
   get(steps.data(), steps.size() * sizeof(int64_t));
   get(versions.data(), versions.size() * sizeof(int64_t));
+  const bool extra = ok && std::fgetc(f) != EOF;
   std::fclose(f);
   if (!ok) return "table '" + name_ + "': " + path + " is truncated";
+  if (extra) return "table '" + name_ + "': " + path + " has bytes after the shard's data (not written by a save)";
   values_.Swap(values);
   state_.Swap(state);
   steps_.Swap(steps);

@@ -27,8 +27,12 @@ std::unique_ptr<Van> Van::Create(const std::string& type) {
 }
 
 int64_t MaxMessageBytes() {
-  const char* cap = std::getenv("PS_MAX_MSG_BYTES");
-  return cap ? std::atoll(cap) : (int64_t(4) << 30);
+  const char* cap = std::getenv("PS_MAX_FRAME_BYTES");
+  if (cap && std::atoll(cap) > 0) return std::atoll(cap);
+  // Servers receive pushes of one batch's rows and the scheduler control messages only; a
+  // worker receives whole chunks of tables.
+  const char* role = std::getenv("DMLC_ROLE");
+  return role && std::string(role) != "worker" ? (int64_t(1) << 30) : (int64_t(4) << 30);
 }
 
 }  // namespace ps

@@ -33,8 +33,9 @@ class Van {
   static std::vector<std::string> Types();
 };
 
-// PS_MAX_MSG_BYTES: the largest message a van accepts (default 4 GiB), so that a (possibly
-// hostile) peer cannot make us allocate more.
+// PS_MAX_FRAME_BYTES: the largest frame (ZMQ) or message (UCX) a van accepts, so that a
+// (possibly hostile) peer cannot make us allocate more; a larger one is dropped, with its
+// connection, and the job goes on. Default 1 GiB on servers and the scheduler, 4 GiB on workers.
 int64_t MaxMessageBytes();
 
 std::unique_ptr<Van> MakeZmqVan();

@@ -3,15 +3,13 @@ list of hetu.passes) and runs one step of a subgraph at a time.
 
 Data path of one step: DataloaderOp (next batch) -> ops in topological order -> OptimizerOp
 (local update, or the PS / cache / Herald update that a distribution pass bound it to)."""
-import json
 import os
 import shutil
-import tempfile
 import time
 
 import numpy as np
 
-from . import _C
+from . import _C, checkpoint
 from .context import cpu
 from .dist.ps import RemoteDense
 from .graph import Variable
@@ -225,20 +223,18 @@ class Executor:
 
         Every worker calls it at the same step. Pending cached updates are flushed first (a
         collective push); then worker 0 has the servers write their shards of the tables and
-        writes the rest itself (local parameters are the same on every worker), into a temporary
-        folder renamed into place, so an interrupted save never leaves a partial checkpoint. The
-        servers write on their own hosts: across hosts, the folder must be on a shared file
-        system."""
+        writes the rest itself (local parameters are the same on every worker), into a new folder
+        beside the old one, synced, checksummed and swapped in (hetu.checkpoint), so that a save
+        interrupted at any point leaves a complete checkpoint to resume from. The servers write on
+        their own hosts: across hosts, the folder must be on a shared file system."""
         self.flush()
-        self._barrier()   # every worker's pushes are in, so the servers have applied them all
+        self.barrier()   # every worker's pushes are in, so the servers have applied them all
         if self.graph.rank == 0:
             self._write_checkpoint(os.path.abspath(directory), run)
-        self._barrier()   # no worker pushes again before the servers have written
+        self.barrier()   # no worker pushes again before the servers have written
 
     def _write_checkpoint(self, directory, run):
-        parent = os.path.dirname(directory)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory), dir=parent)
+        tmp = checkpoint.new_folder(directory)
         try:
             arrays, clocks = {}, {}
             remote = self.graph.remote
@@ -262,30 +258,31 @@ class Executor:
                     "loaders": [{name: d.position for name, d in op.dataloaders.items()}
                                 for op in self.graph.dataloaders],
                     "run": run}
-            with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump(meta, f)
-            if os.path.exists(directory):
-                shutil.rmtree(directory)
-            os.rename(tmp, directory)
+            checkpoint.seal(tmp, meta)
+            checkpoint.swap_in(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
     @staticmethod
     def checkpoint_info(directory):
-        """The checkpoint's meta.json (step reached, cluster shape, the `run` given to save())."""
-        path = os.path.join(directory, "meta.json")
-        if not os.path.exists(os.path.join(directory, "arrays.npz")) or not os.path.exists(path):
-            raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no arrays.npz and meta.json)")
-        with open(path) as f:
-            return json.load(f)
+        """The checkpoint's meta.json (step reached, cluster shape, the `run` given to save()), of
+        `directory` or, where a save was interrupted while replacing it, of the one before it
+        (hetu.checkpoint.locate)."""
+        folder, _ = checkpoint.locate(directory)
+        if not os.path.exists(os.path.join(folder, "arrays.npz")):
+            raise FileNotFoundError(f"{folder} is not a hetu checkpoint (no arrays.npz)")
+        return checkpoint.read_meta(folder)
 
     def load(self, directory):
         """Continues from a checkpoint of save(), into an executor of the same graph and cluster
         shape that has not trained yet. Every worker calls it; everything is checked before
         anything is changed."""
-        directory = os.path.abspath(directory)
+        directory, _ = checkpoint.locate(directory)
         meta = self.checkpoint_info(directory)
+        # Every file is checked before anything is loaded; the servers' shards by worker 0,
+        # the one that has the servers load them.
+        checkpoint.verify(directory, meta, only=None if self.graph.rank == 0 else "arrays.npz")
         if self.state.iteration:
             raise RuntimeError(f"load {directory}: this executor has trained {self.state.iteration} steps; "
                                f"load a checkpoint into a new one")
@@ -310,7 +307,7 @@ class Executor:
             for p in self.graph.parameters:
                 if p.id in remote:
                     remote[p.id].table.load(os.path.join(directory, "ps")).wait()
-        self._barrier()   # every table is loaded before any worker reads one
+        self.barrier()   # every table is loaded before any worker reads one
         for p in self.graph.parameters:
             if p.id in remote:
                 # Pushes are tagged with the clock, which the servers' loaded tables continue.
@@ -359,7 +356,8 @@ class Executor:
         from . import ps
         return ps.num_servers()
 
-    def _barrier(self):
+    def barrier(self):
+        """Every worker waits for all the others (nothing to wait for in one process)."""
         comm = getattr(self.graph, "comm", None)
         if comm is not None:
             comm.barrier()

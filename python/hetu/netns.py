@@ -30,7 +30,7 @@ from typing import List, Optional
 
 import yaml
 
-from .runner import THREAD_VARS
+from .launch.mpirun import THREAD_VARS
 
 SUBNET_PREFIX = "10.231"
 SSHD = "/usr/sbin/sshd"

@@ -1,4 +1,5 @@
 """Loading a dataset folder for training: memory-mapped arrays split into train and val views."""
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ class DatasetPart:
 class Dataset:
     def __init__(self, path, mmap=True):
         self.path = Path(path)
-        self.meta = DatasetMeta.from_dict(store.read_meta(self.path))
+        self.meta = read_dataset_meta(self.path)
         dense, sparse, labels = store.load_arrays(self.path, mmap=mmap)
         check_arrays(self.path, self.meta, dense, sparse, labels)
         cut = self.meta.train_rows
@@ -120,6 +121,32 @@ class Dataset:
         return (f"Dataset({m.name!r}, path={str(self.path)!r}, train={len(self.train)}, "
                 f"val={len(self.val)}, fields={m.num_fields}, dense={m.num_dense}, "
                 f"num_embeddings={m.num_embeddings})")
+
+
+def read_dataset_meta(path):
+    """The folder's meta.json, checked: it parses, has every key, and its fields' id ranges lie
+    within num_embeddings (the batches' ids are checked against those ranges as they are read,
+    so no id reaches a table row it does not have)."""
+    where = path / store.META_FILE
+    try:
+        raw = store.read_meta(path)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where} is not valid JSON ({e})") from None
+    try:
+        meta = DatasetMeta.from_dict(raw)
+    except (KeyError, TypeError) as e:
+        missing = f"has no key {e}" if isinstance(e, KeyError) else f"is malformed ({e})"
+        raise ValueError(f"{where} {missing}") from None
+    sizes, offsets = np.asarray(meta.field_sizes, np.int64), np.asarray(meta.field_offsets, np.int64)
+    if len(sizes) != meta.num_fields or len(offsets) != meta.num_fields:
+        raise ValueError(f"{where}: num_fields is {meta.num_fields}, but it lists {len(sizes)} field_sizes "
+                         f"and {len(offsets)} field_offsets")
+    ends = offsets + sizes
+    if len(ends) and (ends.max() > meta.num_embeddings or offsets.min() < 0):
+        f = int(ends.argmax()) if ends.max() > meta.num_embeddings else int(offsets.argmin())
+        raise ValueError(f"{where}: field {f} ({meta.field_names[f] if f < len(meta.field_names) else '?'}) "
+                         f"holds ids [{offsets[f]}, {ends[f]}), outside num_embeddings {meta.num_embeddings}")
+    return meta
 
 
 def check_arrays(path, meta, dense, sparse, labels):
@@ -140,7 +167,7 @@ def resolve_dataset_dir(name_or_dir, **synthetic_params):
     name = str(name_or_dir)
     path = Path(name).expanduser()
     if path.is_dir():
-        if not store.is_complete_dataset(path):
+        if not (path / store.META_FILE).is_file():
             raise FileNotFoundError(f"{path} is not a complete dataset folder (no meta.json)")
         return path
     if name == "synthetic" or name.startswith("synthetic-"):

@@ -70,10 +70,30 @@ def load_arrays(folder, mmap=True):
     several processes on one host share a single copy through the page cache."""
     folder = Path(folder)
     mode = "r" if mmap else None
-    dense = np.load(folder / DENSE_FILE, mmap_mode=mode)
-    sparse = np.load(folder / SPARSE_FILE, mmap_mode=mode)
-    labels = np.load(folder / LABELS_FILE, mmap_mode=mode)
-    return dense, sparse, labels
+    return tuple(load_npy(folder / name, mode) for name in (DENSE_FILE, SPARSE_FILE, LABELS_FILE))
+
+
+def load_npy(path, mmap_mode=None):
+    """np.load of one .npy file, whose size is checked against its header first, so that a
+    truncated or overlong file is an error naming it (NumPy's own says neither)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise ValueError(f"unsupported .npy version {version}")
+            shape, _, dtype = read_header(f)
+            data_start = f.tell()
+    except ValueError as e:
+        raise ValueError(f"{path} is not a .npy array file ({e})") from None
+    expected = data_start + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size != expected:
+        what = "is truncated" if size < expected else "has extra bytes after its data"
+        raise ValueError(f"{path} {what}: {size} bytes, its header describes {dtype}{list(shape)} "
+                         f"in {expected} bytes")
+    return np.load(path, mmap_mode=mmap_mode)
 
 
 def _fsync_tree(folder):

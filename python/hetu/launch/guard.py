@@ -1,0 +1,109 @@
+"""Stops a job whose launcher died, however it died.
+
+The launcher starts one guard before anything else, in a session of its own (a signal to the
+launcher's process group does not reach it), with the read end of a pipe as its stdin. Only the
+launcher holds the write end, so the guard sees end-of-file the instant the launcher ends, even
+by kill -9. The launcher tells the guard every process it starts ("start PID LABEL") and that
+it finished its own teardown ("end"). End-of-file without "end" means the launcher was lost: the
+guard says so, naming it, and stops every process the launcher started, with their descendants,
+as the launcher's teardown would, and every local process whose environment carries the job's
+HETU_JOB mark (a daemon a worker left behind). Processes on other hosts follow: a remote
+scheduler or server ends with its ssh session (see ssh.remote_command), remote workers with
+mpirun.
+
+    python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE JOB_MARK
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+from .processes import (is_running, kill_snapshot, proc_starttime, processes_with_env, signal_group,
+                        snapshot_tree)
+
+
+class LauncherGuard:
+    """The launcher's end of the guard: a pipe to a `python -m hetu.launch.guard` process."""
+
+    def __init__(self, kill_grace: float, host: str, job_mark: str):
+        read_end, self._write_end = os.pipe()   # both non-inheritable: no child holds the write end
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "hetu.launch.guard", str(os.getpid()), host, f"{kill_grace:g}", job_mark],
+            stdin=read_end, start_new_session=True)
+        os.close(read_end)
+        self.lost = False
+
+    def _send(self, line: str):
+        if self.lost:
+            return
+        try:
+            os.write(self._write_end, (line + "\n").encode())
+        except OSError:   # the guard died: the job runs on, unguarded; teardown still works
+            self.lost = True
+
+    def started(self, pid: int, label: str):
+        self._send(f"start {pid} {label}")
+
+    def close(self):
+        """The launcher has stopped its job itself: the guard exits without touching anything."""
+        self._send("end")
+        os.close(self._write_end)
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+
+
+def read_launcher(stream) -> Tuple[List[Tuple[int, Optional[str], str]], bool]:
+    """The processes the launcher reported, until its pipe closes; and whether it said "end"."""
+    started = []
+    for raw in stream:
+        words = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
+        if words[0] == "end":
+            return started, True
+        if words[0] == "start" and len(words) == 3 and words[1].isdigit():
+            pid = int(words[1])
+            # The start time tells this process from a later one that reuses its pid.
+            started.append((pid, proc_starttime(pid), words[2]))
+    return started, False
+
+
+def stop_job(started, grace: float, job_mark: str):
+    """SIGTERM to every process group the launcher started, SIGKILL after `grace` seconds to
+    those, to everything that was below them (mpirun's workers have groups of their own) and
+    to every process marked with the job's mark."""
+    pids = [pid for pid, start, _ in started if is_running(pid, start)]
+    marked = [pid for pid in processes_with_env(job_mark) if pid != os.getpid()]
+    tree: Dict[int, Optional[str]] = {pid: proc_starttime(pid) for pid in pids + marked}
+    tree.update(snapshot_tree(pids + marked))
+    for pid in pids:
+        signal_group(pid, signal.SIGTERM)
+    kill_snapshot({pid: tree[pid] for pid in marked}, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(is_running(p, s) for p, s in tree.items()):
+        time.sleep(0.05)
+    for pid in pids:
+        signal_group(pid, signal.SIGKILL)
+    kill_snapshot(tree, signal.SIGKILL)
+
+
+def main(argv=None):
+    launcher_pid, host, grace, job_mark = (argv or sys.argv[1:])[:4]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the launcher's to handle
+    started, finished = read_launcher(sys.stdin.buffer)
+    if finished:
+        return 0
+    labels = [label for _, _, label in started]
+    try:
+        print(f"[heturun] error: the launcher (pid {launcher_pid} on {host}) is gone; stopping its job: "
+              f"{', '.join(labels) or 'nothing was started'}", file=sys.stderr, flush=True)
+    except OSError:
+        pass   # the launcher's stderr may have gone with it; the job is stopped all the same
+    stop_job(started, float(grace), job_mark)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

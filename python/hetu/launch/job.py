@@ -1,0 +1,330 @@
+"""One job: starts the scheduler, the servers and the workers, supervises them, stops them."""
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional
+
+from .cluster import Cluster, Node, is_local, resolve, root_address
+from .guard import LauncherGuard
+from .mpirun import WORKER_SHIM, MpiOutputDemux, MpirunReport, mpirun_options, pump_mpirun
+from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
+from .ssh import Ssh, remote_command
+
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
+# Local variables that remote processes need to find the same interpreter and libraries.
+PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+
+
+class JobFailed(Exception):
+    def __init__(self, message, code=EXIT_FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+class Job:
+    def __init__(self, cluster: Cluster, command: List[str], timeout: Optional[float],
+                 shutdown_timeout: float, kill_grace: float, verbose: bool):
+        self.cluster, self.command = cluster, command
+        self.timeout, self.shutdown_timeout, self.kill_grace = timeout, shutdown_timeout, kill_grace
+        self.verbose = verbose
+        self.procs: List[Proc] = []
+        self.workdir = tempfile.mkdtemp(prefix="heturun-")
+        self.ssh = Ssh(cluster, self.workdir)
+        self.local = {n.host: is_local(n.host) for n in cluster.nodes}
+        self.rank_host: Dict[int, str] = {}
+        self.mpirun_report = MpirunReport()
+        self.worker_last_stderr: Dict[int, str] = {}
+        self.interrupted: Optional[int] = None
+        self.guard: Optional[LauncherGuard] = None
+        # In every process's environment: the guard finds what the job started by it.
+        self.job_mark = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.t0 = time.monotonic()
+
+    def log(self, message: str):
+        emit(sys.stderr, "heturun", message)
+
+    # ---- environment
+
+    def base_env(self, port: int) -> Dict[str, str]:
+        env = dict(self.cluster.env)
+        env.update(DMLC_PS_ROOT_URI=self.root_uri, DMLC_PS_ROOT_PORT=str(port),
+                   DMLC_NUM_WORKER=str(self.cluster.num_workers),
+                   DMLC_NUM_SERVER=str(self.cluster.num_servers),
+                   DMLC_PS_VAN_TYPE=self.cluster.van,
+                   PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"), PYTHONUNBUFFERED="1",
+                   HETU_JOB=self.job_mark)
+        return env
+
+    def node_env(self, node: Node) -> Dict[str, str]:
+        env = {}
+        if node.interface:
+            env["DMLC_INTERFACE"] = node.interface
+        if len(self.cluster.nodes) > 1:
+            # ps-lite would otherwise guess its own address from the first interface it finds.
+            env["DMLC_NODE_HOST"] = "127.0.0.1" if self.local[node.host] and \
+                self.root_uri == "127.0.0.1" else resolve(node.host)
+        return env
+
+    # ---- ports
+
+    def free_port(self) -> int:
+        chief = self.cluster.chief
+        probe = "from hetu.ps import pick_root_port; print(pick_root_port())"
+        if self.local[chief.host]:
+            from hetu.ps import pick_root_port
+            return pick_root_port()
+        python = chief.python or sys.executable
+        argv = self.ssh.argv(chief.host, f"{shlex.quote(python)} -c {shlex.quote(probe)}")
+        try:
+            out = subprocess.run(argv, capture_output=True, timeout=30, check=True, text=True)
+            return int(out.stdout.strip())
+        except subprocess.TimeoutExpired:
+            raise JobFailed(f"timed out (30 s) asking {chief.host} for a free port over ssh")
+        except (subprocess.CalledProcessError, ValueError) as e:
+            err = getattr(e, "stderr", "") or ""
+            raise JobFailed(f"cannot get a free port on chief {chief.host} over ssh: "
+                            f"{err.strip() or e}")
+
+    # ---- scheduler and servers
+
+    def launcher_argv(self, node: Node) -> List[str]:
+        # HETU_LAUNCHER swaps in another scheduler/server module (tests, other PS builds).
+        module = os.environ.get("HETU_LAUNCHER", "hetu.launcher")
+        return [node.python or sys.executable, "-m", module]
+
+    def start_ps_process(self, node: Node, role: str, rank: Optional[int], env: Dict[str, str]):
+        env = {**env, **self.node_env(node), "DMLC_ROLE": role}
+        tag = role if rank is None else f"{role} {rank}"
+        if self.local[node.host]:
+            argv, full_env = self.launcher_argv(node), {**os.environ, **env}
+        else:
+            passthrough = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+            line = remote_command(os.getcwd(), {**passthrough, **env}, self.launcher_argv(node))
+            argv, full_env = self.ssh.argv(node.host, line), dict(os.environ)
+        if self.verbose:
+            self.log(f"starting {tag} on {node.host}: {' '.join(map(shlex.quote, argv))}")
+        proc = start_process(role, rank, node.host, argv, full_env, tag)
+        if self.local[node.host]:
+            self._close_stdin(proc)   # only remote watchdogs need the pipe held open
+        self.add_process(proc)
+
+    def start_parameter_servers(self, env):
+        if self.cluster.num_servers == 0:
+            return
+        self.start_ps_process(self.cluster.chief, "scheduler", None, env)
+        rank = 0
+        for node in self.cluster.nodes:
+            for _ in range(node.servers):
+                self.start_ps_process(node, "server", rank, env)
+                rank += 1
+
+    # ---- workers
+
+    def worker_nodes(self) -> List[Node]:
+        """Nodes with workers, chief first, so rank 0 sits next to the scheduler."""
+        nodes = [n for n in self.cluster.nodes if n.workers]
+        return sorted(nodes, key=lambda n: not n.chief)
+
+    def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
+        remote = any(not self.local[n.host] for n in self.cluster.nodes)
+        argv = mpirun_options(self.ssh.config if remote else None) + self.cluster.mpirun_args
+        shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
+                  **env, "DMLC_ROLE": "worker"}
+        contexts = []
+        for node in self.worker_nodes():
+            # One MPI app context per node: the ranks of a context are contiguous, and each can
+            # carry its own node-specific variables.
+            assigns = [f"{k}={v}" for k, v in {**shared, **self.node_env(node),
+                                                "HETU_LOCAL_WORKERS": str(node.workers)}.items()]
+            host = "localhost" if self.local[node.host] else node.host
+            contexts.append(["-np", str(node.workers), "--host", f"{host}:{node.workers}",
+                             "env", *assigns, "/bin/sh", "-c", WORKER_SHIM, "hetu-worker",
+                             *self.command])
+            first = len(self.rank_host)
+            for r in range(first, first + node.workers):
+                self.rank_host[r] = node.host
+        for i, ctx in enumerate(contexts):
+            argv += ([":"] if i else []) + ctx
+        return argv
+
+    def on_worker_line(self, rank: int, stream: str, line: str):
+        emit(sys.stdout if stream == "stdout" else sys.stderr, f"worker {rank}", line)
+        if stream == "stderr" and line.strip():
+            self.worker_last_stderr[rank] = line
+
+    def on_mpirun_line(self, line: str, stream):
+        self.mpirun_report.read(line)
+        emit(stream, "mpirun", line)
+
+    def start_workers(self, env):
+        argv = self.mpirun_argv(env)
+        if self.verbose:
+            self.log("starting workers: " + " ".join(map(shlex.quote, argv)))
+        if shutil.which("mpirun") is None:
+            raise JobFailed("mpirun not found on PATH (install openmpi-bin)")
+        popen = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        proc = Proc(role="workers", rank=None, host=socket.gethostname(), popen=popen)
+        for pipe, stream in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
+            demux = MpiOutputDemux(self.on_worker_line,
+                                   lambda line, s=stream: self.on_mpirun_line(line, s))
+            t = threading.Thread(target=pump_mpirun, args=(pipe, demux), daemon=True)
+            t.start()
+            proc.threads.append(t)
+        self.add_process(proc)
+        return proc
+
+    # ---- supervision
+
+    def add_process(self, proc: Proc):
+        self.procs.append(proc)
+        if self.guard is not None:
+            self.guard.started(proc.popen.pid, proc.label if proc.role != "workers" else "mpirun (workers)")
+
+    def describe_failure(self, proc: Proc) -> str:
+        rc = proc.returncode
+        if proc.role != "workers":
+            hint = ""
+            if rc == 255 and not self.local.get(proc.host, True):
+                hint = "; 255 is also ssh's own status when it cannot reach or log in to the host"
+            return f"{proc.label} on {proc.host} failed ({describe_status(rc)}{hint})"
+        for t in proc.threads:   # mpirun's own report names the rank; let it be read
+            t.join(timeout=5)
+        r = self.mpirun_report.failed_rank
+        if r is not None:
+            return (f"worker {r} on {self.rank_host.get(r, '?')} failed "
+                    f"({self.mpirun_report.failed_status or describe_status(rc)})")
+        return f"mpirun (all workers) failed ({describe_status(rc)})"
+
+    def check_guard(self):
+        if self.guard is not None and not self.guard.lost and self.guard.popen.poll() is not None:
+            self.guard.lost = True
+            self.log(f"warning: the launcher's guard (pid {self.guard.popen.pid}) ended "
+                     f"({describe_status(self.guard.popen.returncode)}): if this launcher dies now, "
+                     "its job runs on")
+
+    def check_deadline(self):
+        self.check_guard()
+        if self.timeout is not None and time.monotonic() - self.t0 > self.timeout:
+            running = ", ".join(p.label for p in self.procs if p.poll() is None)
+            raise JobFailed(f"job timed out after {self.timeout:g} s (--timeout); still "
+                            f"running: {running or 'none'}", EXIT_TIMEOUT)
+        if self.interrupted is not None:
+            name = signal.Signals(self.interrupted).name
+            raise JobFailed(f"interrupted by {name}; stopping all processes",
+                            128 + self.interrupted)
+
+    def wait_workers(self, mpirun: Proc):
+        while True:
+            self.check_deadline()
+            for p in self.procs:
+                rc = p.poll()
+                if rc is not None and rc != 0:
+                    raise JobFailed(self.describe_failure(p))
+            if mpirun.returncode == 0:
+                return
+            time.sleep(0.05)
+
+    def wait_shutdown(self):
+        deadline = time.monotonic() + self.shutdown_timeout
+        while time.monotonic() < deadline:
+            self.check_deadline()
+            pending = [p for p in self.procs if p.poll() is None]
+            failed = [p for p in self.procs if p.returncode not in (None, 0)]
+            if failed:
+                raise JobFailed(self.describe_failure(failed[0]))
+            if not pending:
+                return
+            time.sleep(0.05)
+        names = ", ".join(f"{p.label} on {p.host}" for p in self.procs if p.poll() is None)
+        raise JobFailed(f"workers finished but {names} did not exit within "
+                        f"{self.shutdown_timeout:g} s (--shutdown-timeout); killed")
+
+    def teardown(self):
+        """Stop everything still running: the signal first, SIGKILL after a grace period, and
+        SIGKILL for any descendant left behind (mpirun's workers have their own groups)."""
+        live = [p for p in self.procs if p.poll() is None]
+        tree = snapshot_tree([p.popen.pid for p in live])
+        sig = self.interrupted or signal.SIGTERM
+        for p in live:
+            self._close_stdin(p)   # remote watchdogs stop their command on EOF
+            p.signal_group(sig)
+        deadline = time.monotonic() + self.kill_grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in live):
+            time.sleep(0.05)
+        for p in live:
+            if p.poll() is None:
+                p.signal_group(signal.SIGKILL)
+        kill_snapshot(tree, signal.SIGKILL)
+        for p in live:
+            try:
+                p.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.log(f"{p.label} (pid {p.popen.pid}) did not die after SIGKILL")
+            p.poll()
+
+    @staticmethod
+    def _close_stdin(p: Proc):
+        if p.popen.stdin is None:
+            return
+        try:
+            p.popen.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+    def summary(self):
+        self.log("summary:")
+        for p in self.procs:
+            end = p.ended if p.ended is not None else time.monotonic()
+            n = self.cluster.num_workers
+            label = p.label if p.role != "workers" else \
+                ("worker 0 (mpirun)" if n == 1 else f"workers 0-{n - 1} (mpirun)")
+            self.log(f"  {label:<24} {p.host:<16} {describe_status(p.returncode):<20} "
+                     f"{end - p.started:8.2f} s")
+            if p.returncode in (None, 0):
+                continue
+            if p.role != "workers":
+                if p.last_stderr:
+                    self.log(f"      {p.last_stderr.strip()}")
+                continue
+            by_line: Dict[str, List[int]] = {}
+            for rank, line in sorted(self.worker_last_stderr.items()):
+                by_line.setdefault(line.strip(), []).append(rank)
+            for line, ranks in by_line.items():
+                self.log(f"      worker {','.join(map(str, ranks))}: {line}")
+
+    def run(self) -> int:
+        try:
+            # First: from now on, a launcher that dies takes its job with it.
+            self.guard = LauncherGuard(self.kill_grace, socket.gethostname(), f"HETU_JOB={self.job_mark}")
+            self.root_uri = root_address(self.cluster)
+            env = self.base_env(self.free_port())
+            self.start_parameter_servers(env)
+            mpirun = self.start_workers(env)
+            self.wait_workers(mpirun)
+            self.wait_shutdown()
+            code = 0
+        except JobFailed as e:
+            self.log(f"error: {e}")
+            code = e.code
+        finally:
+            self.teardown()
+            for p in self.procs:
+                for t in p.threads:
+                    t.join(timeout=5)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            if self.guard is not None:
+                self.guard.close()
+        self.summary()
+        return code
+
+

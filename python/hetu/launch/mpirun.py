@@ -1,0 +1,152 @@
+"""All workers under one mpirun: the worker shim and the reading of mpirun's tagged output."""
+import os
+import re
+from typing import Dict, List, Optional
+
+# The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
+# equal to the one mpirun tracks, so mpirun's signals and exit codes reach the real process.
+# It also splits the host's cores among the workers on it: several workers each running BLAS and
+# kernel threads for every core spin against each other (a 2-core host with 2 workers ran 40x
+# slower). Variables the user set are kept.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "HETU_NUM_THREADS")
+WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
+               't=$(( $(nproc) / HETU_LOCAL_WORKERS )); [ "$t" -ge 1 ] || t=1; '
+               f'for v in {" ".join(THREAD_VARS)}; do '
+               '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
+
+
+def mpirun_options(ssh_config: Optional[str]) -> List[str]:
+    """mpirun's options for a hetu job; `ssh_config` when some hosts are remote."""
+    # yield_when_idle: oversubscribed ranks waiting in a collective must not spin on a core
+    # that the parameter server or another rank needs.
+    argv = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output",
+            "--mca", "mpi_yield_when_idle", "1"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    if ssh_config:
+        argv += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {ssh_config}"]
+    return argv
+
+
+MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
+MPI_FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+# "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+MPI_NOTICED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
+MPI_EXIT = re.compile(r"Exit code:\s*(-?\d+)")
+MPI_SIGNAL = re.compile(r"Signal:\s*(.+)$")
+
+
+class MpirunReport:
+    """What mpirun's own lines say about the worker that failed: its rank and how it ended."""
+
+    def __init__(self):
+        self.failed_rank: Optional[int] = None
+        self.failed_status: Optional[str] = None
+
+    def read(self, line: str):
+        m = MPI_FAILED_RANK.search(line)
+        if m and self.failed_rank is None:
+            self.failed_rank = int(m.group(1))
+        m = MPI_NOTICED.search(line)
+        if m and self.failed_rank is None:
+            self.failed_rank = int(m.group(1))
+            self.failed_status = f"killed by signal {m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
+        for pattern, fmt in ((MPI_EXIT, "exit {}"), (MPI_SIGNAL, "killed by {}")):
+            m = pattern.search(line)
+            if m and self.failed_status is None:
+                self.failed_status = fmt.format(m.group(1).strip())
+
+
+class MpiOutputDemux:
+    """Turns one mpirun pipe written with --tag-output into whole lines per worker.
+
+    mpirun tags each chunk a worker writes, not each line, so a line written in pieces arrives
+    as several tagged fragments, possibly interleaved with other ranks' output; fragments are
+    joined per (rank, stream) until their newline arrives. Text with no tag is mpirun's own.
+    """
+
+    def __init__(self, on_worker_line, on_plain_line):
+        self.on_worker_line, self.on_plain_line = on_worker_line, on_plain_line
+        self.pending = ""
+        self.current = None          # (rank, stream) of the fragment being read
+        self.partial: Dict[tuple, str] = {}
+
+    def feed(self, text: str):
+        self.pending += text
+        while self.pending and self._step():
+            pass
+
+    def _step(self) -> bool:
+        if self.current is None:
+            return self._step_line_start()
+        return self._step_fragment()
+
+    def _step_line_start(self) -> bool:
+        m = MPI_TAG.match(self.pending)
+        if m:
+            self.current = (int(m.group(1)), m.group(2))
+            self.pending = self.pending[m.end():]
+            return True
+        if self._may_become_tag(self.pending):
+            return False
+        nl = self.pending.find("\n")
+        if nl < 0:
+            return False
+        self.on_plain_line(self.pending[:nl].rstrip("\r"))
+        self.pending = self.pending[nl + 1:]
+        return True
+
+    def _step_fragment(self) -> bool:
+        nl = self.pending.find("\n")
+        tag = MPI_TAG.search(self.pending)
+        if tag and (nl < 0 or tag.start() < nl):
+            self._append(self.pending[:tag.start()])
+            self.pending, self.current = self.pending[tag.start():], None
+            return True
+        if nl >= 0:
+            line = self.partial.pop(self.current, "") + self.pending[:nl]
+            self.on_worker_line(self.current[0], self.current[1], line.rstrip("\r"))
+            self.pending, self.current = self.pending[nl + 1:], None
+            return True
+        # Keep a trailing '[' back: it may be the start of the next tag.
+        cut = self.pending.rfind("[")
+        cut = len(self.pending) if cut < 0 else cut
+        self._append(self.pending[:cut])
+        self.pending = self.pending[cut:]
+        return False
+
+    def _append(self, text: str):
+        if text:
+            self.partial[self.current] = self.partial.get(self.current, "") + text
+
+    @staticmethod
+    def _may_become_tag(text: str) -> bool:
+        m = re.fullmatch(r"\[\d*(?:,\d*(?:\](.*))?)?", text, re.S)
+        if m is None:
+            return False
+        rest = m.group(1)
+        return rest is None or "<stdout>:".startswith(rest) or "<stderr>:".startswith(rest)
+
+    def close(self):
+        if self.pending:
+            if self.current is None:
+                self.on_plain_line(self.pending)
+            else:
+                self._append(self.pending)
+        self.pending, self.current = "", None
+        for (rank, stream), text in sorted(self.partial.items()):
+            self.on_worker_line(rank, stream, text)
+        self.partial.clear()
+
+
+def pump_mpirun(pipe, demux: MpiOutputDemux):
+    """Reads raw chunks: a tagged fragment may wait long for its newline."""
+    fd = pipe.fileno()
+    while True:
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        demux.feed(data.decode(errors="replace"))
+    demux.close()
+    pipe.close()
+
