@@ -122,6 +122,31 @@ def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, rat
             assert c["rows_prefetched"] == 0, c
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers,batch,servers,opt,lr,policy,ratio,comm", [
+    (2, 32, 2, "momentum", "0.01", "lfu", "0.01", "Hybrid"),
+    (4, 16, 3, "adagrad", "0.001", "lfuopt", "0.02", "Hybrid"),
+    (3, 16, 2, "adam", "0.001", "lru", "0.05", "PS")])
+def test_het_bound0_equals_single_process_in_mixed_settings(tmp_path, data_home, workers, batch, servers, opt, lr,
+                                                            policy, ratio, comm):
+    """HET's own protocol with optimizer state in the cache, the other policies and several
+    servers: still the single-process run of batch W*b, and bit for bit the plain PS run (every
+    row a worker reads from its cache is the servers' row, and the pushes are the same)."""
+    args = ["--model", "wdl_criteo", "--optimizer", opt, "--learning-rate", lr]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=workers * batch)
+    plain, _ = run_cluster(tmp_path, data_home, "run_hetu.py", ["--comm", comm, "--bsp", "0", *args],
+                           workers, servers, batch)
+    (tmp_path / f"cluster-{workers}w{servers}s.npz").unlink()   # the next run writes its own
+    got, out = run_cluster(tmp_path, data_home, "run_hetu.py",
+                           ["--comm", comm, "--cache", policy, "--bound", "0", "--bsp", "0",
+                            "--cache-limit-ratio", ratio, *args], workers, servers, batch)
+    assert_same_parameters(reference, got, exact_rows=False)
+    for name, value in plain.items():
+        assert np.array_equal(got[name], value), name
+    hits = [json.loads(m)["counters"]["hits"] for m in re.findall(r"\[worker \d+\] summary (\{.*\})", out)]
+    assert len(hits) == workers and all(h > 0 for h in hits), hits
+
+
 def _transmitted(stdout):
     found = re.findall(r"\[worker 0\] embedding transmissions: (\d+) rows", stdout)
     assert found, stdout
