@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
+from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from models import MODELS, dataset_of
 
@@ -81,6 +82,10 @@ def build_parser(herald):
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
     p.add_argument("--log-interval", type=POSITIVE_FLOAT, default=30.0,
                    help="seconds between progress lines when the output is not a terminal (under the launcher)")
+    p.add_argument("--gpu", action="store_true",
+                   help="train on a GPU: worker w of a host takes GPU (local rank mod the host's GPUs); the "
+                        "cluster file's `gpus:` or --gpus of runner.py says how many a host has, else all "
+                        "the GPUs CuPy sees")
     p.add_argument("--prefetch", action="store_true",
                    help="caches send a step's pull during the step before (faster on loopback, slower on "
                         "shaped 1 Gbit/s links: see the README)")
@@ -244,8 +249,8 @@ def validate_only(executor, args, step, progress, herald):
     """--resume of a checkpoint with nothing left to train, with --val: the checkpoint's metrics."""
     val, line = validate(executor, progress)
     print(f"checkpoint {args.resume} at step {step}: {line}", flush=True)
-    summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": 0, "first_step": step,
-               "final": {"val": val}}
+    summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu,
+               "device": str(executor.config.ctx), "iterations": 0, "first_step": step, "final": {"val": val}}
     print("summary " + json.dumps(summary), flush=True)
     return summary
 
@@ -275,6 +280,18 @@ def check_batches(executor, data, args):
                              f"worker(s) x --batch-size {args.batch_size}: lower --batch-size or use more data")
 
 
+def device_of(args):
+    """The worker's device; with --gpu, a missing CuPy or GPU ends the run here, in one line."""
+    try:
+        ctx = devices.worker_context(args.gpu)
+        if args.gpu:
+            ctx.array_module()   # CuPy imports and this GPU exists
+    except (RuntimeError, ValueError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SystemExit(message if message.startswith("--gpu") else f"--gpu: {message}") from None
+    return ctx
+
+
 def main(argv=None, herald=False):
     try:
         return train(argv, herald)
@@ -289,6 +306,7 @@ def train(argv, herald):
     check_outputs(parser, args)
     check_resume(parser, args)
     options = distribution_options(args, herald)
+    ctx = device_of(args)
     data = load(args)
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
@@ -297,7 +315,7 @@ def train(argv, herald):
                                            embedding_size=args.embedding_size,
                                            optimizer=OPTIMIZERS[args.optimizer](args.learning_rate))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
-                           ctx=ht.cpu(0), seed=args.seed, **options)
+                           ctx=ctx, seed=args.seed, **options)
     check_batches(executor, data, args)
     per_epoch = executor.get_batch_num("train")
     if not args.all:
@@ -315,7 +333,8 @@ def train(argv, herald):
                          f"(with --val: validate it only)")
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
-          f"{total} iterations" + (f", resumed at step {first} from {args.resumed_from}" if first else ""), flush=True)
+          f"{total} iterations" + (f" on {ctx}" if ctx.is_gpu else "") +
+          (f", resumed at step {first} from {args.resumed_from}" if first else ""), flush=True)
     start, done, epoch, history = time.time(), first, first // per_epoch, []
     while done < total:
         n = min(per_epoch * (epoch + 1), total) - done   # a resumed run may start within an epoch
@@ -342,8 +361,9 @@ def train(argv, herald):
     executor.barrier()   # no worker's failing report ends the job before they are written
     print(executor.counters.summary_line(), flush=True)
     failed_report = write_counters(executor, args, herald) if args.cache_perf else None
-    summary = {"model": args.model, "mode": mode_name(args, herald), "iterations": total - first,
-               "first_step": first, "seconds": elapsed, "counters": executor.counters.totals(),
+    summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
+               "iterations": total - first, "first_step": first, "seconds": elapsed,
+               "counters": executor.counters.totals(),
                "samples_per_second": (total - first) * args.batch_size / elapsed, "final": history[-1]}
     print("summary " + json.dumps(summary), flush=True)
     if failed_report:

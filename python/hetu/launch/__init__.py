@@ -7,7 +7,8 @@ Scheduler and servers run as ``python -m hetu.launcher`` (locally as child proce
 hosts over ssh); all workers run under one ``mpirun`` so that mpi4py's COMM_WORLD spans them and
 the worker id equals the MPI rank. Every output line is tagged with role and rank. The first
 process that fails ends the whole job, and the exit message names it; a launcher that dies takes
-its job with it (guard.py).
+its job with it (guard.py). Workers of a host with `gpus: N` in the cluster file (or --gpus N
+with -w) get HETU_GPUS=N, from which hetu.dist.devices picks each worker's GPU.
 
 Exit status: 0 all workers succeeded and the servers shut down; 1 a process failed (or servers
 did not shut down in time); 2 bad usage or cluster file; 124 the --timeout elapsed;

@@ -14,6 +14,9 @@ def parse_args(argv):
     ap.add_argument("-w", "--workers", type=int, help="workers on this machine (without -c)")
     ap.add_argument("-s", "--servers", type=int, default=None,
                     help="servers on this machine (without -c; default 1)")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs on this machine (without -c; the cluster file's 'gpus:'), exported "
+                         "to the workers as HETU_GPUS: worker w trains --gpu on GPU (w mod N)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="stop the whole job after this many seconds (exit 124)")
     ap.add_argument("--shutdown-timeout", type=float, default=60.0,
@@ -47,8 +50,9 @@ def _check_van_is_built(van: str):
 
 def _cluster_shape(args) -> Cluster:
     if args.config:
-        if args.workers is not None or args.servers is not None:
-            raise ConfigError("-w/-s describe a local machine; do not combine them with -c")
+        if args.workers is not None or args.servers is not None or args.gpus is not None:
+            raise ConfigError("-w/-s/--gpus describe a local machine; do not combine them with -c "
+                              "(give a node 'gpus: N' in the cluster file)")
         return load_cluster(args.config)
     if args.workers is None:
         raise ConfigError("give either -c CLUSTER.yml or -w N [-s M]")
@@ -57,7 +61,10 @@ def _cluster_shape(args) -> Cluster:
     servers = 1 if args.servers is None else args.servers
     if servers < 0:
         raise ConfigError(f"-s must not be negative, got {servers}")
-    return local_cluster(args.workers, servers)
+    gpus = 0 if args.gpus is None else args.gpus
+    if gpus < 0:
+        raise ConfigError(f"--gpus must not be negative, got {gpus}")
+    return local_cluster(args.workers, servers, gpus)
 
 
 def _install_signal_handlers(job: Job):

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-NODE_KEYS = {"host", "servers", "workers", "chief", "ssh_port", "user", "python", "interface"}
+NODE_KEYS = {"host", "servers", "workers", "chief", "gpus", "ssh_port", "user", "python", "interface"}
 TOP_KEYS = {"nodes", "env", "van", "ssh_config", "mpirun_args"}
 VANS = {"zmq", "ucx"}  # ucx: RDMA verbs where the hosts have them, else shared memory / TCP
 
@@ -24,6 +24,7 @@ class Node:
     servers: int = 0
     workers: int = 0
     chief: bool = False
+    gpus: int = 0             # GPUs on this host, exported to its workers as HETU_GPUS (0: none declared)
     ssh_port: Optional[int] = None
     user: Optional[str] = None
     python: Optional[str] = None
@@ -84,7 +85,8 @@ def _parse_node(raw, index, source) -> Node:
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ConfigError(f"{where}: '{key}' must be a string, got {raw[key]!r}")
     return Node(host=host.strip(), servers=_count(raw, "servers", where),
-                workers=_count(raw, "workers", where), chief=chief, ssh_port=port,
+                workers=_count(raw, "workers", where), chief=chief, gpus=_count(raw, "gpus", where),
+                ssh_port=port,
                 user=raw.get("user"), python=raw.get("python"), interface=raw.get("interface"))
 
 
@@ -152,9 +154,10 @@ def load_cluster(path) -> Cluster:
     return parse_cluster(data, source=path)
 
 
-def local_cluster(workers: int, servers: int) -> Cluster:
+def local_cluster(workers: int, servers: int, gpus: int = 0) -> Cluster:
     return parse_cluster({"nodes": [{"host": "localhost", "workers": workers,
-                                     "servers": servers, "chief": True}]}, source="-w/-s")
+                                     "servers": servers, "chief": True, "gpus": gpus}]},
+                         source="-w/-s")
 
 
 # --------------------------------------------------------------------------- hosts and addresses

@@ -73,6 +73,14 @@ class Job:
                 self.root_uri == "127.0.0.1" else resolve(node.host)
         return env
 
+    @staticmethod
+    def worker_env(node: Node) -> Dict[str, str]:
+        """Variables for the workers of `node` alone: how many share the host, and its GPUs."""
+        env = {"HETU_LOCAL_WORKERS": str(node.workers)}
+        if node.gpus > 0:
+            env["HETU_GPUS"] = str(node.gpus)   # hetu.dist.devices: worker w takes GPU w mod N
+        return env
+
     # ---- ports
 
     def free_port(self) -> int:
@@ -143,7 +151,7 @@ class Job:
             # One MPI app context per node: the ranks of a context are contiguous, and each can
             # carry its own node-specific variables.
             assigns = [f"{k}={v}" for k, v in {**shared, **self.node_env(node),
-                                                "HETU_LOCAL_WORKERS": str(node.workers)}.items()]
+                                                **self.worker_env(node)}.items()]
             host = "localhost" if self.local[node.host] else node.host
             contexts.append(["-np", str(node.workers), "--host", f"{host}:{node.workers}",
                              "env", *assigns, "/bin/sh", "-c", WORKER_SHIM, "hetu-worker",
