@@ -187,7 +187,8 @@ def test_timeout_stops_the_job(tmp_path):
 
 BAD_CONFIGS = [
     ("nodes: [{host: a, workers: 1, chief: true}]\nfoo: 1\n", "unknown top-level key(s) foo"),
-    ("nodes: [{host: a, workers: 1, chief: true, gpus: 2}]\n", "nodes[0] (host a): unknown key(s) gpus"),
+    ("nodes: [{host: a, workers: 1, chief: true, cores: 2}]\n", "nodes[0] (host a): unknown key(s) cores"),
+    ("nodes: [{host: a, workers: 1, chief: true, gpus: -1}]\n", "'gpus' must not be negative"),
     ("nodes: [{host: a, workers: 1}]\n", "no node has 'chief: true'"),
     ("nodes: [{host: a, workers: 1, chief: true}, {host: b, workers: 1, chief: true}]\n",
      "more than one chief: a, b"),
