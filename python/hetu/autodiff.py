@@ -28,6 +28,7 @@ class GradientSeedOp(Op):
 
 
 class SparseToDenseOp(Op):
+    capturable = False   # sums rows by a sort
     def infer_shape(self, s):
         return s[0]
 

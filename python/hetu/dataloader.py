@@ -41,6 +41,8 @@ class Dataloader:
         self.check = check
         self.rank, self.num_workers = 0, 1
         self.batch_plan = None
+        self.host_allocator = None   # set_host_allocator
+        self._ring = {}
         self._cursor = 0
         self._pending = collections.deque()
         self._pool = None
@@ -50,6 +52,25 @@ class Dataloader:
         """This process is worker `rank` of `num_workers`: it reads its slice of each global batch."""
         self.rank, self.num_workers = int(rank), int(num_workers)
         self._reset()
+
+    def set_host_allocator(self, allocate):
+        """Batches are read into host memory from allocate(nbytes) -> uint8 array (a GPU executor
+        gives page-locked memory, from which the device copies them without another host copy):
+        a ring of buffers, one per batch that can be alive at once (prefetched, current, and the
+        one whose copy to the device may still run)."""
+        self.host_allocator = allocate
+        self._ring = {}
+
+    def _host_batch(self, step, rows):
+        if self.host_allocator is None:
+            return None
+        shape = (rows,) + self.sample_shape
+        nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        slot = step % (self.prefetch + 3)
+        buf = self._ring.get(slot)
+        if buf is None or buf.size < nbytes:
+            buf = self._ring[slot] = self.host_allocator(max(nbytes, 1))
+        return buf[:nbytes].view(self.dtype).reshape(shape)
 
     def set_batch_plan(self, plan):
         """plan(t) -> the sample indices (within global batch t) this worker takes."""
@@ -98,7 +119,15 @@ class Dataloader:
 
     def load(self, step):
         idx = self.indices(step)
-        if not self.shuffle and self.batch_plan is None and len(idx) and idx[-1] - idx[0] + 1 == len(idx):
+        out = self._host_batch(step, len(idx))
+        contiguous = not self.shuffle and self.batch_plan is None and len(idx) and idx[-1] - idx[0] + 1 == len(idx)
+        if out is not None:
+            if contiguous:
+                out[...] = self.data[idx[0]:idx[-1] + 1]
+            else:
+                np.take(self.data, idx, axis=0, out=out)
+            batch = out
+        elif contiguous:
             batch = np.ascontiguousarray(self.data[idx[0]:idx[-1] + 1])
         else:
             batch = np.ascontiguousarray(self.data[idx])
@@ -147,7 +176,9 @@ class Dataloader:
 
 
 class DataloaderOp(Op):
-    """Feeds itself: in subgraph `name` it yields the next batch of that subgraph's dataloader."""
+    """Feeds itself: in subgraph `name` it yields the next batch of that subgraph's dataloader
+    (a host array; on a GPU the executor copies it to the device with the step's other inputs)."""
+    capturable = False
 
     def __init__(self, dataloaders):
         super().__init__()

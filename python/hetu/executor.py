@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from . import _C, checkpoint
+from . import _C, checkpoint, cuda
 from .context import cpu
 from .dist.ps import RemoteDense
 from .graph import Variable
@@ -23,8 +23,9 @@ class ExecutorConfig:
     """What the passes read. Distributed options are interpreted by the distribution passes."""
 
     def __init__(self, ctx=None, seed=None, dist_strategy=None, comm_mode=None, cstable_policy=None,
-                 cache_bound=0, cache_limit=None, bsp=0, prefetch=False, **extra):
+                 cache_bound=0, cache_limit=None, bsp=0, prefetch=False, cuda_graph=False, **extra):
         self.ctx = ctx or cpu(0)
+        self.cuda_graph = bool(cuda_graph)
         self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
         self.dist_strategy = dist_strategy
         self.comm_mode = comm_mode
@@ -48,6 +49,10 @@ class RunState:
         self.iteration = 0
         self.scratch = {}
         self._buffers = {}
+        # On a GPU: errors kernels record on the device (read after each step), and the device
+        # flag that lets this step's optimizer updates go ahead (set by the OptimizerOp).
+        self.checks = cuda.DeviceChecks() if self.xp is not np else None
+        self.update_guard = None
 
     def buffer(self, node, shape, dtype):
         """An output array for `node` that is reused by the node's later steps."""
@@ -85,6 +90,12 @@ class Executor:
         _check_unique_names(graph.parameters)
         self.graph = run_passes(graph)
         self.state = RunState(self)
+        self.device_step = None
+        if self.config.ctx.is_gpu:
+            from .device_step import DeviceStep
+            self.device_step = DeviceStep(self.config.cuda_graph)
+        elif self.config.cuda_graph:
+            raise ValueError("cuda_graph=True needs a GPU context (ctx=ht.gpu(i))")
         self.values = {}          # parameter id -> array
         self.opt_states = {}      # parameter id -> (state, steps)
         self.persistent = {}      # "op/key" -> array (batch norm running statistics)
@@ -101,7 +112,8 @@ class Executor:
                 continue
             if p.id in remote:
                 if isinstance(remote[p.id], RemoteDense):
-                    self.values[p.id] = np.array(remote[p.id].fetch(), dtype=np.float32).reshape(p.shape)
+                    value = np.array(remote[p.id].fetch(), dtype=np.float32).reshape(p.shape)
+                    self.values[p.id] = value if xp is np else xp.asarray(value)
                 continue
             if p.value is not None:
                 value = np.array(p.value, dtype=np.float32)
@@ -114,12 +126,13 @@ class Executor:
         entry = self.opt_states.get(param.id)
         if entry is None:
             value = self.values[param.id]
+            xp = self.state.xp
             if rowwise:
-                state = np.zeros((value.shape[0], optimizer.slots * value.shape[1]), dtype=np.float32)
-                steps = np.zeros(value.shape[0], dtype=np.int64)
+                state = xp.zeros((value.shape[0], optimizer.slots * value.shape[1]), dtype=np.float32)
+                steps = xp.zeros(value.shape[0], dtype=np.int64)
             else:
-                state = np.zeros(optimizer.slots * value.size, dtype=np.float32)
-                steps = np.zeros(1, dtype=np.int64)
+                state = xp.zeros(optimizer.slots * value.size, dtype=np.float32)
+                steps = xp.zeros(1, dtype=np.int64)
             entry = self.opt_states[param.id] = (state, steps)
         return entry
 
@@ -137,22 +150,33 @@ class Executor:
             self.flush()
         feeds = self._check_feeds(name, feed_dict or {})
         started = time.perf_counter()
-        vals = {}
-        for node in self.graph.topo[name]:
-            if node.id in feeds:
-                vals[node.id] = feeds[node.id]
-            elif isinstance(node, Variable):
-                if node.is_placeholder:
-                    raise ValueError(f"placeholder {node.name} of subgraph {name!r} was not fed")
-                vals[node.id] = self.values[node.id]
-            else:
-                vals[node.id] = node.compute([vals[x.id] for x in node.inputs], state)
+        order = self.graph.topo[name]
+        if self.device_step is not None:
+            vals = self.device_step.run((name, state.training), order, feeds, state, self._compute)
+        else:
+            vals = dict(feeds)
+            for node in order:
+                if node.id not in vals:
+                    vals[node.id] = self._compute(node, vals, None)
         if state.training:
             self.graph.counters.add(step_seconds=time.perf_counter() - started)
             self.graph.counters.end_iteration(state.iteration)
             state.iteration += 1
         outputs = eval_node_list or self.graph.subgraphs[name]
         return [self._output(vals[n.id], convert_to_numpy_ret_vals) for n in outputs]
+
+    def _compute(self, node, vals, host_vals):
+        """One node's value. `host_vals`: host copies of the step's inputs on a GPU, which ops
+        that read ids on the host (`host_inputs`, parameter-server lookups) are given."""
+        if isinstance(node, Variable):
+            if node.is_placeholder:
+                raise ValueError(f"placeholder {node.name} of subgraph {self.state.subgraph!r} was not fed")
+            return self.values[node.id]
+        if host_vals and getattr(node, "host_inputs", False):
+            inputs = [host_vals[x.id] if x.id in host_vals else vals[x.id] for x in node.inputs]
+        else:
+            inputs = [vals[x.id] for x in node.inputs]
+        return node.compute(inputs, self.state)
 
     def _output(self, value, to_numpy):
         """A copy the caller may keep: the executor reuses its buffers on the next step."""
@@ -177,7 +201,8 @@ class Executor:
                 if node.shape is not None and tuple(value.shape[1:]) != tuple(node.shape[1:]):
                     raise ValueError(f"placeholder {node.name} expects shape {node.shape}, was fed {value.shape}")
                 value = value.astype(want, copy=False)
-            feeds[node.id] = xp.asarray(value)
+            # On a GPU, host values reach the device with the step's other inputs (DeviceStep).
+            feeds[node.id] = value if self.device_step is not None else xp.asarray(value)
         return feeds
 
     def flush(self):
@@ -247,8 +272,8 @@ class Executor:
                 arrays[f"param/{p.name}"] = self._host(self.values[p.id])
                 if p.id in self.opt_states:
                     state, steps = self.opt_states[p.id]
-                    arrays[f"optstate/{p.name}"] = state
-                    arrays[f"optsteps/{p.name}"] = steps
+                    arrays[f"optstate/{p.name}"] = self._host(state)
+                    arrays[f"optsteps/{p.name}"] = self._host(steps)
             for key, value in self.persistent.items():
                 arrays[f"persistent/{key}"] = self._host(value)
             np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
@@ -313,11 +338,11 @@ class Executor:
                 # Pushes are tagged with the clock, which the servers' loaded tables continue.
                 remote[p.id].clock = meta["clocks"][p.name]
                 if p.id in self.values:
-                    self.values[p.id][...] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
+                    self.values[p.id][...] = xp.asarray(np.asarray(remote[p.id].fetch()).reshape(p.shape))
                 continue
             self.values[p.id][...] = xp.asarray(arrays[f"param/{p.name}"])
             if f"optstate/{p.name}" in arrays:
-                self.opt_states[p.id] = (np.array(arrays[f"optstate/{p.name}"]), np.array(arrays[f"optsteps/{p.name}"]))
+                self.opt_states[p.id] = (xp.array(arrays[f"optstate/{p.name}"]), xp.array(arrays[f"optsteps/{p.name}"]))
         for key, value in arrays.items():
             if key.startswith("persistent/"):
                 self.persistent[key[len("persistent/"):]] = xp.asarray(value)

@@ -12,6 +12,12 @@ class Op:
     _next_id = itertools.count()
     # Set by ops whose compute has side effects (optimizer steps, PS pushes): never pruned.
     has_side_effect = False
+    # On a GPU: False for ops whose compute waits for the device, reads host data or changes
+    # shape from step to step, which a CUDA graph cannot hold (hetu.device_step).
+    capturable = True
+    # True for ops that read their (id) inputs on the host: on a GPU they get the host copy of
+    # the step's dataloader batches and fed values.
+    host_inputs = False
 
     def __init__(self, *inputs, ctx=None, name=None):
         for i, x in enumerate(inputs):

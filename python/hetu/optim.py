@@ -3,11 +3,11 @@ parameter server; dense tensors are stepped whole, embedding tables row by row (
 batch are untouched, duplicate ids summed first)."""
 import numpy as np
 
-from . import _C
+from . import _C, cuda
 from .autodiff import gradients
 from .graph import Op, Variable, topo_sort
 from .lr import as_scheduler
-from .ops.embedding import IndexedSlices
+from .ops.embedding import IndexedSlices, unique_sum
 
 SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM, ADAMW = range(6)
 KIND_NAMES = {SGD: "sgd", MOMENTUM: "momentum", NESTEROV: "nesterov", ADAGRAD: "adagrad", ADAM: "adam",
@@ -43,14 +43,24 @@ class Optimizer:
         pairs = [(p, g) for p, g in zip(params, grads) if g is not None]
         return OptimizerOp(loss, pairs, self)
 
-    def step_dense(self, lr, value, state, steps, grad):
+    def step_dense(self, lr, value, state, steps, grad, guard=None):
+        """One step of a whole tensor. `guard` (device only): a device int64 that is -1 when the
+        step may go ahead (hetu.cuda.DeviceChecks), so a non-finite loss skips it without the
+        host waiting for the device."""
+        if cuda.is_device_array(value):
+            _gpu_step(self.config, lr, value.reshape(-1), state, steps, grad.reshape(-1), None, None, 1,
+                      value.size, guard)
+            return
         _C.apply_dense(self.config, lr, value.reshape(-1), state, steps, np.ascontiguousarray(grad, np.float32).reshape(-1))
 
-    def step_rows(self, lr, table, state, steps, grad):
+    def step_rows(self, lr, table, state, steps, grad, guard=None):
         """One step for the rows of `table` named by a sparse gradient (ids may repeat)."""
-        uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
-                                     np.ascontiguousarray(grad.values, np.float32))
-        _C.apply_rows(self.config, lr, table, state, steps, uniq, summed)
+        summed = unique_sum(grad.indices, grad.values)
+        if cuda.is_device_array(table):
+            _gpu_step(self.config, lr, table, state, steps, summed.summed, summed.uniq, summed.count,
+                      summed.summed.shape[0], table.shape[1], guard)
+            return
+        _C.apply_rows(self.config, lr, table, state, steps, *summed)
 
 
 class SGDOptimizer(Optimizer):
@@ -87,10 +97,22 @@ class AdamWOptimizer(Optimizer):
         super().__init__(learning_rate, 0.0, beta1=beta1, beta2=beta2, eps=epsilon, weight_decay=weight_decay)
 
 
+def _all_finite(x):
+    return cuda.cupy().isfinite(x).all() if cuda.is_device_array(x) else np.all(np.isfinite(x))
+
+
+def _nonfinite_flag(loss, flag):
+    """flag = 0 where any element of the loss is not finite (else it stays -1), on the device."""
+    cp = cuda.cupy()
+    bad = cp.logical_not(cp.isfinite(loss)).any()
+    cp.copyto(flag, cp.where(bad, 0, flag[0]))
+
+
 class OptimizerOp(Op):
     """Steps every (parameter, gradient) pair; stops on a non-finite loss before any update.
     Inputs: the loss, then the gradients."""
     has_side_effect = True
+    capturable = False   # sparse gradients are summed by a sort; updaters talk to other processes
 
     def __init__(self, loss, pairs, optimizer):
         super().__init__(loss, *[g for _, g in pairs])
@@ -107,8 +129,15 @@ class OptimizerOp(Op):
 
     def compute(self, vals, state):
         loss = vals[0]
-        if not np.all(np.isfinite(loss)):
-            raise FloatingPointError(f"loss {self.loss.name} is {float(np.asarray(loss).reshape(-1)[0])} "
+        state.update_guard = None
+        if cuda.is_device_array(loss) and not self.updaters:
+            # Every update is a local device step: they are skipped on the device if the loss is
+            # not finite, and the executor raises after the step, so the host never waits here.
+            state.update_guard = state.checks.slot(self.name, lambda _: FloatingPointError(
+                f"loss {self.loss.name} is not finite at iteration {state.iteration}: training stopped"))
+            _nonfinite_flag(loss, state.update_guard)
+        elif not bool(_all_finite(loss)):
+            raise FloatingPointError(f"loss {self.loss.name} is {float(cuda.to_host(loss).reshape(-1)[0])} "
                                      f"at iteration {state.iteration}: training stopped")
         lr = self.optimizer.lr.get(self.step_count)
         for param, grad in zip(self.params, vals[1:]):
@@ -130,9 +159,95 @@ def local_update(state, optimizer, param, grad, lr):
     sparse = isinstance(grad, IndexedSlices)
     opt_state, steps = state.optimizer_state(param, optimizer, rowwise=sparse)
     if sparse:
-        optimizer.step_rows(lr, value, opt_state, steps, grad)
+        optimizer.step_rows(lr, value, opt_state, steps, grad, state.update_guard)
     else:
-        optimizer.step_dense(lr, value, opt_state, steps, grad)
+        optimizer.step_dense(lr, value, opt_state, steps, grad, state.update_guard)
+
+
+# The GPU form of src/common/optim_rules.h: the same rules, written the same way element by
+# element and compiled without fused multiply-adds, so a device step rounds as the host's does.
+_STEP_KERNELS = r"""
+// Steps rows[i] (or row i where rows is null) of `w` with grads[i, :], for i < *count (or n
+// where count is null), unless *guard != -1. One thread per element; the row's step count is
+// read here and advanced by hetu_optim_count afterwards.
+extern "C" __global__ void hetu_optim_step(int kind, float lr, float momentum, float beta1, float beta2,
+                                           float eps, float l2reg, float weight_decay, float* w, float* state,
+                                           const long long* steps, const float* grads, const long long* rows,
+                                           const long long* count, long long n, long long width,
+                                           const long long* guard) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * width) return;
+  if (guard != nullptr && *guard != -1) return;
+  long long i = e / width, j = e - i * width;
+  if (count != nullptr && i >= *count) return;
+  long long r = rows != nullptr ? rows[i] : i;
+  long long t = steps[r] + 1;
+  float* wr = w + r * width;
+  float g = grads[i * width + j];
+  switch (kind) {
+    case 0:  // SGD
+      wr[j] -= lr * (g + l2reg * wr[j]);
+      break;
+    case 1:  // Momentum
+    case 2: {  // Nesterov
+      float* v = state + r * width;
+      float gi = g + l2reg * wr[j];
+      v[j] = momentum * v[j] + gi;
+      wr[j] -= lr * (kind == 2 ? gi + momentum * v[j] : v[j]);
+      break;
+    }
+    case 3: {  // AdaGrad
+      float* acc = state + r * width;
+      float gi = g + l2reg * wr[j];
+      acc[j] += gi * gi;
+      wr[j] -= lr * gi / (sqrtf(acc[j]) + eps);
+      break;
+    }
+    case 4:  // Adam
+    case 5: {  // AdamW
+      float* m = state + r * 2 * width;
+      float* v = m + width;
+      float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+      float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+      bool decoupled = kind == 5;
+      if (decoupled) wr[j] -= lr * weight_decay * wr[j];
+      float gi = decoupled ? g : g + l2reg * wr[j];
+      m[j] = beta1 * m[j] + (1.0f - beta1) * gi;
+      v[j] = beta2 * v[j] + (1.0f - beta2) * gi * gi;
+      float mhat = m[j] / bc1;
+      float vhat = v[j] / bc2;
+      wr[j] -= lr * mhat / (sqrtf(vhat) + eps);
+      break;
+    }
+  }
+}
+
+extern "C" __global__ void hetu_optim_count(long long* steps, const long long* rows, const long long* count,
+                                            long long n, const long long* guard) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (guard != nullptr && *guard != -1) return;
+  if (count != nullptr && i >= *count) return;
+  steps[rows != nullptr ? rows[i] : i] += 1;
+}
+"""
+
+
+def _gpu_step(config, lr, w, state, steps, grads, rows, count, n, width, guard):
+    """One step of n rows of width `width` on the device (see _STEP_KERNELS)."""
+    cp = cuda.cupy()
+    null = np.intp(0)   # a null pointer argument
+    grads = cp.ascontiguousarray(grads, dtype=np.float32)
+    c = config
+    f = np.float32
+    cuda.launch(cuda.raw_kernel("hetu_optim_step", _STEP_KERNELS), n * width,
+                (np.int32(c.kind), f(lr), f(c.momentum), f(c.beta1), f(c.beta2), f(c.eps), f(c.l2reg),
+                 f(c.weight_decay), w, state if state.size else w, steps, grads,
+                 rows if rows is not None else null, count if count is not None else null,
+                 np.int64(n), np.int64(width), guard if guard is not None else null))
+    cuda.launch(cuda.raw_kernel("hetu_optim_count", _STEP_KERNELS), n,
+                (steps, rows if rows is not None else null, count if count is not None else null, np.int64(n),
+                 guard if guard is not None else null))
 
 
 __all__ = ["Optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "AdamOptimizer",

@@ -1,8 +1,13 @@
-"""Collective communication between workers over MPI (mpi4py), for AllReduce aggregation."""
+"""Collective communication between workers over MPI (mpi4py), for AllReduce aggregation; on
+GPUs over NCCL (cupy.cuda.nccl) when every worker has a GPU of its own, and through host memory
+and MPI when workers share one (NCCL refuses two ranks on one device)."""
 import os
+import socket
 import sys
 
 import numpy as np
+
+from .. import cuda
 
 _exit_hook_installed = False
 
@@ -60,16 +65,48 @@ class MPICommunicator:
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self.nccl = None
+
+    def use_gpu(self, device_id):
+        """Every worker calls it once with its GPU: NCCL if no two workers share a device, else
+        the device arrays are summed through host memory. Returns which ("nccl" or "host")."""
+        devices = self.comm.allgather((socket.gethostname(), int(device_id)))
+        if len(set(devices)) < len(devices):
+            return "host"
+        from cupy.cuda import nccl
+        uid = self.comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        return "nccl"
 
     def allreduce_sum(self, array):
-        """Sum over workers, in place."""
+        """Sum over workers, in place (device arrays stay on the device)."""
+        if cuda.is_device_array(array):
+            return self._allreduce_device(array)
         buf = np.ascontiguousarray(array, dtype=np.float32)
         self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
         return buf
 
+    def _allreduce_device(self, array):
+        cp = cuda.cupy()
+        buf = cp.ascontiguousarray(array, dtype=np.float32)
+        if self.nccl is not None:
+            from cupy.cuda import nccl
+            stream = cp.cuda.get_current_stream()
+            self.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+            return buf
+        host = buf.get()
+        self.comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
+        buf.set(host)
+        return buf
+
     def allgather_rows(self, ids, rows):
         """Every worker's (ids, rows) concatenated in rank order: a sparse gradient summed across
-        workers without densifying it."""
+        workers without densifying it. Device arrays travel through host memory and come back
+        to the device."""
+        if cuda.is_device_array(rows):
+            cp = cuda.cupy()
+            all_ids, all_rows = self.allgather_rows(cuda.to_host(ids), cuda.to_host(rows))
+            return cp.asarray(all_ids), cp.asarray(all_rows)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         width = rows.shape[1] if rows.ndim == 2 else 0

@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 
-from .. import _C
+from .. import _C, cuda
 from ..graph import Op
-from ..ops.embedding import IndexedSlices
+from ..ops.embedding import DeviceRows, IndexedSlices, gather
 
 _started = False
 
@@ -134,18 +134,23 @@ def _rule_settings(optimizer):
 
 class PSEmbeddingLookupOp(Op):
     """table[ids] for a table on the servers: each distinct id is fetched once, from the servers
-    or through the worker's cache (`source`: a RemoteTable or a CachedTable, both with lookup)."""
+    or through the worker's cache (`source`: a RemoteTable or a CachedTable, both with lookup).
+    On a GPU the ids are read on the host and the distinct rows, with each id's position among
+    them, reach the device in one pinned copy; the device expands them to the batch's rows."""
+    capturable = False
+    host_inputs = True
 
     def __init__(self, ids, remote, ctx=None):
         super().__init__(ids, ctx=ctx, name=None)
         self.remote = remote
         self.source = remote
+        self._to_device = None   # hetu.cuda.HostToDevice, on a GPU
 
     def infer_shape(self, s):
         return tuple(s[0]) + (self.remote.param.shape[1],)
 
     def compute(self, vals, state):
-        ids = vals[0]
+        ids = cuda.to_host(vals[0])
         if ids.dtype != np.int64:
             raise TypeError(f"{self.name}: ids are {ids.dtype}, expected int64")
         flat = ids.reshape(-1)
@@ -158,8 +163,14 @@ class PSEmbeddingLookupOp(Op):
         # flushed every cache, and are not counted as training transmissions.
         pulled = self.source.lookup(uniq) if state.training else self.remote.pull(uniq)
         out = state.buffer(self, ids.shape + (pulled.shape[1],), np.float32)
-        np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
-        return out
+        if state.xp is np:
+            np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
+            return out
+        if self._to_device is None:
+            self._to_device = cuda.HostToDevice()
+        rows, positions = self._to_device.send([np.ascontiguousarray(pulled, np.float32),
+                                                inverse.reshape(-1).astype(np.int64, copy=False)])
+        return gather(self.name, rows, positions, out, state.checks)
 
 
 class PSSparseUpdater:
@@ -169,11 +180,30 @@ class PSSparseUpdater:
     def __init__(self, remote):
         self.remote = remote
         self.target = remote
+        self._to_host = None   # hetu.cuda.DeviceToHost, on a GPU
 
     def update(self, state, param, grad, lr):
-        uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
-                                     np.ascontiguousarray(grad.values, np.float32))
+        if cuda.is_device_array(grad.values):
+            uniq, summed = self._sum_on_device(grad)
+        else:
+            uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
+                                         np.ascontiguousarray(grad.values, np.float32))
         self.target.update(uniq, summed, lr)
+
+    def _sum_on_device(self, grad):
+        """Sums the rows per id on the device and brings the distinct ids and their sums to the
+        host in one copy (after reading how many there are): pinned arrays valid until the next
+        step's."""
+        if self._to_host is None:
+            self._to_host = cuda.DeviceToHost()
+        n, width = grad.values.shape[0], self.remote.param.shape[1]
+        layout = cuda.Packed([((n,), np.int64), ((n, width), np.float32), ((1,), np.int64)])
+        uniq, summed, count = self._to_host.device_views(layout)
+        DeviceRows.sum_of(grad.indices, grad.values, out=(uniq, summed, count))
+        u = int(count.get()[0])
+        # uniq's n slots, then the u summed rows: one copy of the front of the buffer.
+        host = self._to_host.receive(layout, layout.offsets[1] + u * width * 4)
+        return host[0][:u], host[1][:u]
 
 
 class PSDenseUpdater:
@@ -185,7 +215,8 @@ class PSDenseUpdater:
     def update(self, state, param, grad, lr):
         if isinstance(grad, IndexedSlices):
             grad = grad.to_dense()
-        state.param_value(param)[...] = self.remote.push_pull(grad, lr)
+        fresh = self.remote.push_pull(np.ascontiguousarray(cuda.to_host(grad), np.float32), lr)
+        state.param_value(param)[...] = state.xp.asarray(fresh)
 
 
 def route_through_caches(graph):

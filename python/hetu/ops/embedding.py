@@ -1,13 +1,172 @@
 """Embedding lookup. Its gradient is sparse: the looked-up ids and one gradient row per id
-(duplicates kept; the optimizer sums them), never a table-sized dense array."""
+(duplicates kept; the optimizer sums them), never a table-sized dense array.
+
+Row kernels, CPU (hetu._C) and GPU (below) side by side: gather with a bounds check, and
+unique-and-sum, which sorts ids stably and sums each id's rows in the order they occur (on the
+device in pieces of 32 rows, added in order), so the sum is the same from run to run whatever
+the hardware's thread count."""
 import numpy as np
 
-from .. import _C
+from .. import _C, cuda
 from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError
 
 __all__ = ["embedding_lookup_op", "IndexedSlices"]
+
+_ROW_KERNELS = r"""
+// out[i, :] = table[ids[i], :]; an id outside the table writes zeros and records the first bad
+// position in *bad (which is -1 while every id is good).
+extern "C" __global__ void hetu_gather_rows(const float* table, const long long* ids, float* out, long long n,
+                                            long long width, long long rows, long long* bad) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * width) return;
+  long long i = e / width, j = e - i * width;
+  long long id = ids[i];
+  if (id < 0 || id >= rows) {
+    out[e] = 0.0f;
+    if (j == 0) atomicCAS((unsigned long long*)bad, (unsigned long long)-1LL, (unsigned long long)i);
+    return;
+  }
+  out[e] = table[id * width + j];
+}
+
+// sorted[k] = ids of a stable sort. head[k] = 1 where a run of equal ids starts.
+extern "C" __global__ void hetu_run_heads(const long long* sorted, long long n, long long* head) {
+  long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  head[k] = (k == 0 || sorted[k] != sorted[k - 1]) ? 1 : 0;
+}
+
+// seg[k]: the run of sorted position k (inclusive scan of head, minus one). Writes each run's id
+// and start, the end of the last run, and the number of runs.
+extern "C" __global__ void hetu_run_starts(const long long* sorted, const long long* seg, long long n,
+                                           long long* uniq, long long* start, long long* count) {
+  long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  long long s = seg[k] - 1;
+  if (k == 0 || sorted[k] != sorted[k - 1]) { uniq[s] = sorted[k]; start[s] = k; }
+  if (k == n - 1) { start[s + 1] = n; *count = s + 1; }
+}
+
+// Each run's rows are summed in order of occurrence (order[k]: the original position of sorted
+// position k), in pieces of at most CHUNK sorted positions so that a hot id's long run does not
+// serialise the whole kernel: first every chunk of sorted positions sums its pieces (a run that
+// lies inside one chunk is complete and goes straight to summed[u]; otherwise the chunk keeps its
+// leading piece, of a run begun before it, in partial[c][0] and its trailing piece, of a run that
+// goes on after it, in partial[c][1]), then each run spread over several chunks adds its pieces
+// in chunk order. The order of additions depends on the ids alone: the sums are deterministic.
+#define CHUNK 32
+extern "C" __global__ void hetu_sum_chunks(const float* values, const long long* order, const long long* seg,
+                                           const long long* start, long long n, long long width, float* summed,
+                                           float* partial) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  long long chunks = (n + CHUNK - 1) / CHUNK;
+  if (e >= chunks * width) return;
+  long long c = e / width, j = e - c * width;
+  long long lo = c * CHUNK, hi = min(n, lo + CHUNK);
+  float acc = 0.0f;
+  for (long long k = lo; k < hi; ++k) {
+    acc += values[order[k] * width + j];
+    if (k + 1 == hi || seg[k + 1] != seg[k]) {   // the piece of run u ends here
+      long long u = seg[k] - 1;
+      bool began_before = start[u] < lo, goes_on = start[u + 1] > hi;
+      if (began_before) partial[(c * 2 + 0) * width + j] = acc;
+      else if (goes_on) partial[(c * 2 + 1) * width + j] = acc;
+      else summed[u * width + j] = acc;
+      acc = 0.0f;
+    }
+  }
+}
+
+extern "C" __global__ void hetu_sum_spread_runs(const long long* start, const long long* count, long long n,
+                                                long long width, const float* partial, float* summed) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * width) return;
+  long long u = e / width, j = e - u * width;
+  if (u >= *count) return;
+  long long c0 = start[u] / CHUNK, c1 = (start[u + 1] - 1) / CHUNK;
+  if (c0 == c1) return;
+  float acc = partial[(c0 * 2 + 1) * width + j];
+  for (long long c = c0 + 1; c <= c1; ++c) acc += partial[(c * 2 + 0) * width + j];
+  summed[u * width + j] = acc;
+}
+
+// out[uniq[u], :] = rows[u, :] for u < *count.
+extern "C" __global__ void hetu_scatter_rows(float* out, const long long* uniq, const float* rows,
+                                             const long long* count, long long n, long long width) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * width) return;
+  long long u = e / width, j = e - u * width;
+  if (u >= *count) return;
+  out[uniq[u] * width + j] = rows[e];
+}
+"""
+
+
+_CHUNK = 32   # CHUNK of the kernels above
+
+
+def _row_kernel(name):
+    return cuda.raw_kernel(name, _ROW_KERNELS)
+
+
+def unique_sum(ids, values):
+    """(distinct ids ascending, the sum of each id's rows in order of occurrence) on the host, or,
+    for device arrays, DeviceRows of fixed size whose first `count` entries are those."""
+    if not cuda.is_device_array(values):
+        return _C.unique_sum(np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(values, np.float32))
+    return DeviceRows.sum_of(ids, values)
+
+
+class DeviceRows:
+    """A sparse gradient summed on the device with no host synchronisation (so a step can be
+    captured as a CUDA graph): `uniq` [n], `summed` [n, width] and `count` (a device scalar) of
+    which only the first `count` rows are meaningful; n is the number of ids summed."""
+
+    def __init__(self, uniq, summed, count):
+        self.uniq, self.summed, self.count = uniq, summed, count
+
+    @classmethod
+    def sum_of(cls, ids, values, out=None):
+        """`out`: optional (uniq [n], summed [n, width], count [1]) device arrays to write into."""
+        cp = cuda.cupy()
+        ids = ids.reshape(-1)
+        n = ids.size
+        width = values.size // max(n, 1) if n else (values.shape[-1] if values.ndim == 2 else 0)
+        values = cp.ascontiguousarray(values.reshape(n, width), dtype=np.float32)
+        if out is None:
+            out = (cp.empty(n, np.int64), cp.empty((n, width), np.float32), cp.zeros(1, np.int64))
+        uniq, summed, count = out
+        if n == 0:
+            count.fill(0)
+            return cls(uniq, summed, count)
+        ids = cp.ascontiguousarray(ids, dtype=np.int64)
+        order = cp.argsort(ids)      # stable: CuPy sorts with a stable algorithm
+        sorted_ids = ids[order]
+        head = cp.empty(n, np.int64)
+        cuda.launch(_row_kernel("hetu_run_heads"), n, (sorted_ids, np.int64(n), head))
+        seg = cp.cumsum(head)
+        start = cp.empty(n + 1, np.int64)
+        cuda.launch(_row_kernel("hetu_run_starts"), n, (sorted_ids, seg, np.int64(n), uniq, start, count))
+        chunks = (n + _CHUNK - 1) // _CHUNK
+        partial = cp.empty((chunks, 2, width), np.float32)
+        cuda.launch(_row_kernel("hetu_sum_chunks"), chunks * width,
+                    (values, order, seg, start, np.int64(n), np.int64(width), summed, partial))
+        cuda.launch(_row_kernel("hetu_sum_spread_runs"), n * width,
+                    (start, count, np.int64(n), np.int64(width), partial, summed))
+        return cls(uniq, summed, count)
+
+    def exact(self):
+        """(uniq, summed) cut to `count` rows: one synchronisation."""
+        u = int(self.count.get()[0])
+        return self.uniq[:u], self.summed[:u]
+
+    def scatter_into(self, out):
+        n, width = self.summed.shape
+        cuda.launch(_row_kernel("hetu_scatter_rows"), n * width,
+                    (out, self.uniq, self.summed, self.count, np.int64(n), np.int64(width)))
+        return out
 
 
 class IndexedSlices:
@@ -23,23 +182,26 @@ class IndexedSlices:
         if xp is np:
             np.add.at(out, self.indices, self.values)
         else:
-            import cupyx
-            cupyx.scatter_add(out, self.indices, self.values)
+            # Summed per id first (deterministic), not with atomic adds in arbitrary order.
+            DeviceRows.sum_of(self.indices, self.values).scatter_into(out)
         return out
 
 
-def gather(op_name, table, ids, out):
-    """out = table[ids] with a bounds check that names the op, the id and the table size."""
-    xp = array_module_of(table)
+def gather(op_name, table, ids, out, checks=None):
+    """out = table[ids] with a bounds check that names the op, the id and the table size. On the
+    device the check is recorded in `checks` (hetu.cuda.DeviceChecks) and raised after the step."""
     flat = ids.reshape(-1)
-    if xp is np:
-        bad = _C.gather_rows(table, flat, out.reshape(flat.size, table.shape[1]))
+    rows, width = table.shape
+    if not cuda.is_device_array(table):
+        bad = _C.gather_rows(table, flat, out.reshape(flat.size, width))
         if bad is not None:
-            raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {table.shape[0]} rows")
+            raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {rows} rows")
         return out
-    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= table.shape[0]):
-        raise IndexError(f"{op_name}: id {int(flat.max())} outside the table of {table.shape[0]} rows")
-    xp.take(table, flat, axis=0, out=out.reshape(flat.size, table.shape[1]))
+    bad = checks.slot(op_name, lambda pos: IndexError(
+        f"{op_name}: id {int(flat[pos].get())} (position {pos}) outside the table of {rows} rows"))
+    cuda.launch(_row_kernel("hetu_gather_rows"), flat.size * width,
+                (table, cuda.cupy().ascontiguousarray(flat), out, np.int64(flat.size), np.int64(width),
+                 np.int64(rows), bad))
     return out
 
 
@@ -58,7 +220,7 @@ class EmbeddingLookupOp(Op):
         if ids.dtype != np.int64:
             raise TypeError(f"{self.name}: ids {self.inputs[1].name} are {ids.dtype}, expected int64")
         out = state.buffer(self, ids.shape + (table.shape[1],), np.float32)
-        return gather(self.name, table, ids, out)
+        return gather(self.name, table, ids, out, state.checks)
 
     def gradient(self, g):
         return [EmbeddingLookupGradOp(g, self.inputs[1], self.inputs[0]), None]

@@ -1,6 +1,7 @@
 """Arithmetic: elementwise ops with broadcasting, constants, matmul, reductions, broadcasting."""
 import numpy as np
 
+from .. import cuda
 from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError, broadcast_shape, normalize_axes, sum_to_shape
@@ -12,6 +13,16 @@ __all__ = [
 ]
 
 
+def _xp(x):
+    return array_module_of(x)
+
+
+def _ufunc(ufunc, x):
+    """The ufunc of x's array library (NumPy's, or CuPy's of the same name)."""
+    xp = array_module_of(x)
+    return ufunc if xp is np else getattr(xp, ufunc.__name__)
+
+
 class _Elementwise(Op):
     """Binary op with NumPy broadcasting; writes into a reused output buffer."""
     ufunc = None
@@ -21,8 +32,8 @@ class _Elementwise(Op):
 
     def compute(self, vals, state):
         a, b = vals
-        out = state.buffer(self, np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
-        return type(self).ufunc(a, b, out=out)
+        out = state.buffer(self, np.broadcast_shapes(a.shape, b.shape), np.result_type(a.dtype, b.dtype))
+        return _ufunc(type(self).ufunc, a)(a, b, out=out)
 
 
 class AddOp(_Elementwise):
@@ -70,7 +81,7 @@ class AddByConstOp(_Unary):
         self.const = const
 
     def compute(self, vals, state):
-        return np.add(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
+        return _xp(vals[0]).add(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
     def gradient(self, g):
         return [g]
@@ -82,7 +93,7 @@ class MulByConstOp(_Unary):
         self.const = const
 
     def compute(self, vals, state):
-        return np.multiply(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
+        return _xp(vals[0]).multiply(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
     def gradient(self, g):
         return [mul_byconst_op(g, self.const)]
@@ -96,7 +107,7 @@ class DivConstOp(_Unary):
         self.const = const
 
     def compute(self, vals, state):
-        return np.divide(self.const, vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
+        return _xp(vals[0]).divide(self.const, vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
     def gradient(self, g):
         x = self.inputs[0]
@@ -105,7 +116,7 @@ class DivConstOp(_Unary):
 
 class OppositeOp(_Unary):
     def compute(self, vals, state):
-        return np.negative(vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
+        return _xp(vals[0]).negative(vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
     def gradient(self, g):
         return [opposite_op(g)]
@@ -113,7 +124,7 @@ class OppositeOp(_Unary):
 
 class SqrtOp(_Unary):
     def compute(self, vals, state):
-        return np.sqrt(vals[0])
+        return _xp(vals[0]).sqrt(vals[0])
 
     def gradient(self, g):
         return [div_op(mul_byconst_op(g, 0.5), self)]
@@ -121,7 +132,7 @@ class SqrtOp(_Unary):
 
 class ExpOp(_Unary):
     def compute(self, vals, state):
-        return np.exp(vals[0])
+        return _xp(vals[0]).exp(vals[0])
 
     def gradient(self, g):
         return [mul_op(g, self)]
@@ -129,7 +140,7 @@ class ExpOp(_Unary):
 
 class LogOp(_Unary):
     def compute(self, vals, state):
-        return np.log(vals[0])
+        return _xp(vals[0]).log(vals[0])
 
     def gradient(self, g):
         return [div_op(g, self.inputs[0])]
@@ -141,7 +152,7 @@ class PowerOp(_Unary):
         self.p = p
 
     def compute(self, vals, state):
-        return np.power(vals[0], self.p).astype(vals[0].dtype, copy=False)
+        return _xp(vals[0]).power(vals[0], self.p).astype(vals[0].dtype, copy=False)
 
     def gradient(self, g):
         x = self.inputs[0]
@@ -168,9 +179,15 @@ class MatMulOp(Op):
 
     def compute(self, vals, state):
         a, b = vals
-        a = a.T if self.trans_A else a
-        b = b.T if self.trans_B else b
-        return np.matmul(a, b, out=state.buffer(self, (a.shape[0], b.shape[1]), np.float32))
+        m = a.shape[1] if self.trans_A else a.shape[0]
+        n = b.shape[0] if self.trans_B else b.shape[1]
+        out = state.buffer(self, (m, n), np.float32)
+        if cuda.is_device_array(a):
+            # cuBLAS through hetu's own handle, which a CUDA graph can capture (hetu.cuda.Cublas).
+            cp = cuda.cupy()
+            return cuda.Cublas.get().matmul(cp.ascontiguousarray(a, dtype=np.float32),
+                                            cp.ascontiguousarray(b, dtype=np.float32), self.trans_A, self.trans_B, out)
+        return np.matmul(a.T if self.trans_A else a, b.T if self.trans_B else b, out=out)
 
     def gradient(self, g):
         a, b = self.inputs
@@ -264,7 +281,8 @@ class BroadcastShapeOp(_Unary):
         return self.shape
 
     def compute(self, vals, state):
-        return np.ascontiguousarray(np.broadcast_to(vals[0], self.shape))
+        xp = _xp(vals[0])
+        return xp.ascontiguousarray(xp.broadcast_to(vals[0], self.shape))
 
     def gradient(self, g):
         return [sum_to_shape_op(g, self.inputs[0])]
@@ -297,7 +315,8 @@ class SumOp(Op):
 
     def compute(self, vals, state):
         out = state.buffer(self, vals[0].shape, vals[0].dtype)
-        np.add(vals[0], vals[1], out=out) if len(vals) > 1 else np.copyto(out, vals[0])
+        xp = _xp(vals[0])
+        xp.add(vals[0], vals[1], out=out) if len(vals) > 1 else xp.copyto(out, vals[0])
         for v in vals[2:]:
             out += v
         return out

@@ -132,6 +132,8 @@ class DropoutOp(Op):
     """Inverted dropout in training, identity in inference. The mask is drawn from the executor's
     seed, the op's name and the step, so runs repeat exactly."""
 
+    capturable = False   # its mask is drawn on the host
+
     def __init__(self, x, keep_prob, ctx=None):
         super().__init__(x, ctx=ctx)
         if not 0 < keep_prob <= 1:
@@ -156,6 +158,7 @@ class DropoutOp(Op):
 
 
 class DropoutGradOp(Op):
+    capturable = False   # reads the mask its forward op drew this step
     def __init__(self, g, fwd):
         super().__init__(g, ctx=fwd.ctx)
         self.fwd = fwd

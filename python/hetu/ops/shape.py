@@ -160,6 +160,7 @@ class TransposeOp(Op):
 
 
 class OneHotOp(Op):
+    capturable = False   # checks its class ids on the host
     def __init__(self, x, num_classes, ctx=None):
         super().__init__(x, ctx=ctx)
         self.num_classes = int(num_classes)

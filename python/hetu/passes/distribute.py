@@ -19,6 +19,8 @@ def distribute(graph):
         return graph
     comm = MPICommunicator()
     graph.comm, graph.rank, graph.num_workers = comm, comm.rank, comm.size
+    if graph.config.ctx.is_gpu:
+        graph.dense_allreduce = comm.use_gpu(graph.config.ctx.device_id)
     for loader_op in graph.dataloaders:
         for loader in loader_op.dataloaders.values():
             loader.set_worker(comm.rank, comm.size)
