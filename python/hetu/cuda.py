@@ -35,11 +35,28 @@ def elementwise(name, in_params, out_params, body, preamble=""):
     return k
 
 
-def launch(kernel, threads, args, block=256):
+# Blocks for kernels that loop over their items (grid-stride): enough to fill a large GPU.
+STRIDE_BLOCKS = 4096
+
+
+def launch(kernel, threads, args, block=256, max_blocks=None):
     """One thread per item of `threads` items (at least one block, so empty work is a no-op launch
-    that a captured graph can still hold)."""
+    that a captured graph can still hold); at most `max_blocks` blocks for kernels that loop."""
     grid = max(1, (int(threads) + block - 1) // block)
+    if max_blocks is not None:
+        grid = min(grid, max_blocks)
     kernel((grid,), (block,), args)
+
+
+_ones = {}
+
+
+def ones_row(n):
+    """A [1, n] float32 device array of ones, made once per n (summing by a matrix product)."""
+    row = _ones.get(n)
+    if row is None:
+        row = _ones[n] = cupy().ones((1, n), dtype=np.float32)
+    return row
 
 
 def is_device_array(x):

@@ -168,18 +168,18 @@ def local_update(state, optimizer, param, grad, lr):
 # element and compiled without fused multiply-adds, so a device step rounds as the host's does.
 _STEP_KERNELS = r"""
 // Steps rows[i] (or row i where rows is null) of `w` with grads[i, :], for i < *count (or n
-// where count is null), unless *guard != -1. One thread per element; the row's step count is
-// read here and advanced by hetu_optim_count afterwards.
+// where count is null), unless *guard != -1. A grid-stride loop over the elements; the row's
+// step count is read here and advanced by hetu_optim_count afterwards.
 extern "C" __global__ void hetu_optim_step(int kind, float lr, float momentum, float beta1, float beta2,
                                            float eps, float l2reg, float weight_decay, float* w, float* state,
                                            const long long* steps, const float* grads, const long long* rows,
                                            const long long* count, long long n, long long width,
                                            const long long* guard) {
-  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (e >= n * width) return;
   if (guard != nullptr && *guard != -1) return;
+  long long end = (count != nullptr ? *count : n) * width;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < end;
+       e += (long long)gridDim.x * blockDim.x) {
   long long i = e / width, j = e - i * width;
-  if (count != nullptr && i >= *count) return;
   long long r = rows != nullptr ? rows[i] : i;
   long long t = steps[r] + 1;
   float* wr = w + r * width;
@@ -220,6 +220,7 @@ extern "C" __global__ void hetu_optim_step(int kind, float lr, float momentum, f
       break;
     }
   }
+  }
 }
 
 extern "C" __global__ void hetu_optim_count(long long* steps, const long long* rows, const long long* count,
@@ -244,7 +245,7 @@ def _gpu_step(config, lr, w, state, steps, grads, rows, count, n, width, guard):
                 (np.int32(c.kind), f(lr), f(c.momentum), f(c.beta1), f(c.beta2), f(c.eps), f(c.l2reg),
                  f(c.weight_decay), w, state if state.size else w, steps, grads,
                  rows if rows is not None else null, count if count is not None else null,
-                 np.int64(n), np.int64(width), guard if guard is not None else null))
+                 np.int64(n), np.int64(width), guard if guard is not None else null), max_blocks=cuda.STRIDE_BLOCKS)
     cuda.launch(cuda.raw_kernel("hetu_optim_count", _STEP_KERNELS), n,
                 (steps, rows if rows is not None else null, count if count is not None else null, np.int64(n),
                  guard if guard is not None else null))

@@ -79,17 +79,19 @@ extern "C" __global__ void hetu_sum_chunks(const float* values, const long long*
   }
 }
 
+// (A grid-stride loop over the *count runs: the launch is sized for n, most of which are not runs.)
 extern "C" __global__ void hetu_sum_spread_runs(const long long* start, const long long* count, long long n,
                                                 long long width, const float* partial, float* summed) {
-  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (e >= n * width) return;
-  long long u = e / width, j = e - u * width;
-  if (u >= *count) return;
-  long long c0 = start[u] / CHUNK, c1 = (start[u + 1] - 1) / CHUNK;
-  if (c0 == c1) return;
-  float acc = partial[(c0 * 2 + 1) * width + j];
-  for (long long c = c0 + 1; c <= c1; ++c) acc += partial[(c * 2 + 0) * width + j];
-  summed[u * width + j] = acc;
+  long long end = *count * width;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < end;
+       e += (long long)gridDim.x * blockDim.x) {
+    long long u = e / width, j = e - u * width;
+    long long c0 = start[u] / CHUNK, c1 = (start[u + 1] - 1) / CHUNK;
+    if (c0 == c1) continue;
+    float acc = partial[(c0 * 2 + 1) * width + j];
+    for (long long c = c0 + 1; c <= c1; ++c) acc += partial[(c * 2 + 0) * width + j];
+    summed[u * width + j] = acc;
+  }
 }
 
 // out[uniq[u], :] = rows[u, :] for u < *count.
@@ -154,7 +156,7 @@ class DeviceRows:
         cuda.launch(_row_kernel("hetu_sum_chunks"), chunks * width,
                     (values, order, seg, start, np.int64(n), np.int64(width), summed, partial))
         cuda.launch(_row_kernel("hetu_sum_spread_runs"), n * width,
-                    (start, count, np.int64(n), np.int64(width), partial, summed))
+                    (start, count, np.int64(n), np.int64(width), partial, summed), max_blocks=cuda.STRIDE_BLOCKS)
         return cls(uniq, summed, count)
 
     def exact(self):
