@@ -231,3 +231,18 @@ def test_run_hetu_gpu_without_cupy_stops_in_one_line(tmp_path, gpus):
     assert proc.stdout == "", proc.stdout                      # nothing trained or printed
     data = tmp_path / "data"
     assert not data.exists() or not any(data.iterdir()), "data was loaded before the check"
+
+
+def test_cuda_graph_without_gpu_is_refused_before_anything_starts(tmp_path):
+    env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cuda-graph"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "--cuda-graph needs --gpu" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "data").exists()
+
+
+def test_cuda_graph_on_a_cpu_executor_is_refused():
+    import hetu as ht
+    x = ht.Variable("x", value=[[1.0]])
+    with pytest.raises(ValueError, match="cuda_graph=True needs a GPU context"):
+        ht.Executor([x * 2.0], cuda_graph=True)
