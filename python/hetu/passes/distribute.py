@@ -20,7 +20,7 @@ def distribute(graph):
     comm = MPICommunicator()
     graph.comm, graph.rank, graph.num_workers = comm, comm.rank, comm.size
     if graph.config.ctx.is_gpu:
-        graph.dense_allreduce = comm.use_gpu(graph.config.ctx.device_id)
+        comm.use_gpu(graph.config.ctx.device_id)   # NCCL, or through host memory where GPUs are shared
     for loader_op in graph.dataloaders:
         for loader in loader_op.dataloaders.values():
             loader.set_worker(comm.rank, comm.size)
