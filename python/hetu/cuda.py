@@ -79,16 +79,14 @@ class PinnedBuffer:
     the host waits for that copy before it writes the buffer again."""
 
     def __init__(self):
-        self._mem, self._size, self._event = None, 0, None
+        self._host, self._event = None, None
 
     def view(self, nbytes):
-        cp = cupy()
         if self._event is not None:
             self._event.synchronize()
-        if nbytes > self._size:
-            self._size = max(int(nbytes), 2 * self._size, 1 << 16)
-            self._mem = cp.cuda.alloc_pinned_memory(self._size)
-        return np.frombuffer(self._mem, dtype=np.uint8, count=self._size)[:nbytes]
+        if self._host is None or nbytes > self._host.size:
+            self._host = pinned_array(max(int(nbytes), 2 * (0 if self._host is None else self._host.size), 1 << 16))
+        return self._host[:nbytes]
 
     def record(self):
         cp = cupy()
