@@ -137,6 +137,12 @@ def test_herald_with_validation_between_epochs_stays_exact(tmp_path, data_home):
         for field, total in c.items():
             assert sum(float(r[field]) for r in rows) == pytest.approx(total, rel=1e-9), field
         assert c["plan_wait_seconds"] < c["step_seconds"], c
+        # Where the steps' time went: rows in, gradients out (with --prefetch the next step's
+        # plan is waited for there), the dense AllReduce, each a part of the steps' wall time.
+        assert c["plan_wait_seconds"] <= c["pull_seconds"] + c["push_seconds"], c
+        parts = c["pull_seconds"] + c["push_seconds"] + c["dense_sync_seconds"]
+        assert all(c[f] > 0 for f in ("pull_seconds", "push_seconds", "dense_sync_seconds")), c
+        assert parts < c["step_seconds"], c
 
 
 def _session_ratings(path, users=300, items=400, sessions=400, seed=0):

@@ -1,6 +1,10 @@
 """Per-iteration transmission counters (DESIGN.md section 7): rows and bytes each way, cache
 hits / misses / evictions / stale refreshes, rows whose pull was sent during the previous step
-(prefetched), scheduler time, time waiting for its plan, and the training step's wall time.
+(prefetched), scheduler time, time waiting for its plan, and where the training step's wall
+time goes: getting the embedding rows (pull_seconds), sending their gradients (push_seconds,
+the device sum included), summing the dense gradients (dense_sync_seconds: AllReduce, or the
+PS push-pull), and the whole step. Herald's plan wait lies within pull_seconds, or within
+push_seconds where the next step's pull is sent with this step's push (--prefetch).
 
 What happens between training steps (a flush before validation, the lookups of validation) is
 counted in the next step's row; what comes after the last step (the final flush) in a last row
@@ -10,7 +14,8 @@ import csv
 import os
 
 FIELDS = ("rows_pulled", "rows_pushed", "bytes_pulled", "bytes_pushed", "hits", "misses", "evictions",
-          "stale_refreshes", "rows_prefetched", "scheduler_seconds", "plan_wait_seconds", "step_seconds")
+          "stale_refreshes", "rows_prefetched", "scheduler_seconds", "plan_wait_seconds", "pull_seconds",
+          "push_seconds", "dense_sync_seconds", "step_seconds")
 
 
 class Counters:

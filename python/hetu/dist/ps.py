@@ -3,6 +3,7 @@ updaters that push gradients. Iteration tags carry the BSP/SSP protocol: a push 
 applied once every worker's push of t arrived; a pull for step t sees the table after t-1."""
 import atexit
 import os
+import time
 
 import numpy as np
 
@@ -161,7 +162,12 @@ class PSEmbeddingLookupOp(Op):
         uniq, inverse = np.unique(flat, return_inverse=True)
         # Reads outside training (validation) go straight to the servers, after the executor
         # flushed every cache, and are not counted as training transmissions.
-        pulled = self.source.lookup(uniq) if state.training else self.remote.pull(uniq)
+        if state.training:
+            started = time.perf_counter()
+            pulled = self.source.lookup(uniq)
+            self.remote.counters.add(pull_seconds=time.perf_counter() - started)
+        else:
+            pulled = self.remote.pull(uniq)
         out = state.buffer(self, ids.shape + (pulled.shape[1],), np.float32)
         if state.xp is np:
             np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
@@ -183,12 +189,14 @@ class PSSparseUpdater:
         self._to_host = None   # hetu.cuda.DeviceToHost, on a GPU
 
     def update(self, state, param, grad, lr):
+        started = time.perf_counter()
         if cuda.is_device_array(grad.values):
             uniq, summed = self._sum_on_device(grad)
         else:
             uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
                                          np.ascontiguousarray(grad.values, np.float32))
         self.target.update(uniq, summed, lr)
+        self.remote.counters.add(push_seconds=time.perf_counter() - started)
 
     def _sum_on_device(self, grad):
         """Sums the rows per id on the device and brings the distinct ids and their sums to the
@@ -209,14 +217,16 @@ class PSSparseUpdater:
 class PSDenseUpdater:
     """Pushes the gradient and takes back the tensor as the servers stepped it."""
 
-    def __init__(self, remote):
-        self.remote = remote
+    def __init__(self, remote, counters):
+        self.remote, self.counters = remote, counters
 
     def update(self, state, param, grad, lr):
+        started = time.perf_counter()
         if isinstance(grad, IndexedSlices):
             grad = grad.to_dense()
         fresh = self.remote.push_pull(np.ascontiguousarray(cuda.to_host(grad), np.float32), lr)
         state.param_value(param)[...] = state.xp.asarray(fresh)
+        self.counters.add(dense_sync_seconds=time.perf_counter() - started)
 
 
 def route_through_caches(graph):

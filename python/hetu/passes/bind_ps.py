@@ -23,7 +23,7 @@ def bind_ps(graph):
             opt_op.updaters[param.id] = PSSparseUpdater(remote)
         else:
             remote = RemoteDense(client, param, opt_op.optimizer, seed, sync)
-            opt_op.updaters[param.id] = PSDenseUpdater(remote)
+            opt_op.updaters[param.id] = PSDenseUpdater(remote, graph.counters)
         graph.remote[param.id] = remote
     _replace_lookups(graph)
     return graph.refresh()

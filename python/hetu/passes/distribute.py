@@ -33,7 +33,7 @@ def distribute(graph):
             sparse = getattr(grad, "produces_sparse", False)
             on_ps = strategy.sparse_on_ps() if sparse else strategy.dense_on_ps()
             if not on_ps:
-                opt_op.updaters[param.id] = AllReduceUpdater(comm, opt_op.optimizer)
+                opt_op.updaters[param.id] = AllReduceUpdater(comm, opt_op.optimizer, graph.counters)
             else:
                 graph.ps_params.setdefault(param.id, (param, opt_op, sparse))
     return graph
