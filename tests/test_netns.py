@@ -234,3 +234,23 @@ def test_delay_shaping(hosts):
     assert res.returncode == 0, res.stderr
     # A TCP handshake crosses the shaped link both ways: at least 2 x 20 ms.
     assert connect > 0.04
+
+
+def test_each_host_runs_on_its_own_cores():
+    """NamespaceHosts(cpus=...): every process a host starts (through its sshd) inherits the
+    host's cores, so hosts do not compete for the same ones."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    try:
+        with NamespaceHosts(2, cpus=[[cores[0]], cores[1:]]) as hosts:
+            got = [hosts.ssh(h, "grep Cpus_allowed_list /proc/self/status").stdout.split()[-1] for h in hosts]
+            cluster = hosts.cluster(workers=[0, 1], servers=[1, 0])
+    except NetnsUnavailable as e:
+        pytest.skip(f"network namespaces unavailable here: {e}")
+    expected_rest = str(cores[1]) if len(cores) == 2 else f"{cores[1]}-{cores[-1]}"
+    assert got == [str(cores[0]), expected_rest]
+    # The worker's thread count is its own host's cores, not the machine's.
+    assert cluster["env"]["HETU_NUM_THREADS"] == str(len(cores) - 1)
+    with pytest.raises(ValueError, match="one non-empty list of cores per host"):
+        NamespaceHosts(2, cpus=[[cores[0]]])

@@ -93,10 +93,14 @@ def _pick_net() -> int:
 
 
 class NamespaceHosts:
-    def __init__(self, count: int = 2, start_sshd: bool = True):
+    def __init__(self, count: int = 2, start_sshd: bool = True, cpus: Optional[List[List[int]]] = None):
+        """`cpus`: per host, the cores its processes run on (its sshd's affinity, which every
+        process started through it inherits); None: all of this machine's."""
         if not 1 <= count <= 8:
             raise ValueError("count must be between 1 and 8")
-        self.count, self.start_sshd = count, start_sshd
+        if cpus is not None and (len(cpus) != count or not all(cpus)):
+            raise ValueError(f"cpus: one non-empty list of cores per host ({count}), got {cpus}")
+        self.count, self.start_sshd, self.cpus = count, start_sshd, cpus
         self.hosts: List[Host] = []
         self.tag = f"{os.getpid() % 100000}"
         self.bridge = f"htb{self.tag}"
@@ -211,8 +215,10 @@ class NamespaceHosts:
         # A UTS namespace per host: MPI tells nodes apart by hostname.
         argv = ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c",
                 f'hostname "$0" && exec {SSHD} -D -e -f "$1"', h.hostname, config]
+        cores = None if self.cpus is None else set(self.cpus[h.index])
         h.sshd = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  start_new_session=True)
+                                  start_new_session=True,
+                                  preexec_fn=None if cores is None else (lambda: os.sched_setaffinity(0, cores)))
 
     def _wait_sshd(self, h: Host, timeout: float = 15):
         deadline = time.monotonic() + timeout
@@ -265,7 +271,10 @@ class NamespaceHosts:
         its share of them as thread count (the runner would give every host's workers all of
         them, and the workers of different hosts would spin against each other)."""
         servers = servers or [0] * len(self.hosts)
-        threads = str(max(1, len(os.sched_getaffinity(0)) // max(1, sum(workers))))
+        if self.cpus is None:
+            threads = str(max(1, len(os.sched_getaffinity(0)) // max(1, sum(workers))))
+        else:   # the cores of each worker's own host
+            threads = str(max(1, min(len(c) // w for c, w in zip(self.cpus, workers) if w)))
         env = {**{v: threads for v in THREAD_VARS}, **(env or {})}
         nodes = [{"host": h.address, "workers": w, "servers": s, "interface": h.iface,
                   **({"chief": True} if h.index == chief else {})}
