@@ -234,11 +234,8 @@ class Executor:
             if p.id in remote:
                 out[p.name] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
             else:
-                out[p.name] = np.array(self._host(self.values[p.id]), copy=True)
+                out[p.name] = np.array(cuda.to_host(self.values[p.id]), copy=True)
         return out
-
-    def _host(self, x):
-        return x.get() if hasattr(x, "get") else x
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory, run=None):
@@ -269,13 +266,13 @@ class Executor:
                     remote[p.id].table.save(os.path.join(tmp, "ps")).wait()
                     clocks[p.name] = remote[p.id].clock
                     continue
-                arrays[f"param/{p.name}"] = self._host(self.values[p.id])
+                arrays[f"param/{p.name}"] = cuda.to_host(self.values[p.id])
                 if p.id in self.opt_states:
                     state, steps = self.opt_states[p.id]
-                    arrays[f"optstate/{p.name}"] = self._host(state)
-                    arrays[f"optsteps/{p.name}"] = self._host(steps)
+                    arrays[f"optstate/{p.name}"] = cuda.to_host(state)
+                    arrays[f"optsteps/{p.name}"] = cuda.to_host(steps)
             for key, value in self.persistent.items():
-                arrays[f"persistent/{key}"] = self._host(value)
+                arrays[f"persistent/{key}"] = cuda.to_host(value)
             np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
             meta = {"seed": self.config.seed, "iteration": self.state.iteration,
                     "optimizer_steps": {op.name: op.step_count for op in self.graph.optimizer_ops},
