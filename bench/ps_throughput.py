@@ -6,11 +6,17 @@ the same bytes (``hetu._ps._raw_bench_*``: the same libzmq, DEALER->ROUTER TCP s
 malloc setting as the van; the client sends the keys -- plus the rows for a push -- split over
 the same number of server processes, which answer with a ready buffer of rows, or an empty
 frame for a push; no lookup, gather or optimizer work). Prints rows/s, row-payload GB/s and the PS / raw ratio.
-With --vans zmq ucx the parameter server runs over each van in turn (DMLC_PS_VAN_TYPE).
+With --vans zmq ucx the parameter server runs over each van in turn (DMLC_PS_VAN_TYPE). Pushes
+are measured against a table per server-side optimizer (--optimizers, SGD and Adam by default).
+Each shape runs --repeat times, the PS jobs and the raw round trips in turn; a column reports the
+median run (--stat best: the best), and a ratio is the median of the ratios of runs taken next
+to each other. --baseline-python runs the same jobs with another build of hetu (the python of
+another virtual environment) in the same rotation, as the column "base".
 
     python bench/ps_throughput.py                      # the default matrix
     python bench/ps_throughput.py --vans zmq ucx       # the ZMQ van and the UCX van side by side
     python bench/ps_throughput.py --shapes 1x1 --batches 16384 --seconds 2
+    python bench/ps_throughput.py --baseline-python ../venv-old/bin/python   # before / after
 
 Throughput is the sum over workers; every worker issues one request at a time.
 """
@@ -50,15 +56,19 @@ def batch_keys(rank, batch):
 def ps_worker(args):
     import hetu.ps as ps
     ps.start()
-    t = ps.client().init_table("bench", ROWS, WIDTH, init=("constant", 0.0), optimizer="sgd", bsp=False)
+    # One table per server-side optimizer; pulls read the first (a pull does not depend on it).
+    tables = {o: ps.client().init_table(f"bench_{o}", ROWS, WIDTH, init=("constant", 0.0), optimizer=o, bsp=False)
+              for o in args.optimizers}
     out = {}
     for b in args.batches:
         keys = batch_keys(ps.rank(), b)
         grads = np.full((b, WIDTH), 1e-3, np.float32)
+        t = tables[args.optimizers[0]]
         ps.barrier()
         out[f"pull{b}"] = timed(lambda: t.pull(keys).wait(), args.seconds)
-        ps.barrier()
-        out[f"push{b}"] = timed(lambda: t.push(keys, grads, lr=0.1).wait(), args.seconds)
+        for o, t in tables.items():
+            ps.barrier()
+            out[f"push{b}"] = out[f"push_{o}{b}"] = timed(lambda: t.push(keys, grads, lr=0.1).wait(), args.seconds)
     print("RESULT " + json.dumps(out), flush=True)
     ps.finalize()
 
@@ -99,19 +109,20 @@ def collect(procs, timeout):
     return results
 
 
-def bench_command(args):
-    return [sys.executable, os.path.abspath(__file__), "--seconds", str(args.seconds), "--batches",
-            *map(str, args.batches)]
+def bench_command(args, python=None):
+    return [python or sys.executable, os.path.abspath(__file__), "--seconds", str(args.seconds), "--batches",
+            *map(str, args.batches), "--optimizers", *args.optimizers]
 
 
-def run_ps(workers, servers, args, van):
+def run_ps(workers, servers, args, van, python=None):
     """One parameter-server job over `van`; each worker's {op+batch: (requests, seconds)}."""
-    me = bench_command(args)
+    python = python or sys.executable
+    me = bench_command(args, python)
     port = pick_root_port("127.0.0.1")
     env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER=str(workers),
                DMLC_NUM_SERVER=str(servers), DMLC_PS_VAN_TYPE=van)
     logs = subprocess.PIPE
-    nodes = [subprocess.Popen([sys.executable, "-m", "hetu.launcher"], env=dict(env, DMLC_ROLE=r), stdout=logs,
+    nodes = [subprocess.Popen([python, "-m", "hetu.launcher"], env=dict(env, DMLC_ROLE=r), stdout=logs,
                               stderr=subprocess.STDOUT, text=True) for r in ["scheduler"] + ["server"] * servers]
     wk = [subprocess.Popen(me + ["--role", "ps-worker"], env=dict(env, DMLC_ROLE="worker"), stdout=logs,
                            stderr=subprocess.STDOUT, text=True) for _ in range(workers)]
@@ -154,15 +165,25 @@ def rate(results, key, batch):
     return rows, rows * WIDTH * 4 / 1e9
 
 
+def pick(values, stat):
+    values = sorted(values)
+    return values[-1] if stat == "best" else values[len(values) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["1x1", "1x2", "2x1", "4x2"], help="WORKERSxSERVERS")
     ap.add_argument("--batches", nargs="+", type=int, default=[1024, 4096, 16384, 65536])
     ap.add_argument("--seconds", type=float, default=0.5, help="measuring time per cell")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="runs per shape, alternating PS and raw; the best of each is reported (shared machines)")
+                    help="runs per shape, alternating PS and raw (shared machines)")
+    ap.add_argument("--stat", default="median", choices=["median", "best"],
+                    help="which of the repeated runs each column reports")
+    ap.add_argument("--optimizers", nargs="+", default=["sgd", "adam"], choices=["sgd", "adam"],
+                    help="server-side optimizers of the pushes (a table each); pulls use the first")
     ap.add_argument("--vans", nargs="+", default=["zmq"], choices=["zmq", "ucx"],
                     help="parameter-server transports to measure, side by side")
+    ap.add_argument("--baseline-python", help="also run the PS jobs with this interpreter's hetu (column 'base')")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ports", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -173,11 +194,12 @@ def main():
     if args.role != "main":
         return {"ps-worker": ps_worker, "raw-server": raw_server, "raw-client": raw_client}[args.role](args)
     print(f"loopback, {os.cpu_count()} cores, rows of {WIDTH} float32 ({WIDTH * 4} B), table {ROWS} rows, "
-          f"{args.seconds} s per cell, best of {args.repeat}; GB/s counts row payload only")
-    cols = args.vans + ["raw"]
-    head = (f"{'W':>2} {'S':>2} {'op':>4} {'batch':>6} | "
+          f"{args.seconds} s per cell, {args.stat} of {args.repeat}; GB/s counts row payload only")
+    ps_cols = args.vans + (["base"] if args.baseline_python else [])
+    cols = ps_cols + ["raw"]
+    head = (f"{'W':>2} {'S':>2} {'op':>9} {'batch':>6} | "
             + " | ".join(f"{c + ' rows/s':>12} {'GB/s':>5}" for c in cols) + " | "
-            + " ".join(f"{v + '/raw':>8}" for v in args.vans))
+            + " ".join(f"{v + '/raw':>8}" for v in ps_cols))
     print(head)
     print("-" * len(head))
     for shape in args.shapes:
@@ -186,13 +208,20 @@ def main():
         for _ in range(args.repeat):  # alternated, so a slow spell of the machine hits all
             for v in args.vans:
                 runs[v].append(run_ps(w, s, args, v))
+            if args.baseline_python:
+                runs["base"].append(run_ps(w, s, args, args.vans[0], args.baseline_python))
             runs["raw"].append(run_raw(w, s, args))
-        for op in ("pull", "push"):
+        for op in ["pull"] + [f"push_{o}" for o in args.optimizers]:
             for b in args.batches:
-                best = {c: max(rate(r, f"{op}{b}", b) for r in runs[c]) for c in cols}
-                print(f"{w:>2} {s:>2} {op:>4} {b:>6} | "
-                      + " | ".join(f"{best[c][0]:>12.3e} {best[c][1]:>5.2f}" for c in cols) + " | "
-                      + " ".join(f"{best[v][0] / best['raw'][0]:>8.2f}" for v in args.vans), flush=True)
+                raw_op = op.split("_")[0]
+                got = {c: pick([rate(r, f"{raw_op if c == 'raw' else op}{b}", b) for r in runs[c]], args.stat)
+                       for c in cols}
+                # The ratio of the same runs' rates: each PS run against the raw run next to it.
+                ratio = {v: pick([rate(p, f"{op}{b}", b)[0] / rate(q, f"{raw_op}{b}", b)[0]
+                                  for p, q in zip(runs[v], runs["raw"])], args.stat) for v in ps_cols}
+                print(f"{w:>2} {s:>2} {op.replace('_', ' '):>9} {b:>6} | "
+                      + " | ".join(f"{got[c][0]:>12.3e} {got[c][1]:>5.2f}" for c in cols) + " | "
+                      + " ".join(f"{ratio[v]:>8.2f}" for v in ps_cols), flush=True)
 
 
 if __name__ == "__main__":

@@ -352,3 +352,53 @@ ps.finalize()
 @pytest.mark.parametrize("van", VANS)
 def test_large_batches_on_multithreaded_servers(cluster, van):
     cluster(2, 1, env={"HETU_NUM_THREADS": "2", "DMLC_PS_VAN_TYPE": van}).run(LARGE)
+
+
+CHUNKED = """
+from hetu import _C
+c = ps.client()
+R, Wd = 60, 4
+t = c.init_table("emb", R, Wd, init=("uniform", -1, 1), seed=9, optimizer=("adam", {}), bsp=False)
+table = np.empty((R, Wd), np.float32); _C.init_fill(1, -1, 1, 9, _C.name_stream("emb"), 0, table)
+state = np.zeros((R, 2 * Wd), np.float32); steps = np.zeros(R, np.int64); versions = np.zeros(R, np.int64)
+cfg = _C.OptimConfig(); cfg.kind = 4
+rng = np.random.default_rng(2)
+# PS_CHUNK_BYTES is 3 rows: pulls come back, and pushes go, 3 rows a message
+assert np.array_equal(t.pull(np.arange(R)).wait(), table)
+keys = rng.integers(0, R, 50)                       # unsorted, repeated: parts are not contiguous
+assert np.array_equal(t.pull(keys).wait(), table[keys])
+for step in range(3):
+    keys = np.sort(rng.choice(R, 40, replace=False))  # strictly increasing: a chunked ASP push
+    g = rng.standard_normal((40, Wd)).astype(np.float32)
+    counts = rng.integers(1, 4, 40)
+    t.push(keys, g, lr=0.05, counts=counts).wait()
+    _C.apply_rows(cfg, np.float32(0.05), table, state, steps, keys, g)
+    versions[keys] += counts
+    rows, st, sp, ver = t.pull_with_state(np.arange(R)).wait()
+    assert np.array_equal(rows, table) and np.array_equal(st, state), step
+    assert np.array_equal(sp, steps) and np.array_equal(ver, versions), step
+# repeated keys are summed in one step, as without chunks
+keys = np.array([5, 40, 5, 41, 42, 43, 44, 45, 1])
+g = rng.standard_normal((9, Wd)).astype(np.float32)
+t.push(keys, g, lr=0.05).wait()
+uk = np.array([5, 40, 41, 42, 43, 44, 45, 1])
+_C.apply_rows(cfg, np.float32(0.05), table, state, steps, uk, np.concatenate([[g[0] + g[2]], g[[1, 3, 4, 5, 6, 7, 8]]]))
+versions[uk] += 1
+rows, st, sp, ver = t.pull_with_state(np.arange(R)).wait()
+assert np.array_equal(rows, table) and np.array_equal(st, state) and np.array_equal(ver, versions)
+# a push with a key outside the table is refused whole by its server, as without chunks
+keys = np.arange(50, 61)
+try:
+    t.push(keys, np.ones((11, Wd), np.float32), lr=0.05).wait()
+    raise AssertionError("a key outside the table was taken")
+except RuntimeError as e:
+    assert "key 60" in str(e), e
+assert np.array_equal(t.pull(np.arange(40, 60)).wait(), table[40:60])
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("van", VANS)
+def test_chunked_pulls_and_pushes(cluster, van):
+    cluster(3, 1, env={"PS_CHUNK_BYTES": str(3 * 4 * 4), "DMLC_PS_VAN_TYPE": van}).run(CHUNKED)

@@ -147,7 +147,15 @@ class Handle {
     Request& r = *req_;
     const py::ssize_t n = r.num_keys, w = r.width;
     switch (kind_) {
-      case kRows: return Gathered<float>(r, 0, w, {n, w});
+      case kRows: {
+        bool chunked = false;
+        for (const Part& p : r.parts) chunked = chunked || p.chunked;
+        if (!chunked) return Gathered<float>(r, 0, w, {n, w});
+        // Chunked parts are in r.rows already; the others are copied in.
+        for (const Part& p : r.parts)
+          if (!p.chunked) Scatter<float>(p, 0, w, r.rows_data);
+        return WrapBlob<float>(r.rows, {n, w});
+      }
       case kDenseRows: return Gathered<float>(r, 0, 1, {n});
       case kState: {
         py::array rows = Gathered<float>(r, 0, w, {n, w});

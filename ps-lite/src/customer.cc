@@ -1,9 +1,30 @@
 #include "customer.h"
 
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 
 namespace ps {
+namespace {
+
+// Copies a chunk of a part's rows into the request's rows; "" or what is wrong with it.
+std::string TakeChunk(Request& req, const Part& part, const Message& msg) {
+  const int64_t w = req.width, off = msg.meta.offset();
+  const size_t row_bytes = static_cast<size_t>(w) * sizeof(float);
+  if (!req.rows_data || msg.data.size() != 1 || row_bytes == 0 || msg.data[0].size % row_bytes != 0)
+    return "server answer has the wrong size";
+  const int64_t m = static_cast<int64_t>(msg.data[0].size / row_bytes);
+  if (off < 0 || off + m > part.size()) return "server answer has the wrong size";
+  const char* src = msg.data[0].data;
+  if (part.contiguous) {
+    std::memcpy(req.rows_data + (part.begin + off) * w, src, m * row_bytes);
+  } else {
+    for (int64_t i = 0; i < m; ++i) std::memcpy(req.rows_data + part.pos[off + i] * w, src + i * row_bytes, row_bytes);
+  }
+  return "";
+}
+
+}  // namespace
 
 int64_t Customer::Track(const std::shared_ptr<Request>& req) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -30,6 +51,16 @@ void Customer::OnResponse(Message& msg) {
   std::lock_guard<std::mutex> rl(req->mu);
   for (auto& part : req->parts) {
     if (part.node != msg.meta.sender() || part.answered) continue;
+    if (msg.meta.chunked()) {
+      std::string err = msg.meta.error().empty() ? TakeChunk(*req, part, msg) : msg.meta.error();
+      if (!err.empty() && req->error.empty()) {
+        req->error = err;
+        req->cv.notify_all();
+      }
+      if (msg.meta.more()) return;  // the part is answered by its last chunk
+      part.chunked = true;
+      msg.data.clear();
+    }
     part.answered = true;
     if (!msg.meta.error().empty() && req->error.empty()) req->error = msg.meta.error();
     part.response = std::move(msg);

@@ -26,6 +26,7 @@ struct Part {
   int64_t at(int64_t i) const { return contiguous ? begin + i : pos[i]; }
   Message response;
   bool answered = false;
+  bool chunked = false;  // the part's rows came in chunks, already copied into Request::rows
 };
 
 struct Request {
@@ -38,6 +39,11 @@ struct Request {
   int remaining = 0;
   std::string error;
   bool abandoned = false;  // the job failed: the missing answers will never come
+  // A pull whose answers may come in chunks: num_keys x width floats, filled as chunks arrive
+  // (on the receive thread, while the van takes in the next), so the result needs no copy
+  // once the last one is in.
+  Blob rows;
+  float* rows_data = nullptr;
   bool finished() {
     std::lock_guard<std::mutex> lk(mu);
     return remaining == 0 || !error.empty();

@@ -11,6 +11,10 @@
 //   kAssign     keys, rows, state, steps, version_add -> -
 //   kSave/kLoad path                               -> -
 //   kClear      -                                  -> -
+// Chunks (PS_CHUNK_BYTES, meta `chunked`/`offset`/`more`): a kPull to several servers of more
+// rows than a chunk holds is answered by each server in chunks of rows, which the worker copies
+// into the result as they arrive; an ASP kPush of strictly increasing keys (without a
+// write-back) goes as chunks of keys and gradients, each stepped on arrival and answered once.
 #pragma once
 
 namespace ps {

@@ -1,5 +1,6 @@
 #include "kv_server.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -138,7 +139,20 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       std::string err;
       if (msg.meta.has_write_back()) err = Assign(t, msg, msg.meta.has_counts() ? 3 : 2);
       const std::string pushed = Push(e, msg);
-      Reply(msg, {}, err.empty() ? pushed : err);
+      if (err.empty()) err = pushed;
+      if (msg.meta.chunked()) {  // answered once, after the last chunk, with the first error
+        const auto id = std::make_pair(msg.meta.sender(), msg.meta.timestamp());
+        if (msg.meta.more()) {
+          if (!err.empty()) chunk_errors_.emplace(id, err);
+          return true;
+        }
+        auto it = chunk_errors_.find(id);
+        if (it != chunk_errors_.end()) {
+          err = it->second;
+          chunk_errors_.erase(it);
+        }
+      }
+      Reply(msg, {}, err);
       return true;
     }
     case kPushPull:
@@ -166,6 +180,17 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       const int64_t n = NumKeys(msg);
       const int64_t* keys;
       if (!ReadKeys(t, msg, n, &keys)) return true;
+      const int64_t chunk = op == kPull ? msg.meta.chunk_rows() : 0;
+      if (chunk > 0 && n > chunk) {
+        // A chunk at a time: the van sends one while the next is gathered.
+        for (int64_t off = 0; off < n; off += chunk) {
+          const int64_t m = std::min(chunk, n - off);
+          Blob rows = Blob::Alloc<float>(m * t.width(), &out);
+          t.Gather(keys + off, m, out);
+          Reply(msg, {rows}, "", off, off + m < n);
+        }
+        return true;
+      }
       Blob rows = Blob::Alloc<float>(n * t.width(), &out);
       t.Gather(keys, n, out);
       Reply(msg, {rows}, "");
@@ -346,12 +371,18 @@ void KVServer::ServeDeferred(Entry& e) {
   }
 }
 
-void KVServer::Reply(const Message& req, std::vector<Blob> data, const std::string& error) {
+void KVServer::Reply(const Message& req, std::vector<Blob> data, const std::string& error, int64_t offset,
+                     bool more) {
   Message r;
   r.meta.set_timestamp(req.meta.timestamp());
   r.meta.set_op(req.meta.op());
   r.meta.set_table(req.meta.table());
   r.meta.set_error(error);
+  if (offset >= 0) {
+    r.meta.set_chunked(true);
+    r.meta.set_offset(offset);
+    r.meta.set_more(more);
+  }
   r.data = std::move(data);
   if (!po_->Send(req.meta.sender(), &r)) PS_VLOG(1) << "cannot answer " << po_->Describe(req.meta.sender());
 }

@@ -43,13 +43,17 @@ class KVServer {
   void TryApply(Entry& e);
   void ServeDeferred(Entry& e);
   bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;
-  void Reply(const Message& req, std::vector<Blob> data, const std::string& error);
+  // offset >= 0: the answer is one chunk of the part, its first key at `offset` (kv.h).
+  void Reply(const Message& req, std::vector<Blob> data, const std::string& error, int64_t offset = -1,
+             bool more = false);
   // A sparse read's keys (data[0]), checked against the shard once `error` (an earlier check
   // of the message) is empty; false after answering the request with the error.
   bool ReadKeys(const TableShard& t, const Message& msg, int64_t n, const int64_t** keys, std::string error = "");
 
   Postoffice* po_;
   std::map<std::string, Entry> tables_;
+  // The first error of a chunked push whose last chunk has not come yet, by (sender, timestamp).
+  std::map<std::pair<int, int64_t>, std::string> chunk_errors_;
 };
 
 }  // namespace ps

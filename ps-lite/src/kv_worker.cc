@@ -1,10 +1,33 @@
 #include "kv_worker.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "table.h"
 
 namespace ps {
+
+namespace {
+
+bool StrictlyIncreasing(const int64_t* keys, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (keys[i - 1] >= keys[i]) return false;
+  return true;
+}
+
+}  // namespace
+
+KVWorker::KVWorker(Postoffice* po, Customer* customer) : po_(po), customer_(customer) {
+  // A chunk of rows is what the van moves while the server gathers (or steps) the next one:
+  // 512 KiB (1024 rows of 128 floats) keeps both busy with little per-message cost.
+  const char* env = std::getenv("PS_CHUNK_BYTES");
+  chunk_bytes_ = env ? std::atoll(env) : (int64_t(512) << 10);
+}
+
+int64_t KVWorker::ChunkRows(const TableRef& t) const {
+  if (chunk_bytes_ <= 0 || t.dense || t.width <= 0) return 0;
+  return std::max<int64_t>(1, chunk_bytes_ / (t.width * static_cast<int64_t>(sizeof(float))));
+}
 
 std::shared_ptr<Request> KVWorker::NewRequest(const TableRef& t, int op) {
   auto req = std::make_shared<Request>();
@@ -67,22 +90,37 @@ void KVWorker::PartitionDense(const TableRef& t, Request* req) {
 }
 
 void KVWorker::Send(const std::shared_ptr<Request>& req, const std::string& table,
-                    const std::function<void(Message&, const Part&)>& fill) {
+                    const std::function<void(Message&, const Part&)>& fill, int64_t chunk_rows) {
   const int64_t ts = customer_->Track(req);
   if (ts == 0) return;  // the job already failed; the request carries the error
   for (const Part& p : req->parts) {
-    Message msg;
-    msg.meta.set_request(true);
-    msg.meta.set_timestamp(ts);
-    msg.meta.set_op(req->op);
-    msg.meta.set_table(table);
-    fill(msg, p);
-    if (!po_->Send(p.node, &msg)) {
-      Message fail;
-      fail.meta.set_timestamp(ts);
-      fail.meta.set_sender(p.node);
-      fail.meta.set_error("cannot send to " + po_->Describe(p.node));
-      customer_->OnResponse(fail);
+    const bool chunked = chunk_rows > 0 && p.contiguous && p.size() > chunk_rows;
+    for (int64_t off = 0;;) {
+      Message msg;
+      msg.meta.set_request(true);
+      msg.meta.set_timestamp(ts);
+      msg.meta.set_op(req->op);
+      msg.meta.set_table(table);
+      Part chunk;
+      if (chunked) {
+        chunk.node = p.node;
+        chunk.begin = p.begin + off;
+        chunk.end = std::min(p.end, chunk.begin + chunk_rows);
+        msg.meta.set_chunked(true);
+        msg.meta.set_offset(off);
+        msg.meta.set_more(chunk.end < p.end);
+      }
+      fill(msg, chunked ? chunk : p);
+      if (!po_->Send(p.node, &msg)) {
+        Message fail;
+        fail.meta.set_timestamp(ts);
+        fail.meta.set_sender(p.node);
+        fail.meta.set_error("cannot send to " + po_->Describe(p.node));
+        customer_->OnResponse(fail);
+        break;
+      }
+      if (!chunked || chunk.end >= p.end) break;
+      off += chunk_rows;
     }
   }
 }
@@ -105,6 +143,14 @@ std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t
   else Partition(t, keys, n, bsp || write_back, req.get());
   Request written;  // the write-back's keys by server
   if (write_back) Partition(t, write_back->keys, write_back->n, true, &written);
+  // An ASP push of distinct keys is taken chunk by chunk, as if each were a push of its own
+  // (same steps, same versions): the server steps one chunk while the next is on its way. Only
+  // a push the servers will take whole is cut (keys of the table, counts of at least 1), so that
+  // a bad one is still refused whole by the server that finds it.
+  int64_t chunk = op == kPush && !bsp && !write_back ? ChunkRows(t) : 0;
+  if (chunk > 0 && (n <= chunk || !StrictlyIncreasing(keys, n) || keys[0] < 0 || keys[n - 1] >= t.rows)) chunk = 0;
+  for (int64_t i = 0; chunk > 0 && counts && i < n; ++i)
+    if (counts[i] < 1) chunk = 0;
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_lr(lr);
     m.meta.set_has_iteration(bsp);
@@ -130,7 +176,7 @@ std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t
     m.data.push_back(SliceOf(*wb, write_back->state, t.slots * t.width));
     m.data.push_back(SliceOf(*wb, write_back->steps, 1));
     m.data.push_back(SliceOf(*wb, write_back->version_add, 1));
-  });
+  }, chunk);
   return req;
 }
 
@@ -138,10 +184,16 @@ std::shared_ptr<Request> KVWorker::Pull(const TableRef& t, const int64_t* keys, 
   auto req = NewRequest(t, kPull);
   if (t.dense) PartitionDense(t, req.get());
   else Partition(t, keys, n, false, req.get());
+  // Many rows from several servers: their answers are copied into one result anyway, so they
+  // come in chunks, each copied in as it arrives while the servers gather the next ones. (From
+  // one server the answer becomes the result as it is, without a copy.)
+  const int64_t chunk = ChunkRows(t);
+  if (chunk > 0 && n > chunk && req->parts.size() > 1) req->rows = Blob::Alloc<float>(n * t.width, &req->rows_data);
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_has_iteration(iteration >= 0);
     m.meta.set_iteration(iteration);
     if (!t.dense) m.data.push_back(SliceOf(p, keys, 1));
+    if (req->rows_data) m.meta.set_chunk_rows(chunk);
   });
   return req;
 }

@@ -32,7 +32,7 @@ struct TableRef {
 
 class KVWorker {
  public:
-  KVWorker(Postoffice* po, Customer* customer) : po_(po), customer_(customer) {}
+  KVWorker(Postoffice* po, Customer* customer);
 
   std::shared_ptr<Request> Init(const std::string& name, const pb::TableSpec& spec);
   // op: kPush or kPushPull. iteration < 0: apply on arrival (ASP). Under BSP every server
@@ -59,12 +59,16 @@ class KVWorker {
   void Partition(const TableRef& t, const int64_t* keys, int64_t n, bool all_servers, Request* req);
   void PartitionDense(const TableRef& t, Request* req);
   void AllServers(Request* req);
-  // Sends one message per part; fill() adds the part's meta fields and blobs.
+  // Sends one message per part; fill() adds the part's meta fields and blobs. chunk_rows > 0:
+  // a contiguous part of more keys goes as several messages of at most that many (kv.h).
   void Send(const std::shared_ptr<Request>& req, const std::string& table,
-            const std::function<void(Message&, const Part&)>& fill);
+            const std::function<void(Message&, const Part&)>& fill, int64_t chunk_rows = 0);
+  // Rows per chunk of a sparse pull's answer or push of table t (0: no chunks).
+  int64_t ChunkRows(const TableRef& t) const;
 
   Postoffice* po_;
   Customer* customer_;
+  int64_t chunk_bytes_;  // PS_CHUNK_BYTES
 };
 
 // The part's rows of an array with `per` elements per key: a view when contiguous, else a copy.

@@ -104,6 +104,8 @@ class TableShard {
     const char* row = reinterpret_cast<const char*>(values_.data() + r * width());
     for (int64_t b = 0; b < width() * 4; b += 64) __builtin_prefetch(row + b);
   }
+  // One optimizer step of the rows keys[b..e) (distinct, of this shard) with grads[i * width].
+  void StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts, float lr);
 
   std::string name_;
   pb::TableSpec spec_;

@@ -37,10 +37,19 @@ inline int slots(int kind) {
   }
 }
 
+// Adam's bias corrections for one step count, kept by a caller that steps many rows: rows
+// stepped together mostly share their count, and two pow() per 128-float row cost as much as
+// the row's arithmetic. The values are those computed without it, bit for bit.
+struct BiasCache {
+  int64_t t = -1;
+  float bc1 = 0.0f, bc2 = 0.0f;
+};
+
 // One step of one row. w: the row; state: slots(kind)*width floats (may be null for SGD);
-// step: the row's step count, incremented here; g: the row's summed gradient.
+// step: the row's step count, incremented here; g: the row's summed gradient; cache: optional,
+// used by one thread at a time.
 inline void step_row(const Config& c, float lr, float* w, float* state, int64_t* step, const float* g,
-                     int64_t width) {
+                     int64_t width, BiasCache* cache = nullptr) {
   const int64_t t = ++*step;
   switch (c.kind) {
     case kSGD:
@@ -69,8 +78,14 @@ inline void step_row(const Config& c, float lr, float* w, float* state, int64_t*
     case kAdamW: {
       float* m = state;
       float* v = state + width;
-      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(t)));
-      const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(t)));
+      BiasCache local;
+      BiasCache& bc = cache ? *cache : local;
+      if (bc.t != t) {
+        bc.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(t)));
+        bc.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(t)));
+        bc.t = t;
+      }
+      const float bc1 = bc.bc1, bc2 = bc.bc2;
       const bool decoupled = c.kind == kAdamW;
       for (int64_t i = 0; i < width; ++i) {
         if (decoupled) w[i] -= lr * c.weight_decay * w[i];
