@@ -6,6 +6,9 @@
 // or a nested parallel_for) runs its range on its own thread, so there is no deadlock. A forked
 // child gets a fresh pool. Chunking is a pure function of (n, min_chunk, num_threads()), so a
 // kernel's results never depend on which thread ran which chunk.
+//
+// Pool is the same with a thread count of its own, for work that sizes its threads apart from
+// HETU_NUM_THREADS (Herald's planner: HETU_PLANNER_THREADS); its threads end with it.
 #pragma once
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -34,11 +38,29 @@ namespace detail {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int workers) {
-    // Detached and never destroyed, so static destruction and interpreter shutdown never wait
-    // on a worker.
-    for (int i = 0; i < workers; ++i) std::thread([this, i] { loop(i + 1); }).detach();
+  // detached: the global pool's threads are detached and the pool never destroyed, so static
+  // destruction and interpreter shutdown never wait on a worker. Otherwise the destructor stops
+  // and joins them.
+  explicit ThreadPool(int workers, bool detached = true) {
+    for (int i = 0; i < workers; ++i) {
+      std::thread t([this, i] { loop(i + 1); });
+      if (detached) {
+        t.detach();
+      } else {
+        threads_.push_back(std::move(t));
+      }
+    }
   }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Runs task(p) for p in [0, parts): part 0 on the caller, the others on the workers.
   // Returns false (and runs nothing) if the pool is busy.
@@ -73,7 +95,8 @@ class ThreadPool {
       int parts;
       {
         std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return generation_ != seen; });
+        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
         seen = generation_;
         task = task_;
         parts = parts_;
@@ -93,7 +116,9 @@ class ThreadPool {
   const std::function<void(int)>* task_ = nullptr;
   int parts_ = 0;
   uint64_t generation_ = 0;
+  bool stop_ = false;
   std::atomic<int> pending_{0};
+  std::vector<std::thread> threads_;
 };
 
 inline ThreadPool* pool() {
@@ -110,13 +135,13 @@ inline ThreadPool* pool() {
   return p;
 }
 
-}  // namespace detail
 
-// Calls fn(begin, end) on disjoint chunks of [0, n); small ranges run on the calling thread.
+// Calls fn(begin, end) on disjoint chunks of [0, n) on `threads` threads of `pool`: chunk p is
+// [p * chunk, (p + 1) * chunk), parts = min(threads, n / min_chunk).
 template <typename Fn>
-void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
+void run_chunks(ThreadPool* pool, int threads, int64_t n, int64_t min_chunk, Fn& fn) {
   const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
-  const int parts = static_cast<int>(std::min<int64_t>(num_threads(), max_parts));
+  const int parts = static_cast<int>(std::min<int64_t>(threads, max_parts));
   if (parts <= 1) {
     fn(int64_t(0), n);
     return;
@@ -127,8 +152,42 @@ void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
     if (b < e) fn(b, e);
   };
   const std::function<void(int)> task = part;
-  if (detail::pool()->run(parts, task)) return;
+  if (pool->run(parts, task)) return;
   for (int p = 0; p < parts; ++p) part(p);  // pool busy: this range runs here
 }
+
+}  // namespace detail
+
+// Calls fn(begin, end) on disjoint chunks of [0, n); small ranges run on the calling thread.
+template <typename Fn>
+void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
+  if (num_threads() <= 1 || n < 2 * std::max<int64_t>(1, min_chunk)) {
+    fn(int64_t(0), n);
+    return;
+  }
+  detail::run_chunks(detail::pool(), num_threads(), n, min_chunk, fn);
+}
+
+// A pool of `threads` threads (the caller and threads - 1 workers) owned by its user.
+class Pool {
+ public:
+  explicit Pool(int threads)
+      : threads_(std::max(1, threads)), pool_(threads_ > 1 ? new detail::ThreadPool(threads_ - 1, false) : nullptr) {}
+  int threads() const { return threads_; }
+
+  // As hetu::parallel_for, on this pool's threads.
+  template <typename Fn>
+  void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
+    if (!pool_ || n < 2 * std::max<int64_t>(1, min_chunk)) {
+      fn(int64_t(0), n);
+      return;
+    }
+    detail::run_chunks(pool_.get(), threads_, n, min_chunk, fn);
+  }
+
+ private:
+  const int threads_;
+  std::unique_ptr<detail::ThreadPool> pool_;
+};
 
 }  // namespace hetu
