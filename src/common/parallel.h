@@ -7,8 +7,8 @@
 // child gets a fresh pool. Chunking is a pure function of (n, min_chunk, num_threads()), so a
 // kernel's results never depend on which thread ran which chunk.
 //
-// Pool is the same with a thread count of its own, for work that sizes its threads apart from
-// HETU_NUM_THREADS (Herald's planner: HETU_PLANNER_THREADS); its threads end with it.
+// Pool is a pool of its own for work that sizes its threads apart from HETU_NUM_THREADS (Herald's
+// planner: HETU_PLANNER_THREADS); its threads end with it.
 #pragma once
 #include <unistd.h>
 
@@ -38,29 +38,11 @@ namespace detail {
 
 class ThreadPool {
  public:
-  // detached: the global pool's threads are detached and the pool never destroyed, so static
-  // destruction and interpreter shutdown never wait on a worker. Otherwise the destructor stops
-  // and joins them.
-  explicit ThreadPool(int workers, bool detached = true) {
-    for (int i = 0; i < workers; ++i) {
-      std::thread t([this, i] { loop(i + 1); });
-      if (detached) {
-        t.detach();
-      } else {
-        threads_.push_back(std::move(t));
-      }
-    }
+  explicit ThreadPool(int workers) {
+    // Detached and never destroyed, so static destruction and interpreter shutdown never wait
+    // on a worker.
+    for (int i = 0; i < workers; ++i) std::thread([this, i] { loop(i + 1); }).detach();
   }
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Runs task(p) for p in [0, parts): part 0 on the caller, the others on the workers.
   // Returns false (and runs nothing) if the pool is busy.
@@ -95,8 +77,7 @@ class ThreadPool {
       int parts;
       {
         std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
+        cv_.wait(lk, [&] { return generation_ != seen; });
         seen = generation_;
         task = task_;
         parts = parts_;
@@ -116,9 +97,7 @@ class ThreadPool {
   const std::function<void(int)>* task_ = nullptr;
   int parts_ = 0;
   uint64_t generation_ = 0;
-  bool stop_ = false;
   std::atomic<int> pending_{0};
-  std::vector<std::thread> threads_;
 };
 
 inline ThreadPool* pool() {
@@ -135,13 +114,13 @@ inline ThreadPool* pool() {
   return p;
 }
 
+}  // namespace detail
 
-// Calls fn(begin, end) on disjoint chunks of [0, n) on `threads` threads of `pool`: chunk p is
-// [p * chunk, (p + 1) * chunk), parts = min(threads, n / min_chunk).
+// Calls fn(begin, end) on disjoint chunks of [0, n); small ranges run on the calling thread.
 template <typename Fn>
-void run_chunks(ThreadPool* pool, int threads, int64_t n, int64_t min_chunk, Fn& fn) {
+void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
   const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
-  const int parts = static_cast<int>(std::min<int64_t>(threads, max_parts));
+  const int parts = static_cast<int>(std::min<int64_t>(num_threads(), max_parts));
   if (parts <= 1) {
     fn(int64_t(0), n);
     return;
@@ -152,42 +131,111 @@ void run_chunks(ThreadPool* pool, int threads, int64_t n, int64_t min_chunk, Fn&
     if (b < e) fn(b, e);
   };
   const std::function<void(int)> task = part;
-  if (pool->run(parts, task)) return;
+  if (detail::pool()->run(parts, task)) return;
   for (int p = 0; p < parts; ++p) part(p);  // pool busy: this range runs here
 }
 
-}  // namespace detail
-
-// Calls fn(begin, end) on disjoint chunks of [0, n); small ranges run on the calling thread.
-template <typename Fn>
-void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
-  if (num_threads() <= 1 || n < 2 * std::max<int64_t>(1, min_chunk)) {
-    fn(int64_t(0), n);
-    return;
-  }
-  detail::run_chunks(detail::pool(), num_threads(), n, min_chunk, fn);
-}
-
-// A pool of `threads` threads (the caller and threads - 1 workers) owned by its user.
+// A pool of `threads` threads (the caller and threads - 1 workers) owned by its user, for series
+// of short parallel steps on machines that may be busy. A step's range is cut into chunks, a pure
+// function of (n, min_chunk, threads), and the threads take chunks one at a time as they come:
+// a thread that the OS does not run for a while holds up no one (on a busy machine a step with a
+// chunk per thread waits for the slowest), so callers must write each index's results to places
+// of their own (they never depend on which thread ran which chunk). Idle workers yield for a
+// while, watching for the next step, before they sleep. One step at a time: a step started while
+// one runs (another thread, or a nested call) runs all its chunks on its own thread.
 class Pool {
  public:
-  explicit Pool(int threads)
-      : threads_(std::max(1, threads)), pool_(threads_ > 1 ? new detail::ThreadPool(threads_ - 1, false) : nullptr) {}
+  explicit Pool(int threads) : threads_(std::max(1, threads)) {
+    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { Loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
   int threads() const { return threads_; }
 
-  // As hetu::parallel_for, on this pool's threads.
+  // Calls fn(begin, end) on disjoint chunks of [0, n): up to 4 per thread, none under min_chunk.
   template <typename Fn>
   void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
-    if (!pool_ || n < 2 * std::max<int64_t>(1, min_chunk)) {
+    const int64_t most = n / std::max<int64_t>(1, min_chunk);
+    if (threads_ <= 1 || most < 2) {
       fn(int64_t(0), n);
       return;
     }
-    detail::run_chunks(pool_.get(), threads_, n, min_chunk, fn);
+    const int64_t chunks = std::min<int64_t>(most, 4 * static_cast<int64_t>(threads_));
+    const int64_t size = (n + chunks - 1) / chunks;
+    std::atomic<int64_t> next{0};
+    const std::function<void()> work = [&] {
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+           c = next.fetch_add(1, std::memory_order_relaxed)) {
+        const int64_t b = c * size, e = std::min(n, b + size);
+        if (b < e) fn(b, e);
+      }
+    };
+    Run(work);
   }
 
  private:
+  static constexpr int kSpin = 1000;  // yields, about half a millisecond on an idle machine
+
+  void Run(const std::function<void()>& work) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) {
+      work();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      task_ = &work;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    work();
+    // Every chunk is taken; wait for those still running, then close the step to latecomers.
+    for (int i = 0; i < kSpin && active_.load(std::memory_order_acquire) != 0; ++i) std::this_thread::yield();
+    std::unique_lock<std::mutex> lk(m_);
+    idle_cv_.wait(lk, [&] { return active_.load(std::memory_order_acquire) == 0; });
+    task_ = nullptr;
+  }
+
+  void Loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      for (int i = 0; i < kSpin && generation_.load(std::memory_order_acquire) == seen; ++i)
+        std::this_thread::yield();
+      const std::function<void()>* task;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+        if (stop_) return;
+        seen = generation_.load(std::memory_order_acquire);
+        task = task_;
+        if (task == nullptr) continue;  // that step is over
+        active_.fetch_add(1, std::memory_order_acq_rel);
+      }
+      (*task)();
+      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(m_);
+        idle_cv_.notify_all();
+      }
+    }
+  }
+
   const int threads_;
-  std::unique_ptr<detail::ThreadPool> pool_;
+  std::mutex busy_, m_;
+  std::condition_variable cv_, idle_cv_;
+  const std::function<void()>* task_ = nullptr;  // the step running, null between steps
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_{0};  // workers inside task_
+  bool stop_ = false;
+  std::vector<std::thread> workers_;  // last: they start once everything above is set
 };
 
 }  // namespace hetu

@@ -111,6 +111,13 @@ class Trader {
     });
   }
 
+  // Who reads each row under the assignment as it stands: one bit per worker.
+  void Readers(uint64_t* out) const {
+    ParallelFor(pool_, static_cast<int64_t>(row_.size()), 16 * kMinSamples, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) out[r] = row_[r].readers;
+    });
+  }
+
   // Returns the number of trades made.
   int64_t Sweep() {
     // Every sample's savings, [n, W], against the assignment as the sweep finds it.
@@ -118,15 +125,18 @@ class Trader {
     ParallelFor(pool_, n_, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t s = begin; s < end; ++s) Savings(s, &savings[s * W_]);
     });
-    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first.
+    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first (one
+    // task per a).
     std::vector<std::vector<std::pair<int, int64_t>>> wants(W_ * W_);
-    for (int64_t s = 0; s < n_; ++s) {
-      const int32_t* saving = &savings[s * W_];
-      for (int to = 0; to < W_; ++to)
-        if (saving[to] > 0) wants[assign_[s] * W_ + to].emplace_back(-saving[to], s);
-    }
-    ParallelFor(pool_, W_ * W_, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) std::sort(wants[i].begin(), wants[i].end());
+    ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
+      for (int64_t s = 0; s < n_; ++s) {
+        const int a = assign_[s];
+        if (a < first || a >= last) continue;
+        const int32_t* saving = &savings[s * W_];
+        for (int to = 0; to < W_; ++to)
+          if (saving[to] > 0) wants[a * W_ + to].emplace_back(-saving[to], s);
+      }
+      for (int64_t i = first * W_; i < last * W_; ++i) std::sort(wants[i].begin(), wants[i].end());
     });
     int64_t trades = 0;
     for (int a = 0; a < W_; ++a)
@@ -270,7 +280,7 @@ double Since(std::chrono::steady_clock::time_point start) {
 
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool,
-                      double* seconds) {
+                      double* seconds, std::vector<uint64_t>* readers_out) {
   const auto start = std::chrono::steady_clock::now();
   const int W = num_workers;
   const uint64_t everyone = AllWorkers(W);
@@ -327,11 +337,15 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
   Trader trader(rows, n, fields, valid, num_rows, W, assignment, pool);
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
     if (trader.Sweep() == 0) break;
+  if (readers_out) {
+    readers_out->resize(num_rows);
+    trader.Readers(readers_out->data());
+  }
   if (seconds) seconds[1] += Since(placed);
 }
 
 std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,
-                              const int32_t* assignment, Pool* pool) {
+                              const int32_t* assignment) {
   std::vector<uint64_t> readers(num_rows, 0);
   for (int64_t s = 0; s < n; ++s)
     for (int64_t f = 0; f < fields; ++f) readers[rows[s * fields + f]] |= Bit(assignment[s]);

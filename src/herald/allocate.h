@@ -40,13 +40,14 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 // is a row that worker already reads this iteration, which would otherwise be shared
 // (co-location). Pairs of samples then trade workers while a trade saves rows.
 // seconds, if given: the time of the placement [0] and of the trades [1] are added to it.
+// readers_out, if given: Readers() of the assignment made.
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment,
-                      Pool* pool = nullptr, double* seconds = nullptr);
+                      Pool* pool = nullptr, double* seconds = nullptr, std::vector<uint64_t>* readers_out = nullptr);
 
 // Who reads each of the batch's num_rows distinct rows under an assignment: one bit per worker.
 std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,
-                              const int32_t* assignment, Pool* pool = nullptr);
+                              const int32_t* assignment);
 
 // The transmissions ColocateAllocate estimates for an assignment (a test's yardstick).
 int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,

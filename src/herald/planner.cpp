@@ -175,22 +175,29 @@ uint64_t Planner::ValidMask(int64_t key) const {
   return mask ? *mask : 0;
 }
 
-void Planner::Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign) {
+void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign) {
   const int64_t n = W_ * b_;
+  const int64_t num_rows = static_cast<int64_t>(batch->keys.size());
   assign->resize(n);
-  if (allocator_ == Allocator::kNone) {
-    for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
-  } else if (allocator_ == Allocator::kColocate) {
+  if (allocator_ == Allocator::kColocate) {
     double seconds[2] = {0, 0};
-    ColocateAllocate(batch.rows.data(), n, batch.fields, batch.valid.data(), static_cast<int64_t>(batch.keys.size()),
-                     W_, b_, iteration, assign->data(), pool_.get(), seconds);
+    ColocateAllocate(batch->rows.data(), n, batch->fields, batch->valid.data(), num_rows, W_, b_, iteration,
+                     assign->data(), pool_.get(), seconds, &batch->readers);  // readers come with it
     profile_.scores += seconds[0];
     profile_.trades += seconds[1];
     return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (allocator_ == Allocator::kNone) {
+    for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
   } else {
-    GreedyAllocate(CacheScores(batch.rows.data(), n, batch.fields, batch.valid.data(), W_, pool_.get()).data(), n,
+    GreedyAllocate(CacheScores(batch->rows.data(), n, batch->fields, batch->valid.data(), W_, pool_.get()).data(), n,
                    W_, b_, iteration, assign->data(), pool_.get());
   }
+  const auto allocated = std::chrono::steady_clock::now();
+  profile_.scores += std::chrono::duration<double>(allocated - start).count();
+  batch->readers = Readers(batch->rows.data(), n, batch->fields, num_rows, assign->data());
+  profile_.readers += std::chrono::duration<double>(std::chrono::steady_clock::now() - allocated).count();
 }
 
 int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* mine) {
@@ -310,11 +317,8 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   });
   profile_.ids += Since(&lap);
   std::vector<int32_t> assign;
-  Allocate(batch, iteration, &assign);
-  if (allocator_ != Allocator::kColocate) profile_.scores += Since(&lap);
+  Allocate(&batch, iteration, &assign);
   lap = std::chrono::steady_clock::now();
-  batch.readers = Readers(batch.rows.data(), n, fields, num_rows, assign.data(), pool);
-  profile_.readers += Since(&lap);
 
   // Every worker's model and plan, one task per worker.
   WorkerPlan mine;

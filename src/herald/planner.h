@@ -62,7 +62,7 @@ struct PlanProfile {
   double ids = 0;         // the batch's distinct rows (sort) and their valid masks
   double scores = 0;      // allocation: cache scores and the placement (greedy: all of it)
   double trades = 0;      // allocation: pairwise trades (colocate)
-  double readers = 0;     // who reads each row
+  double readers = 0;     // who reads each row (colocate: counted in trades)
   double workers = 0;     // every worker's cache model and plan, write-backs, invalidations
   double masks = 0;       // the valid masks brought up to date
   double total = 0;
@@ -120,7 +120,8 @@ class Planner {
   // dirty row another worker updates, or -1.
   int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* mine);
 
-  void Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign);
+  // The allocation, and batch->readers under it.
+  void Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign);
   // kernels::sorted_unique, on the pool.
   void SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int32_t* inverse);
   // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), the change
