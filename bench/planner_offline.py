@@ -56,14 +56,15 @@ def ps_rows(sparse, order, workers, batch, iterations):
 
 def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=1):
     """Rows moved by all workers over `iterations`, seconds per plan, CPU seconds per plan (all
-    of a planner's threads) and distinct rows per global batch."""
-    planners = [_C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=threads)
-                for rank in range(workers)]
-    rows, seconds, cpu, distinct = 0, 0.0, 0.0, 0
-    for t in range(iterations + 1):   # plan t is final once t+1 is allocated
-        ids = np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
-        distinct += len(np.unique(ids))
-        for planner in planners:
+    of a planner's threads) and distinct rows per global batch. The ranks' planners run one after
+    another (each plans every iteration, then goes with its threads), as each worker runs one."""
+    batches = [np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
+               for t in range(iterations + 1)]   # plan t is final once t+1 is allocated
+    distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
+    rows, seconds, cpu = 0, 0.0, 0.0
+    for rank in range(workers):
+        planner = _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=threads)
+        for t, ids in enumerate(batches):
             start, start_cpu = time.perf_counter(), time.process_time()
             _, finished = planner.advance(ids, t)
             seconds += time.perf_counter() - start
@@ -71,8 +72,9 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
             if finished is not None:
                 _, _, _, _, pull, owner, _, writeback = finished
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
-    plans = workers * (iterations + 1)
-    return rows, seconds / plans, cpu / plans, distinct / (iterations + 1)
+        del planner
+    plans = workers * len(batches)
+    return rows, seconds / plans, cpu / plans, distinct
 
 
 def main():
