@@ -141,7 +141,7 @@ void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
 // a thread that the OS does not run for a while holds up no one (on a busy machine a step with a
 // chunk per thread waits for the slowest), so callers must write each index's results to places
 // of their own (they never depend on which thread ran which chunk). Idle workers yield for a
-// while, watching for the next step, before they sleep. One step at a time: a step started while
+// while, watching for the next step, before they sleep (at once after Rest()). One step at a time: a step started while
 // one runs (another thread, or a nested call) runs all its chunks on its own thread.
 class Pool {
  public:
@@ -160,6 +160,10 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
 
   int threads() const { return threads_; }
+
+  // Idle workers sleep from now until the next step instead of watching for it (the user's
+  // series of steps is over for a while).
+  void Rest() { resting_.store(true, std::memory_order_release); }
 
   // Calls fn(begin, end) on disjoint chunks of [0, n): up to 4 per thread, none under min_chunk.
   template <typename Fn>
@@ -191,6 +195,7 @@ class Pool {
       work();
       return;
     }
+    resting_.store(false, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lk(m_);
       task_ = &work;
@@ -208,7 +213,9 @@ class Pool {
   void Loop() {
     uint64_t seen = 0;
     for (;;) {
-      for (int i = 0; i < kSpin && generation_.load(std::memory_order_acquire) == seen; ++i)
+      for (int i = 0; i < kSpin && generation_.load(std::memory_order_acquire) == seen &&
+                      !resting_.load(std::memory_order_acquire);
+           ++i)
         std::this_thread::yield();
       const std::function<void()>* task;
       {
@@ -234,6 +241,7 @@ class Pool {
   const std::function<void()>* task_ = nullptr;  // the step running, null between steps
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> active_{0};  // workers inside task_
+  std::atomic<bool> resting_{false};
   bool stop_ = false;
   std::vector<std::thread> workers_;  // last: they start once everything above is set
 };

@@ -371,6 +371,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   out.samples = mine.samples;
   pending_ = std::move(mine);
   has_pending_ = true;
+  if (pool) pool->Rest();  // the next plan is an iteration away
   profile_.total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   ++profile_.plans;
   return out;
