@@ -50,7 +50,7 @@ std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_wo
 // valid at `valid` (section 7's plan): a pull for each reader without a valid copy; a gradient
 // push from each reader when several read it; a write-back when a single holder's copy (dirty,
 // as far as the estimate knows) is read elsewhere.
-int RowCost(uint64_t readers, uint64_t valid) {
+inline __attribute__((always_inline)) int RowCost(uint64_t readers, uint64_t valid) {
   if (readers == 0) return 0;
   const int n = Workers(readers);
   int cost = Workers(readers & ~valid);
@@ -294,11 +294,13 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
   const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, W, pool);
   const std::vector<int64_t> order = StrongestFirst(scores.data(), n, W, pool);
   std::vector<int64_t> load(W, 0);
-  std::vector<int32_t> block_added(std::min(n, kPlaceBlock) * W), added(W);
+  // On one thread each sample is its own block: its costs are computed as it is placed.
+  const int64_t block = pool && pool->threads() > 1 ? kPlaceBlock : 1;
+  std::vector<int32_t> block_added(std::min(n, block) * W), added(W);
   std::vector<int64_t> changed(num_rows, -1);  // the placement (position in order) that last changed readers[r]
   std::vector<uint64_t> before(num_rows);        // readers[r] as the block of that placement started
-  for (int64_t j0 = 0; j0 < n; j0 += kPlaceBlock) {
-    const int64_t j1 = std::min(n, j0 + kPlaceBlock);
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t j1 = std::min(n, j0 + block);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
         int32_t* a = &block_added[j * W];

@@ -141,7 +141,8 @@ int PlannerThreads(int threads) {
 
 Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
                  int64_t pin_threshold, Allocator allocator, int threads)
-    : W_(num_workers), rank_(rank), b_(per_worker), allocator_(allocator), threads_(PlannerThreads(threads)) {
+    : W_(num_workers), rank_(rank), b_(per_worker), allocator_(allocator), threads_(PlannerThreads(threads)),
+      shards_(threads_ > 1 ? 64 : 1) {
   // Who reads a row is kept as one bit per worker.
   if (num_workers < 1 || num_workers > 64)
     throw std::invalid_argument("Herald planner: " + std::to_string(num_workers) + " workers; 1 to 64 supported");
@@ -152,13 +153,13 @@ Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKin
   if (capacity < 1) throw std::invalid_argument("Herald planner: cache capacity must be at least one row");
   models_.reserve(num_workers);
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
-  valid_by_key_.resize(kMaskShards);
-  changes_.resize(static_cast<size_t>(num_workers) * kMaskShards);
+  valid_by_key_.resize(shards_);
+  changes_.resize(static_cast<size_t>(num_workers) * shards_);
   if (threads_ > 1) pool_ = std::make_unique<Pool>(threads_);
 }
 
 Planner::Planner(const Planner& o)
-    : W_(o.W_), rank_(o.rank_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_),
+    : W_(o.W_), rank_(o.rank_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_), shards_(o.shards_),
       pool_(o.threads_ > 1 ? std::make_unique<Pool>(o.threads_) : nullptr), next_(o.next_), models_(o.models_),
       valid_by_key_(o.valid_by_key_), changes_(o.changes_), has_pending_(o.has_pending_), pending_(o.pending_),
       profile_(o.profile_) {}
@@ -167,8 +168,13 @@ void Planner::SetValid(int w, int64_t slot, int64_t key, bool valid) {
   CacheModel& m = models_[w];
   if (m.valid[slot] == valid) return;
   m.valid[slot] = valid;
-  changes_[static_cast<size_t>(w) * kMaskShards + ShardOf(key)].push_back(MaskChange{key, valid});
+  if (!pool_) {  // one thread: workers are planned one after another, the masks follow at once
+    ApplyChange(&valid_by_key_[ShardOf(key)], w, MaskChange{key, valid});
+    return;
+  }
+  changes_[static_cast<size_t>(w) * shards_ + ShardOf(key)].push_back(MaskChange{key, valid});
 }
+
 
 uint64_t Planner::ValidMask(int64_t key) const {
   const uint64_t* mask = valid_by_key_[ShardOf(key)].Find(key);
@@ -204,7 +210,7 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   CacheModel& m = models_[w];
   const uint64_t me = Bit(w);
   const size_t num_rows = batch.keys.size();
-  for (int sh = 0; sh < kMaskShards; ++sh) changes_[static_cast<size_t>(w) * kMaskShards + sh].clear();
+  for (int sh = 0; sh < shards_; ++sh) changes_[static_cast<size_t>(w) * shards_ + sh].clear();
 
   // The end of t-1: w writes back its dirty rows that another worker reads at t. (Dirty rows
   // are valid, so the valid masks find every one.)
@@ -344,21 +350,17 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
                            " that another worker updates");
   profile_.workers += Since(&lap);
 
-  // The valid masks, shard by shard: each shard takes the workers' changes in worker order.
-  ParallelFor(pool, kMaskShards, 1, [&](int64_t first, int64_t end) {
-    for (int64_t sh = first; sh < end; ++sh) {
-      FlatMap<uint64_t>& masks = valid_by_key_[sh];
-      for (int w = 0; w < W_; ++w) {
-        for (const MaskChange& c : changes_[static_cast<size_t>(w) * kMaskShards + sh]) {
-          if (c.valid) {
-            *masks.Insert(c.key, 0).first |= Bit(w);
-          } else if ((*masks.Find(c.key) &= ~Bit(w)) == 0) {
-            masks.Erase(c.key);
-          }
-        }
-      }
-    }
-  });
+  // The valid masks, shard by shard: each shard takes the workers' changes in worker order. (A
+  // mask is the OR of its workers' bits, so the order of changes to different workers' bits
+  // does not matter; one worker's are taken in the order made.)
+  if (pool) {
+    ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
+      for (int64_t sh = first; sh < end; ++sh)
+        for (int w = 0; w < W_; ++w)
+          for (const MaskChange& c : changes_[static_cast<size_t>(w) * shards_ + sh])
+            ApplyChange(&valid_by_key_[sh], w, c);
+    });
+  }
   profile_.masks += Since(&lap);
 
   Advanced out;

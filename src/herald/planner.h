@@ -110,9 +110,10 @@ class Planner {
     int64_t key;
     bool valid;
   };
-  static constexpr int kMaskShards = 64;
-  static int ShardOf(int64_t key) {
-    return static_cast<int>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 58);
+  // The valid masks are kept in 64 shards with several threads, in one map with one (a single
+  // table is kinder to the TLB).
+  int ShardOf(int64_t key) const {
+    return shards_ == 1 ? 0 : static_cast<int>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 58);
   }
   // Worker w's part of an iteration: its write-backs of t-1 (rows another worker reads now),
   // its cache model through this batch, its plan (kept for this rank only) and its stale copies.
@@ -125,13 +126,22 @@ class Planner {
   // kernels::sorted_unique, on the pool.
   void SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int32_t* inverse);
   // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), the change
-  // queued for valid_by_key_.
+  // queued for valid_by_key_ (made at once with one thread).
   void SetValid(int w, int64_t slot, int64_t key, bool valid);
+  static void ApplyChange(FlatMap<uint64_t>* masks, int w, const MaskChange& c) {
+    const uint64_t bit = uint64_t(1) << w;
+    if (c.valid) {
+      *masks->Insert(c.key, 0).first |= bit;
+    } else if ((*masks->Find(c.key) &= ~bit) == 0) {
+      masks->Erase(c.key);
+    }
+  }
 
   int W_, rank_;
   int64_t b_;
   Allocator allocator_;
   int threads_;
+  int shards_;                  // of the valid masks: 1, or 64 with several threads
   std::unique_ptr<Pool> pool_;  // null with one thread
   int64_t next_ = 0;
   std::vector<CacheModel> models_;
@@ -139,7 +149,7 @@ class Planner {
   // (allocation scores, invalidation) where the models alone would need one per worker. Sharded
   // by key, so that the changes of an iteration are applied shard by shard in parallel.
   std::vector<FlatMap<uint64_t>> valid_by_key_;
-  // changes_[w * kMaskShards + shard]: worker w's changes this iteration, in the order made.
+  // changes_[w * shards_ + shard]: worker w's changes this iteration, in the order made.
   std::vector<std::vector<MaskChange>> changes_;
   bool has_pending_ = false;
   WorkerPlan pending_;
