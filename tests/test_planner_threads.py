@@ -36,14 +36,15 @@ def _run(ids, workers, batch, capacity, policy, allocator, threads, steps, ranks
 
 
 # (workers, batch, fields, ids per field, capacity, policy, allocator, steps). Large enough that
-# every parallel step of a plan splits its work (the distinct-row sort needs 65,536 ids).
+# every parallel step of a plan splits its work (plans of fewer than 16,384 ids run on one
+# thread; the distinct-row sort splits from 65,536).
 CONFIGS = [
     (16, 256, 16, 20000, 4000, "lru", "colocate", 5),
     (8, 512, 26, 5000, 600, "lfu", "colocate", 5),    # a cache smaller than a batch's rows
     (3, 1500, 16, 30000, 20000, "lfuopt", "colocate", 5),
     (5, 700, 20, 8000, 3000, "lru", "greedy", 5),
     (4, 1024, 16, 10000, 2000, "lru", "none", 4),
-    (64, 16, 8, 2000, 300, "lru", "colocate", 5),     # every bit of the worker masks
+    (64, 32, 8, 2000, 300, "lru", "colocate", 5),     # every bit of the worker masks
     (1, 4096, 16, 20000, 5000, "lru", "colocate", 4),
 ]
 

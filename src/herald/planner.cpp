@@ -168,7 +168,7 @@ void Planner::SetValid(int w, int64_t slot, int64_t key, bool valid) {
   CacheModel& m = models_[w];
   if (m.valid[slot] == valid) return;
   m.valid[slot] = valid;
-  if (!pool_) {  // one thread: workers are planned one after another, the masks follow at once
+  if (shards_ == 1) {  // one thread: workers are planned one after another, the masks follow at once
     ApplyChange(&valid_by_key_[ShardOf(key)], w, MaskChange{key, valid});
     return;
   }
@@ -188,7 +188,7 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   if (allocator_ == Allocator::kColocate) {
     double seconds[2] = {0, 0};
     ColocateAllocate(batch->rows.data(), n, batch->fields, batch->valid.data(), num_rows, W_, b_, iteration,
-                     assign->data(), pool_.get(), seconds, &batch->readers);  // readers come with it
+                     assign->data(), plan_pool_, seconds, &batch->readers);  // readers come with it
     profile_.scores += seconds[0];
     profile_.trades += seconds[1];
     return;
@@ -197,8 +197,8 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   if (allocator_ == Allocator::kNone) {
     for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
   } else {
-    GreedyAllocate(CacheScores(batch->rows.data(), n, batch->fields, batch->valid.data(), W_, pool_.get()).data(), n,
-                   W_, b_, iteration, assign->data(), pool_.get());
+    GreedyAllocate(CacheScores(batch->rows.data(), n, batch->fields, batch->valid.data(), W_, plan_pool_).data(), n,
+                   W_, b_, iteration, assign->data(), plan_pool_);
   }
   const auto allocated = std::chrono::steady_clock::now();
   profile_.scores += std::chrono::duration<double>(allocated - start).count();
@@ -212,11 +212,23 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   const size_t num_rows = batch.keys.size();
   for (int sh = 0; sh < shards_; ++sh) changes_[static_cast<size_t>(w) * shards_ + sh].clear();
 
+  // One pass over the batch's rows: w's own (ascending), those it held valid before the
+  // iteration that another worker reads (written back if dirty), and those it held valid and
+  // does not read (stale if another worker updates them).
+  std::vector<int32_t> rows, shared_held, held_elsewhere;
+  for (size_t r = 0; r < num_rows; ++r) {
+    const uint64_t valid = batch.valid[r], readers = batch.readers[r];
+    if (!((valid | readers) & me)) continue;
+    if (readers & me) rows.push_back(static_cast<int32_t>(r));
+    if (!(valid & me)) continue;
+    if (readers & ~me) shared_held.push_back(static_cast<int32_t>(r));
+    if (!(readers & me)) held_elsewhere.push_back(static_cast<int32_t>(r));
+  }
+
   // The end of t-1: w writes back its dirty rows that another worker reads at t. (Dirty rows
   // are valid, so the valid masks find every one.)
   if (has_pending_) {
-    for (size_t r = 0; r < num_rows; ++r) {
-      if (!(batch.valid[r] & me) || !(batch.readers[r] & ~me)) continue;
+    for (const int32_t r : shared_held) {
       const int64_t slot = m.policy.SlotOf(batch.keys[r]);
       if (!m.dirty[slot]) continue;
       m.dirty[slot] = 0;
@@ -225,10 +237,7 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
     if (w == rank_) SortUnique(&pending_.writeback);
   }
 
-  // w's distinct rows, ascending, through its cache model.
-  std::vector<int32_t> rows;
-  for (size_t r = 0; r < num_rows; ++r)
-    if (batch.readers[r] & me) rows.push_back(static_cast<int32_t>(r));
+  // w's rows through its cache model.
   std::vector<int64_t> k(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) k[i] = batch.keys[rows[i]];
   cache::AccessResult r = m.policy.Access(k.data(), static_cast<int64_t>(k.size()));
@@ -259,13 +268,12 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   // updated by another worker.)
   std::vector<int64_t> invalidate;
   int64_t broken = -1;
-  for (size_t i = 0; i < num_rows; ++i) {
-    if (!(batch.valid[i] & me) || (batch.readers[i] & me)) continue;
+  for (const int32_t i : held_elsewhere) {
     const int64_t key = batch.keys[i];
     const int64_t slot = m.policy.SlotOf(key);
     if (slot < 0 || !m.valid[slot]) continue;
     if (m.dirty[slot]) {
-      broken = static_cast<int64_t>(i);
+      broken = i;
       break;
     }
     if (w == rank_) invalidate.push_back(key);
@@ -302,8 +310,9 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   ++next_;
   const auto begin = std::chrono::steady_clock::now();
   auto lap = begin;
-  Pool* pool = pool_.get();
   const int64_t n = W_ * b_;
+  // Small plans (a few hundred microseconds) gain nothing from the pool: they run here.
+  Pool* pool = plan_pool_ = n * fields >= kParallelIds ? pool_.get() : nullptr;
   // The batch as indices into its distinct rows, each distinct row's valid mask (one lookup per
   // distinct row, not per id), the allocation, and who reads each row.
   BatchRows batch;
@@ -353,7 +362,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   // The valid masks, shard by shard: each shard takes the workers' changes in worker order. (A
   // mask is the OR of its workers' bits, so the order of changes to different workers' bits
   // does not matter; one worker's are taken in the order made.)
-  if (pool) {
+  if (shards_ > 1) {
     ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
       for (int64_t sh = first; sh < end; ++sh)
         for (int w = 0; w < W_; ++w)

@@ -143,6 +143,9 @@ class Planner {
   int threads_;
   int shards_;                  // of the valid masks: 1, or 64 with several threads
   std::unique_ptr<Pool> pool_;  // null with one thread
+  // Plans of fewer ids than this run on the calling thread alone.
+  static constexpr int64_t kParallelIds = 16384;
+  Pool* plan_pool_ = nullptr;   // the current plan's: pool_, or null for a small plan
   int64_t next_ = 0;
   std::vector<CacheModel> models_;
   // Per row, one bit per worker whose cached copy is valid: one lookup answers for all workers
