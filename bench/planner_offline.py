@@ -8,9 +8,18 @@ the plans as HeraldTable would move them: pulls, gradient pushes of shared rows 
 it read them, and pushes every distinct row of its slice. Planner time is per plan (one rank, one iteration),
 measured here with nothing else running; in a cluster the planner shares the cores.
 
+With --threads N [N ...] the planners plan on N threads each (hetu._C.Planner(threads=N), as
+HETU_PLANNER_THREADS sets in training), one thread count after another: ms per plan at each, the
+speed-up against one thread (always measured), and the work of a plan: distinct rows per global
+batch and CPU ms per plan (all the planner's threads) at the largest count. A planner per thread
+count plans each iteration in turn, so that other jobs on the machine slow them alike, and the
+bench checks that their plans are identical.
+
     python bench/planner_offline.py                              # the README's grid, 40 iterations
     python bench/planner_offline.py --workers 4 --batch 1024 --ratios 0.1 --iterations 200
     python bench/planner_offline.py --dataset DIR --order stored   # a prepared dataset, as stored
+    python bench/planner_offline.py --workers 2 4 8 16 --batch 256 1024 4096 --ratios 0.1 \
+        --allocators colocate --iterations 3 --rows 300000 --threads 1 2 4 8
 """
 import argparse
 import time
@@ -46,20 +55,44 @@ def ps_rows(sparse, order, workers, batch, iterations):
     return total
 
 
-def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations):
-    """Rows moved by all workers over `iterations`, and seconds per plan."""
-    planners = [_C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator) for rank in range(workers)]
-    rows, seconds = 0, 0.0
-    for t in range(iterations + 1):   # plan t is final once t+1 is allocated
-        ids = np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
-        for planner in planners:
-            start = time.perf_counter()
-            _, finished = planner.advance(ids, t)
-            seconds += time.perf_counter() - start
+def same_answer(a, b):
+    """Two planners' answers to one advance: (samples, finished plan or None)."""
+    if (a[1] is None) != (b[1] is None) or not np.array_equal(a[0], b[0]):
+        return False
+    return a[1] is None or all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,)):
+    """Rows moved by all workers over `iterations`; per thread count, seconds and CPU seconds (all
+    of the process's threads) per plan; distinct rows per global batch. The ranks' planners run
+    one rank after another, as each worker runs one. With several thread counts, a planner per
+    count plans each iteration in turn (so that a busy machine slows them alike), and their
+    answers must be identical."""
+    batches = [np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
+               for t in range(iterations + 1)]   # plan t is final once t+1 is allocated
+    distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
+    rows, seconds, cpu = 0, dict.fromkeys(threads, 0.0), dict.fromkeys(threads, 0.0)
+    for rank in range(workers):
+        planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
+                    for n in threads}
+        for t, ids in enumerate(batches):
+            answers = {}
+            for n, planner in planners.items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                answers[n] = planner.advance(ids, t)
+                seconds[n] += time.perf_counter() - start
+                cpu[n] += time.process_time() - start_cpu
+            _, finished = answer = answers[threads[0]]
+            for n in threads[1:]:
+                if not same_answer(answers[n], answer):
+                    raise SystemExit(f"W={workers} b={batch} {allocator}: rank {rank}'s plan of iteration {t} on "
+                                     f"{n} threads differs from the one on {threads[0]}")
             if finished is not None:
                 _, _, _, _, pull, owner, _, writeback = finished
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
-    return rows, seconds / (workers * (iterations + 1))
+        del planners
+    plans = workers * len(batches)
+    return rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct
 
 
 def main():
@@ -74,6 +107,9 @@ def main():
     p.add_argument("--order", choices=["shuffled", "stored"], default="shuffled",
                    help="global batches from a seeded shuffle of the training rows (default) or in the "
                         "dataset's stored order, as training reads them (e.g. time order)")
+    p.add_argument("--threads", type=int, nargs="+", default=None,
+                   help="planner thread counts to time side by side (the speed-up columns are against 1 "
+                        "thread, which is always measured); default: one thread, the plain table")
     p.add_argument("--dataset", default="synthetic-criteo",
                    help="synthetic-criteo, synthetic-avazu, synthetic-movielens (each also with -sessions, "
                         "e.g. synthetic-criteo-sessions with --order stored) or a prepared dataset's name")
@@ -81,10 +117,22 @@ def main():
 
     data, sparse, order = sample_stream(args.dataset, args.rows, args.seed, args.order == "stored")
     table_rows = data.meta.num_embeddings
-    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'PS rows/it':>11} {'HET rows/it':>12} {'HET vs PS':>9}" + "".join(
-        f"{a + ' vs HET':>18}{'ms/plan':>9}" for a in args.allocators)
+    if args.threads and min(args.threads) < 1:
+        raise SystemExit("--threads: thread counts must be positive")
+    threads = sorted(set([1] + args.threads)) if args.threads else [1]
+    many = len(threads) > 1
+
+    def allocator_columns(a):
+        if not many:
+            return f"{a + ' vs HET':>18}{'ms/plan':>9}"
+        return f"{a + ' vs HET':>18}" + "".join(
+            f"{f'ms {t}t':>9}" + (f"{f'x {t}t':>7}" if t > 1 else "") for t in threads) + f"{f'cpu {threads[-1]}t':>9}"
+
+    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'PS rows/it':>11} {'HET rows/it':>12} {'HET vs PS':>9}" + (
+        f"{'rows/plan':>10}" if many else "") + "".join(allocator_columns(a) for a in args.allocators)
     print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, {args.order} order, LRU; "
-          f"rows moved by all workers")
+          f"rows moved by all workers" + (f"; planner threads {', '.join(map(str, threads))}: ms per plan, "
+                                          f"speed-up against 1 thread, CPU ms per plan at {threads[-1]}" if many else ""))
     print(header)
     print("-" * len(header), flush=True)
     for workers in args.workers:
@@ -95,11 +143,19 @@ def main():
                 het = het_rows(sparse, order, workers, batch, int(ratio * table_rows), args.iterations, table_rows)
                 line = (f"{workers:>2} {batch:>5} {ratio:>5} {ps / args.iterations:>11,.0f} "
                         f"{het / args.iterations:>12,.0f} {het / ps:>9.3f}")
+                columns = ""
                 for allocator in args.allocators:
-                    rows, per_plan = herald_rows(sparse, order, workers, batch, int(ratio * table_rows), allocator,
-                                                 args.iterations)
-                    line += f"{rows / het:>18.3f}{1e3 * per_plan:>9.2f}"
-                print(line, flush=True)
+                    rows, per_plan, cpu, distinct = herald_rows(sparse, order, workers, batch, int(ratio * table_rows),
+                                                                allocator, args.iterations, threads)
+                    columns += f"{rows / het:>18.3f}"
+                    if not many:
+                        columns += f"{1e3 * per_plan[1]:>9.2f}"
+                        continue
+                    for t in threads:
+                        columns += f"{1e3 * per_plan[t]:>9.2f}" + (
+                            f"{per_plan[1] / per_plan[t]:>6.2f}x" if t > 1 else "")
+                    columns += f"{1e3 * cpu[threads[-1]]:>9.2f}"
+                print(line + (f"{distinct:>10,.0f}" if many else "") + columns, flush=True)
 
 
 if __name__ == "__main__":

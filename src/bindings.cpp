@@ -476,12 +476,31 @@ PYBIND11_MODULE(_C, m) {
      "the row transmissions colocate_allocate estimates for an assignment");
   py::class_<hetu::herald::Planner>(m, "Planner", "Herald's allocation and exact plan, one iteration at a time")
       .def(py::init([](int workers, int rank, int64_t per_worker, const std::string& policy, int64_t capacity,
-                       int64_t pin_threshold, const std::string& allocator) {
+                       int64_t pin_threshold, const std::string& allocator, int threads) {
+             if (threads < 0) throw std::invalid_argument("Planner: threads must be >= 0 (0: HETU_PLANNER_THREADS, else 1)");
              return new hetu::herald::Planner(workers, rank, per_worker, hetu::cache::ParsePolicy(policy), capacity,
-                                              pin_threshold, hetu::herald::ParseAllocator(allocator));
+                                              pin_threshold, hetu::herald::ParseAllocator(allocator), threads);
            }),
            py::arg("workers"), py::arg("rank"), py::arg("per_worker"), py::arg("policy"), py::arg("capacity"),
-           py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate")
+           py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate", py::arg("threads") = 0,
+           "threads: the planner's own thread count (0: HETU_PLANNER_THREADS if set, else 1); plans are the "
+           "same whatever it is")
+      .def_property_readonly("threads", &hetu::herald::Planner::threads)
+      .def("profile", [](const hetu::herald::Planner& p) {
+             const hetu::herald::PlanProfile& f = p.profile();
+             py::dict d;
+             d["plans"] = f.plans;
+             d["ids"] = f.ids;
+             d["scores"] = f.scores;
+             d["trades"] = f.trades;
+             d["readers"] = f.readers;
+             d["workers"] = f.workers;
+             d["masks"] = f.masks;
+             d["total"] = f.total;
+             return d;
+           }, "seconds spent per stage over all plans so far: ids (distinct rows, valid masks), scores "
+              "(allocation: scores and placement), trades (allocation: pairwise trades), readers, workers "
+              "(every worker's cache model and plan), masks (valid masks updated), total; and plans")
       .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
            "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
            "the now final plan of the previous iteration or None)")

@@ -80,6 +80,7 @@ def test_het_protocol_on_herald_allocation_pulls_exactly_what_herald_pulls(tmp_p
 @pytest.mark.parametrize("extra,workers,van", [(["--allocator", "none"], 2, "zmq"), (["--allocator", "greedy"], 4, "zmq"),
                                                (["--lookahead", "1"], 2, "zmq"), (["--cache", "lfu"], 2, "zmq"),
                                                ([], 1, "zmq"), (["--comm", "PS"], 2, "zmq"),
+                                               (["--planner-threads", "3"], 4, "zmq"),
                                                pytest.param([], 4, "ucx", marks=needs_ucx)])
 def test_herald_variants_stay_exact(tmp_path, data_home, extra, workers, van):
     args = ["--model", "wdl_criteo", *OPTIMIZERS["adam"]]

@@ -94,6 +94,9 @@ def build_parser(herald):
                         "shaped 1 Gbit/s links: see the README)")
     if herald:
         p.add_argument("--lookahead", type=POSITIVE_INT, default=2, help="iterations the scheduler plans ahead")
+        p.add_argument("--planner-threads", type=POSITIVE_INT, default=None,
+                       help="threads of each worker's planner (default: HETU_PLANNER_THREADS, else 1); the plans "
+                            "are the same whatever the count")
         p.add_argument("--allocator", default="colocate", choices=["colocate", "greedy", "none"],
                        help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
                             "alone; none: plain data-parallel slices (the 'plan only' ablation)")
@@ -132,7 +135,7 @@ def distribution_options(args, herald):
             "prefetch": args.prefetch}
     if herald:
         opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator,
-                    herald_protocol=args.protocol)
+                    herald_protocol=args.protocol, planner_threads=args.planner_threads or 0)
     return opts
 
 

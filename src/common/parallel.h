@@ -6,6 +6,9 @@
 // or a nested parallel_for) runs its range on its own thread, so there is no deadlock. A forked
 // child gets a fresh pool. Chunking is a pure function of (n, min_chunk, num_threads()), so a
 // kernel's results never depend on which thread ran which chunk.
+//
+// Pool is a pool of its own for work that sizes its threads apart from HETU_NUM_THREADS (Herald's
+// planner: HETU_PLANNER_THREADS); its threads end with it.
 #pragma once
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -130,5 +134,116 @@ void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
   if (detail::pool()->run(parts, task)) return;
   for (int p = 0; p < parts; ++p) part(p);  // pool busy: this range runs here
 }
+
+// A pool of `threads` threads (the caller and threads - 1 workers) owned by its user, for series
+// of short parallel steps on machines that may be busy. A step's range is cut into chunks, a pure
+// function of (n, min_chunk, threads), and the threads take chunks one at a time as they come:
+// a thread that the OS does not run for a while holds up no one (on a busy machine a step with a
+// chunk per thread waits for the slowest), so callers must write each index's results to places
+// of their own (they never depend on which thread ran which chunk). Idle workers yield for a
+// while, watching for the next step, before they sleep (at once after Rest()). One step at a time: a step started while
+// one runs (another thread, or a nested call) runs all its chunks on its own thread.
+class Pool {
+ public:
+  explicit Pool(int threads) : threads_(std::max(1, threads)) {
+    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { Loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Idle workers sleep from now until the next step instead of watching for it (the user's
+  // series of steps is over for a while).
+  void Rest() { resting_.store(true, std::memory_order_release); }
+
+  // Calls fn(begin, end) on disjoint chunks of [0, n): up to 4 per thread, none under min_chunk.
+  template <typename Fn>
+  void parallel_for(int64_t n, int64_t min_chunk, Fn fn) {
+    const int64_t most = n / std::max<int64_t>(1, min_chunk);
+    if (threads_ <= 1 || most < 2) {
+      fn(int64_t(0), n);
+      return;
+    }
+    const int64_t chunks = std::min<int64_t>(most, 4 * static_cast<int64_t>(threads_));
+    const int64_t size = (n + chunks - 1) / chunks;
+    std::atomic<int64_t> next{0};
+    const std::function<void()> work = [&] {
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+           c = next.fetch_add(1, std::memory_order_relaxed)) {
+        const int64_t b = c * size, e = std::min(n, b + size);
+        if (b < e) fn(b, e);
+      }
+    };
+    Run(work);
+  }
+
+ private:
+  static constexpr int kSpin = 1000;  // yields, about half a millisecond on an idle machine
+
+  void Run(const std::function<void()>& work) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) {
+      work();
+      return;
+    }
+    resting_.store(false, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      task_ = &work;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    work();
+    // Every chunk is taken; wait for those still running, then close the step to latecomers.
+    for (int i = 0; i < kSpin && active_.load(std::memory_order_acquire) != 0; ++i) std::this_thread::yield();
+    std::unique_lock<std::mutex> lk(m_);
+    idle_cv_.wait(lk, [&] { return active_.load(std::memory_order_acquire) == 0; });
+    task_ = nullptr;
+  }
+
+  void Loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      for (int i = 0; i < kSpin && generation_.load(std::memory_order_acquire) == seen &&
+                      !resting_.load(std::memory_order_acquire);
+           ++i)
+        std::this_thread::yield();
+      const std::function<void()>* task;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+        if (stop_) return;
+        seen = generation_.load(std::memory_order_acquire);
+        task = task_;
+        if (task == nullptr) continue;  // that step is over
+        active_.fetch_add(1, std::memory_order_acq_rel);
+      }
+      (*task)();
+      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(m_);
+        idle_cv_.notify_all();
+      }
+    }
+  }
+
+  const int threads_;
+  std::mutex busy_, m_;
+  std::condition_variable cv_, idle_cv_;
+  const std::function<void()>* task_ = nullptr;  // the step running, null between steps
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_{0};  // workers inside task_
+  std::atomic<bool> resting_{false};
+  bool stop_ = false;
+  std::vector<std::thread> workers_;  // last: they start once everything above is set
+};
 
 }  // namespace hetu

@@ -2,6 +2,7 @@
 #include "herald/allocate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 
 #include "herald/worker_mask.h"
@@ -11,29 +12,37 @@ namespace herald {
 
 namespace {
 
+// Parallel loops give each thread at least this many samples.
+constexpr int64_t kMinSamples = 128;
+
 // Ties go to the least-loaded worker, then to the first in a cyclic order that rotates with the
 // sample and the iteration, so that no worker is favoured. cost: lower is better.
 template <typename Cost>
 int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int num_workers, int64_t per_worker,
                        int64_t sample, int64_t iteration) {
-  const int start = static_cast<int>((sample + iteration) % num_workers);
+  int w = static_cast<int>((sample + iteration) % num_workers);
   int chosen = -1;
-  for (int k = 0; k < num_workers; ++k) {
-    const int w = (start + k) % num_workers;
+  for (int k = 0; k < num_workers; ++k, w = w + 1 == num_workers ? 0 : w + 1) {
     if (load[w] >= per_worker) continue;
     if (chosen < 0 || cost(w) < cost(chosen) || (cost(w) == cost(chosen) && load[w] < load[chosen])) chosen = w;
   }
   return chosen;
 }
 
-// Samples with the strongest cache preference (highest best score) choose first.
-std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_workers) {
+// Samples with the strongest cache preference (highest best score) choose first, ties in sample
+// order: a stable counting sort by descending best score.
+std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_workers, Pool* pool) {
   std::vector<int32_t> best(n);
-  for (int64_t s = 0; s < n; ++s)
-    best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
+  ParallelFor(pool, n, 4 * kMinSamples, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s)
+      best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
+  });
+  const int32_t top = n ? *std::max_element(best.begin(), best.end()) : 0;
+  std::vector<int64_t> start(top + 2, 0);  // start[top - score]: where that score's samples begin
+  for (int64_t s = 0; s < n; ++s) ++start[top - best[s] + 1];
+  for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
   std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return best[a] > best[b]; });
+  for (int64_t s = 0; s < n; ++s) order[start[top - best[s]]++] = s;
   return order;
 }
 
@@ -41,13 +50,34 @@ std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_wo
 // valid at `valid` (section 7's plan): a pull for each reader without a valid copy; a gradient
 // push from each reader when several read it; a write-back when a single holder's copy (dirty,
 // as far as the estimate knows) is read elsewhere.
-int RowCost(uint64_t readers, uint64_t valid) {
+inline __attribute__((always_inline)) int RowCost(uint64_t readers, uint64_t valid) {
   if (readers == 0) return 0;
   const int n = Workers(readers);
   int cost = Workers(readers & ~valid);
   if (n >= 2) cost += n;
   if (valid != readers && valid != 0 && (valid & (valid - 1)) == 0) cost += 1;  // one holder
   return cost;
+}
+
+// RowCost(m | Bit(w), v) - RowCost(m, v) for a worker w outside m: k1, plus k2 if w holds no
+// valid copy (RowCost's three terms, case by case); 0 for w in m.
+struct AddedCost {
+  int k1, k2;
+};
+inline AddedCost Added(uint64_t m, uint64_t v) {
+  if (m == 0) return {0, v != 0 && (v & (v - 1)) == 0 ? 2 : 1};  // a sole holder's write-back goes, or not
+  if ((m & (m - 1)) == 0) return {v == m ? 3 : 2, 1};              // one reader becomes two: both push
+  return {1, 1};
+}
+
+// added[w] += sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) for every worker w (everyone:
+// every worker's bit). Only the workers outside m change.
+inline void AddAdded(uint64_t m, uint64_t v, uint64_t everyone, int sign, int32_t* added) {
+  const AddedCost c = Added(m, v);
+  for (uint64_t out = everyone & ~m; out; out &= out - 1) {
+    const int w = __builtin_ctzll(out);
+    added[w] += sign * (c.k1 + (v >> w & 1 ? 0 : c.k2));
+  }
 }
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
@@ -60,29 +90,54 @@ constexpr int32_t kSharedAnyway = 4;
 class Trader {
  public:
   Trader(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows, int num_workers,
-         int32_t* assignment)
+         int32_t* assignment, Pool* pool)
       : rows_(rows), n_(n), fields_(fields), W_(num_workers),
-        everyone_(AllWorkers(num_workers)), assign_(assignment),
-        count_(num_rows * num_workers, 0), row_(num_rows) {
-    for (int64_t s = 0; s < n; ++s)
-      for (const int32_t* r = Begin(s); r != End(s); ++r) ++count_[*r * W_ + assign_[s]];
-    for (int64_t r = 0; r < num_rows; ++r) {
-      row_[r].valid = valid[r];
-      for (int w = 0; w < W_; ++w) Recount(r, w);
-    }
+        everyone_(AllWorkers(num_workers)), assign_(assignment), pool_(pool),
+        num_rows_(num_rows), count_(num_rows * num_workers, 0), row_(num_rows) {
+    // By worker: each task counts the samples of its own workers.
+    ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
+      for (int64_t s = 0; s < n; ++s) {
+        const int w = assign_[s];
+        if (w < first || w >= last) continue;
+        int32_t* count = &count_[w * num_rows_];
+        for (const int32_t* r = Begin(s); r != End(s); ++r) ++count[*r];
+      }
+    });
+    ParallelFor(pool_, num_rows, 16 * kMinSamples, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        row_[r].valid = valid[r];
+        for (int w = 0; w < W_; ++w) Recount(r, w);
+      }
+    });
+  }
+
+  // Who reads each row under the assignment as it stands: one bit per worker.
+  void Readers(uint64_t* out) const {
+    ParallelFor(pool_, static_cast<int64_t>(row_.size()), 16 * kMinSamples, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) out[r] = row_[r].readers;
+    });
   }
 
   // Returns the number of trades made.
   int64_t Sweep() {
-    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first.
+    // Every sample's savings, [n, W], against the assignment as the sweep finds it.
+    std::vector<int32_t> savings(n_ * W_);
+    ParallelFor(pool_, n_, kMinSamples, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) Savings(s, &savings[s * W_]);
+    });
+    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first (one
+    // task per a).
     std::vector<std::vector<std::pair<int, int64_t>>> wants(W_ * W_);
-    std::vector<int> saving(W_);
-    for (int64_t s = 0; s < n_; ++s) {
-      Savings(s, &saving);
-      for (int to = 0; to < W_; ++to)
-        if (saving[to] > 0) wants[assign_[s] * W_ + to].emplace_back(-saving[to], s);
-    }
-    for (auto& v : wants) std::sort(v.begin(), v.end());
+    ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
+      for (int64_t s = 0; s < n_; ++s) {
+        const int a = assign_[s];
+        if (a < first || a >= last) continue;
+        const int32_t* saving = &savings[s * W_];
+        for (int to = 0; to < W_; ++to)
+          if (saving[to] > 0) wants[a * W_ + to].emplace_back(-saving[to], s);
+      }
+      for (int64_t i = first * W_; i < last * W_; ++i) std::sort(wants[i].begin(), wants[i].end());
+    });
     int64_t trades = 0;
     for (int a = 0; a < W_; ++a)
       for (int b = a + 1; b < W_; ++b) {
@@ -93,16 +148,14 @@ class Trader {
           // Earlier trades may have moved the sample or changed its saving.
           const int64_t s = ab[i].second;
           if (assign_[s] != a) continue;
-          Savings(s, &saving);
-          const int g = saving[b];
+          const int g = SavingTo(s, b);
           if (g <= 0) continue;
           Move(s, b);
           bool traded = false;
           for (; j < ba.size() && !traded; ++j) {
             const int64_t t = ba[j].second;
             if (assign_[t] != b) continue;
-            Savings(t, &saving);
-            if (g + saving[a] > 0) {
+            if (g + SavingTo(t, a) > 0) {
               Move(t, a);
               traded = true;
               ++trades;
@@ -118,25 +171,41 @@ class Trader {
   const int32_t* Begin(int64_t s) const { return rows_ + s * fields_; }
   const int32_t* End(int64_t s) const { return rows_ + (s + 1) * fields_; }
 
-  // (*out)[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker).
-  void Savings(int64_t s, std::vector<int>* out) const {
+  // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker).
+  void Savings(int64_t s, int32_t* out) const {
     const int from = assign_[s];
-    std::fill(out->begin(), out->end(), 0);
+    std::fill(out, out + W_, 0);
+    int same = 0;  // the part of the saving that does not depend on the destination
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
       const uint64_t rest = row.readers & ~(row.once & Bit(from));
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
-      const int now = RowCost(row.readers, row.valid);
-      for (int to = 0; to < W_; ++to)
-        if (to != from) (*out)[to] += now - RowCost(rest | Bit(to), row.valid);
+      // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
+      same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
+      AddAdded(rest, row.valid, everyone_, -1, out);
     }
+    for (int to = 0; to < W_; ++to) out[to] += same;
+    out[from] = 0;
+  }
+
+  // Savings(s)[to] alone.
+  int SavingTo(int64_t s, int to) const {
+    const int from = assign_[s];
+    int saving = 0;
+    for (const int32_t* r = Begin(s); r != End(s); ++r) {
+      const RowReaders& row = row_[*r];
+      const uint64_t rest = row.readers & ~(row.once & Bit(from));
+      if (rest == everyone_) continue;
+      saving += RowCost(row.readers, row.valid) - RowCost(rest | Bit(to), row.valid);
+    }
+    return saving;
   }
 
   void Move(int64_t s, int to) {
     const int from = assign_[s];
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
-      --count_[*r * W_ + from];
-      ++count_[*r * W_ + to];
+      --count_[from * num_rows_ + *r];
+      ++count_[to * num_rows_ + *r];
       Recount(*r, from);
       Recount(*r, to);
     }
@@ -145,7 +214,7 @@ class Trader {
 
   // Row r's bits for worker w, from the count of w's samples that read it.
   void Recount(int64_t r, int w) {
-    const int32_t c = count_[r * W_ + w];
+    const int32_t c = count_[w * num_rows_ + r];
     RowReaders& row = row_[r];
     row.readers = (row.readers & ~Bit(w)) | (c > 0 ? Bit(w) : 0);
     row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
@@ -156,7 +225,9 @@ class Trader {
   int W_;
   uint64_t everyone_;
   int32_t* assign_;
-  std::vector<int32_t> count_;  // [num_rows, W]: samples of each worker that read each row
+  Pool* pool_;
+  int64_t num_rows_;
+  std::vector<int32_t> count_;  // [W, num_rows]: samples of each worker that read each row
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
   // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
   struct RowReaders {
@@ -170,20 +241,22 @@ constexpr int kTradeSweeps = 2;
 }  // namespace
 
 std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid,
-                                 int num_workers) {
+                                 int num_workers, Pool* pool) {
   std::vector<int32_t> scores(n * num_workers, 0);
-  for (int64_t s = 0; s < n; ++s) {
-    int32_t* score = &scores[s * num_workers];
-    for (int64_t f = 0; f < fields; ++f)
-      for (uint64_t m = valid[rows[s * fields + f]]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
-  }
+  ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      int32_t* score = &scores[s * num_workers];
+      for (int64_t f = 0; f < fields; ++f)
+        for (uint64_t m = valid[rows[s * fields + f]]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
+    }
+  });
   return scores;
 }
 
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
-                    int32_t* assignment) {
+                    int32_t* assignment, Pool* pool) {
   std::vector<int64_t> load(num_workers, 0);
-  for (int64_t s : StrongestFirst(scores, n, num_workers)) {
+  for (int64_t s : StrongestFirst(scores, n, num_workers, pool)) {
     const int32_t* row = scores + s * num_workers;
     const int chosen = BestWorkerWithRoom([&](int w) { return -row[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
@@ -191,9 +264,26 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
   }
 }
 
+namespace {
+
+// The placement looks at this many samples (in placement order) at a time: their costs are
+// computed in parallel against the readers as the block starts, then the samples are placed one
+// by one, each cost corrected for the rows whose readers changed within the block, so that every
+// sample sees exactly what placing the samples one after another would show it.
+constexpr int64_t kPlaceBlock = 2048;
+
+double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment) {
-  const uint64_t everyone = AllWorkers(num_workers);
+                      int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool,
+                      double* seconds, std::vector<uint64_t>* readers_out) {
+  const auto start = std::chrono::steady_clock::now();
+  const int W = num_workers;
+  const uint64_t everyone = AllWorkers(W);
   std::vector<uint64_t> readers(num_rows, 0);
   {
     std::vector<int32_t> samples_reading(num_rows, 0);
@@ -201,27 +291,59 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
     for (int64_t r = 0; r < num_rows; ++r)
       if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
   }
-  const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, num_workers);
-  std::vector<int64_t> load(num_workers, 0);
-  std::vector<int32_t> added(num_workers);
-  for (int64_t s : StrongestFirst(scores.data(), n, num_workers)) {
-    const int32_t* r = rows + s * fields;
-    std::fill(added.begin(), added.end(), 0);
-    for (int64_t f = 0; f < fields; ++f) {
-      const uint64_t m = readers[r[f]], v = valid[r[f]];
-      if (m == everyone) continue;  // costs the same wherever the sample goes
-      const int now = RowCost(m, v);
-      for (int w = 0; w < num_workers; ++w) added[w] += RowCost(m | Bit(w), v) - now;
+  const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, W, pool);
+  const std::vector<int64_t> order = StrongestFirst(scores.data(), n, W, pool);
+  std::vector<int64_t> load(W, 0);
+  // On one thread each sample is its own block: its costs are computed as it is placed.
+  const int64_t block = pool && pool->threads() > 1 ? kPlaceBlock : 1;
+  std::vector<int32_t> block_added(std::min(n, block) * W), added(W);
+  std::vector<int64_t> changed(num_rows, -1);  // the placement (position in order) that last changed readers[r]
+  std::vector<uint64_t> before(num_rows);        // readers[r] as the block of that placement started
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t j1 = std::min(n, j0 + block);
+    ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        int32_t* a = &block_added[j * W];
+        std::fill(a, a + W, 0);
+        const int32_t* r = rows + order[j0 + j] * fields;
+        for (int64_t f = 0; f < fields; ++f) {
+          const uint64_t m = readers[r[f]];
+          if (m != everyone) AddAdded(m, valid[r[f]], everyone, 1, a);  // else: the same wherever the sample goes
+        }
+      }
+    });
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t s = order[j];
+      const int32_t* r = rows + s * fields;
+      std::copy(&block_added[(j - j0) * W], &block_added[(j - j0 + 1) * W], added.begin());
+      for (int64_t f = 0; f < fields; ++f) {
+        if (changed[r[f]] < j0) continue;
+        AddAdded(before[r[f]], valid[r[f]], everyone, -1, added.data());
+        AddAdded(readers[r[f]], valid[r[f]], everyone, 1, added.data());
+      }
+      const int chosen =
+          BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
+      assignment[s] = chosen;
+      ++load[chosen];
+      for (int64_t f = 0; f < fields; ++f) {
+        const uint64_t now = readers[r[f]] | Bit(chosen);
+        if (now == readers[r[f]]) continue;
+        if (changed[r[f]] < j0) before[r[f]] = readers[r[f]];
+        changed[r[f]] = j;
+        readers[r[f]] = now;
+      }
     }
-    const int chosen =
-        BestWorkerWithRoom([&](int w) { return added[w]; }, load, num_workers, per_worker, s, iteration);
-    assignment[s] = chosen;
-    ++load[chosen];
-    for (int64_t f = 0; f < fields; ++f) readers[r[f]] |= Bit(chosen);
   }
-  Trader trader(rows, n, fields, valid, num_rows, num_workers, assignment);
+  const auto placed = std::chrono::steady_clock::now();
+  if (seconds) seconds[0] += Since(start);
+  Trader trader(rows, n, fields, valid, num_rows, W, assignment, pool);
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
     if (trader.Sweep() == 0) break;
+  if (readers_out) {
+    readers_out->resize(num_rows);
+    trader.Readers(readers_out->data());
+  }
+  if (seconds) seconds[1] += Since(placed);
 }
 
 std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,

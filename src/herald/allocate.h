@@ -2,8 +2,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/parallel.h"
+
 namespace hetu {
 namespace herald {
+
+// fn(begin, end) over chunks of [0, n) on the pool's threads, or all of it here without a pool.
+// Callers write each index's results to places of its own, so results never depend on the
+// thread count.
+template <typename Fn>
+void ParallelFor(Pool* pool, int64_t n, int64_t min_chunk, Fn fn) {
+  if (pool) {
+    pool->parallel_for(n, min_chunk, fn);
+  } else {
+    fn(int64_t(0), n);
+  }
+}
 
 // Herald's allocators: which worker trains which sample of a global batch of n samples. Each
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
@@ -13,20 +27,23 @@ namespace herald {
 // bit per worker whose cache holds a valid copy of row r. Returns the cache scores [n, num_workers]:
 // score(s, w) = rows of sample s (repeats count) valid in worker w's cache (DESIGN.md section 7).
 std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid,
-                                 int num_workers);
+                                 int num_workers, Pool* pool = nullptr);
 
 // scores: [n, num_workers], the cache scores. Each sample goes to its best-scoring worker that
 // still has room, samples with the highest best score first.
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
-                    int32_t* assignment);
+                    int32_t* assignment, Pool* pool = nullptr);
 
 // rows, valid: as for CacheScores. Each sample goes, in the same order as GreedyAllocate's, to
 // the worker with room where it adds the fewest row transmissions to this iteration given the
 // samples placed before it: a row valid in that worker's cache is free (the cache score), and so
 // is a row that worker already reads this iteration, which would otherwise be shared
 // (co-location). Pairs of samples then trade workers while a trade saves rows.
+// seconds, if given: the time of the placement [0] and of the trades [1] are added to it.
+// readers_out, if given: Readers() of the assignment made.
 void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment);
+                      int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment,
+                      Pool* pool = nullptr, double* seconds = nullptr, std::vector<uint64_t>* readers_out = nullptr);
 
 // Who reads each of the batch's num_rows distinct rows under an assignment: one bit per worker.
 std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,

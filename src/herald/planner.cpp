@@ -1,6 +1,9 @@
 #include "herald/planner.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
 #include <stdexcept>
 #include <utility>
 
@@ -22,7 +25,103 @@ void SortUnique(std::vector<int64_t>* v) {
   v->erase(std::unique(v->begin(), v->end()), v->end());
 }
 
+// Parts of [0, n) for the parallel sort: part p is [n * p / parts, n * (p + 1) / parts).
+int64_t PartBegin(int64_t n, int p, int parts) { return n * p / parts; }
+
 }  // namespace
+
+void Planner::SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int32_t* inverse) {
+  // What kernels::sorted_unique computes (the distinct ids ascending, and each id's index among
+  // them: one answer, however it is found), with the passes of its LSD radix sort split in parts
+  // that run in parallel: each part counts its digits, the counts give every part its place in
+  // each digit's run, and each part scatters its own ids.
+  const int parts = pool_ ? static_cast<int>(std::min<int64_t>(threads_, n / 32768)) : 1;
+  if (parts <= 1) {
+    kernels::sorted_unique(ids, n, keys, inverse);
+    return;
+  }
+  Pool* pool = pool_.get();
+  auto each_part = [&](auto fn) {
+    pool->parallel_for(parts, 1, [&](int64_t first, int64_t last) {
+      for (int64_t p = first; p < last; ++p)
+        fn(static_cast<int>(p), PartBegin(n, static_cast<int>(p), parts), PartBegin(n, static_cast<int>(p) + 1, parts));
+    });
+  };
+  std::vector<int64_t> lows(parts), highs(parts);
+  each_part([&](int p, int64_t b, int64_t e) {
+    int64_t lo = ids[b], hi = ids[b];
+    for (int64_t i = b + 1; i < e; ++i) {
+      lo = std::min(lo, ids[i]);
+      hi = std::max(hi, ids[i]);
+    }
+    lows[p] = lo;
+    highs[p] = hi;
+  });
+  const int64_t lo = *std::min_element(lows.begin(), lows.end());
+  const int64_t hi = *std::max_element(highs.begin(), highs.end());
+  const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+  int bits = 0;
+  while (bits < 64 && (range >> bits) != 0) ++bits;
+  int pos_bits = 0;
+  while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
+  if (bits + pos_bits > 64) {  // ids too far apart to share a word with their positions
+    kernels::sorted_unique(ids, n, keys, inverse);
+    return;
+  }
+  constexpr int kDigit = 11;
+  constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
+  const int passes = (bits + kDigit - 1) / kDigit;
+  std::vector<uint64_t>& a = sort_a_;
+  std::vector<uint64_t>& b = sort_b_;
+  a.resize(n);
+  b.resize(n);
+  each_part([&](int, int64_t first, int64_t end) {
+    for (int64_t i = first; i < end; ++i)
+      a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << pos_bits | static_cast<uint64_t>(i);
+  });
+  std::vector<int64_t> count(static_cast<size_t>(parts) * (kMask + 1));
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pos_bits + pass * kDigit;
+    each_part([&](int p, int64_t first, int64_t end) {
+      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
+      std::fill(c, c + kMask + 1, 0);
+      for (int64_t i = first; i < end; ++i) ++c[(a[i] >> shift) & kMask];
+    });
+    int64_t at = 0;
+    for (uint64_t d = 0; d <= kMask; ++d)
+      for (int p = 0; p < parts; ++p) {
+        int64_t& c = count[static_cast<size_t>(p) * (kMask + 1) + d];
+        const int64_t here = c;
+        c = at;
+        at += here;
+      }
+    each_part([&](int p, int64_t first, int64_t end) {
+      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
+      for (int64_t i = first; i < end; ++i) b[c[(a[i] >> shift) & kMask]++] = a[i];
+    });
+    a.swap(b);
+  }
+  // Distinct ids: each part counts the runs that start in it, then writes its keys and the
+  // inverse of its ids.
+  const uint64_t pos_mask = (uint64_t(1) << pos_bits) - 1;
+  auto value = [&](int64_t i) { return a[i] >> pos_bits; };
+  std::vector<int64_t> starts(parts + 1, 0);
+  each_part([&](int p, int64_t first, int64_t end) {
+    int64_t runs = 0;
+    for (int64_t i = first; i < end; ++i) runs += i == 0 || value(i) != value(i - 1);
+    starts[p + 1] = runs;
+  });
+  for (int p = 0; p < parts; ++p) starts[p + 1] += starts[p];
+  keys->resize(starts[parts]);
+  int64_t* k = keys->data();
+  each_part([&](int p, int64_t first, int64_t end) {
+    int64_t u = starts[p] - 1;
+    for (int64_t i = first; i < end; ++i) {
+      if (i == 0 || value(i) != value(i - 1)) k[++u] = static_cast<int64_t>(value(i) + static_cast<uint64_t>(lo));
+      inverse[a[i] & pos_mask] = static_cast<int32_t>(u);
+    }
+  });
+}
 
 Allocator ParseAllocator(const std::string& name) {
   if (name == "colocate") return Allocator::kColocate;
@@ -31,9 +130,19 @@ Allocator ParseAllocator(const std::string& name) {
   throw std::invalid_argument("unknown Herald allocator '" + name + "': expected colocate, greedy or none");
 }
 
+int PlannerThreads(int threads) {
+  if (threads > 0) return std::min(threads, 256);
+  if (const char* env = std::getenv("HETU_PLANNER_THREADS")) {
+    const int v = std::atoi(env);
+    if (v > 0) return std::min(v, 256);
+  }
+  return 1;
+}
+
 Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
-                 int64_t pin_threshold, Allocator allocator)
-    : W_(num_workers), rank_(rank), b_(per_worker), allocator_(allocator) {
+                 int64_t pin_threshold, Allocator allocator, int threads)
+    : W_(num_workers), rank_(rank), b_(per_worker), allocator_(allocator), threads_(PlannerThreads(threads)),
+      shards_(threads_ > 1 ? 64 : 1) {
   // Who reads a row is kept as one bit per worker.
   if (num_workers < 1 || num_workers > 64)
     throw std::invalid_argument("Herald planner: " + std::to_string(num_workers) + " workers; 1 to 64 supported");
@@ -44,147 +153,238 @@ Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKin
   if (capacity < 1) throw std::invalid_argument("Herald planner: cache capacity must be at least one row");
   models_.reserve(num_workers);
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
+  valid_by_key_.resize(shards_);
+  changes_.resize(static_cast<size_t>(num_workers) * shards_);
+  if (threads_ > 1) pool_ = std::make_unique<Pool>(threads_);
 }
+
+Planner::Planner(const Planner& o)
+    : W_(o.W_), rank_(o.rank_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_), shards_(o.shards_),
+      pool_(o.threads_ > 1 ? std::make_unique<Pool>(o.threads_) : nullptr), next_(o.next_), models_(o.models_),
+      valid_by_key_(o.valid_by_key_), changes_(o.changes_), has_pending_(o.has_pending_), pending_(o.pending_),
+      profile_(o.profile_) {}
 
 void Planner::SetValid(int w, int64_t slot, int64_t key, bool valid) {
   CacheModel& m = models_[w];
   if (m.valid[slot] == valid) return;
   m.valid[slot] = valid;
-  if (valid) {
-    *valid_by_key_.Insert(key, 0).first |= Bit(w);
-  } else if ((*valid_by_key_.Find(key) &= ~Bit(w)) == 0) {
-    valid_by_key_.Erase(key);
+  if (shards_ == 1) {  // one thread: workers are planned one after another, the masks follow at once
+    ApplyChange(&valid_by_key_[ShardOf(key)], w, MaskChange{key, valid});
+    return;
   }
+  changes_[static_cast<size_t>(w) * shards_ + ShardOf(key)].push_back(MaskChange{key, valid});
 }
 
+
 uint64_t Planner::ValidMask(int64_t key) const {
-  const uint64_t* mask = valid_by_key_.Find(key);
+  const uint64_t* mask = valid_by_key_[ShardOf(key)].Find(key);
   return mask ? *mask : 0;
 }
 
-void Planner::Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign) const {
+void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign) {
   const int64_t n = W_ * b_;
+  const int64_t num_rows = static_cast<int64_t>(batch->keys.size());
   assign->resize(n);
+  if (allocator_ == Allocator::kColocate) {
+    double seconds[2] = {0, 0};
+    ColocateAllocate(batch->rows.data(), n, batch->fields, batch->valid.data(), num_rows, W_, b_, iteration,
+                     assign->data(), plan_pool_, seconds, &batch->readers);  // readers come with it
+    profile_.scores += seconds[0];
+    profile_.trades += seconds[1];
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
   if (allocator_ == Allocator::kNone) {
     for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
-  } else if (allocator_ == Allocator::kColocate) {
-    ColocateAllocate(batch.rows.data(), n, batch.fields, batch.valid.data(), static_cast<int64_t>(batch.keys.size()),
-                     W_, b_, iteration, assign->data());
   } else {
-    GreedyAllocate(CacheScores(batch.rows.data(), n, batch.fields, batch.valid.data(), W_).data(), n, W_, b_,
-                   iteration, assign->data());
+    GreedyAllocate(CacheScores(batch->rows.data(), n, batch->fields, batch->valid.data(), W_, plan_pool_).data(), n,
+                   W_, b_, iteration, assign->data(), plan_pool_);
   }
+  const auto allocated = std::chrono::steady_clock::now();
+  profile_.scores += std::chrono::duration<double>(allocated - start).count();
+  batch->readers = Readers(batch->rows.data(), n, batch->fields, num_rows, assign->data());
+  profile_.readers += std::chrono::duration<double>(std::chrono::steady_clock::now() - allocated).count();
 }
 
-void Planner::FinishPending(const BatchRows& batch) {
-  // Dirty rows are valid, so the valid mask finds every worker that may hold a row dirty.
-  for (size_t r = 0; r < batch.keys.size(); ++r) {
-    for (uint64_t held = batch.valid[r]; held; held &= held - 1) {
-      const int w = __builtin_ctzll(held);
-      if (!(batch.readers[r] & ~Bit(w))) continue;  // nobody else reads it
-      CacheModel& m = models_[w];
+int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* mine) {
+  CacheModel& m = models_[w];
+  const uint64_t me = Bit(w);
+  const size_t num_rows = batch.keys.size();
+  for (int sh = 0; sh < shards_; ++sh) changes_[static_cast<size_t>(w) * shards_ + sh].clear();
+
+  // One pass over the batch's rows: w's own (ascending), those it held valid before the
+  // iteration that another worker reads (written back if dirty), and those it held valid and
+  // does not read (stale if another worker updates them).
+  std::vector<int32_t> rows, shared_held, held_elsewhere;
+  for (size_t r = 0; r < num_rows; ++r) {
+    const uint64_t valid = batch.valid[r], readers = batch.readers[r];
+    if (!((valid | readers) & me)) continue;
+    if (readers & me) rows.push_back(static_cast<int32_t>(r));
+    if (!(valid & me)) continue;
+    if (readers & ~me) shared_held.push_back(static_cast<int32_t>(r));
+    if (!(readers & me)) held_elsewhere.push_back(static_cast<int32_t>(r));
+  }
+
+  // The end of t-1: w writes back its dirty rows that another worker reads at t. (Dirty rows
+  // are valid, so the valid masks find every one.)
+  if (has_pending_) {
+    for (const int32_t r : shared_held) {
       const int64_t slot = m.policy.SlotOf(batch.keys[r]);
       if (!m.dirty[slot]) continue;
       m.dirty[slot] = 0;
       if (w == rank_) pending_.writeback.push_back(batch.keys[r]);
     }
+    if (w == rank_) SortUnique(&pending_.writeback);
   }
-  SortUnique(&pending_.writeback);
+
+  // w's rows through its cache model.
+  std::vector<int64_t> k(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) k[i] = batch.keys[rows[i]];
+  cache::AccessResult r = m.policy.Access(k.data(), static_cast<int64_t>(k.size()));
+  std::vector<int64_t> writeback;
+  for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
+    const int64_t slot = r.evicted_slots[e];
+    if (m.dirty[slot]) writeback.push_back(r.evicted_keys[e]);
+    SetValid(w, slot, r.evicted_keys[e], false);
+    m.dirty[slot] = 0;
+  }
+  std::vector<uint8_t> pull(k.size()), owner(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    const int64_t slot = r.slot[i];
+    owner[i] = batch.readers[rows[i]] == me;
+    pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
+    if (slot >= 0) {
+      // A row stepped by several workers changes on the servers: the copy is stale after t.
+      SetValid(w, slot, k[i], owner[i]);
+      m.dirty[slot] = owner[i];
+    } else if (owner[i]) {
+      writeback.push_back(k[i]);  // stepped here but not cached: its new value must reach the servers
+    }
+  }
+
+  // Valid cached copies of rows that other workers use now are updated elsewhere. Only readers
+  // set valid bits, so w's stale copies are among those valid before the iteration (less what
+  // its evictions just dropped). (Dirty rows are valid, so this also checks that no dirty row is
+  // updated by another worker.)
+  std::vector<int64_t> invalidate;
+  int64_t broken = -1;
+  for (const int32_t i : held_elsewhere) {
+    const int64_t key = batch.keys[i];
+    const int64_t slot = m.policy.SlotOf(key);
+    if (slot < 0 || !m.valid[slot]) continue;
+    if (m.dirty[slot]) {
+      broken = i;
+      break;
+    }
+    if (w == rank_) invalidate.push_back(key);
+    SetValid(w, slot, key, false);
+  }
+
+  if (w == rank_) {
+    mine->iteration = iteration;
+    mine->keys = std::move(k);
+    mine->hit = std::move(r.hit);
+    mine->pull = std::move(pull);
+    mine->owner = std::move(owner);
+    mine->invalidate = std::move(invalidate);
+    mine->writeback = std::move(writeback);
+  }
+  return broken;
 }
+
+namespace {
+
+double Since(std::chrono::steady_clock::time_point* start) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - *start).count();
+  *start = now;
+  return s;
+}
+
+}  // namespace
 
 Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration) {
   if (iteration != next_)
     throw std::invalid_argument("Herald planner: iteration " + std::to_string(iteration) + " given, " +
                                 std::to_string(next_) + " expected (plans depend on every earlier iteration)");
   ++next_;
+  const auto begin = std::chrono::steady_clock::now();
+  auto lap = begin;
   const int64_t n = W_ * b_;
+  // Small plans (a few hundred microseconds) gain nothing from the pool: they run here.
+  Pool* pool = plan_pool_ = n * fields >= kParallelIds ? pool_.get() : nullptr;
   // The batch as indices into its distinct rows, each distinct row's valid mask (one lookup per
   // distinct row, not per id), the allocation, and who reads each row.
   BatchRows batch;
   batch.fields = fields;
   batch.rows.resize(n * fields);
-  kernels::sorted_unique(ids, n * fields, &batch.keys, batch.rows.data());
-  const size_t num_rows = batch.keys.size();
+  SortedUnique(ids, n * fields, &batch.keys, batch.rows.data());
+  const int64_t num_rows = static_cast<int64_t>(batch.keys.size());
   batch.valid.resize(num_rows);
-  for (size_t r = 0; r < num_rows; ++r) {
-    if (r + kLookAhead < num_rows) valid_by_key_.Prefetch(batch.keys[r + kLookAhead]);
-    batch.valid[r] = ValidMask(batch.keys[r]);
-  }
+  ParallelFor(pool, num_rows, 4096, [&](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) {
+      if (r + static_cast<int64_t>(kLookAhead) < end) {
+        const int64_t ahead = batch.keys[r + kLookAhead];
+        valid_by_key_[ShardOf(ahead)].Prefetch(ahead);
+      }
+      batch.valid[r] = ValidMask(batch.keys[r]);
+    }
+  });
+  profile_.ids += Since(&lap);
   std::vector<int32_t> assign;
-  Allocate(batch, iteration, &assign);
-  batch.readers = Readers(batch.rows.data(), n, fields, static_cast<int64_t>(num_rows), assign.data());
-  // Each worker's distinct rows, ascending, as indices into the batch's.
-  std::vector<std::vector<int32_t>> worker_rows(W_);
-  for (size_t r = 0; r < num_rows; ++r)
-    for (uint64_t m = batch.readers[r]; m; m &= m - 1) worker_rows[__builtin_ctzll(m)].push_back(static_cast<int32_t>(r));
+  Allocate(&batch, iteration, &assign);
+  lap = std::chrono::steady_clock::now();
+
+  // Every worker's model and plan, one task per worker.
+  WorkerPlan mine;
+  std::vector<int64_t> broken(W_, -1);
+  std::vector<std::exception_ptr> errors(W_);
+  ParallelFor(pool, W_, 1, [&](int64_t first, int64_t end) {
+    for (int64_t w = first; w < end; ++w) {
+      try {
+        broken[w] = PlanWorker(static_cast<int>(w), batch, iteration, &mine);
+      } catch (...) {
+        errors[w] = std::current_exception();
+      }
+    }
+  });
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  int bad = -1;
+  for (int w = 0; w < W_; ++w)
+    if (broken[w] >= 0 && (bad < 0 || broken[w] < broken[bad])) bad = w;
+  if (bad >= 0)
+    throw std::logic_error("Herald plan invariant broken at iteration " + std::to_string(iteration) + ": worker " +
+                           std::to_string(bad) + " holds dirty row " + std::to_string(batch.keys[broken[bad]]) +
+                           " that another worker updates");
+  profile_.workers += Since(&lap);
+
+  // The valid masks, shard by shard: each shard takes the workers' changes in worker order. (A
+  // mask is the OR of its workers' bits, so the order of changes to different workers' bits
+  // does not matter; one worker's are taken in the order made.)
+  if (shards_ > 1) {
+    ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
+      for (int64_t sh = first; sh < end; ++sh)
+        for (int w = 0; w < W_; ++w)
+          for (const MaskChange& c : changes_[static_cast<size_t>(w) * shards_ + sh])
+            ApplyChange(&valid_by_key_[sh], w, c);
+    });
+  }
+  profile_.masks += Since(&lap);
 
   Advanced out;
   if (has_pending_) {
-    FinishPending(batch);
     out.has_finished = true;
     out.finished = std::move(pending_);
   }
-
-  WorkerPlan mine;
-  for (int w = 0; w < W_; ++w) {
-    CacheModel& m = models_[w];
-    const std::vector<int32_t>& rows = worker_rows[w];
-    std::vector<int64_t> k(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) k[i] = batch.keys[rows[i]];
-    cache::AccessResult r = m.policy.Access(k.data(), static_cast<int64_t>(k.size()));
-    std::vector<int64_t> writeback;
-    for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
-      const int64_t slot = r.evicted_slots[e];
-      if (m.dirty[slot]) writeback.push_back(r.evicted_keys[e]);
-      SetValid(w, slot, r.evicted_keys[e], false);
-      m.dirty[slot] = 0;
-    }
-    std::vector<uint8_t> pull(k.size()), owner(k.size());
-    for (size_t i = 0; i < k.size(); ++i) {
-      if (i + kLookAhead < k.size()) valid_by_key_.Prefetch(k[i + kLookAhead]);
-      const int64_t slot = r.slot[i];
-      owner[i] = batch.readers[rows[i]] == Bit(w);
-      pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
-      if (slot >= 0) {
-        // A row stepped by several workers changes on the servers: the copy is stale after t.
-        SetValid(w, slot, k[i], owner[i]);
-        m.dirty[slot] = owner[i];
-      } else if (owner[i]) {
-        writeback.push_back(k[i]);  // stepped here but not cached: its new value must reach the servers
-      }
-    }
-    if (w == rank_) {
-      mine.iteration = iteration;
-      for (int64_t s = 0; s < n; ++s)
-        if (assign[s] == w) mine.samples.push_back(s);
-      mine.keys = std::move(k);
-      mine.hit = std::move(r.hit);
-      mine.pull = std::move(pull);
-      mine.owner = std::move(owner);
-      mine.writeback = std::move(writeback);
-    }
-  }
-  // Valid cached copies of rows that other workers use now are updated elsewhere. (Dirty rows
-  // are valid, so this also checks that no dirty row is updated by another worker.)
-  // This iteration only cleared valid bits of workers that do not read a row, so rows with no
-  // valid copy outside their readers before it need no lookup.
-  for (size_t r = 0; r < num_rows; ++r) {
-    if (!(batch.valid[r] & ~batch.readers[r])) continue;
-    const int64_t key = batch.keys[r];
-    for (uint64_t stale = ValidMask(key) & ~batch.readers[r]; stale; stale &= stale - 1) {
-      const int w = __builtin_ctzll(stale);
-      const int64_t slot = models_[w].policy.SlotOf(key);
-      if (models_[w].dirty[slot])
-        throw std::logic_error("Herald plan invariant broken at iteration " + std::to_string(iteration) +
-                               ": worker " + std::to_string(w) + " holds dirty row " + std::to_string(key) +
-                               " that another worker updates");
-      if (w == rank_) mine.invalidate.push_back(key);
-      SetValid(w, slot, key, false);
-    }
-  }
+  for (int64_t s = 0; s < n; ++s)
+    if (assign[s] == rank_) mine.samples.push_back(s);
   out.samples = mine.samples;
   pending_ = std::move(mine);
   has_pending_ = true;
+  if (pool) pool->Rest();  // the next plan is an iteration away
+  profile_.total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  ++profile_.plans;
   return out;
 }
 

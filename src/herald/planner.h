@@ -9,13 +9,21 @@
 //
 // The write-back of iteration t depends on which worker reads which rows at t+1, so Advance(t)
 // returns the allocation of t and the finished plan of t-1.
+//
+// A plan runs on a pool of `threads` threads of its own: the allocation's scoring, placement
+// costs and trade sweeps by samples, the cache models by worker (each worker's model is touched
+// by one task only), the per-row valid masks by shards of keys. Every parallel step writes each
+// index's results to places of its own and merges them in a fixed order, so plans are identical
+// bit for bit whatever the thread count.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cache/policy.h"
 #include "common/flat_map.h"
+#include "common/parallel.h"
 
 namespace hetu {
 namespace herald {
@@ -44,10 +52,30 @@ struct Advanced {
 enum class Allocator { kColocate, kGreedy, kNone };
 Allocator ParseAllocator(const std::string& name);
 
+// The planner's thread count: `threads` if positive, else HETU_PLANNER_THREADS if set, else 1
+// (every worker of a host runs a planner beside its training).
+int PlannerThreads(int threads);
+
+// Where a planner's time went, summed over its Advance calls (seconds).
+struct PlanProfile {
+  int64_t plans = 0;
+  double ids = 0;         // the batch's distinct rows (sort) and their valid masks
+  double scores = 0;      // allocation: cache scores and the placement (greedy: all of it)
+  double trades = 0;      // allocation: pairwise trades (colocate)
+  double readers = 0;     // who reads each row (colocate: counted in trades)
+  double workers = 0;     // every worker's cache model and plan, write-backs, invalidations
+  double masks = 0;       // the valid masks brought up to date
+  double total = 0;
+};
+
 class Planner {
  public:
+  // threads: see PlannerThreads.
   Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
-          int64_t pin_threshold, Allocator allocator);
+          int64_t pin_threshold, Allocator allocator, int threads = 0);
+  // A copy plans on a pool of its own.
+  Planner(const Planner& other);
+  Planner(Planner&&) = default;
 
   // ids: [num_workers * per_worker, fields] row ids of global batch `iteration`, row-major.
   // Iterations must come in order 0, 1, 2, ...
@@ -55,6 +83,9 @@ class Planner {
 
   // One bit per worker whose cached copy of `key` is valid now (after the last Advance).
   uint64_t ValidMask(int64_t key) const;
+
+  int threads() const { return threads_; }
+  const PlanProfile& profile() const { return profile_; }
 
  private:
   struct CacheModel {
@@ -74,23 +105,59 @@ class Planner {
     std::vector<uint64_t> valid, readers;
   };
 
-  void Allocate(const BatchRows& batch, int64_t iteration, std::vector<int32_t>* assign) const;
-  // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), mirrored in
-  // valid_by_key_.
+  // A change of worker w's valid bit for key, applied to the masks once every worker is planned.
+  struct MaskChange {
+    int64_t key;
+    bool valid;
+  };
+  // The valid masks are kept in 64 shards with several threads, in one map with one (a single
+  // table is kinder to the TLB).
+  int ShardOf(int64_t key) const {
+    return shards_ == 1 ? 0 : static_cast<int>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 58);
+  }
+  // Worker w's part of an iteration: its write-backs of t-1 (rows another worker reads now),
+  // its cache model through this batch, its plan (kept for this rank only) and its stale copies.
+  // Touches models_[w] and changes_[w] alone. Returns the position (in the batch's rows) of a
+  // dirty row another worker updates, or -1.
+  int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* mine);
+
+  // The allocation, and batch->readers under it.
+  void Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign);
+  // kernels::sorted_unique, on the pool.
+  void SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int32_t* inverse);
+  // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), the change
+  // queued for valid_by_key_ (made at once with one thread).
   void SetValid(int w, int64_t slot, int64_t key, bool valid);
-  // Rule: at the end of t-1 a worker writes back its dirty rows that another worker reads at t.
-  void FinishPending(const BatchRows& batch);
+  static void ApplyChange(FlatMap<uint64_t>* masks, int w, const MaskChange& c) {
+    const uint64_t bit = uint64_t(1) << w;
+    if (c.valid) {
+      *masks->Insert(c.key, 0).first |= bit;
+    } else if ((*masks->Find(c.key) &= ~bit) == 0) {
+      masks->Erase(c.key);
+    }
+  }
 
   int W_, rank_;
   int64_t b_;
   Allocator allocator_;
+  int threads_;
+  int shards_;                  // of the valid masks: 1, or 64 with several threads
+  std::unique_ptr<Pool> pool_;  // null with one thread
+  // Plans of fewer ids than this run on the calling thread alone.
+  static constexpr int64_t kParallelIds = 16384;
+  Pool* plan_pool_ = nullptr;   // the current plan's: pool_, or null for a small plan
   int64_t next_ = 0;
   std::vector<CacheModel> models_;
   // Per row, one bit per worker whose cached copy is valid: one lookup answers for all workers
-  // (allocation scores, invalidation) where the models alone would need one per worker.
-  FlatMap<uint64_t> valid_by_key_;
+  // (allocation scores, invalidation) where the models alone would need one per worker. Sharded
+  // by key, so that the changes of an iteration are applied shard by shard in parallel.
+  std::vector<FlatMap<uint64_t>> valid_by_key_;
+  // changes_[w * shards_ + shard]: worker w's changes this iteration, in the order made.
+  std::vector<std::vector<MaskChange>> changes_;
   bool has_pending_ = false;
   WorkerPlan pending_;
+  PlanProfile profile_;
+  std::vector<uint64_t> sort_a_, sort_b_;  // SortedUnique's scratch
 };
 
 }  // namespace herald

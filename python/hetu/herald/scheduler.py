@@ -50,7 +50,7 @@ class Plan:
 
 class Scheduler:
     def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
-                 allocator="colocate", pin_threshold=8, timeout=600.0):
+                 allocator="colocate", pin_threshold=8, timeout=600.0, planner_threads=0):
         if lookahead < 1:
             raise ValueError(f"Herald needs --lookahead >= 1 (got {lookahead}): the write-back plan of iteration t "
                              f"depends on which worker reads which rows at t+1")
@@ -58,6 +58,8 @@ class Scheduler:
             raise ValueError(f"unknown allocator {allocator!r}: expected one of {', '.join(ALLOCATORS)}")
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
+        if planner_threads < 0:
+            raise ValueError(f"Herald: {planner_threads} planner threads; 0 (HETU_PLANNER_THREADS, else 1) or more")
         if loader.batch_num < 1:
             raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
@@ -68,8 +70,10 @@ class Scheduler:
             raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
                             f"{sparse.shape}")
         self.loader, self.lookahead, self.timeout = loader, lookahead, timeout
+        # planner_threads: the planner's own threads (0: HETU_PLANNER_THREADS, else 1); the plans
+        # are the same whatever the count.
         self._new_planner = functools.partial(_C.Planner, num_workers, rank, batch_size, policy, capacity,
-                                              pin_threshold, allocator=allocator)
+                                              pin_threshold, allocator=allocator, threads=planner_threads)
         self._ids = np.ascontiguousarray(sparse)
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
         self._thread = None

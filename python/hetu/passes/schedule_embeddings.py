@@ -35,7 +35,8 @@ def schedule_embeddings(graph):
         print("Herald with one worker: every row is stepped locally and the plan equals the cache alone",
               file=sys.stderr)
     scheduler = Scheduler(sparse_loader.data, sparse_loader, graph.num_workers, graph.rank, sparse_loader.batch_size,
-                          capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"))
+                          capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"),
+                          planner_threads=extra.get("planner_threads", 0))
     graph.scheduler = scheduler
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
