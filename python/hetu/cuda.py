@@ -117,6 +117,13 @@ class Packed:
         return out
 
 
+def _device_bytes(current, nbytes):
+    """`current` (a device byte buffer, or None), or a larger one where it holds less than nbytes."""
+    if current is None or current.size < nbytes:
+        return cupy().empty(max(nbytes, 1 << 16), dtype=np.uint8)
+    return current
+
+
 class HostToDevice:
     """Copies host arrays to the device in one pinned copy: `send(arrays)` returns device views
     that stay valid until the next send."""
@@ -133,8 +140,7 @@ class HostToDevice:
         host = self.pinned.view(layout.nbytes)
         for dst, src in zip(layout.views(host), arrays):
             np.copyto(dst, src, casting="no")
-        if self._device is None or self._device.size < layout.nbytes:
-            self._device = cp.empty(max(layout.nbytes, 1 << 16), dtype=np.uint8)
+        self._device = _device_bytes(self._device, layout.nbytes)
         device = self._device[:layout.nbytes]
         device.set(host, stream=cp.cuda.get_current_stream())
         self.pinned.record()
@@ -150,18 +156,13 @@ class DeviceToHost:
         self._device = None
 
     def device_views(self, layout):
-        cp = cupy()
-        if self._device is None or self._device.size < layout.nbytes:
-            self._device = cp.empty(max(layout.nbytes, 1 << 16), dtype=np.uint8)
+        self._device = _device_bytes(self._device, layout.nbytes)
         return layout.views(self._device)
 
     def receive(self, layout, nbytes):
-        cp = cupy()
         host = self.pinned.view(layout.nbytes)
-        stream = cp.cuda.get_current_stream()
-        if nbytes:
-            self._device[:nbytes].get(stream=stream, out=host[:nbytes])
-        stream.synchronize()
+        if nbytes:   # a blocking copy: the host arrays are complete when it returns
+            self._device[:nbytes].get(stream=cupy().cuda.get_current_stream(), out=host[:nbytes])
         return layout.views(host)
 
 

@@ -177,7 +177,7 @@ class Dataloader:
 
 class DataloaderOp(Op):
     """Feeds itself: in subgraph `name` it yields the next batch of that subgraph's dataloader
-    (a host array; on a GPU the executor copies it to the device with the step's other inputs)."""
+    (a host array; on a GPU the executor copies it to the device, hetu.device_step)."""
     capturable = False
 
     def __init__(self, dataloaders):

@@ -1,7 +1,8 @@
 """One step of a subgraph on a GPU (DESIGN.md section 12), for the Executor.
 
-- The step's inputs (every dataloader batch and fed value) reach the device in one pinned
-  host-to-device copy; ops that read ids on the host (parameter-server lookups, `host_inputs`)
+- The step's inputs reach the device without another host copy: dataloader batches are read
+  into page-locked memory and each copied to a device buffer of its own; fed values go together
+  in one pinned copy. Ops that read ids on the host (parameter-server lookups, `host_inputs`)
   get the host arrays.
 - Everything runs on the executor's own stream; kernels record their errors on the device
   (hetu.cuda.DeviceChecks), read once when the step ends.
@@ -56,7 +57,6 @@ class DeviceStep:
         """Dataloader batches (read into page-locked memory, each copied to its own device buffer
         without waiting) and fed values (together in one pinned copy): the host arrays and their
         device copies."""
-        cp = cuda.cupy()
         host_vals, fed = {}, {}
         vals = {node_id: value for node_id, value in feeds.items() if cuda.is_device_array(value)}
         for node in order:

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _C, cuda
 from ..graph import Op
-from ..ops.embedding import DeviceRows, IndexedSlices, gather
+from ..ops.embedding import DeviceRows, IndexedSlices, gather, unique_sum
 
 _started = False
 
@@ -193,8 +193,7 @@ class PSSparseUpdater:
         if cuda.is_device_array(grad.values):
             uniq, summed = self._sum_on_device(grad)
         else:
-            uniq, summed = _C.unique_sum(np.ascontiguousarray(grad.indices, np.int64),
-                                         np.ascontiguousarray(grad.values, np.float32))
+            uniq, summed = unique_sum(grad.indices, grad.values)
         self.target.update(uniq, summed, lr)
         self.remote.counters.add(push_seconds=time.perf_counter() - started)
 
