@@ -139,21 +139,23 @@ py::list plan_fields(const hetu::herald::WorkerPlan& p) {
   return out;
 }
 
-// (samples of iteration t, plan of t-1 as a tuple of plan_fields or None).
-py::tuple advanced_to_python(const hetu::herald::Advanced& r) {
+// Kept rank i's (samples of iteration t, plan of t-1 as a tuple of plan_fields or None).
+py::tuple advanced_to_python(const hetu::herald::Advanced& r, size_t i) {
   py::object finished = py::none();
-  if (r.has_finished) finished = py::tuple(plan_fields(r.finished));
-  return py::make_tuple(to_array(r.samples), finished);
+  if (r.has_finished) finished = py::tuple(plan_fields(r.finished[i]));
+  return py::make_tuple(to_array(r.samples[i]), finished);
 }
 
-py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, int64_t iteration) {
+hetu::herald::Advanced planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, int64_t iteration) {
   if (ids.ndim() != 2) throw std::invalid_argument("Planner.advance: ids must be [samples, fields]");
-  hetu::herald::Advanced r;
-  {
-    py::gil_scoped_release nogil;
-    r = planner.Advance(ids.data(), ids.shape(1), iteration);
-  }
-  return advanced_to_python(r);
+  py::gil_scoped_release nogil;
+  return planner.Advance(ids.data(), ids.shape(1), iteration);
+}
+
+// A Planner's `rank` argument: one rank, or the ranks of a host's planner.
+std::vector<int> planner_ranks(const py::object& rank) {
+  if (py::isinstance<py::int_>(rank)) return {rank.cast<int>()};
+  return rank.cast<std::vector<int>>();
 }
 
 // The id table and the planning thread that reads it: the table is kept alive for as long as the
@@ -161,6 +163,20 @@ py::tuple planner_advance(hetu::herald::Planner& planner, Array<int64_t> ids, in
 struct PlanningThreadHandle {
   Array<int64_t> table;
   std::unique_ptr<hetu::herald::PlanningThread> thread;
+  hetu::herald::PlanBook& book() { return thread->book(); }
+  void stop() { thread->Stop(); }
+};
+
+// What a host's planner sends this worker (src/herald/plan_link.h), taken like a PlanningThread's.
+struct PlanReceiverHandle {
+  std::unique_ptr<hetu::herald::PlanReceiver> receiver;
+  hetu::herald::PlanBook& book() { return receiver->book(); }
+  void stop() { receiver->Stop(); }
+};
+
+// The connections a host's planner accepted, until a PlanningThread takes them.
+struct PlanFollowers {
+  std::vector<hetu::herald::Socket> sockets;
 };
 
 // The planning thread's answer: taken at once if ready, else waited for with the GIL released.
@@ -179,6 +195,28 @@ py::tuple plan_to_python(const hetu::herald::FinishedPlan& f) {
   py::list fields = plan_fields(f.plan);
   fields.append(f.planner_seconds);
   return py::tuple(fields);
+}
+
+// samples, plan and close of a PlanningThread or a PlanReceiver: what this worker takes.
+template <typename Handle>
+void def_plan_source(py::class_<Handle>& cls) {
+  cls.def("samples", [](Handle& h, int64_t iteration, double timeout) {
+           return to_array(take_or_wait<std::vector<int64_t>>(
+               [&](std::vector<int64_t>* v) { return h.book().TrySamples(iteration, v); },
+               [&] { return h.book().Samples(iteration, timeout); }));
+         }, py::arg("iteration"), py::arg("timeout"),
+         "this worker's samples of `iteration` (positions within the global batch); waits for them")
+      .def("plan", [](Handle& h, int64_t iteration, double timeout) {
+           return plan_to_python(take_or_wait<hetu::herald::FinishedPlan>(
+               [&](hetu::herald::FinishedPlan* f) { return h.book().TryPlan(iteration, f); },
+               [&] { return h.book().Plan(iteration, timeout); }));
+         }, py::arg("iteration"), py::arg("timeout"),
+         "(iteration, samples, keys, hit, pull, owner, invalidate, writeback, planner seconds): the final plan "
+         "of `iteration`; waits for it")
+      .def("close", [](Handle& h) {
+           py::gil_scoped_release nogil;
+           h.stop();
+         }, "stops; waits not yet answered fail");
 }
 
 py::tuple policy_access(hetu::cache::CachePolicy& p, Array<int64_t> keys) {
@@ -475,17 +513,19 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("assignment"),
      "the row transmissions colocate_allocate estimates for an assignment");
   py::class_<hetu::herald::Planner>(m, "Planner", "Herald's allocation and exact plan, one iteration at a time")
-      .def(py::init([](int workers, int rank, int64_t per_worker, const std::string& policy, int64_t capacity,
+      .def(py::init([](int workers, py::object rank, int64_t per_worker, const std::string& policy, int64_t capacity,
                        int64_t pin_threshold, const std::string& allocator, int threads) {
              if (threads < 0) throw std::invalid_argument("Planner: threads must be >= 0 (0: HETU_PLANNER_THREADS, else 1)");
-             return new hetu::herald::Planner(workers, rank, per_worker, hetu::cache::ParsePolicy(policy), capacity,
-                                              pin_threshold, hetu::herald::ParseAllocator(allocator), threads);
+             return new hetu::herald::Planner(workers, planner_ranks(rank), per_worker, hetu::cache::ParsePolicy(policy),
+                                              capacity, pin_threshold, hetu::herald::ParseAllocator(allocator), threads);
            }),
            py::arg("workers"), py::arg("rank"), py::arg("per_worker"), py::arg("policy"), py::arg("capacity"),
            py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate", py::arg("threads") = 0,
-           "threads: the planner's own thread count (0: HETU_PLANNER_THREADS if set, else 1); plans are the "
-           "same whatever it is")
+           "rank: the worker whose plans are kept, or a list of them (a host's planner: every rank of the host, "
+           "the planning worker's first); threads: the planner's own thread count (0: HETU_PLANNER_THREADS if "
+           "set, else 1); plans are the same whatever it is")
       .def_property_readonly("threads", &hetu::herald::Planner::threads)
+      .def_property_readonly("ranks", &hetu::herald::Planner::ranks)
       .def("profile", [](const hetu::herald::Planner& p) {
              const hetu::herald::PlanProfile& f = p.profile();
              py::dict d;
@@ -501,9 +541,17 @@ PYBIND11_MODULE(_C, m) {
            }, "seconds spent per stage over all plans so far: ids (distinct rows, valid masks), scores "
               "(allocation: scores and placement), trades (allocation: pairwise trades), readers, workers "
               "(every worker's cache model and plan), masks (valid masks updated), total; and plans")
-      .def("advance", &planner_advance, py::arg("ids"), py::arg("iteration"),
-           "allocates global batch `iteration` (ids [samples, fields]); returns (this worker's samples, "
-           "the now final plan of the previous iteration or None)")
+      .def("advance", [](hetu::herald::Planner& p, Array<int64_t> ids, int64_t iteration) {
+             return advanced_to_python(planner_advance(p, ids, iteration), 0);
+           }, py::arg("ids"), py::arg("iteration"),
+           "allocates global batch `iteration` (ids [samples, fields]); returns (the first rank's samples, "
+           "its now final plan of the previous iteration or None)")
+      .def("advance_all", [](hetu::herald::Planner& p, Array<int64_t> ids, int64_t iteration) {
+             const hetu::herald::Advanced r = planner_advance(p, ids, iteration);
+             py::list out;
+             for (size_t i = 0; i < r.samples.size(); ++i) out.append(advanced_to_python(r, i));
+             return out;
+           }, py::arg("ids"), py::arg("iteration"), "advance's answer for each rank, in the order of `ranks`")
       .def("valid_masks", [](const hetu::herald::Planner& p, Array<int64_t> keys) {
              Array<uint64_t> out(keys.size());
              uint64_t* o = out.mutable_data();
@@ -511,43 +559,62 @@ PYBIND11_MODULE(_C, m) {
              return out;
            }, py::arg("keys"), "per key, one bit per worker whose modelled cached copy is valid now");
   py::register_exception<hetu::herald::PlanTimeout>(m, "PlanTimeout", PyExc_TimeoutError);
-  py::class_<PlanningThreadHandle>(m, "PlanningThread",
-                                   "Herald's planner on a thread of its own that never takes the GIL "
-                                   "(src/herald/planning_thread.h)")
-      .def(py::init([](hetu::herald::Planner planner, Array<int64_t> table, int64_t history) {
+  py::class_<PlanFollowers>(m, "PlanFollowers", "connections from a host's other workers, for a PlanningThread");
+  py::class_<hetu::herald::PlanListener>(m, "PlanListener",
+                                         "where a host's planner takes connections from the host's other workers "
+                                         "(an abstract Unix socket of the kernel's choosing, src/herald/plan_link.h)")
+      .def(py::init<>())
+      .def_property_readonly("name", [](const hetu::herald::PlanListener& l) { return py::bytes(l.name()); })
+      .def("accept", [](hetu::herald::PlanListener& l, std::vector<int> ranks, double timeout) {
+             auto f = std::make_unique<PlanFollowers>();
+             py::gil_scoped_release nogil;
+             f->sockets = l.Accept(ranks, timeout);
+             return f;
+           }, py::arg("ranks"), py::arg("timeout"),
+           "one connection from each of `ranks`, in that order; waits up to `timeout` s");
+  py::class_<PlanningThreadHandle> planning_thread(m, "PlanningThread",
+                                                   "Herald's planner on a thread of its own that never takes the GIL "
+                                                   "(src/herald/planning_thread.h)");
+  planning_thread
+      .def(py::init([](hetu::herald::Planner planner, Array<int64_t> table, int64_t history, PlanFollowers* followers,
+                       double send_timeout) {
              if (table.ndim() != 2) throw std::invalid_argument("PlanningThread: table must be [samples, fields]");
              auto h = std::make_unique<PlanningThreadHandle>();
              h->table = table;
+             std::vector<hetu::herald::Socket> sockets;
+             if (followers) sockets = std::move(followers->sockets);
              h->thread = std::make_unique<hetu::herald::PlanningThread>(std::move(planner), table.data(), table.shape(0),
-                                                                        table.shape(1), history);
+                                                                        table.shape(1), history, std::move(sockets),
+                                                                        send_timeout);
              return h;
            }),
-           py::arg("planner"), py::arg("table"), py::arg("history"),
+           py::arg("planner"), py::arg("table"), py::arg("history"), py::arg("followers") = nullptr,
+           py::arg("send_timeout") = 600.0,
            "plans with (a copy of) `planner` the global batches submitted, gathering their ids from `table` "
            "(every sample's ids [N, fields], typically memory-mapped); allocations stay available `history` "
-           "iterations back")
+           "iterations back. A host's planner (ranks [this worker, others...]) sends the others their samples and "
+           "plans over `followers` (PlanListener.accept), giving up on one that takes nothing for `send_timeout` s")
       .def("submit", [](PlanningThreadHandle& h, int64_t iteration, Array<int64_t> samples) {
              std::vector<int64_t> v(samples.data(), samples.data() + samples.size());
              h.thread->Submit(iteration, std::move(v));
            }, py::arg("iteration"), py::arg("samples"),
-           "queues global batch `iteration` (its samples' positions in the table); iterations in order")
-      .def("samples", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
-             return to_array(take_or_wait<std::vector<int64_t>>(
-                 [&](std::vector<int64_t>* v) { return h.thread->TrySamples(iteration, v); },
-                 [&] { return h.thread->Samples(iteration, timeout); }));
-           }, py::arg("iteration"), py::arg("timeout"),
-           "this worker's samples of `iteration` (positions within the global batch); waits for them")
-      .def("plan", [](PlanningThreadHandle& h, int64_t iteration, double timeout) {
-             return plan_to_python(take_or_wait<hetu::herald::FinishedPlan>(
-                 [&](hetu::herald::FinishedPlan* f) { return h.thread->TryPlan(iteration, f); },
-                 [&] { return h.thread->Plan(iteration, timeout); }));
-           }, py::arg("iteration"), py::arg("timeout"),
-           "(iteration, samples, keys, hit, pull, owner, invalidate, writeback, planner seconds): the final plan "
-           "of `iteration`; waits for it")
-      .def("close", [](PlanningThreadHandle& h) {
-             py::gil_scoped_release nogil;
-             h.thread->Stop();
-           }, "stops the thread after the iteration it is planning");
+           "queues global batch `iteration` (its samples' positions in the table); iterations in order");
+  def_plan_source(planning_thread);
+  py::class_<PlanReceiverHandle> plan_receiver(m, "PlanReceiver",
+                                               "this worker's samples and plans as its host's planner sends them "
+                                               "(src/herald/plan_link.h)");
+  plan_receiver.def(py::init([](py::bytes name, int rank, int planner_rank, int64_t history, double timeout) {
+                      auto h = std::make_unique<PlanReceiverHandle>();
+                      std::string address = name;
+                      py::gil_scoped_release nogil;
+                      h->receiver = std::make_unique<hetu::herald::PlanReceiver>(address, rank, planner_rank, history,
+                                                                                 timeout);
+                      return h;
+                    }),
+                    py::arg("name"), py::arg("rank"), py::arg("planner_rank"), py::arg("history"), py::arg("timeout"),
+                    "connects to the planner of worker `planner_rank` (PlanListener.name) as worker `rank`, "
+                    "trying for up to `timeout` s");
+  def_plan_source(plan_receiver);
 
   using hetu::data::ClickLogEncoder;
   auto view = [](const py::bytes& b) {

@@ -77,6 +77,29 @@ def test_het_protocol_on_herald_allocation_pulls_exactly_what_herald_pulls(tmp_p
 
 
 @pytest.mark.timeout(600)
+def test_one_planner_per_host_plans_what_every_worker_would(tmp_path, data_home):
+    """Four workers on this host: by default worker 0 plans for all four and sends the others
+    their plans; with --planners worker each plans for itself. Same plans, so every worker moves
+    the same rows either way, and both runs equal the single-process reference."""
+    args = ["--model", "wdl_criteo", *OPTIMIZERS["adam"], "--iters-per-epoch", "40"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    common = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0", "--cache-limit-ratio", "0.05", *args]
+    host, host_out = run_cluster(tmp_path, data_home, "run_laia.py", common, 4, 1, 16)
+    own, own_out = run_cluster(tmp_path, data_home, "run_laia.py", [*common, "--planners", "worker"], 4, 1, 16)
+    planners = {int(r): json.loads(c)["planner"] for r, c in re.findall(r"\[worker (\d+)\] summary (\{.*\})", host_out)}
+    assert planners == {r: {"rank": r, "host_ranks": [0, 1, 2, 3], "plans_here": r == 0, "threads": 4}
+                        for r in range(4)}
+    planners = {int(r): json.loads(c)["planner"] for r, c in re.findall(r"\[worker (\d+)\] summary (\{.*\})", own_out)}
+    assert planners == {r: {"rank": r, "host_ranks": [r], "plans_here": True, "threads": 1} for r in range(4)}
+    moved = ("rows_pulled", "rows_pushed", "hits", "misses", "evictions")
+    host_counts, own_counts = _counters(host_out), _counters(own_out)
+    for w in range(4):
+        assert {k: host_counts[w][k] for k in moved} == {k: own_counts[w][k] for k in moved}, w
+    assert_same_parameters(reference, host, exact_rows=False)
+    assert_same_parameters(reference, own, exact_rows=False)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("extra,workers,van", [(["--allocator", "none"], 2, "zmq"), (["--allocator", "greedy"], 4, "zmq"),
                                                (["--lookahead", "1"], 2, "zmq"), (["--cache", "lfu"], 2, "zmq"),
                                                ([], 1, "zmq"), (["--comm", "PS"], 2, "zmq"),

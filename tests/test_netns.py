@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hetu.netns import NamespaceHosts, NetnsUnavailable, check_address_is_test_host, shape, unshape
@@ -254,3 +255,29 @@ def test_each_host_runs_on_its_own_cores():
     assert cluster["env"]["HETU_NUM_THREADS"] == str(len(cores) - 1)
     with pytest.raises(ValueError, match="one non-empty list of cores per host"):
         NamespaceHosts(2, cpus=[[cores[0]]])
+
+
+@pytest.mark.timeout(600)
+def test_herald_with_one_planner_per_host_on_two_hosts_stays_exact(hosts, tmp_path, data_home):
+    """Two hosts of two workers: on each, its first worker plans for both (over its own host's
+    Unix socket: the abstract namespace is per network namespace) and the run equals the
+    single-process reference."""
+    pytest.importorskip("mpi4py")
+    from dist_harness import COMMON, assert_same_parameters, run_single
+    args = ["--model", "wdl_criteo", "--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "30"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    cfg = hosts.write_cluster_file(tmp_path / "cluster.yml", workers=[2, 2], servers=[1, 1],
+                                   env={"HETU_DATA_HOME": data_home, "PS_HEARTBEAT_TIMEOUT": "20"})
+    out = tmp_path / "herald.npz"
+    res = subprocess.run([sys.executable, str(RUNNER), "--timeout", "240", "-c", cfg, sys.executable,
+                          str(ROOT / "examples/ctr/run_laia.py"), *COMMON, *args, "--comm", "Hybrid", "--cache", "lru",
+                          "--bound", "0", "--bsp", "0", "--cache-limit-ratio", "0.05", "--batch-size", "16",
+                          "--save-params", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    planners = {}
+    for line in res.stdout.splitlines():
+        if "] summary {" in line:
+            p = json.loads(line.split("summary ", 1)[1])["planner"]
+            planners[p["rank"]] = (p["host_ranks"], p["plans_here"])
+    assert planners == {0: ([0, 1], True), 1: ([0, 1], False), 2: ([2, 3], True), 3: ([2, 3], False)}
+    assert_same_parameters(reference, dict(np.load(out)), exact_rows=False)

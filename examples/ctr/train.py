@@ -94,9 +94,12 @@ def build_parser(herald):
                         "shaped 1 Gbit/s links: see the README)")
     if herald:
         p.add_argument("--lookahead", type=POSITIVE_INT, default=2, help="iterations the scheduler plans ahead")
+        p.add_argument("--planners", default="host", choices=["host", "worker"],
+                       help="host: one planner per host, run by its first worker, which sends the host's other "
+                            "workers their plans; worker: every worker plans for itself. The plans are the same")
         p.add_argument("--planner-threads", type=POSITIVE_INT, default=None,
-                       help="threads of each worker's planner (default: HETU_PLANNER_THREADS, else 1); the plans "
-                            "are the same whatever the count")
+                       help="threads of a planner (default: HETU_PLANNER_THREADS, else one per worker it plans "
+                            "for); the plans are the same whatever the count")
         p.add_argument("--allocator", default="colocate", choices=["colocate", "greedy", "none"],
                        help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
                             "alone; none: plain data-parallel slices (the 'plan only' ablation)")
@@ -135,7 +138,8 @@ def distribution_options(args, herald):
             "prefetch": args.prefetch}
     if herald:
         opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator,
-                    herald_protocol=args.protocol, planner_threads=args.planner_threads or 0)
+                    herald_protocol=args.protocol, planner_threads=args.planner_threads or 0,
+                    planners=args.planners)
     return opts
 
 
@@ -373,6 +377,10 @@ def train(argv, herald):
                "iterations": total - first, "first_step": first, "seconds": elapsed,
                "counters": executor.counters.totals(),
                "samples_per_second": (total - first) * args.batch_size / elapsed, "final": history[-1]}
+    scheduler = getattr(executor.graph, "scheduler", None)
+    if scheduler is not None:
+        summary["planner"] = {"rank": executor.graph.rank, "host_ranks": scheduler.host_ranks,
+                              "plans_here": scheduler.plans_here, "threads": scheduler.planner_threads}
     print("summary " + json.dumps(summary), flush=True)
     if failed_report:
         raise SystemExit(failed_report)

@@ -139,16 +139,24 @@ int PlannerThreads(int threads) {
   return 1;
 }
 
-Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
-                 int64_t pin_threshold, Allocator allocator, int threads)
-    : W_(num_workers), rank_(rank), b_(per_worker), allocator_(allocator), threads_(PlannerThreads(threads)),
-      shards_(threads_ > 1 ? 64 : 1) {
+Planner::Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, cache::PolicyKind policy,
+                 int64_t capacity, int64_t pin_threshold, Allocator allocator, int threads)
+    : W_(num_workers), ranks_(std::move(ranks)), b_(per_worker), allocator_(allocator),
+      threads_(PlannerThreads(threads)), shards_(threads_ > 1 ? 64 : 1) {
   // Who reads a row is kept as one bit per worker.
   if (num_workers < 1 || num_workers > 64)
     throw std::invalid_argument("Herald planner: " + std::to_string(num_workers) + " workers; 1 to 64 supported");
-  if (rank < 0 || rank >= num_workers)
-    throw std::invalid_argument("Herald planner: rank " + std::to_string(rank) + " of " +
-                                std::to_string(num_workers) + " workers");
+  if (ranks_.empty()) throw std::invalid_argument("Herald planner: no rank to plan for");
+  kept_.assign(num_workers, -1);
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const int rank = ranks_[i];
+    if (rank < 0 || rank >= num_workers)
+      throw std::invalid_argument("Herald planner: rank " + std::to_string(rank) + " of " +
+                                  std::to_string(num_workers) + " workers");
+    if (kept_[rank] >= 0) throw std::invalid_argument("Herald planner: rank " + std::to_string(rank) + " given twice");
+    kept_[rank] = static_cast<int>(i);
+  }
+  pending_.resize(ranks_.size());
   if (per_worker < 1) throw std::invalid_argument("Herald planner: batch size must be positive");
   if (capacity < 1) throw std::invalid_argument("Herald planner: cache capacity must be at least one row");
   models_.reserve(num_workers);
@@ -159,7 +167,7 @@ Planner::Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKin
 }
 
 Planner::Planner(const Planner& o)
-    : W_(o.W_), rank_(o.rank_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_), shards_(o.shards_),
+    : W_(o.W_), ranks_(o.ranks_), kept_(o.kept_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_), shards_(o.shards_),
       pool_(o.threads_ > 1 ? std::make_unique<Pool>(o.threads_) : nullptr), next_(o.next_), models_(o.models_),
       valid_by_key_(o.valid_by_key_), changes_(o.changes_), has_pending_(o.has_pending_), pending_(o.pending_),
       profile_(o.profile_) {}
@@ -206,7 +214,7 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   profile_.readers += std::chrono::duration<double>(std::chrono::steady_clock::now() - allocated).count();
 }
 
-int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* mine) {
+int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan) {
   CacheModel& m = models_[w];
   const uint64_t me = Bit(w);
   const size_t num_rows = batch.keys.size();
@@ -232,9 +240,9 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
       const int64_t slot = m.policy.SlotOf(batch.keys[r]);
       if (!m.dirty[slot]) continue;
       m.dirty[slot] = 0;
-      if (w == rank_) pending_.writeback.push_back(batch.keys[r]);
+      if (plan) pending_[kept_[w]].writeback.push_back(batch.keys[r]);
     }
-    if (w == rank_) SortUnique(&pending_.writeback);
+    if (plan) SortUnique(&pending_[kept_[w]].writeback);
   }
 
   // w's rows through its cache model.
@@ -276,18 +284,18 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
       broken = i;
       break;
     }
-    if (w == rank_) invalidate.push_back(key);
+    if (plan) invalidate.push_back(key);
     SetValid(w, slot, key, false);
   }
 
-  if (w == rank_) {
-    mine->iteration = iteration;
-    mine->keys = std::move(k);
-    mine->hit = std::move(r.hit);
-    mine->pull = std::move(pull);
-    mine->owner = std::move(owner);
-    mine->invalidate = std::move(invalidate);
-    mine->writeback = std::move(writeback);
+  if (plan) {
+    plan->iteration = iteration;
+    plan->keys = std::move(k);
+    plan->hit = std::move(r.hit);
+    plan->pull = std::move(pull);
+    plan->owner = std::move(owner);
+    plan->invalidate = std::move(invalidate);
+    plan->writeback = std::move(writeback);
   }
   return broken;
 }
@@ -336,13 +344,13 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   lap = std::chrono::steady_clock::now();
 
   // Every worker's model and plan, one task per worker.
-  WorkerPlan mine;
+  std::vector<WorkerPlan> plans(ranks_.size());
   std::vector<int64_t> broken(W_, -1);
   std::vector<std::exception_ptr> errors(W_);
   ParallelFor(pool, W_, 1, [&](int64_t first, int64_t end) {
     for (int64_t w = first; w < end; ++w) {
       try {
-        broken[w] = PlanWorker(static_cast<int>(w), batch, iteration, &mine);
+        broken[w] = PlanWorker(static_cast<int>(w), batch, iteration, kept_[w] >= 0 ? &plans[kept_[w]] : nullptr);
       } catch (...) {
         errors[w] = std::current_exception();
       }
@@ -378,9 +386,10 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
     out.finished = std::move(pending_);
   }
   for (int64_t s = 0; s < n; ++s)
-    if (assign[s] == rank_) mine.samples.push_back(s);
-  out.samples = mine.samples;
-  pending_ = std::move(mine);
+    if (kept_[assign[s]] >= 0) plans[kept_[assign[s]]].samples.push_back(s);
+  out.samples.reserve(plans.size());
+  for (const WorkerPlan& p : plans) out.samples.push_back(p.samples);
+  pending_ = std::move(plans);
   has_pending_ = true;
   if (pool) pool->Rest();  // the next plan is an iteration away
   profile_.total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();

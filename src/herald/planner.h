@@ -41,10 +41,12 @@ struct WorkerPlan {
   std::vector<int64_t> writeback;   // ascending: sent to the servers at the end of the iteration
 };
 
+// Per kept rank (the planner's `ranks`, in their order): its samples of the iteration just
+// allocated and, from the second iteration on, its plan of the previous one, now final.
 struct Advanced {
-  std::vector<int64_t> samples;  // this worker's samples of the iteration just allocated
-  bool has_finished = false;     // false for the first iteration
-  WorkerPlan finished;           // the plan of the previous iteration, now final
+  std::vector<std::vector<int64_t>> samples;
+  bool has_finished = false;  // false for the first iteration
+  std::vector<WorkerPlan> finished;
 };
 
 // kColocate and kGreedy: src/herald/allocate.h. kNone assigns samples [w*b, (w+1)*b) to worker
@@ -70,8 +72,10 @@ struct PlanProfile {
 
 class Planner {
  public:
-  // threads: see PlannerThreads.
-  Planner(int num_workers, int rank, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
+  // ranks: the workers whose plans are kept (a worker's own rank; a host's planner, every rank
+  // of the host); every worker's cache is modelled whatever they are. threads: see
+  // PlannerThreads.
+  Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, cache::PolicyKind policy, int64_t capacity,
           int64_t pin_threshold, Allocator allocator, int threads = 0);
   // A copy plans on a pool of its own.
   Planner(const Planner& other);
@@ -85,6 +89,7 @@ class Planner {
   uint64_t ValidMask(int64_t key) const;
 
   int threads() const { return threads_; }
+  const std::vector<int>& ranks() const { return ranks_; }
   const PlanProfile& profile() const { return profile_; }
 
  private:
@@ -116,10 +121,10 @@ class Planner {
     return shards_ == 1 ? 0 : static_cast<int>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 58);
   }
   // Worker w's part of an iteration: its write-backs of t-1 (rows another worker reads now),
-  // its cache model through this batch, its plan (kept for this rank only) and its stale copies.
-  // Touches models_[w] and changes_[w] alone. Returns the position (in the batch's rows) of a
-  // dirty row another worker updates, or -1.
-  int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* mine);
+  // its cache model through this batch, its plan (written to `plan` if w is a kept rank, else
+  // null) and its stale copies. Touches models_[w], changes_[w] and w's plans alone. Returns the
+  // position (in the batch's rows) of a dirty row another worker updates, or -1.
+  int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan);
 
   // The allocation, and batch->readers under it.
   void Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign);
@@ -137,7 +142,9 @@ class Planner {
     }
   }
 
-  int W_, rank_;
+  int W_;
+  std::vector<int> ranks_;
+  std::vector<int> kept_;  // per worker: its index in ranks_, or -1
   int64_t b_;
   Allocator allocator_;
   int threads_;
@@ -155,7 +162,7 @@ class Planner {
   // changes_[w * shards_ + shard]: worker w's changes this iteration, in the order made.
   std::vector<std::vector<MaskChange>> changes_;
   bool has_pending_ = false;
-  WorkerPlan pending_;
+  std::vector<WorkerPlan> pending_;  // per kept rank: the plan of the last iteration, not final yet
   PlanProfile profile_;
   std::vector<uint64_t> sort_a_, sort_b_;  // SortedUnique's scratch
 };

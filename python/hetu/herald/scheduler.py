@@ -20,9 +20,17 @@ caches use, plus which cached rows are valid and which are dirty) and, per itera
    evicted dirty rows, owner rows that bypassed a full cache).
 
 The write-back of iteration t depends on who reads what at t+1, so plan(t) is final once
-iteration t+1 is allocated: the lookahead is at least 1."""
+iteration t+1 is allocated: the lookahead is at least 1.
+
+One planner per host (planners="host", the default with several workers on a host): the host's
+first worker (lowest rank) plans for all of the host's workers, on as many threads as the host
+has workers unless told otherwise, and sends each of the others its samples and plans over a
+Unix socket (src/herald/plan_link.h); they receive them on a C++ thread (hetu._C.PlanReceiver).
+The host then plans once per iteration instead of once per worker, and the plans are the same
+bit for bit. The host's workers are found with MPI (MPI_COMM_TYPE_SHARED)."""
 import atexit
 import functools
+import os
 import threading
 import time
 
@@ -32,6 +40,7 @@ from .. import _C
 
 
 ALLOCATORS = ("colocate", "greedy", "none")
+PLANNERS = ("host", "worker")   # one planner per host, or one per worker
 
 
 class Plan:
@@ -48,9 +57,17 @@ class Plan:
         self.scheduler_seconds = seconds
 
 
+def host_workers(comm):
+    """(the communicator of this host's workers, their ranks ascending): MPI's shared-memory
+    split, which puts the processes of one host together."""
+    local = comm.comm.Split_type(comm.MPI.COMM_TYPE_SHARED, key=comm.rank)
+    return local, local.allgather(comm.rank)
+
+
 class Scheduler:
     def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
-                 allocator="colocate", pin_threshold=8, timeout=600.0, planner_threads=0):
+                 allocator="colocate", pin_threshold=8, timeout=600.0, planner_threads=0, comm=None,
+                 planners="host"):
         if lookahead < 1:
             raise ValueError(f"Herald needs --lookahead >= 1 (got {lookahead}): the write-back plan of iteration t "
                              f"depends on which worker reads which rows at t+1")
@@ -60,6 +77,8 @@ class Scheduler:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
         if planner_threads < 0:
             raise ValueError(f"Herald: {planner_threads} planner threads; 0 (HETU_PLANNER_THREADS, else 1) or more")
+        if planners not in PLANNERS:
+            raise ValueError(f"unknown Herald planners {planners!r}: expected one of {', '.join(PLANNERS)}")
         if loader.batch_num < 1:
             raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
@@ -70,9 +89,23 @@ class Scheduler:
             raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
                             f"{sparse.shape}")
         self.loader, self.lookahead, self.timeout = loader, lookahead, timeout
-        # planner_threads: the planner's own threads (0: HETU_PLANNER_THREADS, else 1); the plans
-        # are the same whatever the count.
-        self._new_planner = functools.partial(_C.Planner, num_workers, rank, batch_size, policy, capacity,
+        self.rank = rank
+        # The workers that share this worker's planner: all of the host's (the first plans), or
+        # this worker alone.
+        self._local, self.host_ranks = None, [rank]
+        if comm is not None and planners == "host":
+            local, ranks = host_workers(comm)
+            if len(ranks) > 1:
+                self._local, self.host_ranks = local, ranks
+            else:
+                local.Free()
+        self.plans_here = self.host_ranks[0] == rank
+        # planner_threads: the planner's own threads (0: HETU_PLANNER_THREADS, else one per
+        # worker it plans for); the plans are the same whatever the count.
+        if planner_threads == 0 and not os.environ.get("HETU_PLANNER_THREADS"):
+            planner_threads = len(self.host_ranks)
+        self.planner_threads = planner_threads
+        self._new_planner = functools.partial(_C.Planner, num_workers, self.host_ranks, batch_size, policy, capacity,
                                               pin_threshold, allocator=allocator, threads=planner_threads)
         self._ids = np.ascontiguousarray(sparse)
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
@@ -88,7 +121,19 @@ class Scheduler:
         if self._thread is not None:
             self._thread.close()
         # Data loaders ask for allocations up to a few steps behind the plans taken.
-        self._thread = _C.PlanningThread(self._new_planner(), self._ids, history=2 * self.lookahead + 8)
+        history = 2 * self.lookahead + 8
+        if len(self.host_ranks) == 1:
+            self._thread = _C.PlanningThread(self._new_planner(), self._ids, history=history)
+        elif self.plans_here:
+            # The host's other workers connect to this worker's planner, which sends them their plans.
+            listener = _C.PlanListener()
+            self._local.bcast(listener.name, root=0)
+            followers = listener.accept(self.host_ranks[1:], self.timeout)
+            self._thread = _C.PlanningThread(self._new_planner(), self._ids, history=history, followers=followers,
+                                             send_timeout=self.timeout)
+        else:
+            name = self._local.bcast(None, root=0)
+            self._thread = _C.PlanReceiver(name, self.rank, self.host_ranks[0], history, self.timeout)
         # The planner counts its iterations from 0: global batch `step` is its iteration 0.
         self._first = self._submitted = int(step)
         self._submit(step + self.lookahead)
@@ -118,8 +163,10 @@ class Scheduler:
 
     def _submit(self, last):
         """Hands the planning thread the global batches up to `last`: a plan taken asks for
-        `lookahead` more, so that the thread works ahead of training."""
-        if last < self._submitted:   # the loaders' usual case: already handed over, no lock
+        `lookahead` more, so that the thread works ahead of training. (A worker that takes its
+        host's plans submits nothing: the host's planner follows its own worker's steps, which
+        synchronous training keeps within a step of this one's.)"""
+        if last < self._submitted or not self.plans_here:   # the loaders' usual case: handed over, no lock
             return
         with self._lock:
             while self._submitted <= last:

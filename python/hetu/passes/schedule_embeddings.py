@@ -36,8 +36,12 @@ def schedule_embeddings(graph):
               file=sys.stderr)
     scheduler = Scheduler(sparse_loader.data, sparse_loader, graph.num_workers, graph.rank, sparse_loader.batch_size,
                           capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"),
-                          planner_threads=extra.get("planner_threads", 0))
+                          planner_threads=extra.get("planner_threads", 0), comm=getattr(graph, "comm", None),
+                          planners=extra.get("planners", "host"))
     graph.scheduler = scheduler
+    if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
+        print(f"Herald: worker {graph.rank} plans for this host's workers "
+              f"{', '.join(map(str, scheduler.host_ranks))} on {scheduler.planner_threads} thread(s)", file=sys.stderr)
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
             loader_op.dataloaders["train"].set_batch_plan(scheduler.samples)
