@@ -34,6 +34,8 @@ MODES = {
     "Herald greedy": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--allocator", "greedy"]),
     "plan only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--allocator", "none"]),
     "allocator only": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--protocol", "het"]),
+    # Every worker plans for itself (the default is one planner per host, run by its first worker).
+    "Herald own planners": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--planners", "worker"]),
     # With --prefetch, both caches send a step's pull during the step before.
     "HET prefetch": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),
     "Herald prefetch": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--prefetch"]),

@@ -20,6 +20,12 @@ bench checks that their plans are identical.
     python bench/planner_offline.py --dataset DIR --order stored   # a prepared dataset, as stored
     python bench/planner_offline.py --workers 2 4 8 16 --batch 256 1024 4096 --ratios 0.1 \
         --allocators colocate --iterations 3 --rows 300000 --threads 1 2 4 8
+
+With --host-workers H, what planning costs a host of H workers (fewer if W is smaller) per
+iteration: each worker running a planner of its own (H plans, CPU ms from the 1-thread planners
+above) against one planner for the host (hetu._C.Planner with the host's ranks, as
+`run_laia.py --planners host` runs it): its CPU ms per iteration at 1 thread, and its wall ms per
+iteration at each thread count. The host planner's answers must equal the workers' own.
 """
 import argparse
 import time
@@ -62,16 +68,22 @@ def same_answer(a, b):
     return a[1] is None or all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
 
 
-def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,)):
+def global_batches(sparse, order, workers, batch, iterations):
+    # plan t is final once t+1 is allocated
+    return [np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
+            for t in range(iterations + 1)]
+
+
+def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,), keep_ranks=0):
     """Rows moved by all workers over `iterations`; per thread count, seconds and CPU seconds (all
-    of the process's threads) per plan; distinct rows per global batch. The ranks' planners run
-    one rank after another, as each worker runs one. With several thread counts, a planner per
-    count plans each iteration in turn (so that a busy machine slows them alike), and their
-    answers must be identical."""
-    batches = [np.ascontiguousarray(sparse[order[t * workers * batch:(t + 1) * workers * batch]], dtype=np.int64)
-               for t in range(iterations + 1)]   # plan t is final once t+1 is allocated
+    of the process's threads) per plan; distinct rows per global batch; the answers of ranks
+    below `keep_ranks`, per rank. The ranks' planners run one rank after another, as each worker
+    runs one. With several thread counts, a planner per count plans each iteration in turn (so
+    that a busy machine slows them alike), and their answers must be identical."""
+    batches = global_batches(sparse, order, workers, batch, iterations)
     distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
     rows, seconds, cpu = 0, dict.fromkeys(threads, 0.0), dict.fromkeys(threads, 0.0)
+    kept = {rank: [] for rank in range(min(keep_ranks, workers))}
     for rank in range(workers):
         planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
                     for n in threads}
@@ -83,6 +95,8 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
                 seconds[n] += time.perf_counter() - start
                 cpu[n] += time.process_time() - start_cpu
             _, finished = answer = answers[threads[0]]
+            if rank in kept:
+                kept[rank].append(answer)
             for n in threads[1:]:
                 if not same_answer(answers[n], answer):
                     raise SystemExit(f"W={workers} b={batch} {allocator}: rank {rank}'s plan of iteration {t} on "
@@ -92,7 +106,30 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
         del planners
     plans = workers * len(batches)
-    return rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct
+    return rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept
+
+
+def host_planner_cost(sparse, order, workers, batch, capacity, allocator, iterations, threads, expected):
+    """One planner for the ranks of `expected` (a host's workers; their own planners' answers per
+    iteration): per thread count, wall seconds per iteration, and CPU seconds per iteration at 1
+    thread. Its answers must be the workers' own."""
+    ranks = sorted(expected)
+    batches = global_batches(sparse, order, workers, batch, iterations)
+    seconds, cpu = dict.fromkeys(threads, 0.0), 0.0
+    planners = {n: _C.Planner(workers, ranks, batch, "lru", capacity, allocator=allocator, threads=n)
+                for n in threads}
+    for t, ids in enumerate(batches):
+        for n, planner in planners.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            answers = planner.advance_all(ids, t)
+            seconds[n] += time.perf_counter() - start
+            if n == 1:
+                cpu += time.process_time() - start_cpu
+            for rank, answer in zip(ranks, answers):
+                if not same_answer(answer, expected[rank][t]):
+                    raise SystemExit(f"W={workers} b={batch} {allocator}: the host planner's plan of iteration {t} "
+                                     f"for rank {rank} ({n} threads) differs from the worker's own")
+    return {n: s / len(batches) for n, s in seconds.items()}, cpu / len(batches)
 
 
 def main():
@@ -110,6 +147,8 @@ def main():
     p.add_argument("--threads", type=int, nargs="+", default=None,
                    help="planner thread counts to time side by side (the speed-up columns are against 1 "
                         "thread, which is always measured); default: one thread, the plain table")
+    p.add_argument("--host-workers", type=int, default=0, metavar="H",
+                   help="also time one planner for a host of H workers against H planners of their own")
     p.add_argument("--dataset", default="synthetic-criteo",
                    help="synthetic-criteo, synthetic-avazu, synthetic-movielens (each also with -sessions, "
                         "e.g. synthetic-criteo-sessions with --order stored) or a prepared dataset's name")
@@ -119,20 +158,29 @@ def main():
     table_rows = data.meta.num_embeddings
     if args.threads and min(args.threads) < 1:
         raise SystemExit("--threads: thread counts must be positive")
+    if args.host_workers < 0:
+        raise SystemExit("--host-workers: a host has at least 1 worker (0: no host columns)")
     threads = sorted(set([1] + args.threads)) if args.threads else [1]
     many = len(threads) > 1
+    host = args.host_workers
 
     def allocator_columns(a):
         if not many:
-            return f"{a + ' vs HET':>18}{'ms/plan':>9}"
-        return f"{a + ' vs HET':>18}" + "".join(
-            f"{f'ms {t}t':>9}" + (f"{f'x {t}t':>7}" if t > 1 else "") for t in threads) + f"{f'cpu {threads[-1]}t':>9}"
+            out = f"{a + ' vs HET':>18}{'ms/plan':>9}"
+        else:
+            out = f"{a + ' vs HET':>18}" + "".join(
+                f"{f'ms {t}t':>9}" + (f"{f'x {t}t':>7}" if t > 1 else "") for t in threads) + f"{f'cpu {threads[-1]}t':>9}"
+        if host:
+            out += f"{'H':>3}{'H cpu/it':>9}{'1 cpu/it':>9}" + "".join(f"{f'1 ms {t}t':>9}" for t in threads)
+        return out
 
     header = f"{'W':>2} {'b':>5} {'ratio':>5} {'PS rows/it':>11} {'HET rows/it':>12} {'HET vs PS':>9}" + (
         f"{'rows/plan':>10}" if many else "") + "".join(allocator_columns(a) for a in args.allocators)
     print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, {args.order} order, LRU; "
           f"rows moved by all workers" + (f"; planner threads {', '.join(map(str, threads))}: ms per plan, "
-                                          f"speed-up against 1 thread, CPU ms per plan at {threads[-1]}" if many else ""))
+                                          f"speed-up against 1 thread, CPU ms per plan at {threads[-1]}" if many else "")
+          + (f"; a host of H workers (at most {host}) per iteration: CPU ms of H planners of their own (1 thread), "
+             f"CPU ms of one planner for the host (1 thread), its ms at each thread count" if host else ""))
     print(header)
     print("-" * len(header), flush=True)
     for workers in args.workers:
@@ -145,16 +193,22 @@ def main():
                         f"{het / args.iterations:>12,.0f} {het / ps:>9.3f}")
                 columns = ""
                 for allocator in args.allocators:
-                    rows, per_plan, cpu, distinct = herald_rows(sparse, order, workers, batch, int(ratio * table_rows),
-                                                                allocator, args.iterations, threads)
+                    capacity = int(ratio * table_rows)
+                    rows, per_plan, cpu, distinct, kept = herald_rows(sparse, order, workers, batch, capacity, allocator,
+                                                                      args.iterations, threads, keep_ranks=host)
                     columns += f"{rows / het:>18.3f}"
                     if not many:
                         columns += f"{1e3 * per_plan[1]:>9.2f}"
-                        continue
-                    for t in threads:
-                        columns += f"{1e3 * per_plan[t]:>9.2f}" + (
-                            f"{per_plan[1] / per_plan[t]:>6.2f}x" if t > 1 else "")
-                    columns += f"{1e3 * cpu[threads[-1]]:>9.2f}"
+                    else:
+                        for t in threads:
+                            columns += f"{1e3 * per_plan[t]:>9.2f}" + (
+                                f"{per_plan[1] / per_plan[t]:>6.2f}x" if t > 1 else "")
+                        columns += f"{1e3 * cpu[threads[-1]]:>9.2f}"
+                    if host:
+                        host_seconds, host_cpu = host_planner_cost(sparse, order, workers, batch, capacity, allocator,
+                                                                   args.iterations, threads, kept)
+                        columns += (f"{len(kept):>3}{1e3 * len(kept) * cpu[1]:>9.2f}{1e3 * host_cpu:>9.2f}"
+                                    + "".join(f"{1e3 * host_seconds[t]:>9.2f}" for t in threads))
                 print(line + (f"{distinct:>10,.0f}" if many else "") + columns, flush=True)
 
 

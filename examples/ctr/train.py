@@ -99,7 +99,7 @@ def build_parser(herald):
                             "workers their plans; worker: every worker plans for itself. The plans are the same")
         p.add_argument("--planner-threads", type=POSITIVE_INT, default=None,
                        help="threads of a planner (default: HETU_PLANNER_THREADS, else one per worker it plans "
-                            "for); the plans are the same whatever the count")
+                            "for, at most the cores); the plans are the same whatever the count")
         p.add_argument("--allocator", default="colocate", choices=["colocate", "greedy", "none"],
                        help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
                             "alone; none: plain data-parallel slices (the 'plan only' ablation)")

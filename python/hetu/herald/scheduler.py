@@ -24,7 +24,7 @@ iteration t+1 is allocated: the lookahead is at least 1.
 
 One planner per host (planners="host", the default with several workers on a host): the host's
 first worker (lowest rank) plans for all of the host's workers, on as many threads as the host
-has workers unless told otherwise, and sends each of the others its samples and plans over a
+has workers (at most its cores) unless told otherwise, and sends each of the others its samples and plans over a
 Unix socket (src/herald/plan_link.h); they receive them on a C++ thread (hetu._C.PlanReceiver).
 The host then plans once per iteration instead of once per worker, and the plans are the same
 bit for bit. The host's workers are found with MPI (MPI_COMM_TYPE_SHARED)."""
@@ -101,9 +101,9 @@ class Scheduler:
                 local.Free()
         self.plans_here = self.host_ranks[0] == rank
         # planner_threads: the planner's own threads (0: HETU_PLANNER_THREADS, else one per
-        # worker it plans for); the plans are the same whatever the count.
+        # worker it plans for, as many as the cores); the plans are the same whatever the count.
         if planner_threads == 0 and not os.environ.get("HETU_PLANNER_THREADS"):
-            planner_threads = len(self.host_ranks)
+            planner_threads = max(1, min(len(self.host_ranks), len(os.sched_getaffinity(0))))
         self.planner_threads = planner_threads
         self._new_planner = functools.partial(_C.Planner, num_workers, self.host_ranks, batch_size, policy, capacity,
                                               pin_threshold, allocator=allocator, threads=planner_threads)
