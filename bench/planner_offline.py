@@ -1,6 +1,6 @@
 """Herald's planner alone, offline: rows it would move and what it costs, with no cluster.
 
-For each configuration, W planners (hetu._C.Planner, one per rank, as every worker runs one)
+For each configuration, W planners (hetu._C.Planner, one per rank, as with --planners worker)
 plan the same global batches of the synthetic Criteo-shaped data. Rows moved are counted from
 the plans as HeraldTable would move them: pulls, gradient pushes of shared rows and write-backs
 (no final flush). HET at bound 0 is replayed with the same policy and capacity

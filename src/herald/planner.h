@@ -1,8 +1,9 @@
 // Herald's planner: one iteration at a time, the allocation of a global batch to workers and
-// this worker's exact communication plan (DESIGN.md section 7).
+// the exact communication plans of the workers it plans for (DESIGN.md section 7): one worker's,
+// or every worker's of a host (plan_link.h sends them theirs).
 //
-// Every worker runs an identical Planner on the same sample stream, so all compute the same
-// allocation and mutually consistent plans with no messages. The Planner keeps a model of every
+// Every host (or every worker) runs an identical Planner on the same sample stream, so all
+// compute the same allocation and mutually consistent plans with no messages between hosts. The Planner keeps a model of every
 // worker's cache: the CachePolicy that the real caches run (so predicted hits are actual hits),
 // plus, per slot, whether the cached copy is valid (equal to the servers' row) and dirty (stepped
 // locally, not yet written back).
