@@ -17,6 +17,7 @@ Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN), iproute2, util-linux `unshare` and op
 otherwise NetnsUnavailable says what is missing, so tests can skip with that reason.
 """
 import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ import yaml
 from .launch.mpirun import THREAD_VARS
 
 SUBNET_PREFIX = "10.231"
+_instances = itertools.count()   # NamespaceHosts made in this process
 SSHD = "/usr/sbin/sshd"
 CMD_TIMEOUT = 20
 
@@ -102,7 +104,10 @@ class NamespaceHosts:
             raise ValueError(f"cpus: one non-empty list of cores per host ({count}), got {cpus}")
         self.count, self.start_sshd, self.cpus = count, start_sshd, cpus
         self.hosts: List[Host] = []
-        self.tag = f"{os.getpid() % 100000}"
+        # Unique per instance, not just per process: a second set of hosts (or a failed one,
+        # cleaning up after itself) must never take or delete the first one's namespaces and
+        # bridge. Interface names allow 15 characters: "htp" + 5 digits + letter + "h" + index.
+        self.tag = f"{os.getpid() % 100000}{chr(ord('a') + next(_instances) % 26)}"
         self.bridge = f"htb{self.tag}"
         self.dir: Optional[str] = None
         self.net: Optional[int] = None
