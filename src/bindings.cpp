@@ -512,6 +512,9 @@ PYBIND11_MODULE(_C, m) {
                                        assignment.data());
   }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("assignment"),
      "the row transmissions colocate_allocate estimates for an assignment");
+  m.def("planner_threads", &hetu::herald::PlannerThreads, py::arg("threads"), py::arg("ranks"),
+        "the thread count of a planner for `ranks` workers asked for `threads`: threads if positive, else "
+        "HETU_PLANNER_THREADS if set, else one per worker planned for, at most the cores");
   py::class_<hetu::herald::Planner>(m, "Planner", "Herald's allocation and exact plan, one iteration at a time")
       .def(py::init([](int workers, py::object rank, int64_t per_worker, const std::string& policy, int64_t capacity,
                        int64_t pin_threshold, const std::string& allocator, int threads) {
@@ -522,8 +525,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("workers"), py::arg("rank"), py::arg("per_worker"), py::arg("policy"), py::arg("capacity"),
            py::arg("pin_threshold") = 8, py::arg("allocator") = "colocate", py::arg("threads") = 0,
            "rank: the worker whose plans are kept, or a list of them (a host's planner: every rank of the host, "
-           "the planning worker's first); threads: the planner's own thread count (0: HETU_PLANNER_THREADS if "
-           "set, else 1); plans are the same whatever it is")
+           "the planning worker's first); threads: the planner's own thread count (0: planner_threads(0, "
+           "ranks)); plans are the same whatever it is")
       .def_property_readonly("threads", &hetu::herald::Planner::threads)
       .def_property_readonly("ranks", &hetu::herald::Planner::ranks)
       .def("profile", [](const hetu::herald::Planner& p) {

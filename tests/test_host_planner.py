@@ -86,10 +86,8 @@ def test_planner_rejects_bad_rank_lists():
         _C.Planner(3, [0, 3], 4, "lru", 10)
     with pytest.raises(ValueError, match="no rank to plan for"):
         _C.Planner(3, [], 4, "lru", 10)
-    listener = _C.PlanListener()
     with pytest.raises(ValueError, match="0 follower sockets for a planner of 2 ranks"):
         _C.PlanningThread(_C.Planner(3, [0, 1], 4, "lru", 10), np.zeros((24, 2), np.int64), history=4)
-    del listener
 
 
 def test_a_missing_worker_is_named():
@@ -149,7 +147,7 @@ def test_a_worker_that_ends_is_reported_by_the_planner():
 def test_receivers_stop_at_once_when_closed():
     listener = _C.PlanListener()
     receiver = _C.PlanReceiver(listener.name, 1, 0, 4, 5.0)
-    followers = listener.accept([1], 5.0)
+    followers = listener.accept([1], 5.0)   # held open: the receiver must not see its planner end
     errors = []
 
     def wait():

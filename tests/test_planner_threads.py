@@ -2,6 +2,8 @@
 exactly what it plans on one: the same allocation, the same pull, hit, owner, invalidate and
 write-back lists, the same keys, and the same model of every worker's cache (its valid masks),
 for every rank, iteration after iteration."""
+import os
+
 import numpy as np
 import pytest
 
@@ -88,9 +90,15 @@ def test_thread_count_comes_from_the_argument_or_the_environment(monkeypatch):
     monkeypatch.delenv("HETU_PLANNER_THREADS", raising=False)
     assert _C.Planner(2, 0, 4, "lru", 10).threads == 1
     assert _C.Planner(2, 0, 4, "lru", 10, threads=4).threads == 4
+    # A host's planner: one thread per worker it plans for, at most the cores; planner_threads
+    # says the same without building a planner (what a host's other workers report).
+    cores = len(os.sched_getaffinity(0))
+    assert _C.Planner(4, [0, 1, 2], 4, "lru", 10).threads == _C.planner_threads(0, 3) == min(3, cores)
+    assert _C.planner_threads(5, 3) == 5
     monkeypatch.setenv("HETU_PLANNER_THREADS", "3")
     assert _C.Planner(2, 0, 4, "lru", 10).threads == 3
     assert _C.Planner(2, 0, 4, "lru", 10, threads=2).threads == 2
+    assert _C.Planner(4, [0, 1], 4, "lru", 10).threads == _C.planner_threads(0, 2) == 3
     with pytest.raises(ValueError, match="threads must be >= 0"):
         _C.Planner(2, 0, 4, "lru", 10, threads=-1)
 

@@ -1,5 +1,7 @@
 #include "herald/planner.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -130,19 +132,21 @@ Allocator ParseAllocator(const std::string& name) {
   throw std::invalid_argument("unknown Herald allocator '" + name + "': expected colocate, greedy or none");
 }
 
-int PlannerThreads(int threads) {
+int PlannerThreads(int threads, int ranks) {
   if (threads > 0) return std::min(threads, 256);
   if (const char* env = std::getenv("HETU_PLANNER_THREADS")) {
     const int v = std::atoi(env);
     if (v > 0) return std::min(v, 256);
   }
-  return 1;
+  cpu_set_t cpus;
+  const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return std::clamp(std::min(ranks, cores), 1, 256);
 }
 
 Planner::Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, cache::PolicyKind policy,
                  int64_t capacity, int64_t pin_threshold, Allocator allocator, int threads)
     : W_(num_workers), ranks_(std::move(ranks)), b_(per_worker), allocator_(allocator),
-      threads_(PlannerThreads(threads)), shards_(threads_ > 1 ? 64 : 1) {
+      threads_(PlannerThreads(threads, static_cast<int>(ranks_.size()))), shards_(threads_ > 1 ? 64 : 1) {
   // Who reads a row is kept as one bit per worker.
   if (num_workers < 1 || num_workers > 64)
     throw std::invalid_argument("Herald planner: " + std::to_string(num_workers) + " workers; 1 to 64 supported");

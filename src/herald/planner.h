@@ -55,9 +55,10 @@ struct Advanced {
 enum class Allocator { kColocate, kGreedy, kNone };
 Allocator ParseAllocator(const std::string& name);
 
-// The planner's thread count: `threads` if positive, else HETU_PLANNER_THREADS if set, else 1
-// (every worker of a host runs a planner beside its training).
-int PlannerThreads(int threads);
+// The thread count of a planner for `ranks` workers: `threads` if positive, else
+// HETU_PLANNER_THREADS if set, else one per worker it plans for (1 for a worker's own planner; a
+// host's planner takes the threads its other workers no longer plan on), at most the cores.
+int PlannerThreads(int threads, int ranks);
 
 // Where a planner's time went, summed over its Advance calls (seconds).
 struct PlanProfile {

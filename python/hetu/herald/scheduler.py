@@ -30,7 +30,6 @@ The host then plans once per iteration instead of once per worker, and the plans
 bit for bit. The host's workers are found with MPI (MPI_COMM_TYPE_SHARED)."""
 import atexit
 import functools
-import os
 import threading
 import time
 
@@ -76,7 +75,8 @@ class Scheduler:
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
         if planner_threads < 0:
-            raise ValueError(f"Herald: {planner_threads} planner threads; 0 (HETU_PLANNER_THREADS, else 1) or more")
+            raise ValueError(f"Herald: {planner_threads} planner threads; 0 (the default: HETU_PLANNER_THREADS, "
+                             f"else one per worker planned for) or more")
         if planners not in PLANNERS:
             raise ValueError(f"unknown Herald planners {planners!r}: expected one of {', '.join(PLANNERS)}")
         if loader.batch_num < 1:
@@ -101,10 +101,8 @@ class Scheduler:
                 local.Free()
         self.plans_here = self.host_ranks[0] == rank
         # planner_threads: the planner's own threads (0: HETU_PLANNER_THREADS, else one per
-        # worker it plans for, as many as the cores); the plans are the same whatever the count.
-        if planner_threads == 0 and not os.environ.get("HETU_PLANNER_THREADS"):
-            planner_threads = max(1, min(len(self.host_ranks), len(os.sched_getaffinity(0))))
-        self.planner_threads = planner_threads
+        # worker it plans for, at most the cores); the plans are the same whatever the count.
+        self.planner_threads = _C.planner_threads(planner_threads, len(self.host_ranks))
         self._new_planner = functools.partial(_C.Planner, num_workers, self.host_ranks, batch_size, policy, capacity,
                                               pin_threshold, allocator=allocator, threads=planner_threads)
         self._ids = np.ascontiguousarray(sparse)
