@@ -6,6 +6,12 @@ the same bytes (``hetu._ps._raw_bench_*``: the same libzmq, DEALER->ROUTER TCP s
 malloc setting as the van; the client sends the keys -- plus the rows for a push -- split over
 the same number of server processes, which answer with a ready buffer of rows, or an empty
 frame for a push; no lookup, gather or optimizer work). Prints rows/s, row-payload GB/s and the PS / raw ratio.
+A third column, "raw+table", runs the same round trips with the table work no server can skip,
+done the plainest way: the raw server gathers a pull's rows from a table of its own (the same
+TableShard code as the PS, the same keys as the PS workers) and steps a push into an SGD or Adam
+table once it has arrived whole. PS / raw+table is then the parameter server's own overhead
+(protocol, threads, Python) or, above 1, what its chunks overlap; raw+table / raw is what the
+table work costs on this machine (--no-table-baseline leaves the column out).
 With --vans zmq ucx the parameter server runs over each van in turn (DMLC_PS_VAN_TYPE). Pushes
 are measured against a table per server-side optimizer (--optimizers, SGD and Adam by default).
 Each shape runs --repeat times, the PS jobs and the raw round trips in turn; a column reports the
@@ -75,16 +81,23 @@ def ps_worker(args):
 
 def raw_server(args):
     from hetu import _ps
-    _ps._raw_bench_server(args.port, WIDTH, max(args.batches))
+    from hetu.ps import OPTIMIZERS
+    kinds = [OPTIMIZERS[o] for o in args.optimizers] if args.table else []
+    _ps._raw_bench_server(args.port, WIDTH, max(args.batches), ROWS if args.table else 0, kinds, args.rank,
+                          len(args.ports))
 
 
 def raw_client(args):
     from hetu import _ps
     out = {}
     for b in args.batches:
-        for op in ("pull", "push"):
-            barrier(args, f"{op}{b}")
-            out[f"{op}{b}"] = _ps._raw_bench_client(args.ports, op, b, WIDTH, args.seconds)
+        # With tables: the PS workers' keys, and a push per server-side optimizer, as ps_worker.
+        keys = batch_keys(args.rank, b).tolist() if args.table else []
+        ops = [("pull", "pull", 0)] + ([(f"push_{o}", "push", i) for i, o in enumerate(args.optimizers)]
+                                       if args.table else [("push", "push", 0)])
+        for name, op, table in ops:
+            barrier(args, f"{name}{b}")
+            out[f"{name}{b}"] = _ps._raw_bench_client(args.ports, op, b, WIDTH, args.seconds, keys, ROWS, table)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -137,11 +150,13 @@ def run_ps(workers, servers, args, van, python=None):
     return ps_res
 
 
-def run_raw(workers, servers, args):
-    """The raw ZMQ round trips of the same bytes; each client's results, as run_ps."""
-    me = bench_command(args)
+def run_raw(workers, servers, args, table=False):
+    """The raw ZMQ round trips of the same bytes (with table: and the table work); each
+    client's results, as run_ps."""
+    me = bench_command(args) + (["--table"] if table else [])
     ports = [pick_root_port("127.0.0.1") for _ in range(servers)]
-    rs = [subprocess.Popen(me + ["--role", "raw-server", "--port", str(p)]) for p in ports]
+    rs = [subprocess.Popen(me + ["--role", "raw-server", "--port", str(p), "--rank", str(r), "--ports", *map(str, ports)])
+          for r, p in enumerate(ports)]
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         rc = [subprocess.Popen(me + ["--role", "raw-client", "--rank", str(w), "--workers", str(workers), "--dir", d,
@@ -184,6 +199,9 @@ def main():
     ap.add_argument("--vans", nargs="+", default=["zmq"], choices=["zmq", "ucx"],
                     help="parameter-server transports to measure, side by side")
     ap.add_argument("--baseline-python", help="also run the PS jobs with this interpreter's hetu (column 'base')")
+    ap.add_argument("--no-table-baseline", dest="table_baseline", action="store_false",
+                    help="leave out the raw+table column (raw round trips plus the server's gather or step)")
+    ap.add_argument("--table", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ports", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -196,10 +214,14 @@ def main():
     print(f"loopback, {os.cpu_count()} cores, rows of {WIDTH} float32 ({WIDTH * 4} B), table {ROWS} rows, "
           f"{args.seconds} s per cell, {args.stat} of {args.repeat}; GB/s counts row payload only")
     ps_cols = args.vans + (["base"] if args.baseline_python else [])
-    cols = ps_cols + ["raw"]
+    raw_cols = ["raw"] + (["raw+table"] if args.table_baseline else [])
+    cols = ps_cols + raw_cols
+    # Each PS column against raw; the first also against raw+table; raw+table against raw.
+    pairs = [(v, "raw") for v in ps_cols] + ([(ps_cols[0], "raw+table"), ("raw+table", "raw")]
+                                             if args.table_baseline else [])
     head = (f"{'W':>2} {'S':>2} {'op':>9} {'batch':>6} | "
             + " | ".join(f"{c + ' rows/s':>12} {'GB/s':>5}" for c in cols) + " | "
-            + " ".join(f"{v + '/raw':>8}" for v in ps_cols))
+            + " ".join(f"{a + '/' + b:>{max(8, len(a + b) + 1)}}" for a, b in pairs))
     print(head)
     print("-" * len(head))
     for shape in args.shapes:
@@ -211,17 +233,19 @@ def main():
             if args.baseline_python:
                 runs["base"].append(run_ps(w, s, args, args.vans[0], args.baseline_python))
             runs["raw"].append(run_raw(w, s, args))
+            if args.table_baseline:
+                runs["raw+table"].append(run_raw(w, s, args, table=True))
         for op in ["pull"] + [f"push_{o}" for o in args.optimizers]:
             for b in args.batches:
                 raw_op = op.split("_")[0]
-                got = {c: pick([rate(r, f"{raw_op if c == 'raw' else op}{b}", b) for r in runs[c]], args.stat)
-                       for c in cols}
-                # The ratio of the same runs' rates: each PS run against the raw run next to it.
-                ratio = {v: pick([rate(p, f"{op}{b}", b)[0] / rate(q, f"{raw_op}{b}", b)[0]
-                                  for p, q in zip(runs[v], runs["raw"])], args.stat) for v in ps_cols}
+                key = {c: f"{raw_op if c == 'raw' else op}{b}" for c in cols}
+                got = {c: pick([rate(r, key[c], b) for r in runs[c]], args.stat) for c in cols}
+                # The ratio of the same runs' rates: each run against the one next to it.
+                ratio = [pick([rate(p, key[x], b)[0] / rate(q, key[y], b)[0] for p, q in zip(runs[x], runs[y])],
+                              args.stat) for x, y in pairs]
                 print(f"{w:>2} {s:>2} {op.replace('_', ' '):>9} {b:>6} | "
                       + " | ".join(f"{got[c][0]:>12.3e} {got[c][1]:>5.2f}" for c in cols) + " | "
-                      + " ".join(f"{ratio[v]:>8.2f}" for v in ps_cols), flush=True)
+                      + " ".join(f"{r:>{max(8, len(x + y) + 1)}.2f}" for r, (x, y) in zip(ratio, pairs)), flush=True)
 
 
 if __name__ == "__main__":

@@ -402,3 +402,49 @@ ps.finalize()
 @pytest.mark.parametrize("van", VANS)
 def test_chunked_pulls_and_pushes(cluster, van):
     cluster(3, 1, env={"PS_CHUNK_BYTES": str(3 * 4 * 4), "DMLC_PS_VAN_TYPE": van}).run(CHUNKED)
+
+
+@pytest.mark.timeout(60)
+def test_workers_that_poll_for_answers_get_the_same_results_and_errors(cluster):
+    # PS_WAIT_SPIN_US: every wait polls first; the script's answers, chunks and the refused
+    # push (an error seen while polling) are checked as above.
+    cluster(3, 1, env={"PS_CHUNK_BYTES": str(3 * 4 * 4), "PS_WAIT_SPIN_US": "500"}).run(CHUNKED)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["-1", "fast", "2e6", "nan"])
+def test_a_bad_wait_spin_is_refused_at_start(value):
+    import os
+    import subprocess
+    import sys
+    from ps_helpers import free_port
+    env = dict(os.environ, DMLC_ROLE="worker", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
+               PS_WAIT_SPIN_US=value, PS_START_TIMEOUT="5")
+    p = subprocess.run([sys.executable, "-c", "import hetu.ps as ps; ps.start()"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode != 0
+    assert f"PS_WAIT_SPIN_US='{value}': expected microseconds from 0 to 1000000" in p.stderr, p.stderr
+
+
+ORDER = """
+import hetu.ps as ps
+c = ps.client()
+R, Wd = 400_000, 32  # 51 MB: the save takes far longer than a push of one row
+t = c.init_table("big", R, Wd, init=("constant", 0.0), optimizer="sgd", bsp=False)
+last = np.array([R - 1])
+save = t.save(ARGS["dir"])                         # handled on the server's data thread
+push = t.push(last, np.ones((1, Wd), np.float32), lr=1.0)  # a row operation: may be handled at once
+save.wait(); push.wait()
+assert np.array_equal(t.pull(last).wait(), -np.ones((1, Wd), np.float32))
+t.load(ARGS["dir"]).wait()
+# The save was taken before the push, whole: the saved last row is the one before the push.
+assert np.array_equal(t.pull(last).wait(), np.zeros((1, Wd), np.float32))
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_row_operation_waits_for_a_save_before_it(cluster, tmp_path):
+    # Row operations are handled on the server's receive thread when nothing is queued or running
+    # on its data thread; a save is on the data thread, so the push after it must wait there.
+    cluster(1, 1).run(ORDER, {"dir": str(tmp_path / "ckpt")})

@@ -246,21 +246,22 @@ void CheckSize(const std::string& table, const char* what, py::ssize_t got, int6
 void Start() {
   if (g_node) throw std::runtime_error("hetu.ps: a node is already running in this process");
   auto node = std::make_unique<NodeState>();
-  node->po = std::make_unique<Postoffice>(Config::FromEnv());
+  const Config cfg = Config::FromEnv();
+  node->po = std::make_unique<Postoffice>(cfg);
   Postoffice* po = node->po.get();
-  node->customer = std::make_unique<Customer>([po](int id) { return po->Describe(id); });
+  node->customer = std::make_unique<Customer>([po](int id) { return po->Describe(id); }, cfg.wait_spin_s);
   Customer* customer = node->customer.get();
   if (po->role() == kServer) {
     node->server = std::make_unique<KVServer>(po);
     KVServer* server = node->server.get();
-    po->SetDataHandler([server](Message& m) { server->Handle(m); });
+    po->SetDataHandler([server](Message& m) { server->Handle(m); }, KVServer::Brief);
   } else if (po->role() == kWorker) {
     node->worker = std::make_unique<KVWorker>(po, customer);
     po->SetDataHandler(
         [customer](Message& m) {
           if (!m.meta.request()) customer->OnResponse(m);
         },
-        true);
+        [](const Message&) { return true; });
     po->SetDeathHandler([customer](const std::string& why) { customer->FailAll(why); });
   }
   {

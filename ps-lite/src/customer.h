@@ -2,6 +2,7 @@
 // ("part"); it completes when every part has been answered, fails with the servers' error
 // text, or fails when a peer dies. Waits always have a deadline and name who did not answer.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,7 @@ struct Request {
   int remaining = 0;
   std::string error;
   bool abandoned = false;  // the job failed: the missing answers will never come
+  std::atomic<bool> ready{false};  // remaining == 0 or an error: what a spinning Wait reads
   // A pull whose answers may come in chunks: num_keys x width floats, filled as chunks arrive
   // (on the receive thread, while the van takes in the next), so the result needs no copy
   // once the last one is in.
@@ -58,7 +60,13 @@ struct Request {
 class Customer {
  public:
   // Describes a node id for error messages.
-  explicit Customer(std::function<std::string(int)> describe) : describe_(std::move(describe)) {}
+  // wait_spin_s: how long Wait polls for the answer before it sleeps. Waking a sleeping
+  // thread costs a futex call and, when its core went idle, a wake-up of that core (on virtual
+  // machines an interrupt through the hypervisor): tens of microseconds per request. Polling
+  // (yielding the core to any other runnable thread) saves that where cores are to spare and
+  // costs the other threads CPU where they are not, so it is the user's choice (PS_WAIT_SPIN_US).
+  Customer(std::function<std::string(int)> describe, double wait_spin_s = 0)
+      : describe_(std::move(describe)), wait_spin_s_(wait_spin_s) {}
 
   // Registers the request before its parts are sent; returns its timestamp.
   int64_t Track(const std::shared_ptr<Request>& req);
@@ -73,6 +81,7 @@ class Customer {
 
  private:
   std::function<std::string(int)> describe_;
+  double wait_spin_s_;
   std::mutex mu_;
   int64_t next_ts_ = 1;
   std::map<int64_t, std::shared_ptr<Request>> pending_;

@@ -40,6 +40,18 @@ int64_t NumKeys(const Message& msg) { return msg.data.empty() ? 0 : static_cast<
 
 }  // namespace
 
+bool KVServer::Brief(const Message& msg) {
+  switch (msg.meta.op()) {
+    case kPush:
+    case kPull:
+    case kPushPull:
+    case kPullStale:
+    case kPullState:
+    case kAssign: return true;
+    default: return false;
+  }
+}
+
 void KVServer::Handle(Message& msg) {
   const int sender = msg.meta.sender();
   // Only workers send data requests; anything else cannot even be answered.

@@ -1,5 +1,5 @@
-// KVServer: answers data requests against this server's table shards, on the receive thread
-// (so messages from one worker are handled in the order that worker sent them).
+// KVServer: answers data requests against this server's table shards, one at a time in arrival
+// order (so messages from one worker are handled in the order that worker sent them).
 //
 // BSP: a push that carries iteration t is buffered per worker rank; when all workers' pushes
 // for the oldest pending iteration are in, they are summed in rank order and applied once. A
@@ -22,6 +22,10 @@ class KVServer {
  public:
   explicit KVServer(Postoffice* po) : po_(po) {}
   void Handle(Message& msg);
+  // Requests whose work grows only with their own size (row operations), which the
+  // Postoffice may handle on its receive thread; init, save, load and clear go through the
+  // whole table and stay off it.
+  static bool Brief(const Message& msg);
 
  private:
   struct Deferred {

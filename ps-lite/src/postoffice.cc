@@ -81,6 +81,15 @@ void TuneMalloc() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+double WaitSpinSeconds() {
+  const std::string spin = Env("PS_WAIT_SPIN_US", "0");
+  char* end = nullptr;
+  const double s = std::strtod(spin.c_str(), &end) * 1e-6;
+  if (spin.empty() || *end != '\0' || !(s >= 0) || s > 1)
+    throw std::runtime_error("PS_WAIT_SPIN_US='" + spin + "': expected microseconds from 0 to 1000000");
+  return s;
+}
+
 Config Config::FromEnv() {
   Config c;
   std::string role = RequireEnv("DMLC_ROLE");
@@ -96,6 +105,7 @@ Config Config::FromEnv() {
   c.van_type = Env("DMLC_PS_VAN_TYPE", "zmq");
   c.heartbeat_timeout = std::atof(Env("PS_HEARTBEAT_TIMEOUT", "30").c_str());
   c.start_timeout = std::atof(Env("PS_START_TIMEOUT", "120").c_str());
+  c.wait_spin_s = WaitSpinSeconds();
   if (c.role == kScheduler) {
     c.host = c.root_host;
     c.port = c.root_port;
@@ -220,12 +230,17 @@ void Postoffice::ReceiveLoop() {
     try {
       if (msg.meta.control() != kData) {
         HandleControl(msg);
-      } else if (data_handler_ && started_ && inline_data_) {
-        data_handler_(msg);
       } else if (data_handler_ && started_) {
-        std::lock_guard<std::mutex> lk(data_mu_);
-        data_queue_.push_back(std::move(msg));
-        data_cv_.notify_one();
+        // Only this thread queues data, so once the queue is empty and the data thread idle,
+        // nothing can start there while this message is handled here.
+        std::unique_lock<std::mutex> lk(data_mu_);
+        if (data_here_ && data_queue_.empty() && !data_busy_ && data_here_(msg)) {
+          lk.unlock();
+          data_handler_(msg);
+        } else {
+          data_queue_.push_back(std::move(msg));
+          data_cv_.notify_one();
+        }
       }
     } catch (const std::exception& e) {
       PS_VLOG(0) << "error while handling a message from node " << msg.meta.sender() << ": " << e.what();
@@ -242,12 +257,15 @@ void Postoffice::DataLoop() {
       if (data_queue_.empty()) return;
       msg = std::move(data_queue_.front());
       data_queue_.pop_front();
+      data_busy_ = true;
     }
     try {
       data_handler_(msg);
     } catch (const std::exception& e) {
       PS_VLOG(0) << "error while handling data from node " << msg.meta.sender() << ": " << e.what();
     }
+    std::lock_guard<std::mutex> lk(data_mu_);
+    data_busy_ = false;
   }
 }
 

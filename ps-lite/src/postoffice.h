@@ -54,6 +54,7 @@ struct Config {
   std::string van_type = "zmq";
   double heartbeat_timeout = 30;
   double start_timeout = 120;
+  double wait_spin_s = 0;  // PS_WAIT_SPIN_US: how long a worker polls for an answer (customer.h)
   static Config FromEnv();
 };
 
@@ -75,11 +76,14 @@ class Postoffice {
   void Barrier(int group, double timeout_s);
   bool Send(int id, Message* msg);
 
-  // on_receive_thread: for a handler that only hands messages on (the worker's Customer),
-  // saving a thread switch per answer; servers use the data thread.
-  void SetDataHandler(std::function<void(Message&)> h, bool on_receive_thread = false) {
+  // Data messages go to a thread of their own, so that long operations (a save, a load, a
+  // large table's init) never delay heartbeats. Those for which here(msg) is true are handled
+  // on the receive thread instead, saving two thread switches per request, whenever nothing is
+  // queued for or running on the data thread: data messages are still handled one at a time,
+  // in arrival order. The worker's Customer only hands answers on, so all of its go there.
+  void SetDataHandler(std::function<void(Message&)> h, std::function<bool(const Message&)> here = nullptr) {
     data_handler_ = std::move(h);
-    inline_data_ = on_receive_thread;
+    data_here_ = std::move(here);
   }
   void SetDeathHandler(std::function<void(const std::string&)> h) { death_handler_ = std::move(h); }
 
@@ -119,8 +123,9 @@ class Postoffice {
   std::condition_variable data_cv_;
   std::deque<Message> data_queue_;
   bool data_stop_ = false;
-  bool inline_data_ = false;
+  bool data_busy_ = false;  // the data thread is handling a message
   std::function<void(Message&)> data_handler_;
+  std::function<bool(const Message&)> data_here_;
   std::function<void(const std::string&)> death_handler_;
 
   mutable std::mutex mu_;
@@ -137,5 +142,7 @@ class Postoffice {
 
 double NowSeconds();
 void TuneMalloc();
+// PS_WAIT_SPIN_US in seconds (0 when unset); throws on anything but 0 to 1e6 microseconds.
+double WaitSpinSeconds();
 
 }  // namespace ps

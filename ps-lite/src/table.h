@@ -3,7 +3,7 @@
 // its shard is stepped as one unit (one step count, one version), exactly like a local dense
 // update of the same elements.
 //
-// All methods run on the server's receive thread, so the shard needs no locks.
+// The server handles data messages one at a time (postoffice.h), so the shard needs no locks.
 #pragma once
 #include <cstdint>
 #include <map>
