@@ -189,6 +189,10 @@ BAD_CONFIGS = [
     ("nodes: [{host: a, workers: 1, chief: true}]\nfoo: 1\n", "unknown top-level key(s) foo"),
     ("nodes: [{host: a, workers: 1, chief: true, cores: 2}]\n", "nodes[0] (host a): unknown key(s) cores"),
     ("nodes: [{host: a, workers: 1, chief: true, gpus: -1}]\n", "'gpus' must not be negative"),
+    ("nodes: [{host: a, workers: 1, servers: 1, chief: true, server_threads: 0}]\n",
+     "'server_threads' must be at least 1, got 0"),
+    ("nodes: [{host: a, workers: 1, servers: 1, chief: true, server_threads: many}]\n",
+     "'server_threads' must be an integer"),
     ("nodes: [{host: a, workers: 1}]\n", "no node has 'chief: true'"),
     ("nodes: [{host: a, workers: 1, chief: true}, {host: b, workers: 1, chief: true}]\n",
      "more than one chief: a, b"),
@@ -281,6 +285,18 @@ def test_job_with_servers_succeeds_and_servers_get_their_env(tmp_path):
     assert {s["DMLC_ROLE"] for s in servers} == {"server"}
     for label in ("scheduler", "server 0", "server 1", "workers 0-1 (mpirun)"):
         assert f"[heturun]   {label}" in res.stderr
+
+
+def test_server_threads_of_the_cluster_file_reach_the_servers_alone(tmp_path):
+    cfg = tmp_path / "cluster.yml"
+    cfg.write_text("env: {HETU_NUM_THREADS: '5'}\n"
+                   "nodes: [{host: localhost, workers: 1, servers: 2, chief: true, server_threads: 3}]\n")
+    res = run_runner(["-c", str(cfg), *DONE], tmp_path, env=fake_launcher_env(tmp_path, "wait_workers"))
+    assert res.returncode == 0, res.stderr
+    servers = [json.loads(p.read_text()) for p in tmp_path.glob("ps.server.*.json")]
+    assert [s["HETU_NUM_THREADS"] for s in servers] == ["3", "3"]
+    # the scheduler keeps the job's env: value
+    assert json.loads((tmp_path / "ps.scheduler.json").read_text())["HETU_NUM_THREADS"] == "5"
 
 
 def test_failing_server_is_named(tmp_path):

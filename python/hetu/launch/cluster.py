@@ -7,7 +7,8 @@ from typing import Dict, List, Optional
 
 import yaml
 
-NODE_KEYS = {"host", "servers", "workers", "chief", "gpus", "ssh_port", "user", "python", "interface"}
+NODE_KEYS = {"host", "servers", "workers", "chief", "gpus", "ssh_port", "user", "python", "interface",
+             "server_threads"}
 TOP_KEYS = {"nodes", "env", "van", "ssh_config", "mpirun_args"}
 VANS = {"zmq", "ucx"}  # ucx: RDMA verbs where the hosts have them, else shared memory / TCP
 
@@ -29,6 +30,9 @@ class Node:
     user: Optional[str] = None
     python: Optional[str] = None
     interface: Optional[str] = None
+    # Threads of each server's gather and optimizer step (HETU_NUM_THREADS of this host's
+    # servers; 0: not set, the servers take the environment's or every core).
+    server_threads: int = 0
 
 
 @dataclass
@@ -84,10 +88,14 @@ def _parse_node(raw, index, source) -> Node:
     for key in ("user", "python", "interface"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ConfigError(f"{where}: '{key}' must be a string, got {raw[key]!r}")
+    server_threads = _count(raw, "server_threads", where)
+    if "server_threads" in raw and server_threads < 1:
+        raise ConfigError(f"{where}: 'server_threads' must be at least 1, got {server_threads}")
     return Node(host=host.strip(), servers=_count(raw, "servers", where),
                 workers=_count(raw, "workers", where), chief=chief, gpus=_count(raw, "gpus", where),
                 ssh_port=port,
-                user=raw.get("user"), python=raw.get("python"), interface=raw.get("interface"))
+                user=raw.get("user"), python=raw.get("python"), interface=raw.get("interface"),
+                server_threads=server_threads)
 
 
 def _check_cluster(nodes: List[Node], source):
