@@ -219,8 +219,9 @@ def main():
     # Each PS column against raw; the first also against raw+table; raw+table against raw.
     pairs = [(v, "raw") for v in ps_cols] + ([(ps_cols[0], "raw+table"), ("raw+table", "raw")]
                                              if args.table_baseline else [])
+    width = {c: max(12, len(c + " rows/s")) for c in cols}
     head = (f"{'W':>2} {'S':>2} {'op':>9} {'batch':>6} | "
-            + " | ".join(f"{c + ' rows/s':>12} {'GB/s':>5}" for c in cols) + " | "
+            + " | ".join(f"{c + ' rows/s':>{width[c]}} {'GB/s':>5}" for c in cols) + " | "
             + " ".join(f"{a + '/' + b:>{max(8, len(a + b) + 1)}}" for a, b in pairs))
     print(head)
     print("-" * len(head))
@@ -244,7 +245,7 @@ def main():
                 ratio = [pick([rate(p, key[x], b)[0] / rate(q, key[y], b)[0] for p, q in zip(runs[x], runs[y])],
                               args.stat) for x, y in pairs]
                 print(f"{w:>2} {s:>2} {op.replace('_', ' '):>9} {b:>6} | "
-                      + " | ".join(f"{got[c][0]:>12.3e} {got[c][1]:>5.2f}" for c in cols) + " | "
+                      + " | ".join(f"{got[c][0]:>{width[c]}.3e} {got[c][1]:>5.2f}" for c in cols) + " | "
                       + " ".join(f"{r:>{max(8, len(x + y) + 1)}.2f}" for r, (x, y) in zip(ratio, pairs)), flush=True)
 
 
