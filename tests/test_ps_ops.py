@@ -448,3 +448,22 @@ def test_a_row_operation_waits_for_a_save_before_it(cluster, tmp_path):
     # Row operations are handled on the server's receive thread when nothing is queued or running
     # on its data thread; a save is on the data thread, so the push after it must wait there.
     cluster(1, 1).run(ORDER, {"dir": str(tmp_path / "ckpt")})
+
+
+@pytest.mark.timeout(120)
+def test_throughput_bench_runs_the_ps_raw_and_raw_table_measurements():
+    # The bench's own checks: every raw answer has the size of the rows asked for (the raw+table
+    # server gathers them from a TableShard and refuses keys of another server's rows).
+    import os
+    import subprocess
+    import sys
+    bench = os.path.join(os.path.dirname(__file__), "..", "bench", "ps_throughput.py")
+    p = subprocess.run([sys.executable, bench, "--shapes", "1x2", "--batches", "64", "--seconds", "0.05",
+                        "--repeat", "1"], capture_output=True, text=True, timeout=110)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [ln.split("|") for ln in p.stdout.splitlines() if ln.strip().startswith("1  2")]
+    assert [r[0].split()[2:] for r in rows] == [["pull", "64"], ["push", "sgd", "64"], ["push", "adam", "64"]]
+    for r in rows:   # zmq, raw and raw+table rates, then the three ratios
+        rates = [float(c.split()[0]) for c in r[1:4]]
+        ratios = [float(x) for x in r[4].split()]
+        assert len(rates) == 3 and all(x > 0 for x in rates) and len(ratios) == 3, r

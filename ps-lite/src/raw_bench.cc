@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <memory>
 #include <stdexcept>
@@ -25,6 +26,8 @@ namespace py = pybind11;
 
 namespace ps {
 namespace {
+
+const int kAnswerTimeoutMs = 60000;  // a raw client's wait for one answer
 
 void NoFree(void*, void*) {}
 void FreeRows(void* data, void*) { delete[] static_cast<float*>(data); }
@@ -41,7 +44,7 @@ void SendFrame(void* s, const void* p, size_t n, int flags) {
 
 // Receives a whole multipart message; returns the frame sizes. spin_s > 0: polls for the first
 // frame that long before it blocks, as a PS worker with PS_WAIT_SPIN_US does (customer.h).
-std::vector<size_t> RecvAll(void* s, double spin_s = 0) {
+std::vector<size_t> RecvAll(void* s, const std::string& peer, double spin_s = 0) {
   std::vector<size_t> sizes;
   int more = 1;
   const double until = spin_s > 0 ? NowSeconds() + spin_s : 0;
@@ -54,6 +57,9 @@ std::vector<size_t> RecvAll(void* s, double spin_s = 0) {
       std::this_thread::yield();
     }
     if (got < 0) got = zmq_msg_recv(&m, s, 0);
+    if (got < 0 && zmq_errno() == EAGAIN)  // ZMQ_RCVTIMEO: the server died or never answered
+      throw std::runtime_error("raw bench: no answer from " + peer + " within " + std::to_string(kAnswerTimeoutMs / 1000) +
+                               " s");
     if (got < 0) throw std::runtime_error(std::string("raw bench recv: ") + zmq_strerror(zmq_errno()));
     sizes.push_back(zmq_msg_size(&m));
     more = zmq_msg_more(&m);
@@ -149,6 +155,7 @@ std::pair<long, double> RawClient(std::vector<int> ports, const std::string& op,
   std::vector<void*> socks;
   for (int p : ports) {
     void* d = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &kAnswerTimeoutMs, sizeof(kAnswerTimeoutMs));
     zmq_connect(d, ("tcp://127.0.0.1:" + std::to_string(p)).c_str());
     socks.push_back(d);
   }
@@ -179,7 +186,7 @@ std::pair<long, double> RawClient(std::vector<int> ports, const std::string& op,
     }
     for (size_t i = 0; i < S; ++i) {
       const int64_t b = bounds[i], e = bounds[i + 1];
-      std::vector<size_t> got = RecvAll(socks[i], spin_s);
+      std::vector<size_t> got = RecvAll(socks[i], "the raw server on port " + std::to_string(ports[i]), spin_s);
       const size_t want = op == "pull" ? (e - b) * width * 4 : 0;
       if (got.size() != 1 || got[0] != want)
         throw std::runtime_error("raw bench: answer of " + std::to_string(got.empty() ? 0 : got[0]) +
