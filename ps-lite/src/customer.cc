@@ -34,7 +34,6 @@ int64_t Customer::Track(const std::shared_ptr<Request>& req) {
     std::lock_guard<std::mutex> rl(req->mu);
     req->error = failure_;
     req->abandoned = true;
-    req->ready = true;
     return 0;
   }
   req->remaining = static_cast<int>(req->parts.size());
@@ -58,7 +57,6 @@ void Customer::OnResponse(Message& msg) {
       std::string err = msg.meta.error().empty() ? TakeChunk(*req, part, msg) : msg.meta.error();
       if (!err.empty() && req->error.empty()) {
         req->error = err;
-        req->ready = true;
         req->cv.notify_all();
       }
       if (msg.meta.more()) return;  // the part is answered by its last chunk
@@ -72,7 +70,6 @@ void Customer::OnResponse(Message& msg) {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.erase(part.response.meta.timestamp());
     }
-    req->ready = req->remaining == 0 || !req->error.empty();
     req->cv.notify_all();
     return;
   }
@@ -89,7 +86,6 @@ void Customer::FailAll(const std::string& why) {
     std::lock_guard<std::mutex> rl(kv.second->mu);
     kv.second->abandoned = true;
     if (kv.second->error.empty()) kv.second->error = why;
-    kv.second->ready = true;
     kv.second->cv.notify_all();
   }
 }
@@ -108,7 +104,7 @@ std::string Customer::failure() {
 void Customer::Wait(const std::shared_ptr<Request>& req, double timeout_s) {
   if (wait_spin_s_ > 0) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(wait_spin_s_, timeout_s));
-    while (!req->ready.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+    while (!req->finished() && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();
   }
   std::unique_lock<std::mutex> rl(req->mu);

@@ -2,7 +2,6 @@
 // ("part"); it completes when every part has been answered, fails with the servers' error
 // text, or fails when a peer dies. Waits always have a deadline and name who did not answer.
 #pragma once
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -40,7 +39,6 @@ struct Request {
   int remaining = 0;
   std::string error;
   bool abandoned = false;  // the job failed: the missing answers will never come
-  std::atomic<bool> ready{false};  // remaining == 0 or an error: what a spinning Wait reads
   // A pull whose answers may come in chunks: num_keys x width floats, filled as chunks arrive
   // (on the receive thread, while the van takes in the next), so the result needs no copy
   // once the last one is in.

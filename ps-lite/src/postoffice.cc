@@ -89,7 +89,7 @@ double WaitSpinSeconds() {
   const std::string spin = Env("PS_WAIT_SPIN_US", "0");
   char* end = nullptr;
   const double s = std::strtod(spin.c_str(), &end) * 1e-6;
-  if (spin.empty() || *end != '\0' || !(s >= 0) || s > 1)
+  if (*end != '\0' || !(s >= 0) || s > 1)
     throw std::runtime_error("PS_WAIT_SPIN_US='" + spin + "': expected microseconds from 0 to 1000000");
   return s;
 }
