@@ -6,4 +6,4 @@ bash scripts/install_deps.sh
 python3 -m pip install -q --no-build-isolation .
 # Run from a folder outside the source tree so `import hetu` is the installed package.
 cd tests
-python3 -m pytest -q -p no:cacheprovider "$@" .
+python3 -m pytest -q -rs -p no:cacheprovider "$@" .

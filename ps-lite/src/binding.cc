@@ -15,6 +15,7 @@
 #include "kv_server.h"
 #include "kv_worker.h"
 #include "postoffice.h"
+#include "step_loop.h"
 #include "van.h"
 
 namespace py = pybind11;
@@ -247,6 +248,7 @@ void Start() {
   if (g_node) throw std::runtime_error("hetu.ps: a node is already running in this process");
   auto node = std::make_unique<NodeState>();
   const Config cfg = Config::FromEnv();
+  SimdVariant();  // a bad HETU_SIMD is an error at start, not at a server's first step
   node->po = std::make_unique<Postoffice>(cfg);
   Postoffice* po = node->po.get();
   node->customer = std::make_unique<Customer>([po](int id) { return po->Describe(id); }, cfg.wait_spin_s);
@@ -331,6 +333,43 @@ PYBIND11_MODULE(_ps, m) {
   m.attr("ALL") = static_cast<int>(kAllGroup);
   m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
   m.def("optim_slots", &hetu::optim::slots);
+  m.def(
+      "simd_variants",
+      [] {
+        std::vector<std::pair<std::string, bool>> out;
+        for (const auto& v : SimdVariants()) out.emplace_back(v, SimdRunnable(v));
+        return out;
+      },
+      "The versions of the servers' step loop, best first, each with whether this CPU can run it.");
+  m.def("simd_variant", &SimdVariant, "The version the servers run: HETU_SIMD, or the best this CPU can run.");
+  m.def(
+      "step_rows_with",
+      [](const std::string& variant, int optim_kind, float momentum, float beta1, float beta2, float eps, float l2reg,
+         float weight_decay, float lr, Arr<float> values, Arr<float> state, Arr<int64_t> steps, Arr<int64_t> versions,
+         Arr<int64_t> keys, Arr<float> grads) {
+        // The server's step of its rows, by a named version (tests/test_simd.py); arrays in place.
+        hetu::optim::Config cfg;
+        cfg.kind = optim_kind;
+        cfg.momentum = momentum;
+        cfg.beta1 = beta1;
+        cfg.beta2 = beta2;
+        cfg.eps = eps;
+        cfg.l2reg = l2reg;
+        cfg.weight_decay = weight_decay;
+        const int64_t rows = steps.size(), width = rows ? values.size() / rows : 0;
+        const int64_t slots = hetu::optim::slots(optim_kind);
+        CheckSize("step_rows_with", "values", values.size(), rows * width);
+        CheckSize("step_rows_with", "state", state.size(), rows * slots * width);
+        CheckSize("step_rows_with", "versions", versions.size(), rows);
+        CheckSize("step_rows_with", "grads", grads.size(), keys.size() * width);
+        for (int64_t i = 0; i < keys.size(); ++i)
+          if (keys.data()[i] < 0 || keys.data()[i] >= rows || (i && keys.data()[i] <= keys.data()[i - 1]))
+            throw py::value_error("step_rows_with: keys must be distinct rows in increasing order");
+        const StepLoopFn step = StepLoopOf(variant);
+        const StepRowsView view{values.mutable_data(), state.mutable_data(), steps.mutable_data(),
+                                versions.mutable_data(), 0, width, slots};
+        step(cfg, lr, view, keys.data(), 0, keys.size(), grads.data(), nullptr);
+      });
   ps::RegisterRawBench(m);
 
   py::class_<Handle>(m, "Handle", "An operation in flight. wait(timeout=None) returns its result or raises.")

@@ -12,6 +12,7 @@
 
 #include "common/parallel.h"
 #include "common/rng.h"
+#include "step_loop.h"
 
 namespace ps {
 namespace {
@@ -187,49 +188,11 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
   StepRows(order.data(), 0, static_cast<int64_t>(order.size()), grads, add.data(), lr);
 }
 
-namespace {
-
-// Rows of a shard, for the step loop below.
-struct Rows {
-  float* values;
-  float* state;
-  int64_t* steps;
-  int64_t* versions;
-  int64_t lo, width, slots;
-};
-
-// The step loop, once per vector width the CPU may have: Adam's two divisions and square root
-// per float make it compute-bound, and 16-float vectors take about half the time of SSE2's 4.
-// The build has -ffp-contract=off, so every version performs the same IEEE operations on each
-// float as the SSE2 baseline that workers step their cached rows with: bit-identical rows.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void StepLoop(
-    const hetu::optim::Config& cfg, float lr, const Rows& t, const int64_t* keys, int64_t b, int64_t e,
-    const float* grads, const int64_t* counts, int64_t ahead) {
-  const int64_t w = t.width, sw = t.slots * w;
-  hetu::optim::BiasCache bias;
-  for (int64_t i = b; i < e; ++i) {
-    if (i + ahead < e) {  // rows are scattered: start loading one a few ahead, to be written
-      const int64_t q = keys[i + ahead] - t.lo;
-      const char* row = reinterpret_cast<const char*>(t.values + q * w);
-      for (int64_t k = 0; k < w * 4; k += 64) __builtin_prefetch(row + k, 1);
-      const char* st = reinterpret_cast<const char*>(t.state + q * sw);
-      for (int64_t k = 0; k < sw * 4; k += 64) __builtin_prefetch(st + k, 1);
-      __builtin_prefetch(t.steps + q, 1);
-      __builtin_prefetch(t.versions + q, 1);
-    }
-    const int64_t r = keys[i] - t.lo;
-    hetu::optim::step_row(cfg, lr, t.values + r * w, sw ? t.state + r * sw : nullptr, t.steps + r, grads + i * w, w,
-                          &bias);
-    t.versions[r] += counts ? counts[i] : 1;
-  }
-}
-
-}  // namespace
-
 void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts,
                           float lr) {
-  const Rows rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(), slots_};
-  StepLoop(cfg_, lr, rows, keys, b, e, grads, counts, kAhead);
+  static const StepLoopFn step = StepLoopOf(SimdVariant());  // HETU_SIMD, checked when the server starts
+  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(), slots_};
+  step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
 
 void TableShard::Gather(const int64_t* keys, int64_t n, float* out) const {
