@@ -210,8 +210,10 @@ def check_outputs(parser, args):
 
 
 # What a resumed run must share with the run that wrote its checkpoint: the model, the data and
-# the global batch. The learning rate and the scheduler's settings may change.
+# the global batch (workers x --batch-size, checked in resume(): the cluster may change shape).
+# The learning rate and the scheduler's settings may change.
 RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "comm", "dataset", "data_dir", "rows", "scale")
+SAME_FLAGS = tuple(name for name in RESUME_FLAGS if name != "batch_size")
 
 
 def run_record(args):
@@ -226,7 +228,7 @@ def check_resume(parser, args):
         saved = ht.Executor.checkpoint_info(args.resume).get("run") or {}
     except (FileNotFoundError, ValueError) as e:
         parser.error(f"--resume {args.resume}: {e}")
-    for name in RESUME_FLAGS:
+    for name in SAME_FLAGS:
         if name in saved and saved[name] != getattr(args, name):
             flag = "--" + name.replace("_", "-")
             parser.error(f"--resume {args.resume}: the checkpoint was trained with {flag} {saved[name]}, "
@@ -275,11 +277,25 @@ def resume(executor, args):
         folder, note = ht.checkpoint.locate(args.resume)
         if note and executor.graph.rank == 0:
             print(f"--resume {args.resume}: {note}", flush=True)
+        check_global_batch(executor, args, ht.Executor.checkpoint_info(folder))
         executor.load(folder)
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:   # RuntimeError: a server's load
         raise SystemExit(f"--resume {args.resume}: {str(e).strip(chr(39))}") from None
     args.resumed_from = folder
+    if executor.graph.rank == 0:
+        print(executor.resumed_from(folder), flush=True)
     return executor.state.iteration
+
+
+def check_global_batch(executor, args, meta):
+    """A checkpoint continues on another number of workers only with the same global batch."""
+    saved_batch = (meta.get("run") or {}).get("batch_size")
+    saved_workers, workers = meta.get("workers", 1), executor.graph.num_workers
+    if saved_batch is not None and saved_batch * saved_workers != args.batch_size * workers:
+        raise ValueError(f"the checkpoint was trained with a global batch of {saved_workers} worker(s) x "
+                         f"--batch-size {saved_batch} = {saved_batch * saved_workers}, this run has {workers} "
+                         f"worker(s) x --batch-size {args.batch_size} = {args.batch_size * workers}: workers x "
+                         f"--batch-size must stay the same, or the training would differ")
 
 
 def check_batches(executor, data, args):

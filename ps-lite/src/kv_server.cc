@@ -265,7 +265,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       Reply(msg, {}, t.Save(msg.meta.path(), po_->rank(), po_->num_servers()));
       return true;
     }
-    case kLoad: Reply(msg, {}, t.Load(msg.meta.path(), po_->rank(), po_->num_servers())); return true;
+    case kLoad: Reply(msg, {}, t.Load(msg.meta.path())); return true;
     case kClear: t.Reset(); Reply(msg, {}, ""); return true;
     default: Reply(msg, {}, "table '" + name + "': unknown op " + std::to_string(op)); return true;
   }

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -273,39 +274,145 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
   return "";
 }
 
-std::string TableShard::Load(const std::string& dir, int rank, int num_servers) {
-  const std::string path = FileName(dir, rank, num_servers);
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return "table '" + name_ + "': cannot read " + path + ": " + std::strerror(errno);
+namespace {
+
+// A saved shard file: its header and where each section starts.
+struct SavedShard {
+  std::string path;
+  FILE* f = nullptr;
   FileHeader h{};
-  bool ok = std::fread(&h, sizeof(h), 1, f) == 1 && std::memcmp(h.magic, kMagic, 8) == 0;
-  if (!ok || h.rows != spec_.rows() || h.width != width() || h.dense != dense() || h.lo != lo_ || h.hi != hi_ ||
-      h.optim_kind != cfg_.kind) {
-    std::fclose(f);
-    return "table '" + name_ + "': " + path + " does not hold this shard (different shape, optimizer or server count)";
+  int64_t units = 0, unit_width = 0;
+  long values_at = 0, state_at = 0, steps_at = 0, versions_at = 0, end = 0;
+  ~SavedShard() {
+    if (f) std::fclose(f);
   }
+};
+
+// The server count a table's saved shards were written with: every NAME.shardK-of-N.bin in
+// `dir` must name the same N. 0 with `error` set when there is none or they disagree.
+int SavedServerCount(const std::string& dir, const std::string& prefix, std::string* error) {
+  int count = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.compare(0, prefix.size(), prefix) != 0) continue;
+    int k = -1, n = 0, used = 0;
+    const std::string rest = file.substr(prefix.size());
+    if (std::sscanf(rest.c_str(), "%d-of-%d.bin%n", &k, &n, &used) != 2 || used != static_cast<int>(rest.size()) ||
+        n < 1 || k < 0 || k >= n)
+      continue;
+    if (count && n != count) {
+      *error = dir + " holds shards of " + std::to_string(count) + " and of " + std::to_string(n) + " servers";
+      return 0;
+    }
+    count = n;
+  }
+  if (ec) *error = "cannot list " + dir + ": " + ec.message();
+  else if (!count) *error = "no saved shard " + prefix + "K-of-N.bin in " + dir;
+  return count;
+}
+
+}  // namespace
+
+std::string TableShard::Load(const std::string& dir) {
+  // The saved shards may come from another server count: this shard's rows [lo_, hi_) are read
+  // from whichever saved shards hold them, section by section, without reading the rest.
+  const std::string prefix = Sanitize(name_) + ".shard";
+  std::string error;
+  const int saved = SavedServerCount(dir, prefix, &error);
+  if (!saved) return "table '" + name_ + "': " + error;
+  const int64_t w = width(), sw = slots_ * unit_width_;
   HugeArray<float> values, state;
   HugeArray<int64_t> steps, versions;
   values.Reset(values_.size(), 0.0f);
   state.Reset(state_.size(), 0.0f);
   steps.Reset(steps_.size(), 0);
   versions.Reset(versions_.size(), 0);
-  auto get = [&](void* p, size_t bytes) { ok = ok && (bytes == 0 || std::fread(p, bytes, 1, f) == 1); };
-  get(values.data(), values.size() * sizeof(float));
-  get(state.data(), state.size() * sizeof(float));
-  get(steps.data(), steps.size() * sizeof(int64_t));
-  get(versions.data(), versions.size() * sizeof(int64_t));
-  const bool extra = ok && std::fgetc(f) != EOF;
-  std::fclose(f);
-  if (!ok) return "table '" + name_ + "': " + path + " is truncated";
-  if (extra) return "table '" + name_ + "': " + path + " has bytes after the shard's data (not written by a save)";
+  int64_t covered = 0, loaded_applied = 0;
+  bool have_unit = false, have_applied = false;
+  for (int k = 0; k < saved; ++k) {
+    int64_t olo, ohi;
+    Range(spec_.rows(), k, saved, &olo, &ohi);
+    const int64_t a = std::max(lo_, olo), b = std::min(hi_, ohi);
+    // A shard with no rows (more servers than rows) still takes the clock, and a dense one its
+    // step count, from a saved shard: the last.
+    const bool header_only = !have_applied && a >= b && k == saved - 1;
+    if (a >= b && !header_only) continue;
+    SavedShard in;
+    in.path = FileName(dir, k, saved);
+    in.f = std::fopen(in.path.c_str(), "rb");
+    if (!in.f) return "table '" + name_ + "': cannot read " + in.path + ": " + std::strerror(errno);
+    FileHeader& h = in.h;
+    if (std::fread(&h, sizeof(h), 1, in.f) != 1 || std::memcmp(h.magic, kMagic, 8) != 0)
+      return "table '" + name_ + "': " + in.path + " is not a saved shard";
+    if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
+      return "table '" + name_ + "': " + in.path + " holds a table of " + std::to_string(h.rows) + " x " +
+             std::to_string(h.width) + (h.dense ? " (dense)" : "") + " stepped by optimizer " +
+             std::to_string(h.optim_kind) + ", this one is " + std::to_string(spec_.rows()) + " x " +
+             std::to_string(w) + (dense() ? " (dense)" : "") + " stepped by optimizer " + std::to_string(cfg_.kind);
+    if (h.lo != olo || h.hi != ohi)
+      return "table '" + name_ + "': " + in.path + " holds rows [" + std::to_string(h.lo) + ", " +
+             std::to_string(h.hi) + "), shard " + std::to_string(k) + " of " + std::to_string(saved) + " owns [" +
+             std::to_string(olo) + ", " + std::to_string(ohi) + ")";
+    in.units = dense() ? 1 : ohi - olo;
+    in.unit_width = dense() ? (ohi - olo) * w : w;
+    const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
+    in.values_at = sizeof(FileHeader);
+    in.state_at = in.values_at + (ohi - olo) * w * float_bytes;
+    in.steps_at = in.state_at + in.units * slots_ * in.unit_width * float_bytes;
+    in.versions_at = in.steps_at + in.units * int_bytes;
+    in.end = in.versions_at + in.units * int_bytes;
+    if (std::fseek(in.f, 0, SEEK_END) != 0) return "table '" + name_ + "': cannot seek in " + in.path;
+    const long size = std::ftell(in.f);
+    if (size < in.end)
+      return "table '" + name_ + "': " + in.path + " is truncated: " + std::to_string(size) + " bytes of " +
+             std::to_string(in.end);
+    if (size > in.end)
+      return "table '" + name_ + "': " + in.path + " has bytes after the shard's data (not written by a save)";
+    if (have_applied && h.applied != loaded_applied)
+      return "table '" + name_ + "': the saved shards were applied up to different iterations (" +
+             std::to_string(loaded_applied) + " and " + std::to_string(h.applied) + " in " + in.path + ")";
+    loaded_applied = h.applied;
+    have_applied = true;
+    bool ok = true;
+    auto read = [&](long at, void* p, size_t bytes) {
+      ok = ok && (bytes == 0 || (std::fseek(in.f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, in.f) == 1));
+    };
+    const int64_t n = std::max<int64_t>(0, b - a);
+    read(in.values_at + (a - olo) * w * float_bytes, values.data() + (a - lo_) * w, n * w * float_bytes);
+    if (dense()) {
+      // Slot s of a dense shard is its whole range's floats: copy the overlap of each slot.
+      for (int64_t s = 0; s < slots_; ++s)
+        read(in.state_at + (s * in.unit_width + (a - olo) * w) * float_bytes,
+             state.data() + s * unit_width_ + (a - lo_) * w, n * w * float_bytes);
+      int64_t step = 0, version = 0;
+      read(in.steps_at, &step, int_bytes);
+      read(in.versions_at, &version, int_bytes);
+      if (ok && have_unit && (step != steps[0] || version != versions[0]))
+        return "table '" + name_ + "': the saved shards of a dense table disagree on its step count (" +
+               std::to_string(steps[0]) + " and " + std::to_string(step) + " in " + in.path + ")";
+      steps[0] = step;
+      versions[0] = version;
+      have_unit = true;
+    } else {
+      read(in.state_at + (a - olo) * sw * float_bytes, state.data() + (a - lo_) * sw, n * sw * float_bytes);
+      read(in.steps_at + (a - olo) * int_bytes, steps.data() + (a - lo_), n * int_bytes);
+      read(in.versions_at + (a - olo) * int_bytes, versions.data() + (a - lo_), n * int_bytes);
+    }
+    if (!ok) return "table '" + name_ + "': reading " + in.path + " failed";
+    covered += n;
+  }
+  // The saved ranges partition the table's rows, so they must add up to this shard's.
+  if (covered != hi_ - lo_)
+    return "table '" + name_ + "': the saved shards hold " + std::to_string(covered) + " of this shard's " +
+           std::to_string(hi_ - lo_) + " rows";
   values_.Swap(values);
   state_.Swap(state);
   steps_.Swap(steps);
   versions_.Swap(versions);
   pending.clear();
   arrived.clear();
-  applied = h.applied;
+  applied = loaded_applied;
   return "";
 }
 

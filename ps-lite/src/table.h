@@ -87,7 +87,9 @@ class TableShard {
   void Reset();
   // One file per shard; "" on success, else the error.
   std::string Save(const std::string& dir, int rank, int num_servers) const;
-  std::string Load(const std::string& dir, int rank, int num_servers);
+  // This shard's rows from the files of a Save by any number of servers (each file read only
+  // where it holds rows of this shard); "" on success, else the error.
+  std::string Load(const std::string& dir);
 
   // BSP bookkeeping: pushes of not yet applied iterations, kept per worker rank.
   std::map<int64_t, std::vector<Message>> pending;

@@ -277,8 +277,11 @@ class Executor:
             meta = {"seed": self.config.seed, "iteration": self.state.iteration,
                     "optimizer_steps": {op.name: op.step_count for op in self.graph.optimizer_ops},
                     "workers": self.graph.num_workers, "servers": self._num_servers(), "clocks": clocks,
+                    "tables": {p.name: list(p.shape) for p in self.graph.parameters if p.id in remote},
                     "loaders": [{name: d.position for name, d in op.dataloaders.items()}
                                 for op in self.graph.dataloaders],
+                    "global_batches": [{name: d.global_batch for name, d in op.dataloaders.items()}
+                                       for op in self.graph.dataloaders],
                     "run": run}
             checkpoint.seal(tmp, meta)
             checkpoint.swap_in(tmp, directory)
@@ -297,9 +300,12 @@ class Executor:
         return checkpoint.read_meta(folder)
 
     def load(self, directory):
-        """Continues from a checkpoint of save(), into an executor of the same graph and cluster
-        shape that has not trained yet. Every worker calls it; everything is checked before
-        anything is changed."""
+        """Continues from a checkpoint of save(), into an executor of the same graph that has not
+        trained yet. The cluster may differ in shape: other worker counts with the same global
+        batch (every dataloader's workers x batch size), other server counts (each server reads
+        the rows it now owns from the saved shards that hold them). Every worker calls it;
+        everything is checked before anything is changed, and the servers check that the rows
+        they loaded add up to their shards."""
         directory, _ = checkpoint.locate(directory)
         meta = self.checkpoint_info(directory)
         # Every file is checked before anything is loaded; the servers' shards by worker 0,
@@ -358,19 +364,42 @@ class Executor:
             self.graph.scheduler.start_at(self.state.iteration)
 
     def _check_checkpoint_shape(self, directory, meta):
-        """The cluster and the data path a checkpoint continues must be the ones it was written by."""
-        workers, servers = meta.get("workers", 1), meta.get("servers", 0)
-        if workers != self.graph.num_workers:
-            raise ValueError(f"checkpoint {directory} was written by {workers} worker(s), this run has "
-                             f"{self.graph.num_workers}: the global batch, and so the training, would differ")
-        if servers != self._num_servers():
-            raise ValueError(f"checkpoint {directory} was written with {servers} server(s), this run has "
-                             f"{self._num_servers()}: the servers' shards would not match")
+        """The data path a checkpoint continues must be the one it was written by, with the same
+        global batches (DESIGN.md section 4), and its tables the graph's."""
         loaders = meta.get("loaders", [])
         names = [sorted(op.dataloaders) for op in self.graph.dataloaders]
         if loaders and [sorted(p) for p in loaders] != names:
             raise ValueError(f"checkpoint {directory} holds dataloaders {[sorted(p) for p in loaders]}, "
                              f"the graph has {names}")
+        workers, saved_batches = meta.get("workers", 1), meta.get("global_batches")
+        if workers != self.graph.num_workers and saved_batches is None:
+            raise ValueError(f"checkpoint {directory} was written by {workers} worker(s), this run has "
+                             f"{self.graph.num_workers}, and it does not record its global batch: the training "
+                             f"could differ")
+        for op, saved in zip(self.graph.dataloaders, saved_batches or []):
+            for name, d in op.dataloaders.items():
+                if saved.get(name, d.global_batch) != d.global_batch:
+                    raise ValueError(
+                        f"checkpoint {directory} was trained with a global batch of {saved[name]} ({workers} "
+                        f"worker(s) x {saved[name] // workers}) in dataloader {name!r}, this run's is "
+                        f"{d.global_batch} ({d.num_workers} worker(s) x {d.batch_size}): workers x batch size "
+                        f"must stay the same, or the training would differ")
+        remote = self.graph.remote
+        for p in self.graph.parameters:
+            saved = meta.get("tables", {}).get(p.name)
+            if p.id in remote and saved is not None and tuple(saved) != tuple(p.shape):
+                raise ValueError(f"checkpoint {directory}: table {p.name} has shape {tuple(saved)}, the graph's "
+                                 f"is {tuple(p.shape)}")
+
+    def resumed_from(self, directory):
+        """One line on what load() resumed: the step, and the cluster that wrote the checkpoint
+        against this one."""
+        meta = self.checkpoint_info(directory)
+        tables = len(meta.get("tables", meta.get("clocks", {})))
+        return (f"resumed {directory} at step {meta['iteration']}: written by {meta.get('workers', 1)} worker(s) and "
+                f"{meta.get('servers', 0)} server(s), continued by {self.graph.num_workers} and "
+                f"{self._num_servers()}; every file's sha256 checked"
+                + (f", the servers' rows of {tables} table(s) counted as loaded" if tables else ""))
 
     def _num_servers(self):
         if not self.graph.remote:
