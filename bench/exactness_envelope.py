@@ -10,14 +10,18 @@ step count:
   W-worker vs single   : the distributed run against the reference, both under this kernel: what
                          an equivalence test measures on a CPU whose OpenBLAS picks this kernel.
 Each figure is the largest relative L2 error over the parameters (the worst tensor is named).
+With --suite it runs the equivalence tests themselves under every kernel and prints, per test,
+its largest error as a fraction of its bound (tests/dist_harness.py).
 
     python bench/exactness_envelope.py --optimizers sgd adam --lrs 0.01 0.001 --steps 1 5 20 60
+    python bench/exactness_envelope.py --suite
 """
 import argparse
-import ctypes
-import glob
+import collections
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -25,37 +29,12 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+from blas_kernels import KERNELS, openblas_kernel, runnable  # noqa: E402
 from dist_harness import run_cluster, run_single  # noqa: E402
 
-# OpenBLAS core types and the CPU flags (as /proc/cpuinfo names them) each needs, oldest first. Zen and Cooperlake use the
-# kernels of Haswell and SkylakeX.
-KERNELS = [("Prescott", {"pni"}), ("Nehalem", {"sse4_2"}), ("Sandybridge", {"avx"}),
-           ("Haswell", {"avx2", "fma"}), ("SkylakeX", {"avx512f", "avx512bw", "avx512dq", "avx512vl"})]
-
-
-def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def openblas_kernel():
-    """The kernel NumPy's OpenBLAS picked in this process, or None where NumPy has another BLAS."""
-    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "libscipy_openblas*"))
-    for lib in libs:
-        handle = ctypes.CDLL(lib)
-        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
-            if hasattr(handle, symbol):
-                fn = getattr(handle, symbol)
-                fn.restype = ctypes.c_char_p
-                return fn().decode()
-    return None
-
+# The suites whose tests compare trained parameters with the single-process reference.
+EQUIVALENCE_SUITES = ["test_dist_equivalence.py", "test_cache.py", "test_herald.py", "test_checkpoint.py",
+                      "test_planner_threads.py"]
 
 def worst(a, b):
     errs = {k: float(np.linalg.norm(a[k].astype(np.float64) - b[k]) / (np.linalg.norm(b[k].astype(np.float64)) or 1))
@@ -64,8 +43,62 @@ def worst(a, b):
     return errs[name], name
 
 
+def steps_table(args, kernels):
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="envelope-"))
+    home = args.data_home or str(tmp / "data")
+    W, b = args.workers, args.batch
+    print(f"\n| optimizer | lr | steps | kernel | single vs single@ref | {W}-worker vs single |")
+    print("|---|---|---|---|---|---|")
+    for opt in args.optimizers:
+        for lr in args.lrs:
+            for n in args.steps:
+                flags = ["--optimizer", opt, "--learning-rate", str(lr), "--iters-per-epoch", str(n), "--nepoch", "1"]
+                os.environ.pop("OPENBLAS_CORETYPE", None)
+                ref, _ = run_single(tmp, home, "run_hetu.py", flags, global_batch=W * b)
+                for kernel in kernels:
+                    os.environ["OPENBLAS_CORETYPE"] = kernel
+                    single, _ = run_single(tmp, home, "run_hetu.py", flags, global_batch=W * b)
+                    dist, _ = run_cluster(tmp, home, "run_hetu.py", ["--comm", "PS", "--bsp", "0", *flags], W, 1, b)
+                    e1, n1 = worst(single, ref)
+                    e2, n2 = worst(dist, single)
+                    print(f"| {opt} | {lr:g} | {n} | {kernel} | {e1:.1e} ({n1}) | {e2:.1e} ({n2}) |", flush=True)
+    os.environ.pop("OPENBLAS_CORETYPE", None)
+
+
+def suite_table(args, kernels):
+    """Every equivalence test under every kernel: its largest error as a fraction of its bounds."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="envelope-"))
+    worst_of = collections.defaultdict(dict)   # test -> kernel -> (of_bound, rows_of_bound)
+    for kernel in kernels:
+        log = tmp / f"{kernel}.jsonl"
+        env = dict(os.environ, OPENBLAS_CORETYPE=kernel, HETU_EXACTNESS_LOG=str(log))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.suites],
+                              cwd=REPO / "tests", env=env, capture_output=True, text=True)
+        print(f"{kernel}: {proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]}",
+              flush=True)
+        for line in log.read_text().splitlines() if log.exists() else []:
+            r = json.loads(line)
+            a, b = worst_of[r["test"]].get(kernel, (0.0, 0.0))
+            worst_of[r["test"]][kernel] = (max(a, r["of_bound"]), max(b, r["rows_of_bound"]))
+    print("\nLargest error over a test's tensors as a fraction of its bound: tensor (relative L2 / 1e-5), "
+          "rows (worst row against its row bound)\n")
+    print("| test | " + " | ".join(kernels) + " |")
+    print("|---|" + "---|" * len(kernels))
+    for test in sorted(worst_of):
+        cells = [f"{worst_of[test][k][0]:.3f} / {worst_of[test][k][1]:.3f}" if k in worst_of[test] else "-"
+                 for k in kernels]
+        print(f"| {test.split('::', 1)[1]} | " + " | ".join(cells) + " |")
+    overall = [v for t in worst_of.values() for v in t.values()]
+    if overall:
+        print(f"\nlargest over all: tensor {max(v[0] for v in overall):.3f} of its bound, "
+              f"rows {max(v[1] for v in overall):.3f} of theirs")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", action="store_true",
+                   help="run the equivalence tests under every kernel instead, and tabulate error / bound per test")
+    p.add_argument("--suites", nargs="+", default=EQUIVALENCE_SUITES, help="with --suite: test files or node ids")
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adam"])
     p.add_argument("--lrs", nargs="+", type=float, default=[0.01, 0.001])
     p.add_argument("--steps", nargs="+", type=int, default=[1, 5, 20, 60])
@@ -75,31 +108,12 @@ def main():
     p.add_argument("--data-home", default=None, help="synthetic data cache (default: a temporary folder)")
     args = p.parse_args()
 
-    flags = cpu_flags()
-    kernels = args.kernels or [name for name, need in KERNELS if need <= flags]
-    skipped = [name for name, need in KERNELS if not need <= flags]
+    kernels = args.kernels or [name for name, _ in KERNELS if runnable(name)]
+    skipped = [name for name, _ in KERNELS if not runnable(name)]
     os.environ.pop("OPENBLAS_CORETYPE", None)
     print(f"OpenBLAS picks {openblas_kernel() or '(not OpenBLAS)'} here; kernels run: {' '.join(kernels)}"
           + (f"; this CPU cannot run: {' '.join(skipped)}" if skipped else ""), flush=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="envelope-"))
-    home = args.data_home or str(tmp / "data")
-    W, b = args.workers, args.batch
-    print(f"\n| optimizer | lr | steps | kernel | single vs single@ref | {W}-worker vs single |")
-    print("|---|---|---|---|---|---|")
-    for opt in args.optimizers:
-        for lr in args.lrs:
-            for n in args.steps:
-                flags_ = ["--optimizer", opt, "--learning-rate", str(lr), "--iters-per-epoch", str(n), "--nepoch", "1"]
-                os.environ.pop("OPENBLAS_CORETYPE", None)
-                ref, _ = run_single(tmp, home, "run_hetu.py", flags_, global_batch=W * b)
-                for kernel in kernels:
-                    os.environ["OPENBLAS_CORETYPE"] = kernel
-                    single, _ = run_single(tmp, home, "run_hetu.py", flags_, global_batch=W * b)
-                    dist, _ = run_cluster(tmp, home, "run_hetu.py", ["--comm", "PS", "--bsp", "0", *flags_], W, 1, b)
-                    e1, n1 = worst(single, ref)
-                    e2, n2 = worst(dist, single)
-                    print(f"| {opt} | {lr:g} | {n} | {kernel} | {e1:.1e} ({n1}) | {e2:.1e} ({n2}) |", flush=True)
-    os.environ.pop("OPENBLAS_CORETYPE", None)
+    (suite_table if args.suite else steps_table)(args, kernels)
 
 
 if __name__ == "__main__":

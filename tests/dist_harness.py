@@ -39,27 +39,46 @@ def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, time
     return dict(np.load(out)), proc.stdout
 
 
+def _record(name, error, row_ratio):
+    """HETU_EXACTNESS_LOG=FILE: each comparison's error against its bounds, one JSON line each
+    (bench/exactness_envelope.py --suite collects them over BLAS kernels)."""
+    log = os.environ.get("HETU_EXACTNESS_LOG")
+    if log:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+        with open(log, "a") as f:
+            f.write(json.dumps({"test": test, "kernel": os.environ.get("OPENBLAS_CORETYPE", ""), "tensor": name,
+                                "error": float(error), "of_bound": float(error / 1e-5), "rows_of_bound": row_ratio})
+                    + "\n")
+
+
 def assert_same_parameters(reference, got, exact_rows):
     """Every parameter: ||got - ref|| <= 1e-5 ||ref||. Every row of every tensor: with SGD
     (exact_rows) ||got_r - ref_r|| <= 1e-5 ||ref_r||; with adaptive optimizers, whose per-element
     normalisation turns float32 rounding of near-cancelling row gradients into visible relative
     differences in a handful of rows, |got - ref| <= 1e-4 max|ref| elementwise, which a missed,
-    doubled or misplaced update would still break."""
+    doubled or misplaced update would still break.
+
+    The bounds hold on every CPU with room to spare: float32 rounding alone, measured over every
+    OpenBLAS kernel (each rounds GEMMs differently) for every test that calls this, stays far
+    below them (bench/exactness_envelope.py --suite; docs/results.md). Settings where rounding
+    is amplified without bound (Adam at lr 0.01 on these models: the single process alone moves
+    by 1e-1 between kernels in 60 steps) make no equivalence test."""
     assert sorted(reference) == sorted(got)
     for name, ref in reference.items():
         val = got[name]
         assert val.shape == ref.shape, name
         assert np.all(np.isfinite(val)), name
         scale = np.linalg.norm(ref)
-        assert np.linalg.norm(val - ref) <= 1e-5 * scale + 1e-12, (
-            f"{name}: relative error {np.linalg.norm(val - ref) / scale:.2e}")
+        error = np.linalg.norm(val - ref) / (scale or 1)
         ref2, val2 = ref.reshape(ref.shape[0], -1), val.reshape(ref.shape[0], -1)
         if exact_rows:
             row_err = np.linalg.norm(val2 - ref2, axis=1)
             bound = 1e-5 * np.linalg.norm(ref2, axis=1) + 1e-9
-            bad = np.flatnonzero(row_err > bound)
-            assert bad.size == 0, f"{name}: rows {bad[:10]} differ (worst {(row_err / bound).max():.1f}x bound)"
         else:
-            err = np.abs(val2 - ref2).max(axis=1)
-            bad = np.flatnonzero(err > 1e-4 * np.abs(ref).max())
-            assert bad.size == 0, f"{name}: rows {bad[:10]} differ by up to {err.max():.2e}"
+            row_err = np.abs(val2 - ref2).max(axis=1)
+            bound = np.full(row_err.shape, 1e-4 * np.abs(ref).max() or 1e-30)
+        _record(name, error, float((row_err / bound).max()) if row_err.size else 0.0)
+        assert np.linalg.norm(val - ref) <= 1e-5 * scale + 1e-12, f"{name}: relative error {error:.2e}"
+        bad = np.flatnonzero(row_err > bound)
+        assert bad.size == 0, (f"{name}: rows {bad[:10]} differ (worst {(row_err / bound).max():.1f}x bound)"
+                               if exact_rows else f"{name}: rows {bad[:10]} differ by up to {row_err.max():.2e}")
