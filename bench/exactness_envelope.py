@@ -10,11 +10,13 @@ step count:
   W-worker vs single   : the distributed run against the reference, both under this kernel: what
                          an equivalence test measures on a CPU whose OpenBLAS picks this kernel.
 Each figure is the largest relative L2 error over the parameters (the worst tensor is named).
-With --suite it runs the equivalence tests themselves under every kernel and prints, per test,
+With --first-step it shows where a run first departs: the elements that differ after one step,
+and their gradients. With --suite it runs the equivalence tests themselves under every kernel and prints, per test,
 its largest error as a fraction of its bound (tests/dist_harness.py).
 
     python bench/exactness_envelope.py --optimizers sgd adam --lrs 0.01 0.001 --steps 1 5 20 60
     python bench/exactness_envelope.py --suite
+    python bench/exactness_envelope.py --first-step --lrs 0.01 --kernels Haswell SkylakeX
 """
 import argparse
 import collections
@@ -94,10 +96,40 @@ def suite_table(args, kernels):
               f"rows {max(v[1] for v in overall):.3f} of theirs")
 
 
+def first_step(args, kernels):
+    """Where a run first departs: after one step, the elements of each tensor that differ between
+    the W-worker run and the reference under `kernel`, with their gradient (from two one-step SGD
+    runs of the reference at lr 1 and 2: g = w(1) - w(2), resolved to about 1e-8)."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="envelope-"))
+    home = args.data_home or str(tmp / "data")
+    W, b = args.workers, args.batch
+    one = ["--iters-per-epoch", "1", "--nepoch", "1"]
+    for kernel in kernels:
+        os.environ["OPENBLAS_CORETYPE"] = kernel
+        sgd = [run_single(tmp, home, "run_hetu.py", ["--optimizer", "sgd", "--learning-rate", str(lr), *one],
+                          global_batch=W * b)[0] for lr in (1.0, 2.0)]
+        opt = ["--optimizer", "adam", "--learning-rate", str(args.lrs[0]), *one]
+        single, _ = run_single(tmp, home, "run_hetu.py", opt, global_batch=W * b)
+        dist, _ = run_cluster(tmp, home, "run_hetu.py", ["--comm", "PS", "--bsp", "0", *opt], W, 1, b)
+        print(f"\n{kernel}: one Adam step (lr {args.lrs[0]:g}), {W}-worker run against the reference\n")
+        print("| tensor | elements differing | relative L2 | largest difference | its gradient | median abs gradient |")
+        print("|---|---|---|---|---|---|")
+        for name in single:
+            g = sgd[0][name].astype(np.float64) - sgd[1][name]
+            d = np.abs(dist[name].astype(np.float64) - single[name]).ravel()
+            i = int(np.argmax(d))
+            rel = np.linalg.norm(d) / (np.linalg.norm(single[name].astype(np.float64)) or 1)
+            print(f"| {name} | {int(np.count_nonzero(d))} of {d.size} | {rel:.1e} | {d[i]:.1e} | {g.ravel()[i]:.1e} | "
+                  f"{np.median(np.abs(g)):.1e} |", flush=True)
+    os.environ.pop("OPENBLAS_CORETYPE", None)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", action="store_true",
                    help="run the equivalence tests under every kernel instead, and tabulate error / bound per test")
+    p.add_argument("--first-step", action="store_true",
+                   help="instead: after one Adam step, which elements differ and what their gradient was")
     p.add_argument("--suites", nargs="+", default=EQUIVALENCE_SUITES, help="with --suite: test files or node ids")
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adam"])
     p.add_argument("--lrs", nargs="+", type=float, default=[0.01, 0.001])
@@ -113,7 +145,7 @@ def main():
     os.environ.pop("OPENBLAS_CORETYPE", None)
     print(f"OpenBLAS picks {openblas_kernel() or '(not OpenBLAS)'} here; kernels run: {' '.join(kernels)}"
           + (f"; this CPU cannot run: {' '.join(skipped)}" if skipped else ""), flush=True)
-    (suite_table if args.suite else steps_table)(args, kernels)
+    (suite_table if args.suite else first_step if args.first_step else steps_table)(args, kernels)
 
 
 if __name__ == "__main__":
