@@ -74,7 +74,8 @@ def suite_table(args, kernels):
     for kernel in kernels:
         log = tmp / f"{kernel}.jsonl"
         env = dict(os.environ, OPENBLAS_CORETYPE=kernel, HETU_EXACTNESS_LOG=str(log))
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.suites],
+        select = ["-k", args.select] if args.select else []
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select, *args.suites],
                               cwd=REPO / "tests", env=env, capture_output=True, text=True)
         print(f"{kernel}: {proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]}",
               flush=True)
@@ -131,6 +132,7 @@ def main():
     p.add_argument("--first-step", action="store_true",
                    help="instead: after one Adam step, which elements differ and what their gradient was")
     p.add_argument("--suites", nargs="+", default=EQUIVALENCE_SUITES, help="with --suite: test files or node ids")
+    p.add_argument("--select", default=None, metavar="EXPR", help="with --suite: only the tests pytest -k EXPR selects")
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adam"])
     p.add_argument("--lrs", nargs="+", type=float, default=[0.01, 0.001])
     p.add_argument("--steps", nargs="+", type=int, default=[1, 5, 20, 60])

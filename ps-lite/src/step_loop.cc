@@ -38,8 +38,10 @@ inline __attribute__((always_inline)) void StepBody(const hetu::optim::Config& c
                  int64_t e, const float* grads, const int64_t* counts) {                                       \
     StepBody(cfg, lr, t, keys, b, e, grads, counts);                                                           \
   }
+#if defined(__x86_64__)
 HETU_STEP_VERSION(StepAvx512f, __attribute__((target("avx512f"))))
 HETU_STEP_VERSION(StepAvx2, __attribute__((target("avx2"))))
+#endif
 HETU_STEP_VERSION(StepDefault, )
 #undef HETU_STEP_VERSION
 
@@ -77,9 +79,11 @@ const std::vector<std::string>& SimdVariants() {
 }
 
 bool SimdRunnable(const std::string& variant) {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   if (variant == "avx512f") return __builtin_cpu_supports("avx512f");
   if (variant == "avx2") return __builtin_cpu_supports("avx2");
+#endif
   return variant == "default";
 }
 
@@ -90,8 +94,10 @@ const std::string& SimdVariant() {
 
 StepLoopFn StepLoopOf(const std::string& variant) {
   if (!SimdRunnable(variant)) throw std::invalid_argument("HETU_SIMD: this CPU cannot run '" + variant + "'");
+#if defined(__x86_64__)
   if (variant == "avx512f") return StepAvx512f;
   if (variant == "avx2") return StepAvx2;
+#endif
   return StepDefault;
 }
 
