@@ -1,5 +1,7 @@
 """A W-worker run equals the single-process run with batch W*b (DESIGN.md section 4), parameter
 by parameter, in every aggregation mode."""
+import json
+
 import pytest
 
 from dist_harness import assert_same_parameters, run_cluster, run_single
@@ -67,3 +69,24 @@ def test_worker_killed_mid_run_ends_the_job_naming_it(tmp_path, data_home):
     assert proc.returncode not in (0, 124), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "worker 1 on localhost failed (killed by signal 9" in proc.stderr, proc.stderr[-2000:]
     assert time.time() - start < 120
+
+
+@pytest.mark.parametrize("script,mode", [("run_hetu.py", ["--comm", "PS"]),
+                                         ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0",
+                                                          "--cache-limit-ratio", "0.05"])])
+def test_a_cluster_reports_the_models_metrics_not_a_workers(tmp_path, data_home, script, mode):
+    """Loss, AUC and logloss, of training and of validation, are computed over every worker's
+    predictions (Herald's workers included, whatever samples they were given): what the single
+    process reports, to rounding."""
+    args = ["--model", "wdl_criteo", *OPTIMIZERS["sgd"], "--val", "--nepoch", "2", "--iters-per-epoch", "15"]
+    _, single = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    _, out = run_cluster(tmp_path, data_home, script, [*mode, "--bsp", "0", *args], 2, 1, 32)
+    summaries = [json.loads(line.split("summary ", 1)[1]) for line in out.splitlines() if "] summary {" in line]
+    assert len(summaries) == 2, out[-3000:]
+    for got in summaries:   # every worker reports the model's figures
+        for split in ("train", "val"):
+            want = single["final"] if split == "train" else single["final"]["val"]
+            have = got["final"] if split == "train" else got["final"]["val"]
+            assert have["samples"] == want["samples"], (split, have, want)
+            for metric in ("auc", "logloss", "loss", "acc"):
+                assert abs(have[metric] - want[metric]) <= 1e-6, (split, metric, have[metric], want[metric])

@@ -184,9 +184,14 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
             rate = len(losses) / (last_line - start)
             print(f"{desc}: {len(losses)}/{iterations} iterations, loss {np.mean(losses[-20:]):.4f}, "
                   f"{rate:.1f} it/s, {(iterations - len(losses)) / rate:.0f} s to go", flush=True)
-    pred, label = np.concatenate(preds), np.concatenate(labels)
-    return {"loss": float(np.mean(losses)), "acc": ht.metrics.accuracy(label, pred),
-            "auc": ht.metrics.auc(label, pred), "iterations": iterations}
+    pred, label, loss = np.concatenate(preds), np.concatenate(labels), float(np.mean(losses))
+    comm = getattr(executor.graph, "comm", None)
+    if comm is not None and comm.size > 1:
+        # The model's metrics, not this worker's: over every worker's predictions (a worker's
+        # loss is its samples' mean, and every worker has as many).
+        pred, label, loss = comm.allgather_array(pred), comm.allgather_array(label), comm.allreduce_mean(loss)
+    return {"loss": loss, "acc": ht.metrics.accuracy(label, pred), "auc": ht.metrics.auc(label, pred),
+            "logloss": ht.metrics.logloss(label, pred), "samples": int(pred.size), "iterations": iterations}
 
 
 def check_outputs(parser, args):
@@ -256,7 +261,7 @@ def midway_checkpoints(executor, args, epoch_end):
 def validate(executor, progress):
     """The whole validation split: its metrics and their line for the log."""
     val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
-    return val, f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f}"
+    return val, f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f} logloss {val['logloss']:.4f}"
 
 
 def validate_only(executor, args, step, progress, herald):
@@ -371,6 +376,7 @@ def train(argv, herald):
                           after_step=midway_checkpoints(executor, args, done + n))
         stats["seconds"] = time.time() - t0
         line = (f"epoch {epoch}: train loss {stats['loss']:.4f} acc {stats['acc']:.4f} auc {stats['auc']:.4f} "
+                f"logloss {stats['logloss']:.4f} "
                 f"({n / stats['seconds']:.1f} it/s, {n * args.batch_size / stats['seconds']:.0f} samples/s)")
         if args.val:
             stats["val"], val_line = validate(executor, progress)

@@ -24,3 +24,10 @@ def auc(labels, scores):
 def accuracy(labels, scores, threshold=0.5):
     labels = np.asarray(labels).reshape(-1) > 0.5
     return float(np.mean((np.asarray(scores).reshape(-1) > threshold) == labels))
+
+
+def logloss(labels, scores, eps=1e-7):
+    """Mean binary cross-entropy of probabilities `scores` (clipped to [eps, 1 - eps])."""
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.clip(np.asarray(scores, dtype=np.float64).reshape(-1), eps, 1 - eps)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log1p(-p)))

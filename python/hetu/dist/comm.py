@@ -117,5 +117,18 @@ class MPICommunicator:
         self.comm.Allgatherv(rows.reshape(-1), [all_rows.reshape(-1), counts * width])
         return all_ids, all_rows
 
+    def allgather_array(self, array):
+        """Every worker's 1-D host array concatenated in rank order (lengths may differ): what a
+        metric of the whole model is computed over."""
+        array = np.ascontiguousarray(array).reshape(-1)
+        counts = np.array(self.comm.allgather(len(array)), dtype=np.int64)
+        out = np.empty(int(counts.sum()), dtype=array.dtype)
+        self.comm.Allgatherv(array, [out, counts])
+        return out
+
+    def allreduce_mean(self, value):
+        """The mean of a float over the workers."""
+        return self.comm.allreduce(float(value), op=self.MPI.SUM) / self.size
+
     def barrier(self):
         self.comm.Barrier()
