@@ -13,6 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 import hetu as ht
+import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
 from hetu.data import load_dataset
 from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
@@ -420,14 +421,20 @@ def save_params(executor, path):
 
 
 def write_counters(executor, args, herald):
-    """--cache-perf's CSV; on failure its partial file is removed and the error returned."""
-    path = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}-worker{executor.graph.rank}.csv")
+    """--cache-perf's CSVs: this worker's per-iteration counters and, from worker 0, what each
+    server has served; on failure the partial file is removed and the error returned."""
+    prefix = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}")
+    path = f"{prefix}-worker{executor.graph.rank}.csv"
     try:
         executor.counters.write_csv(path)
+        print(f"per-iteration counters written to {path}", flush=True)
+        if executor.graph.remote and executor.graph.rank == 0:
+            path = f"{prefix}-servers.csv"
+            ht.ps.write_server_stats(path, ht.ps.server_stats())
+            print(f"per-server counters written to {path}", flush=True)
     except OSError as e:
-        _remove_quietly(path + ".tmp")   # write_csv's partial file
+        _remove_quietly(path + ".tmp")   # the partial file
         return f"--cache-perf: cannot write {path}: {e.strerror or e}"
-    print(f"per-iteration counters written to {path}", flush=True)
     return None
 
 

@@ -49,7 +49,7 @@ double DefaultWaitTimeout() {
   return e ? std::atof(e) : 600.0;
 }
 
-enum ResultKind { kNothing, kRows, kDenseRows, kStale, kStaleState, kState, kMarkedState };
+enum ResultKind { kNothing, kRows, kDenseRows, kStale, kStaleState, kState, kMarkedState, kServerStats };
 
 template <typename T>
 py::array WrapBlob(const Blob& b, std::vector<py::ssize_t> shape) {
@@ -158,6 +158,21 @@ class Handle {
         return WrapBlob<float>(r.rows, {n, w});
       }
       case kDenseRows: return Gathered<float>(r, 0, 1, {n});
+      case kServerStats: {  // one dict per server, in rank order (the parts' order)
+        py::list out;
+        for (const Part& p : r.parts) {
+          const Blob& b = p.response.data.at(0);
+          if (b.count<double>() != 4) throw std::runtime_error("server stats answer has the wrong size");
+          const double* v = b.as<double>();
+          py::dict d;
+          d["requests"] = static_cast<int64_t>(v[0]);
+          d["rows"] = static_cast<int64_t>(v[1]);
+          d["bytes"] = static_cast<int64_t>(v[2]);
+          d["busy_seconds"] = v[3];
+          out.append(d);
+        }
+        return out;
+      }
       case kState: {
         py::array rows = Gathered<float>(r, 0, w, {n, w});
         py::array state = Gathered<float>(r, 1, r.slots * w, {n, static_cast<py::ssize_t>(r.slots * w)});
@@ -533,6 +548,26 @@ PYBIND11_MODULE(_ps, m) {
     return Handle(req, keep, kNothing);
   });
 
+  m.def("server_stats", [] {
+    KVWorker& w = Worker();
+    std::shared_ptr<Request> req;
+    {
+      py::gil_scoped_release nogil;
+      req = w.Stats();
+    }
+    return Handle(req, py::list(), kServerStats);
+  }, "Worker: what every server has served so far (a Handle of one dict per server, in rank order).");
+  m.def("own_server_stats", [] {
+    NodeState& node = Node();
+    if (!node.server) throw std::runtime_error("hetu.ps: own_server_stats() is for a server");
+    const KVServer::Counters c = node.server->counters();
+    py::dict d;
+    d["requests"] = c.requests;
+    d["rows"] = c.rows;
+    d["bytes"] = c.bytes;
+    d["busy_seconds"] = c.busy_seconds;
+    return d;
+  }, "Server: what this server has served so far.");
   m.def("admin", [](const std::string& name, int64_t rows, int64_t width, bool dense, const std::string& op,
                     const std::string& path) {
     TableRef t = Ref(name, rows, width, dense);

@@ -11,6 +11,8 @@
 //   kAssign     keys, rows, state, steps, version_add -> -
 //   kSave/kLoad path                               -> -
 //   kClear      -                                  -> -
+//   kStats      - (no table)                       -> requests, rows, bytes, busy seconds (4 doubles):
+//               what this server has served (KVServer::Counters)
 // Chunks (PS_CHUNK_BYTES, meta `chunked`/`offset`/`more`): a kPull to several servers of more
 // rows than a chunk holds is answered by each server in chunks of rows, which the worker copies
 // into the result as they arrive; an ASP kPush of strictly increasing keys (without a
@@ -30,6 +32,7 @@ enum Op : int {
   kSave = 8,
   kLoad = 9,
   kClear = 10,
+  kStats = 11,
 };
 
 const char* OpName(int op);

@@ -20,6 +20,7 @@ const char* OpName(int op) {
     case kSave: return "save";
     case kLoad: return "load";
     case kClear: return "clear";
+    case kStats: return "stats";
     default: return "unknown op";
   }
 }
@@ -61,6 +62,25 @@ void KVServer::Handle(Message& msg) {
   }
   PS_VLOG(2) << "server " << po_->rank() << ": " << OpName(msg.meta.op()) << " '" << msg.meta.table() << "' from "
              << po_->Describe(sender);
+  if (msg.meta.op() == kStats) {
+    const Counters c = counters();
+    std::vector<double> v{static_cast<double>(c.requests), static_cast<double>(c.rows), static_cast<double>(c.bytes),
+                          c.busy_seconds};
+    double* out;
+    Blob b = Blob::Alloc<double>(v.size(), &out);
+    std::copy(v.begin(), v.end(), out);
+    return Reply(msg, {b}, "");
+  }
+  const double start = NowSeconds();
+  int64_t bytes = 0;
+  for (const Blob& b : msg.data) bytes += static_cast<int64_t>(b.size);
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  struct Busy {  // however the request ends
+    std::atomic<double>& total;
+    double start;
+    ~Busy() { total.store(total.load(std::memory_order_relaxed) + NowSeconds() - start, std::memory_order_relaxed); }
+  } busy{busy_seconds_, start};
   try {
     if (msg.meta.op() == kInit) {
       try {
@@ -76,6 +96,7 @@ void KVServer::Handle(Message& msg) {
                                 std::to_string(po_->rank()));
     }
     Entry& e = it->second;
+    if (!e.shard->dense()) rows_.fetch_add(NumKeys(msg), std::memory_order_relaxed);
     bool queued = false;
     for (const auto& d : e.deferred) queued = queued || d.msg.meta.sender() == sender;
     bool push_done = false;
@@ -84,6 +105,15 @@ void KVServer::Handle(Message& msg) {
   } catch (const std::exception& ex) {
     PS_VLOG(0) << "server " << po_->rank() << ": " << ex.what();
   }
+}
+
+KVServer::Counters KVServer::counters() const {
+  Counters c;
+  c.requests = requests_.load(std::memory_order_relaxed);
+  c.rows = rows_.load(std::memory_order_relaxed);
+  c.bytes = bytes_.load(std::memory_order_relaxed);
+  c.busy_seconds = busy_seconds_.load(std::memory_order_relaxed);
+  return c;
 }
 
 bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
@@ -396,6 +426,11 @@ void KVServer::Reply(const Message& req, std::vector<Blob> data, const std::stri
     r.meta.set_more(more);
   }
   r.data = std::move(data);
+  if (req.meta.op() != kStats) {
+    int64_t bytes = 0;
+    for (const Blob& b : r.data) bytes += static_cast<int64_t>(b.size);
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
   if (!po_->Send(req.meta.sender(), &r)) PS_VLOG(1) << "cannot answer " << po_->Describe(req.meta.sender());
 }
 

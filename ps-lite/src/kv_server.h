@@ -6,6 +6,7 @@
 // pull for iteration t waits (is deferred, with the later messages of the same worker for the
 // same table queued behind it) while an iteration <= t-1-staleness is still pending.
 #pragma once
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -26,6 +27,14 @@ class KVServer {
   // Postoffice may handle on its receive thread; init, save, load and clear go through the
   // whole table and stay off it.
   static bool Brief(const Message& msg);
+
+  // What this server has served: data requests, embedding rows (the keys of sparse requests),
+  // bytes of data both ways, and seconds spent handling requests.
+  struct Counters {
+    int64_t requests = 0, rows = 0, bytes = 0;
+    double busy_seconds = 0;
+  };
+  Counters counters() const;
 
  private:
   struct Deferred {
@@ -56,6 +65,9 @@ class KVServer {
 
   Postoffice* po_;
   std::map<std::string, Entry> tables_;
+  // Written by the one thread handling data at a time (postoffice.h), read from others.
+  std::atomic<int64_t> requests_{0}, rows_{0}, bytes_{0};
+  std::atomic<double> busy_seconds_{0};
   // The first error of a chunked push whose last chunk has not come yet, by (sender, timestamp).
   std::map<std::pair<int, int64_t>, std::string> chunk_errors_;
 };

@@ -251,4 +251,13 @@ std::shared_ptr<Request> KVWorker::Admin(const TableRef& t, int op, const std::s
   return req;
 }
 
+std::shared_ptr<Request> KVWorker::Stats() {
+  auto req = std::make_shared<Request>();
+  req->what = "stats of the servers";
+  req->op = kStats;
+  AllServers(req.get());
+  Send(req, "", [](Message&, const Part&) {});
+  return req;
+}
+
 }  // namespace ps

@@ -53,6 +53,8 @@ class KVWorker {
                                   const float* state, const int64_t* steps, const int64_t* version_add);
   // kSave, kLoad (path) or kClear, on every server.
   std::shared_ptr<Request> Admin(const TableRef& t, int op, const std::string& path);
+  // kStats of every server: what each has served (KVServer::Counters), one part per server.
+  std::shared_ptr<Request> Stats();
 
  private:
   std::shared_ptr<Request> NewRequest(const TableRef& t, int op);

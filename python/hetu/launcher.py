@@ -27,6 +27,8 @@ def main():
             why = ps.wait_for_end(0.5)
     except KeyboardInterrupt:
         why = "interrupted"
+    if role == "server":
+        print(ps.served_line(ps.rank(), ps.own_server_stats()), flush=True)
     ps.finalize()
     if why:
         print(f"hetu.launcher: {name}: job failed: {why}", file=sys.stderr)

@@ -110,8 +110,10 @@ class Job:
 
     def start_ps_process(self, node: Node, role: str, rank: Optional[int], env: Dict[str, str]):
         env = {**env, **self.node_env(node), "DMLC_ROLE": role}
-        if role == "server" and node.server_threads:
-            env["HETU_NUM_THREADS"] = str(node.server_threads)   # the node's count wins over env:
+        if role == "server":
+            env["DMLC_SERVER_ID"] = str(rank)   # the rank its output is tagged with is its rank in the job
+            if node.server_threads:
+                env["HETU_NUM_THREADS"] = str(node.server_threads)   # the node's count wins over env:
         tag = role if rank is None else f"{role} {rank}"
         if self.local[node.host]:
             argv, full_env = self.launcher_argv(node), {**os.environ, **env}

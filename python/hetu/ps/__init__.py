@@ -50,6 +50,7 @@ __all__ = [
     "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
     "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
     "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
+    "server_stats", "own_server_stats", "served_line", "write_server_stats",
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
@@ -115,6 +116,34 @@ def wait_for_end(timeout=None):
     """Scheduler/server: blocks until the job ends. Returns '' if every worker finished, else the
     reason the job failed (e.g. a dead node); None if `timeout` seconds passed first."""
     return _ps.wait_for_end(0.0 if timeout is None else float(timeout))
+
+
+def server_stats(timeout=None):
+    """Worker: what every server has served so far, one dict per server in rank order: requests,
+    rows (embedding rows: the keys of sparse requests), bytes (data both ways) and busy_seconds
+    (handling requests)."""
+    return _ps.server_stats().wait(timeout)
+
+
+def own_server_stats():
+    """Server: what this server has served so far (as server_stats())."""
+    return _ps.own_server_stats()
+
+
+def served_line(server, stats):
+    """The line a server's counters are reported in at the end of a job."""
+    return (f"server {server}: {stats['requests']} requests, {stats['rows']} rows, {stats['bytes']} bytes served, "
+            f"{stats['busy_seconds']:.3f} s busy")
+
+
+def write_server_stats(path, stats):
+    """server_stats() as a CSV (one line per server), written beside and renamed into place."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("server,requests,rows,bytes,busy_seconds\n")
+        for i, s in enumerate(stats):
+            f.write(f"{i},{s['requests']},{s['rows']},{s['bytes']},{s['busy_seconds']:.6f}\n")
+    os.replace(tmp, path)
 
 
 def rank():
