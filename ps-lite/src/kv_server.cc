@@ -37,6 +37,12 @@ std::string Expect(const Message& msg, size_t i, int64_t n, const char* what, co
   return "";
 }
 
+int64_t DataBytes(const std::vector<Blob>& data) {
+  int64_t bytes = 0;
+  for (const Blob& b : data) bytes += static_cast<int64_t>(b.size);
+  return bytes;
+}
+
 int64_t NumKeys(const Message& msg) { return msg.data.empty() ? 0 : static_cast<int64_t>(msg.data[0].count<int64_t>()); }
 
 }  // namespace
@@ -64,18 +70,17 @@ void KVServer::Handle(Message& msg) {
              << po_->Describe(sender);
   if (msg.meta.op() == kStats) {
     const Counters c = counters();
-    std::vector<double> v{static_cast<double>(c.requests), static_cast<double>(c.rows), static_cast<double>(c.bytes),
-                          c.busy_seconds};
     double* out;
-    Blob b = Blob::Alloc<double>(v.size(), &out);
-    std::copy(v.begin(), v.end(), out);
+    Blob b = Blob::Alloc<double>(4, &out);
+    out[0] = static_cast<double>(c.requests);
+    out[1] = static_cast<double>(c.rows);
+    out[2] = static_cast<double>(c.bytes);
+    out[3] = c.busy_seconds;
     return Reply(msg, {b}, "");
   }
   const double start = NowSeconds();
-  int64_t bytes = 0;
-  for (const Blob& b : msg.data) bytes += static_cast<int64_t>(b.size);
   requests_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  bytes_.fetch_add(DataBytes(msg.data), std::memory_order_relaxed);
   struct Busy {  // however the request ends
     std::atomic<double>& total;
     double start;
@@ -426,11 +431,7 @@ void KVServer::Reply(const Message& req, std::vector<Blob> data, const std::stri
     r.meta.set_more(more);
   }
   r.data = std::move(data);
-  if (req.meta.op() != kStats) {
-    int64_t bytes = 0;
-    for (const Blob& b : r.data) bytes += static_cast<int64_t>(b.size);
-    bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  }
+  if (req.meta.op() != kStats) bytes_.fetch_add(DataBytes(r.data), std::memory_order_relaxed);
   if (!po_->Send(req.meta.sender(), &r)) PS_VLOG(1) << "cannot answer " << po_->Describe(req.meta.sender());
 }
 

@@ -45,9 +45,11 @@ HETU_STEP_VERSION(StepAvx2, __attribute__((target("avx2"))))
 HETU_STEP_VERSION(StepDefault, )
 #undef HETU_STEP_VERSION
 
-std::string Known() {
+// The versions' names, comma-separated: all of them, or those this CPU can run.
+std::string Names(bool runnable_only) {
   std::string s;
-  for (const auto& v : SimdVariants()) s += (s.empty() ? "" : ", ") + v;
+  for (const auto& v : SimdVariants())
+    if (!runnable_only || SimdRunnable(v)) s += (s.empty() ? "" : ", ") + v;
   return s;
 }
 
@@ -57,13 +59,9 @@ std::string ChooseVariant() {
     const std::string want = env;
     bool known = false;
     for (const auto& v : SimdVariants()) known = known || v == want;
-    if (!known) throw std::runtime_error("HETU_SIMD='" + want + "': expected one of " + Known());
-    if (!SimdRunnable(want)) {
-      std::string can;
-      for (const auto& v : SimdVariants())
-        if (SimdRunnable(v)) can += (can.empty() ? "" : ", ") + v;
-      throw std::runtime_error("HETU_SIMD='" + want + "': this CPU cannot run it (it can run " + can + ")");
-    }
+    if (!known) throw std::runtime_error("HETU_SIMD='" + want + "': expected one of " + Names(false));
+    if (!SimdRunnable(want))
+      throw std::runtime_error("HETU_SIMD='" + want + "': this CPU cannot run it (it can run " + Names(true) + ")");
     return want;
   }
   for (const auto& v : SimdVariants())

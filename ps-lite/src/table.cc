@@ -24,6 +24,12 @@ struct FileHeader {
 };
 const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
 
+// A shard of `rows` rows is stepped in units: one per row, or the whole shard when dense.
+void Units(bool dense, int64_t rows, int64_t width, int64_t* units, int64_t* unit_width) {
+  *units = dense ? 1 : rows;
+  *unit_width = dense ? rows * width : width;
+}
+
 std::string Sanitize(const std::string& name) {
   std::string s = name;
   for (char& c : s)
@@ -73,8 +79,7 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
   cfg_.l2reg = spec.l2reg();
   cfg_.weight_decay = spec.weight_decay();
   slots_ = hetu::optim::slots(cfg_.kind);
-  units_ = dense() ? 1 : hi_ - lo_;
-  unit_width_ = dense() ? (hi_ - lo_) * width() : width();
+  Units(dense(), hi_ - lo_, width(), &units_, &unit_width_);
   Reset();
 }
 
@@ -276,13 +281,9 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
 
 namespace {
 
-// A saved shard file: its header and where each section starts.
+// A saved shard file, closed however the load ends.
 struct SavedShard {
-  std::string path;
   FILE* f = nullptr;
-  FileHeader h{};
-  int64_t units = 0, unit_width = 0;
-  long values_at = 0, state_at = 0, steps_at = 0, versions_at = 0, end = 0;
   ~SavedShard() {
     if (f) std::fclose(f);
   }
@@ -329,7 +330,7 @@ std::string TableShard::Load(const std::string& dir) {
   steps.Reset(steps_.size(), 0);
   versions.Reset(versions_.size(), 0);
   int64_t covered = 0, loaded_applied = 0;
-  bool have_unit = false, have_applied = false;
+  bool have_applied = false;  // a saved shard was read (its clock, and a dense one's step count)
   for (int k = 0; k < saved; ++k) {
     int64_t olo, ohi;
     Range(spec_.rows(), k, saved, &olo, &ohi);
@@ -338,40 +339,42 @@ std::string TableShard::Load(const std::string& dir) {
     // step count, from a saved shard: the last.
     const bool header_only = !have_applied && a >= b && k == saved - 1;
     if (a >= b && !header_only) continue;
+    const std::string path = FileName(dir, k, saved);
     SavedShard in;
-    in.path = FileName(dir, k, saved);
-    in.f = std::fopen(in.path.c_str(), "rb");
-    if (!in.f) return "table '" + name_ + "': cannot read " + in.path + ": " + std::strerror(errno);
-    FileHeader& h = in.h;
+    in.f = std::fopen(path.c_str(), "rb");
+    if (!in.f) return "table '" + name_ + "': cannot read " + path + ": " + std::strerror(errno);
+    FileHeader h{};
     if (std::fread(&h, sizeof(h), 1, in.f) != 1 || std::memcmp(h.magic, kMagic, 8) != 0)
-      return "table '" + name_ + "': " + in.path + " is not a saved shard";
+      return "table '" + name_ + "': " + path + " is not a saved shard";
     if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
-      return "table '" + name_ + "': " + in.path + " holds a table of " + std::to_string(h.rows) + " x " +
+      return "table '" + name_ + "': " + path + " holds a table of " + std::to_string(h.rows) + " x " +
              std::to_string(h.width) + (h.dense ? " (dense)" : "") + " stepped by optimizer " +
              std::to_string(h.optim_kind) + ", this one is " + std::to_string(spec_.rows()) + " x " +
              std::to_string(w) + (dense() ? " (dense)" : "") + " stepped by optimizer " + std::to_string(cfg_.kind);
     if (h.lo != olo || h.hi != ohi)
-      return "table '" + name_ + "': " + in.path + " holds rows [" + std::to_string(h.lo) + ", " +
+      return "table '" + name_ + "': " + path + " holds rows [" + std::to_string(h.lo) + ", " +
              std::to_string(h.hi) + "), shard " + std::to_string(k) + " of " + std::to_string(saved) + " owns [" +
              std::to_string(olo) + ", " + std::to_string(ohi) + ")";
-    in.units = dense() ? 1 : ohi - olo;
-    in.unit_width = dense() ? (ohi - olo) * w : w;
+    // Where each section of the file starts (Save's order).
+    int64_t units, unit_width;
+    Units(dense(), ohi - olo, w, &units, &unit_width);
     const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
-    in.values_at = sizeof(FileHeader);
-    in.state_at = in.values_at + (ohi - olo) * w * float_bytes;
-    in.steps_at = in.state_at + in.units * slots_ * in.unit_width * float_bytes;
-    in.versions_at = in.steps_at + in.units * int_bytes;
-    in.end = in.versions_at + in.units * int_bytes;
-    if (std::fseek(in.f, 0, SEEK_END) != 0) return "table '" + name_ + "': cannot seek in " + in.path;
+    const long values_at = sizeof(FileHeader);
+    const long state_at = values_at + (ohi - olo) * w * float_bytes;
+    const long steps_at = state_at + units * slots_ * unit_width * float_bytes;
+    const long versions_at = steps_at + units * int_bytes;
+    const long end = versions_at + units * int_bytes;
+    if (std::fseek(in.f, 0, SEEK_END) != 0) return "table '" + name_ + "': cannot seek in " + path;
     const long size = std::ftell(in.f);
-    if (size < in.end)
-      return "table '" + name_ + "': " + in.path + " is truncated: " + std::to_string(size) + " bytes of " +
-             std::to_string(in.end);
-    if (size > in.end)
-      return "table '" + name_ + "': " + in.path + " has bytes after the shard's data (not written by a save)";
+    if (size < end)
+      return "table '" + name_ + "': " + path + " is truncated: " + std::to_string(size) + " bytes of " +
+             std::to_string(end);
+    if (size > end)
+      return "table '" + name_ + "': " + path + " has bytes after the shard's data (not written by a save)";
     if (have_applied && h.applied != loaded_applied)
       return "table '" + name_ + "': the saved shards were applied up to different iterations (" +
-             std::to_string(loaded_applied) + " and " + std::to_string(h.applied) + " in " + in.path + ")";
+             std::to_string(loaded_applied) + " and " + std::to_string(h.applied) + " in " + path + ")";
+    const bool first = !have_applied;
     loaded_applied = h.applied;
     have_applied = true;
     bool ok = true;
@@ -379,27 +382,26 @@ std::string TableShard::Load(const std::string& dir) {
       ok = ok && (bytes == 0 || (std::fseek(in.f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, in.f) == 1));
     };
     const int64_t n = std::max<int64_t>(0, b - a);
-    read(in.values_at + (a - olo) * w * float_bytes, values.data() + (a - lo_) * w, n * w * float_bytes);
+    read(values_at + (a - olo) * w * float_bytes, values.data() + (a - lo_) * w, n * w * float_bytes);
     if (dense()) {
       // Slot s of a dense shard is its whole range's floats: copy the overlap of each slot.
       for (int64_t s = 0; s < slots_; ++s)
-        read(in.state_at + (s * in.unit_width + (a - olo) * w) * float_bytes,
-             state.data() + s * unit_width_ + (a - lo_) * w, n * w * float_bytes);
+        read(state_at + (s * unit_width + (a - olo) * w) * float_bytes, state.data() + s * unit_width_ + (a - lo_) * w,
+             n * w * float_bytes);
       int64_t step = 0, version = 0;
-      read(in.steps_at, &step, int_bytes);
-      read(in.versions_at, &version, int_bytes);
-      if (ok && have_unit && (step != steps[0] || version != versions[0]))
+      read(steps_at, &step, int_bytes);
+      read(versions_at, &version, int_bytes);
+      if (ok && !first && (step != steps[0] || version != versions[0]))
         return "table '" + name_ + "': the saved shards of a dense table disagree on its step count (" +
-               std::to_string(steps[0]) + " and " + std::to_string(step) + " in " + in.path + ")";
+               std::to_string(steps[0]) + " and " + std::to_string(step) + " in " + path + ")";
       steps[0] = step;
       versions[0] = version;
-      have_unit = true;
     } else {
-      read(in.state_at + (a - olo) * sw * float_bytes, state.data() + (a - lo_) * sw, n * sw * float_bytes);
-      read(in.steps_at + (a - olo) * int_bytes, steps.data() + (a - lo_), n * int_bytes);
-      read(in.versions_at + (a - olo) * int_bytes, versions.data() + (a - lo_), n * int_bytes);
+      read(state_at + (a - olo) * sw * float_bytes, state.data() + (a - lo_) * sw, n * sw * float_bytes);
+      read(steps_at + (a - olo) * int_bytes, steps.data() + (a - lo_), n * int_bytes);
+      read(versions_at + (a - olo) * int_bytes, versions.data() + (a - lo_), n * int_bytes);
     }
-    if (!ok) return "table '" + name_ + "': reading " + in.path + " failed";
+    if (!ok) return "table '" + name_ + "': reading " + path + " failed";
     covered += n;
   }
   // The saved ranges partition the table's rows, so they must add up to this shard's.
