@@ -50,6 +50,53 @@ py::object gather_rows(Array<float> table, Array<int64_t> ids, Array<float> out)
   return py::none();
 }
 
+// ids: [samples, slots]; bag_offsets: the bags' first slots and the end (kernels::pool_bags).
+void check_bags(const char* what, const Array<int64_t>& ids, const Array<int64_t>& bag_offsets) {
+  const int64_t slots = ids.ndim() == 2 ? ids.shape(1) : -1;
+  const int64_t* o = bag_offsets.data();
+  const int64_t bags = bag_offsets.size() - 1;
+  bool ok = slots >= 0 && bags >= 1 && o[0] == 0 && o[bags] == slots;
+  for (int64_t k = 0; ok && k < bags; ++k) ok = o[k] <= o[k + 1];
+  if (!ok)
+    throw std::invalid_argument(std::string(what) + ": ids must be [samples, slots] and bag_offsets ascend from 0 "
+                                "to the slot count");
+}
+
+py::object pool_bags(Array<float> table, Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> out) {
+  if (table.ndim() != 2) throw std::invalid_argument("pool_bags: table must be 2-D");
+  check_bags("pool_bags", ids, bag_offsets);
+  const int64_t rows = table.shape(0), width = table.shape(1), n = ids.shape(0), bags = bag_offsets.size() - 1;
+  if (out.size() != n * bags * width) throw std::invalid_argument("pool_bags: out must be [samples, bags, width]");
+  int64_t bad;
+  {
+    py::gil_scoped_release nogil;
+    bad = hetu::kernels::pool_bags(table.data(), rows, width, ids.data(), n, ids.shape(1), bag_offsets.data(), bags,
+                                   mean, mutable_data(out, "out"));
+  }
+  if (bad >= 0) return py::make_tuple(bad, ids.data()[bad]);
+  return py::none();
+}
+
+py::tuple bag_gradient(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> grads) {
+  check_bags("bag_gradient", ids, bag_offsets);
+  const int64_t n = ids.shape(0), bags = bag_offsets.size() - 1;
+  const int64_t width = n * bags ? grads.size() / (n * bags) : 0;
+  if (grads.size() != n * bags * width) throw std::invalid_argument("bag_gradient: grads must be [samples, bags, width]");
+  std::vector<int64_t> indices;
+  std::vector<float> values;
+  {
+    py::gil_scoped_release nogil;
+    hetu::kernels::bag_gradient(ids.data(), n, ids.shape(1), bag_offsets.data(), bags, mean, grads.data(), width,
+                                &indices, &values);
+  }
+  const auto u = static_cast<py::ssize_t>(indices.size());
+  Array<int64_t> out_ids(u);
+  Array<float> out_rows(std::vector<py::ssize_t>{u, static_cast<py::ssize_t>(width)});
+  std::copy(indices.begin(), indices.end(), out_ids.mutable_data());
+  std::copy(values.begin(), values.end(), out_rows.mutable_data());
+  return py::make_tuple(out_ids, out_rows);
+}
+
 py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
   const int64_t n = ids.size();
   if (n == 0) return py::make_tuple(Array<int64_t>(0), Array<float>(std::vector<py::ssize_t>{0, grads.ndim() == 2 ? grads.shape(1) : 0}));
@@ -365,6 +412,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("optim_slots", &hetu::optim::slots, "state arrays per row for an optimizer kind");
 
   m.def("gather_rows", &gather_rows, "out[i] = table[ids[i]]; returns None or (position, id) of a bad id");
+  m.def("pool_bags", &pool_bags, py::arg("table"), py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"),
+        py::arg("out"), "out[s, k] = sum (mean) of table rows of bag k of sample s (-1: empty slot); None or "
+        "(position, id) of a bad id");
+  m.def("bag_gradient", &bag_gradient, py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"), py::arg("grads"),
+        "(ids, rows): pool_bags' sparse gradient, one row per filled slot");
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");

@@ -2,7 +2,7 @@
 graph each time they are called."""
 from . import init
 from .ops import (activation, array_reshape_op, batch_normalization_op, concatenate_op, dropout_op,
-                  embedding_lookup_op, layer_normalization_op, matmul_op, sum_op)
+                  embedding_bag_op, embedding_lookup_op, layer_normalization_op, matmul_op, sum_op)
 from .ops.math import add_op, broadcastto_op
 
 
@@ -34,6 +34,20 @@ class Embedding(Layer):
 
     def forward(self, ids):
         return embedding_lookup_op(self.embedding_table, ids)
+
+
+class EmbeddingBag(Embedding):
+    """A table whose rows are pooled per bag (multi-hot fields): ids [samples, slots] with -1 in
+    empty slots; `slots`, the slot count of each bag ([samples, bags, dim] out), or None for one
+    bag of all the slots ([samples, dim] out); `mode` "sum" or "mean"."""
+
+    def __init__(self, num_embeddings, embedding_dim, mode="sum", slots=None, initializer=init.random_normal,
+                 name="embedding", ctx=None):
+        super().__init__(num_embeddings, embedding_dim, initializer, name, ctx)
+        self.mode, self.slots = mode, slots
+
+    def forward(self, ids):
+        return embedding_bag_op(self.embedding_table, ids, self.slots, self.mode)
 
 
 class Sequence(Layer):

@@ -1,4 +1,4 @@
-// Row gather, sparse-gradient unique-and-sum, and row-wise optimizer steps on CPU.
+// Row gather, bag pooling and its gradient, sparse-gradient unique-and-sum, and row-wise optimizer steps on CPU.
 #include "kernels/kernels.h"
 
 #include <algorithm>
@@ -21,6 +21,69 @@ int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const i
       std::memcpy(out + i * width, table + ids[i] * width, sizeof(float) * width);
   });
   return -1;
+}
+
+int64_t pool_bags(const float* table, int64_t num_rows, int64_t width, const int64_t* ids, int64_t n, int64_t slots,
+                  const int64_t* bag_offsets, int64_t bags, bool mean, float* out) {
+  for (int64_t i = 0; i < n * slots; ++i)
+    if (ids[i] < -1 || ids[i] >= num_rows) return i;
+  parallel_for(n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t s = b; s < e; ++s)
+      for (int64_t k = 0; k < bags; ++k) {
+        float* o = out + (s * bags + k) * width;
+        int64_t count = 0;
+        for (int64_t i = s * slots + bag_offsets[k]; i < s * slots + bag_offsets[k + 1]; ++i) {
+          if (ids[i] < 0) continue;
+          const float* row = table + ids[i] * width;
+          // The first row is copied, not added to zeros: a bag of one is its row, bit for bit.
+          if (count++ == 0)
+            std::memcpy(o, row, sizeof(float) * width);
+          else
+            for (int64_t j = 0; j < width; ++j) o[j] += row[j];
+        }
+        if (count == 0) std::fill(o, o + width, 0.0f);
+        if (mean && count > 1)
+          for (int64_t j = 0; j < width; ++j) o[j] /= static_cast<float>(count);
+      }
+  });
+  return -1;
+}
+
+int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
+                     bool mean, const float* grads, int64_t width, std::vector<int64_t>* indices,
+                     std::vector<float>* values) {
+  // Where each sample's ids start among the output's (a prefix sum of its filled slots), so
+  // that samples are written in parallel and in order.
+  std::vector<int64_t> start(n + 1, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t filled = 0;
+    for (int64_t i = s * slots; i < (s + 1) * slots; ++i) filled += ids[i] >= 0;
+    start[s + 1] = start[s] + filled;
+  }
+  indices->resize(start[n]);
+  values->resize(start[n] * width);
+  parallel_for(n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t s = b; s < e; ++s) {
+      int64_t at = start[s];
+      for (int64_t k = 0; k < bags; ++k) {
+        const int64_t lo = s * slots + bag_offsets[k], hi = s * slots + bag_offsets[k + 1];
+        int64_t count = 0;
+        for (int64_t i = lo; i < hi; ++i) count += ids[i] >= 0;
+        const float* g = grads + (s * bags + k) * width;
+        for (int64_t i = lo; i < hi; ++i) {
+          if (ids[i] < 0) continue;
+          (*indices)[at] = ids[i];
+          float* v = values->data() + at * width;
+          if (mean && count > 1)
+            for (int64_t j = 0; j < width; ++j) v[j] = g[j] / static_cast<float>(count);
+          else
+            std::memcpy(v, g, sizeof(float) * width);
+          ++at;
+        }
+      }
+    }
+  });
+  return start[n];
 }
 
 namespace {

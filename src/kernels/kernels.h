@@ -13,6 +13,21 @@ namespace kernels {
 int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const int64_t* ids, int64_t n,
                     float* out);
 
+// Bags (multi-hot fields): each of the n samples has `slots` id slots, grouped into `bags` bags,
+// bag k being slots [bag_offsets[k], bag_offsets[k + 1]); -1 marks an empty slot.
+// out[s, k] = the sum (or, with `mean`, the mean) of the rows of bag k of sample s, added in slot
+// order; an empty bag gives zeros. Returns -1, or the position of the first id outside
+// [0, num_rows) that is not -1.
+int64_t pool_bags(const float* table, int64_t num_rows, int64_t width, const int64_t* ids, int64_t n, int64_t slots,
+                  const int64_t* bag_offsets, int64_t bags, bool mean, float* out);
+
+// pool_bags' sparse gradient: every id of every bag, in sample and slot order (a repeated id once
+// per occurrence, -1 skipped), with its bag's upstream gradient grads[s, k] (divided by the bag's
+// length for `mean`). Returns the number of ids.
+int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
+                     bool mean, const float* grads, int64_t width, std::vector<int64_t>* indices,
+                     std::vector<float>* values);
+
 // Sums the rows of `grads` that share an id. uniq comes out sorted ascending; each id's rows
 // are added in their order of occurrence. Returns the number of unique ids.
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,

@@ -134,21 +134,27 @@ def _rule_settings(optimizer):
 
 
 class PSEmbeddingLookupOp(Op):
-    """table[ids] for a table on the servers: each distinct id is fetched once, from the servers
-    or through the worker's cache (`source`: a RemoteTable or a CachedTable, both with lookup).
-    On a GPU the ids are read on the host and the distinct rows, with each id's position among
-    them, reach the device in one pinned copy; the device expands them to the batch's rows."""
+    """table[ids] for a table on the servers, or, with `bags` (hetu.ops.embedding.Bags), the
+    table's rows pooled per bag (-1: an empty slot, which reads nothing). Each distinct id is
+    fetched once, from the servers or through the worker's cache (`source`: a RemoteTable or a
+    CachedTable, both with lookup). On a GPU the ids are read on the host and the distinct rows,
+    with each id's position among them, reach the device in one pinned copy; the device expands
+    them to the batch's rows or pools them."""
     capturable = False
     host_inputs = True
 
-    def __init__(self, ids, remote, ctx=None):
+    def __init__(self, ids, remote, bags=None, ctx=None):
         super().__init__(ids, ctx=ctx, name=None)
         self.remote = remote
         self.source = remote
+        self.bags = bags
         self._to_device = None   # hetu.cuda.HostToDevice, on a GPU
 
     def infer_shape(self, s):
-        return tuple(s[0]) + (self.remote.param.shape[1],)
+        width = self.remote.param.shape[1]
+        if self.bags is not None:
+            return self.bags.out_shape(tuple(s[0]), width)
+        return tuple(s[0]) + (width,)
 
     def compute(self, vals, state):
         ids = cuda.to_host(vals[0])
@@ -156,10 +162,17 @@ class PSEmbeddingLookupOp(Op):
             raise TypeError(f"{self.name}: ids are {ids.dtype}, expected int64")
         flat = ids.reshape(-1)
         rows = self.remote.param.shape[0]
-        if flat.size and (flat.min() < 0 or flat.max() >= rows):
+        lowest = -1 if self.bags is not None else 0
+        if flat.size and (flat.min() < lowest or flat.max() >= rows):
             bad = int(flat.max() if flat.max() >= rows else flat.min())
             raise IndexError(f"{self.name}: id {bad} outside the table {self.remote.param.name} of {rows} rows")
-        uniq, inverse = np.unique(flat, return_inverse=True)
+        if self.bags is not None:
+            filled = flat >= 0
+            uniq, inverse = np.unique(flat[filled], return_inverse=True)
+            positions = np.full(ids.shape, -1, np.int64)
+            positions.reshape(-1)[filled] = inverse
+        else:
+            uniq, positions = np.unique(flat, return_inverse=True)
         # Reads outside training (validation) go straight to the servers, after the executor
         # flushed every cache, and are not counted as training transmissions.
         if state.training:
@@ -168,15 +181,21 @@ class PSEmbeddingLookupOp(Op):
             self.remote.counters.add(pull_seconds=time.perf_counter() - started)
         else:
             pulled = self.remote.pull(uniq)
-        out = state.buffer(self, ids.shape + (pulled.shape[1],), np.float32)
+        width = pulled.shape[1]
+        out_shape = self.bags.out_shape(ids.shape, width) if self.bags is not None else ids.shape + (width,)
+        out = state.buffer(self, out_shape, np.float32)
         if state.xp is np:
-            np.take(pulled, inverse, axis=0, out=out.reshape(flat.size, pulled.shape[1]))
+            if self.bags is not None:
+                return self.bags.pool(self.name, pulled, positions, out)
+            np.take(pulled, positions, axis=0, out=out.reshape(flat.size, width))
             return out
         if self._to_device is None:
             self._to_device = cuda.HostToDevice()
         rows, positions = self._to_device.send([np.ascontiguousarray(pulled, np.float32),
-                                                inverse.reshape(-1).astype(np.int64, copy=False)])
-        return gather(self.name, rows, positions, out, state.checks)
+                                                positions.reshape(ids.shape).astype(np.int64, copy=False)])
+        if self.bags is not None:
+            return self.bags.pool(self.name, rows, positions, out, state.checks)
+        return gather(self.name, rows, positions.reshape(-1), out, state.checks)
 
 
 class PSSparseUpdater:

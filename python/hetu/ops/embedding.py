@@ -1,5 +1,6 @@
-"""Embedding lookup. Its gradient is sparse: the looked-up ids and one gradient row per id
-(duplicates kept; the optimizer sums them), never a table-sized dense array.
+"""Embedding lookup and bags (multi-hot fields, pooled by sum or mean). Their gradient is sparse:
+the looked-up ids and one gradient row per id (duplicates kept; the optimizer sums them), never a
+table-sized dense array.
 
 Row kernels, CPU (hetu._C) and GPU (below) side by side: gather with a bounds check, and
 unique-and-sum, which sorts ids stably and sums each id's rows in the order they occur (on the
@@ -12,7 +13,7 @@ from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError
 
-__all__ = ["embedding_lookup_op", "IndexedSlices"]
+__all__ = ["embedding_lookup_op", "embedding_bag_op", "Bags", "IndexedSlices"]
 
 _ROW_KERNELS = r"""
 // out[i, :] = table[ids[i], :]; an id outside the table writes zeros and records the first bad
@@ -102,6 +103,47 @@ extern "C" __global__ void hetu_scatter_rows(float* out, const long long* uniq, 
   long long u = e / width, j = e - u * width;
   if (u >= *count) return;
   out[uniq[u] * width + j] = rows[e];
+}
+
+// Bags: out[s, k, :] = the sum of rows[ids[s, o[k]] .. ids[s, o[k + 1] - 1]] in slot order (-1: an
+// empty slot), divided by the bag's length with `mean`; an empty bag gives zeros. As pool_bags on
+// the CPU, bit for bit: the first row is taken as it is, the others added one after another.
+// A bad id writes its flat position to *bad as hetu_gather_rows does.
+extern "C" __global__ void hetu_pool_bags(const float* rows, const long long* ids, const long long* o, float* out,
+                                          long long n, long long slots, long long bags, long long width,
+                                          long long num_rows, int mean, long long* bad) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * bags * width) return;
+  long long j = e % width, sk = e / width, k = sk % bags, s = sk / bags;
+  float acc = 0.0f;
+  long long count = 0;
+  for (long long i = s * slots + o[k]; i < s * slots + o[k + 1]; ++i) {
+    long long id = ids[i];
+    if (id == -1) continue;
+    if (id < -1 || id >= num_rows) {
+      if (j == 0) atomicCAS((unsigned long long*)bad, (unsigned long long)-1LL, (unsigned long long)i);
+      continue;
+    }
+    float v = rows[id * width + j];
+    acc = count++ == 0 ? v : acc + v;
+  }
+  out[e] = (mean && count > 1) ? acc / (float)count : acc;
+}
+
+// The bags' gradient for every slot: values[s * slots + i, :] = g[s, k, :] (over the bag's length
+// with `mean`) where slot i is in bag k; empty slots are dropped on the host side of the op.
+extern "C" __global__ void hetu_bag_slot_grads(const long long* ids, const long long* o, const float* g,
+                                               float* values, long long n, long long slots, long long bags,
+                                               long long width, int mean) {
+  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * slots * width) return;
+  long long j = e % width, si = e / width, i = si % slots, s = si / slots;
+  long long k = 0;
+  while (o[k + 1] <= i) ++k;
+  long long count = 0;
+  for (long long q = s * slots + o[k]; q < s * slots + o[k + 1]; ++q) count += ids[q] >= 0;
+  float v = g[(s * bags + k) * width + j];
+  values[e] = (mean && count > 1) ? v / (float)count : v;
 }
 """
 
@@ -208,6 +250,8 @@ def gather(op_name, table, ids, out, checks=None):
 
 
 class EmbeddingLookupOp(Op):
+    bags = None   # EmbeddingBagOp's pooling
+
     def __init__(self, table, ids, ctx=None):
         super().__init__(table, ids, ctx=ctx)
 
@@ -260,5 +304,128 @@ class SparseSumOp(Op):
                              vals[0].dense_shape)
 
 
+class Bags:
+    """How a sample's id slots form bags (multi-hot fields): bag k is slots [offsets[k],
+    offsets[k + 1]) of the ids' last axis, whose ids are pooled by `mode` ("sum" or "mean"); -1
+    marks an empty slot (a bag holds its ids first, then -1s). `slots`: the slot count of each
+    bag, or None for one bag of all the slots, pooled to [samples, width] instead of [samples,
+    bags, width]."""
+
+    MODES = ("sum", "mean")
+
+    def __init__(self, slots=None, mode="sum"):
+        if mode not in self.MODES:
+            raise ValueError(f"bag mode {mode!r}: expected one of {', '.join(self.MODES)}")
+        if slots is not None and (len(slots) == 0 or any(int(k) < 0 for k in slots)):
+            raise ValueError(f"bag slots {slots}: expected one count >= 0 per bag")
+        self.slots = None if slots is None else tuple(int(k) for k in slots)
+        self.mode = mode
+
+    @property
+    def mean(self):
+        return self.mode == "mean"
+
+    def offsets(self, total_slots):
+        slots = (total_slots,) if self.slots is None else self.slots
+        return np.concatenate([[0], np.cumsum(slots)]).astype(np.int64)
+
+    def out_shape(self, ids_shape, width):
+        """[samples, bags, width] (or [samples, width] for one bag of all slots) for ids
+        [samples, slots]."""
+        if len(ids_shape) != 2:
+            raise ShapeError(f"bag ids must be [samples, slots], got {tuple(ids_shape)}")
+        if self.slots is None:
+            return (ids_shape[0], width)
+        if sum(self.slots) != ids_shape[1]:
+            raise ShapeError(f"bags of {list(self.slots)} slots need {sum(self.slots)} id columns, got {ids_shape[1]}")
+        return (ids_shape[0], len(self.slots), width)
+
+    def pool(self, op_name, rows, ids, out, checks=None):
+        """out = the bags of `ids` pooled over `rows` (a table, or a batch's distinct rows with ids
+        as positions among them); a bad id is an error naming the op, the id and the table size."""
+        n, slots = ids.shape
+        offsets = self.offsets(slots)
+        num_rows, width = rows.shape
+        if not cuda.is_device_array(rows):
+            bad = _C.pool_bags(rows, ids, offsets, self.mean, out.reshape(n, -1, width))
+            if bad is not None:
+                raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {num_rows} rows")
+            return out
+        cp = cuda.cupy()
+        bags = len(offsets) - 1
+        bad = checks.slot(op_name, lambda pos: IndexError(
+            f"{op_name}: id {int(ids.reshape(-1)[pos].get())} (position {pos}) outside the table of {num_rows} rows"))
+        cuda.launch(_row_kernel("hetu_pool_bags"), n * bags * width,
+                    (rows, cp.ascontiguousarray(ids), cp.asarray(offsets), out, np.int64(n), np.int64(slots),
+                     np.int64(bags), np.int64(width), np.int64(num_rows), np.int32(self.mean), bad))
+        return out
+
+    def gradient(self, ids, g, width):
+        """(ids, rows): one gradient row per filled slot, in sample and slot order."""
+        n, slots = ids.shape
+        offsets = self.offsets(slots)
+        if not cuda.is_device_array(g):
+            return _C.bag_gradient(np.ascontiguousarray(ids), offsets, self.mean,
+                                   np.ascontiguousarray(g, np.float32))
+        cp = cuda.cupy()
+        bags = len(offsets) - 1
+        values = cp.empty((n * slots, width), np.float32)
+        cuda.launch(_row_kernel("hetu_bag_slot_grads"), n * slots * width,
+                    (cp.ascontiguousarray(ids), cp.asarray(offsets), cp.ascontiguousarray(g, dtype=np.float32),
+                     values, np.int64(n), np.int64(slots), np.int64(bags), np.int64(width), np.int32(self.mean)))
+        filled = cp.flatnonzero(ids.reshape(-1) >= 0)   # a synchronisation: the count decides the shapes
+        return ids.reshape(-1)[filled], values[filled]
+
+
+class EmbeddingBagOp(EmbeddingLookupOp):
+    """table rows pooled per bag (Bags): [samples, bags, width], or [samples, width] for one bag of
+    all the slots. A lookup like its parent for the passes (a table on the servers is read through
+    a PS lookup that pools the same way)."""
+
+    def __init__(self, table, ids, bags, ctx=None):
+        super().__init__(table, ids, ctx=ctx)
+        self.bags = bags
+
+    def infer_shape(self, s):
+        table, ids = s
+        if len(table) != 2:
+            raise ShapeError(f"{self.name}: table {self.inputs[0].name} must be 2-D, got {table}")
+        try:
+            return self.bags.out_shape(ids, table[1])
+        except ShapeError as e:
+            raise ShapeError(f"{self.name}: {e}") from None
+
+    def compute(self, vals, state):
+        table, ids = vals
+        if ids.dtype != np.int64:
+            raise TypeError(f"{self.name}: ids {self.inputs[1].name} are {ids.dtype}, expected int64")
+        out = state.buffer(self, self.bags.out_shape(ids.shape, table.shape[1]), np.float32)
+        return self.bags.pool(self.name, table, ids, out, state.checks)
+
+    def gradient(self, g):
+        return [EmbeddingBagGradOp(g, self.inputs[1], self.inputs[0], self.bags), None]
+
+
+class EmbeddingBagGradOp(EmbeddingLookupGradOp):
+    capturable = False   # the filled slots' count decides the gradient's shape
+
+    def __init__(self, g, ids, table, bags, ctx=None):
+        super().__init__(g, ids, table, ctx=ctx)
+        self.bags = bags
+
+    def compute(self, vals, state):
+        g, ids = vals[:2]
+        shape = vals[2].shape if len(vals) > 2 else self.table.shape
+        indices, values = self.bags.gradient(ids, g, shape[1])
+        return IndexedSlices(indices, values, shape)
+
+
 def embedding_lookup_op(table, ids, ctx=None):
     return EmbeddingLookupOp(table, ids, ctx=ctx)
+
+
+def embedding_bag_op(table, ids, slots=None, mode="sum", ctx=None):
+    """The rows of `table` named by ids [samples, slots] pooled per bag by `mode`: bags of
+    `slots` slots each -> [samples, bags, width], or one bag of all the slots (slots=None) ->
+    [samples, width]. -1 marks an empty slot."""
+    return EmbeddingBagOp(table, ids, Bags(slots, mode), ctx=ctx)

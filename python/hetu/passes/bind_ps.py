@@ -30,13 +30,13 @@ def bind_ps(graph):
 
 
 def _replace_lookups(graph):
-    """Rewires every consumer of a PS table lookup to a PSEmbeddingLookupOp."""
+    """Rewires every consumer of a PS table lookup (or bag) to a PSEmbeddingLookupOp."""
     replacements = {}
     for order in graph.topo.values():
         for node in order:
             if isinstance(node, EmbeddingLookupOp) and node.inputs[0].id in graph.remote:
                 replacements[node.id] = PSEmbeddingLookupOp(node.inputs[1], graph.remote[node.inputs[0].id],
-                                                            ctx=node.ctx)
+                                                            bags=node.bags, ctx=node.ctx)
     if not replacements:
         return
     for order in graph.topo.values():
