@@ -527,14 +527,14 @@ PYBIND11_MODULE(_C, m) {
     hetu::herald::GreedyAllocate(sc, n, workers, per_worker, iteration, o);
     return out;
   }, "Herald's allocation of a global batch: worker of each sample");
-  // rows: [samples, fields] indices into the batch's distinct rows; valid: per distinct row, one
-  // bit per worker whose cache holds a valid copy.
+  // rows: [samples, slots] indices into the batch's distinct rows, -1 in an empty slot; valid: per
+  // distinct row, one bit per worker whose cache holds a valid copy.
   auto check_colocate = [](const Array<int32_t>& rows, const Array<uint64_t>& valid, int workers) {
-    if (rows.ndim() != 2) throw std::invalid_argument("colocate: rows must be [samples, fields]");
+    if (rows.ndim() != 2) throw std::invalid_argument("colocate: rows must be [samples, slots]");
     if (workers < 1 || workers > 64) throw std::invalid_argument("colocate: 1 to 64 workers");
     const int32_t* r = rows.data();
     for (py::ssize_t i = 0; i < rows.size(); ++i)
-      if (r[i] < 0 || r[i] >= valid.size())
+      if (r[i] < -1 || r[i] >= valid.size())
         throw std::invalid_argument("colocate: row index " + std::to_string(r[i]) + " outside the " +
                                     std::to_string(valid.size()) + " distinct rows");
   };
@@ -548,8 +548,8 @@ PYBIND11_MODULE(_C, m) {
     Array<int32_t> out(n);
     int32_t* o = out.mutable_data();
     py::gil_scoped_release nogil;
-    hetu::herald::ColocateAllocate(rows.data(), n, rows.shape(1), valid.data(), valid.size(), workers, per_worker,
-                                   iteration, o);
+    const auto samples = hetu::herald::SampleRows::FromSlots(rows.data(), n, rows.shape(1), valid.size());
+    hetu::herald::ColocateAllocate(samples, valid.data(), valid.size(), workers, per_worker, iteration, o);
     return out;
   }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("per_worker"), py::arg("iteration"),
      "Herald's co-locating allocation of a global batch: worker of each sample");
@@ -560,8 +560,8 @@ PYBIND11_MODULE(_C, m) {
     for (py::ssize_t s = 0; s < assignment.size(); ++s)
       if (assignment.data()[s] < 0 || assignment.data()[s] >= workers)
         throw std::invalid_argument("estimated_rows: worker out of range");
-    return hetu::herald::EstimatedRows(rows.data(), rows.shape(0), rows.shape(1), valid.data(), valid.size(),
-                                       assignment.data());
+    const auto samples = hetu::herald::SampleRows::FromSlots(rows.data(), rows.shape(0), rows.shape(1), valid.size());
+    return hetu::herald::EstimatedRows(samples, valid.data(), valid.size(), assignment.data());
   }, py::arg("rows"), py::arg("valid"), py::arg("workers"), py::arg("assignment"),
      "the row transmissions colocate_allocate estimates for an assignment");
   m.def("planner_threads", &hetu::herald::PlannerThreads, py::arg("threads"), py::arg("ranks"),

@@ -21,17 +21,24 @@ class ReferencePlanner:
         return out
 
     def advance(self, ids, t):
+        """ids: [samples, slots] of global batch t; -1 is an empty slot (a bag's padding), and a row
+        that a sample names several times is one of its rows once."""
+        counted = ids >= 0
+        for j in range(1, ids.shape[1]):
+            counted[:, j] &= ~(ids[:, :j] == ids[:, j:j + 1]).any(axis=1)
         if self.allocator == "greedy":
-            scores = np.stack([self._valid_mask(w, ids).sum(axis=1, dtype=np.int32) for w in range(self.W)], axis=1)
+            scores = np.stack([(self._valid_mask(w, ids) & counted).sum(axis=1, dtype=np.int32)
+                               for w in range(self.W)], axis=1)
             assign = _C.greedy_allocate(np.ascontiguousarray(scores), self.b, t)
         elif self.allocator == "colocate":
-            distinct, rows = np.unique(ids, return_inverse=True)
+            distinct, rows = np.unique(ids[ids >= 0], return_inverse=True)
+            slots = np.full(ids.shape, -1, np.int32)
+            slots[ids >= 0] = rows
             valid = sum(self._valid_mask(w, distinct).astype(np.uint64) << np.uint64(w) for w in range(self.W))
-            assign = _C.colocate_allocate(rows.reshape(ids.shape).astype(np.int32), np.asarray(valid, np.uint64),
-                                          self.W, self.b, t)
+            assign = _C.colocate_allocate(slots, np.asarray(valid, np.uint64), self.W, self.b, t)
         else:
             assign = np.repeat(np.arange(self.W, dtype=np.int32), self.b)
-        keys = [np.unique(ids[assign == w]) for w in range(self.W)]
+        keys = [np.unique(ids[(assign == w)[:, None] & (ids >= 0)]) for w in range(self.W)]
         union, users = np.unique(np.concatenate(keys), return_counts=True)
         shared = union[users > 1]
         read_elsewhere = [union[(users - np.isin(union, k, assume_unique=True)) > 0] for k in keys]

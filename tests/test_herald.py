@@ -264,6 +264,24 @@ def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, al
     rng = np.random.default_rng(workers * 1000 + capacity)
     steps, fields = 25, 5
     sparse = (rng.zipf(1.3, size=(steps * workers * batch, fields)) % 400).astype(np.int64)
+    compare_planners(sparse, steps, workers, batch, capacity, policy, allocator)
+
+
+@pytest.mark.parametrize("allocator", ["colocate", "greedy", "none"])
+def test_the_planner_takes_a_samples_rows_from_its_bags(allocator):
+    """Bags: empty slots (-1, trailing in a bag) name no row, a row a sample names twice is its row
+    once, and a sample may read nothing."""
+    rng = np.random.default_rng(5)
+    steps, workers, batch = 20, 3, 12
+    sparse = (rng.zipf(1.3, size=(steps * workers * batch, 7)) % 300).astype(np.int64)
+    bag = sparse[:, 2:7]   # one bag of 5 slots: its first `length` slots filled
+    length = rng.integers(0, 6, size=len(sparse))
+    bag[np.arange(5)[None, :] >= length[:, None]] = -1
+    sparse[::17, :] = -1   # samples that read nothing
+    compare_planners(sparse, steps, workers, batch, 50, "lru", allocator)
+
+
+def compare_planners(sparse, steps, workers, batch, capacity, policy, allocator):
     for rank in range(workers):
         cpp = _C.Planner(workers, rank, batch, policy, capacity, allocator=allocator)
         ref = ReferencePlanner(workers, rank, batch, policy, capacity, allocator=allocator)

@@ -17,7 +17,7 @@ import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
 from hetu.data import load_dataset
 from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
-from models import MODELS, dataset_of
+from models import MODELS, READS_BAGS, dataset_of
 
 OPTIMIZERS = {
     "sgd": lambda lr: ht.optim.SGDOptimizer(learning_rate=lr),
@@ -119,6 +119,18 @@ def load(args):
         return load_dataset(source)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {source}: {e}") from None
+
+
+def field_layout(args, meta):
+    """What a model that reads bags needs of the data: each field's slot count. A model that reads
+    one id per field refuses multi-hot data."""
+    field_slots = tuple(meta.field_slots)
+    if args.model in READS_BAGS:
+        return {"field_slots": field_slots}
+    if any(k != 1 for k in field_slots):
+        raise SystemExit(f"--model {args.model} reads one id per field, and this data's fields "
+                         f"{', '.join(meta.bag_fields)} are multi-hot: use one of {', '.join(sorted(READS_BAGS))}")
+    return {}
 
 
 def distribution_options(args, herald):
@@ -344,10 +356,9 @@ def train(argv, herald):
     data = load(args)
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
-    model = MODELS[args.model]
-    loss, prediction, y_, train_op = model(dense_input, sparse_input, y_, num_embeddings=meta.num_embeddings,
-                                           embedding_size=args.embedding_size,
-                                           optimizer=OPTIMIZERS[args.optimizer](args.learning_rate))
+    loss, prediction, y_, train_op = MODELS[args.model](
+        dense_input, sparse_input, y_, num_embeddings=meta.num_embeddings, embedding_size=args.embedding_size,
+        optimizer=OPTIMIZERS[args.optimizer](args.learning_rate), **field_layout(args, meta))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
                            ctx=ctx, seed=args.seed, cuda_graph=args.cuda_graph, **options)
     check_batches(executor, data, args)

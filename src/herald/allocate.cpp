@@ -89,14 +89,14 @@ constexpr int32_t kSharedAnyway = 4;
 // that would save rows at a, when the two moves together save rows. Loads are unchanged.
 class Trader {
  public:
-  Trader(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows, int num_workers,
-         int32_t* assignment, Pool* pool)
-      : rows_(rows), n_(n), fields_(fields), W_(num_workers),
+  Trader(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers, int32_t* assignment,
+         Pool* pool)
+      : samples_(samples), n_(samples.samples()), W_(num_workers),
         everyone_(AllWorkers(num_workers)), assign_(assignment), pool_(pool),
         num_rows_(num_rows), count_(num_rows * num_workers, 0), row_(num_rows) {
     // By worker: each task counts the samples of its own workers.
     ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
-      for (int64_t s = 0; s < n; ++s) {
+      for (int64_t s = 0; s < n_; ++s) {
         const int w = assign_[s];
         if (w < first || w >= last) continue;
         int32_t* count = &count_[w * num_rows_];
@@ -168,8 +168,8 @@ class Trader {
   }
 
  private:
-  const int32_t* Begin(int64_t s) const { return rows_ + s * fields_; }
-  const int32_t* End(int64_t s) const { return rows_ + (s + 1) * fields_; }
+  const int32_t* Begin(int64_t s) const { return samples_.Begin(s); }
+  const int32_t* End(int64_t s) const { return samples_.End(s); }
 
   // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker).
   void Savings(int64_t s, int32_t* out) const {
@@ -220,8 +220,8 @@ class Trader {
     row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
   }
 
-  const int32_t* rows_;
-  int64_t n_, fields_;
+  const SampleRows& samples_;
+  int64_t n_;
   int W_;
   uint64_t everyone_;
   int32_t* assign_;
@@ -240,14 +240,33 @@ constexpr int kTradeSweeps = 2;
 
 }  // namespace
 
-std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid,
-                                 int num_workers, Pool* pool) {
+SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width, int64_t num_rows, int32_t empty,
+                                 int32_t shift) {
+  SampleRows out;
+  out.rows.reserve(n * width);
+  out.begin.reserve(n + 1);
+  std::vector<int64_t> last_sample(num_rows, -1);  // the sample that last took each row
+  for (int64_t s = 0; s < n; ++s) {
+    for (const int32_t* v = slots + s * width; v != slots + (s + 1) * width; ++v) {
+      if (*v == empty) continue;
+      const int32_t r = *v - shift;
+      if (last_sample[r] == s) continue;
+      last_sample[r] = s;
+      out.rows.push_back(r);
+    }
+    out.begin.push_back(static_cast<int64_t>(out.rows.size()));
+  }
+  return out;
+}
+
+std::vector<int32_t> CacheScores(const SampleRows& samples, const uint64_t* valid, int num_workers, Pool* pool) {
+  const int64_t n = samples.samples();
   std::vector<int32_t> scores(n * num_workers, 0);
   ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       int32_t* score = &scores[s * num_workers];
-      for (int64_t f = 0; f < fields; ++f)
-        for (uint64_t m = valid[rows[s * fields + f]]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
+        for (uint64_t m = valid[*r]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
     }
   });
   return scores;
@@ -278,20 +297,21 @@ double Since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool,
-                      double* seconds, std::vector<uint64_t>* readers_out) {
+void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers,
+                      int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool, double* seconds,
+                      std::vector<uint64_t>* readers_out) {
   const auto start = std::chrono::steady_clock::now();
+  const int64_t n = samples.samples();
   const int W = num_workers;
   const uint64_t everyone = AllWorkers(W);
   std::vector<uint64_t> readers(num_rows, 0);
   {
     std::vector<int32_t> samples_reading(num_rows, 0);
-    for (int64_t i = 0; i < n * fields; ++i) ++samples_reading[rows[i]];
+    for (const int32_t r : samples.rows) ++samples_reading[r];
     for (int64_t r = 0; r < num_rows; ++r)
       if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
   }
-  const std::vector<int32_t> scores = CacheScores(rows, n, fields, valid, W, pool);
+  const std::vector<int32_t> scores = CacheScores(samples, valid, W, pool);
   const std::vector<int64_t> order = StrongestFirst(scores.data(), n, W, pool);
   std::vector<int64_t> load(W, 0);
   // On one thread each sample is its own block: its costs are computed as it is placed.
@@ -305,38 +325,37 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
       for (int64_t j = begin; j < end; ++j) {
         int32_t* a = &block_added[j * W];
         std::fill(a, a + W, 0);
-        const int32_t* r = rows + order[j0 + j] * fields;
-        for (int64_t f = 0; f < fields; ++f) {
-          const uint64_t m = readers[r[f]];
-          if (m != everyone) AddAdded(m, valid[r[f]], everyone, 1, a);  // else: the same wherever the sample goes
+        const int64_t s = order[j0 + j];
+        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+          const uint64_t m = readers[*r];
+          if (m != everyone) AddAdded(m, valid[*r], everyone, 1, a);  // else: the same wherever the sample goes
         }
       }
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
-      const int32_t* r = rows + s * fields;
       std::copy(&block_added[(j - j0) * W], &block_added[(j - j0 + 1) * W], added.begin());
-      for (int64_t f = 0; f < fields; ++f) {
-        if (changed[r[f]] < j0) continue;
-        AddAdded(before[r[f]], valid[r[f]], everyone, -1, added.data());
-        AddAdded(readers[r[f]], valid[r[f]], everyone, 1, added.data());
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+        if (changed[*r] < j0) continue;
+        AddAdded(before[*r], valid[*r], everyone, -1, added.data());
+        AddAdded(readers[*r], valid[*r], everyone, 1, added.data());
       }
       const int chosen =
           BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
       assignment[s] = chosen;
       ++load[chosen];
-      for (int64_t f = 0; f < fields; ++f) {
-        const uint64_t now = readers[r[f]] | Bit(chosen);
-        if (now == readers[r[f]]) continue;
-        if (changed[r[f]] < j0) before[r[f]] = readers[r[f]];
-        changed[r[f]] = j;
-        readers[r[f]] = now;
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+        const uint64_t now = readers[*r] | Bit(chosen);
+        if (now == readers[*r]) continue;
+        if (changed[*r] < j0) before[*r] = readers[*r];
+        changed[*r] = j;
+        readers[*r] = now;
       }
     }
   }
   const auto placed = std::chrono::steady_clock::now();
   if (seconds) seconds[0] += Since(start);
-  Trader trader(rows, n, fields, valid, num_rows, W, assignment, pool);
+  Trader trader(samples, valid, num_rows, W, assignment, pool);
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
     if (trader.Sweep() == 0) break;
   if (readers_out) {
@@ -346,17 +365,15 @@ void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint
   if (seconds) seconds[1] += Since(placed);
 }
 
-std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,
-                              const int32_t* assignment) {
+std::vector<uint64_t> Readers(const SampleRows& samples, int64_t num_rows, const int32_t* assignment) {
   std::vector<uint64_t> readers(num_rows, 0);
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t f = 0; f < fields; ++f) readers[rows[s * fields + f]] |= Bit(assignment[s]);
+  for (int64_t s = 0; s < samples.samples(); ++s)
+    for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) readers[*r] |= Bit(assignment[s]);
   return readers;
 }
 
-int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      const int32_t* assignment) {
-  const std::vector<uint64_t> readers = Readers(rows, n, fields, num_rows, assignment);
+int64_t EstimatedRows(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, const int32_t* assignment) {
+  const std::vector<uint64_t> readers = Readers(samples, num_rows, assignment);
   int64_t total = 0;
   for (int64_t r = 0; r < num_rows; ++r) total += RowCost(readers[r], valid[r]);
   return total;

@@ -19,39 +19,53 @@ void ParallelFor(Pool* pool, int64_t n, int64_t min_chunk, Fn fn) {
   }
 }
 
+// A global batch's samples as the rows they read: sample s reads rows[begin[s] .. begin[s + 1]),
+// each an index into the batch's distinct rows, and each once: a row that several of a sample's
+// fields or bags name belongs to the sample once (DESIGN.md section 3).
+struct SampleRows {
+  std::vector<int32_t> rows;
+  std::vector<int64_t> begin{0};
+
+  int64_t samples() const { return static_cast<int64_t>(begin.size()) - 1; }
+  const int32_t* Begin(int64_t s) const { return rows.data() + begin[s]; }
+  const int32_t* End(int64_t s) const { return rows.data() + begin[s + 1]; }
+
+  // From slots [n, width] of indices into num_rows distinct rows, where `empty` marks a slot that
+  // reads nothing (a bag's padding) and every other index is lowered by `shift`.
+  static SampleRows FromSlots(const int32_t* slots, int64_t n, int64_t width, int64_t num_rows, int32_t empty = -1,
+                              int32_t shift = 0);
+};
+
 // Herald's allocators: which worker trains which sample of a global batch of n samples. Each
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
 // deterministic: every worker computes the same assignment.
 
-// rows: [n, fields], each sample's rows as indices into the batch's distinct rows; valid[r]: one
-// bit per worker whose cache holds a valid copy of row r. Returns the cache scores [n, num_workers]:
-// score(s, w) = rows of sample s (repeats count) valid in worker w's cache (DESIGN.md section 7).
-std::vector<int32_t> CacheScores(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid,
-                                 int num_workers, Pool* pool = nullptr);
+// valid[r]: one bit per worker whose cache holds a valid copy of row r. Returns the cache scores
+// [n, num_workers]: score(s, w) = rows of sample s valid in worker w's cache (DESIGN.md section 7).
+std::vector<int32_t> CacheScores(const SampleRows& samples, const uint64_t* valid, int num_workers,
+                                 Pool* pool = nullptr);
 
 // scores: [n, num_workers], the cache scores. Each sample goes to its best-scoring worker that
 // still has room, samples with the highest best score first.
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment, Pool* pool = nullptr);
 
-// rows, valid: as for CacheScores. Each sample goes, in the same order as GreedyAllocate's, to
+// samples, valid: as for CacheScores. Each sample goes, in the same order as GreedyAllocate's, to
 // the worker with room where it adds the fewest row transmissions to this iteration given the
 // samples placed before it: a row valid in that worker's cache is free (the cache score), and so
 // is a row that worker already reads this iteration, which would otherwise be shared
 // (co-location). Pairs of samples then trade workers while a trade saves rows.
 // seconds, if given: the time of the placement [0] and of the trades [1] are added to it.
 // readers_out, if given: Readers() of the assignment made.
-void ColocateAllocate(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
+void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment,
                       Pool* pool = nullptr, double* seconds = nullptr, std::vector<uint64_t>* readers_out = nullptr);
 
 // Who reads each of the batch's num_rows distinct rows under an assignment: one bit per worker.
-std::vector<uint64_t> Readers(const int32_t* rows, int64_t n, int64_t fields, int64_t num_rows,
-                              const int32_t* assignment);
+std::vector<uint64_t> Readers(const SampleRows& samples, int64_t num_rows, const int32_t* assignment);
 
 // The transmissions ColocateAllocate estimates for an assignment (a test's yardstick).
-int64_t EstimatedRows(const int32_t* rows, int64_t n, int64_t fields, const uint64_t* valid, int64_t num_rows,
-                      const int32_t* assignment);
+int64_t EstimatedRows(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, const int32_t* assignment);
 
 }  // namespace herald
 }  // namespace hetu

@@ -199,8 +199,8 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   assign->resize(n);
   if (allocator_ == Allocator::kColocate) {
     double seconds[2] = {0, 0};
-    ColocateAllocate(batch->rows.data(), n, batch->fields, batch->valid.data(), num_rows, W_, b_, iteration,
-                     assign->data(), plan_pool_, seconds, &batch->readers);  // readers come with it
+    ColocateAllocate(batch->samples, batch->valid.data(), num_rows, W_, b_, iteration, assign->data(), plan_pool_,
+                     seconds, &batch->readers);  // readers come with it
     profile_.scores += seconds[0];
     profile_.trades += seconds[1];
     return;
@@ -209,12 +209,12 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   if (allocator_ == Allocator::kNone) {
     for (int64_t s = 0; s < n; ++s) (*assign)[s] = static_cast<int32_t>(s / b_);
   } else {
-    GreedyAllocate(CacheScores(batch->rows.data(), n, batch->fields, batch->valid.data(), W_, plan_pool_).data(), n,
-                   W_, b_, iteration, assign->data(), plan_pool_);
+    GreedyAllocate(CacheScores(batch->samples, batch->valid.data(), W_, plan_pool_).data(), n, W_, b_, iteration,
+                   assign->data(), plan_pool_);
   }
   const auto allocated = std::chrono::steady_clock::now();
   profile_.scores += std::chrono::duration<double>(allocated - start).count();
-  batch->readers = Readers(batch->rows.data(), n, batch->fields, num_rows, assign->data());
+  batch->readers = Readers(batch->samples, num_rows, assign->data());
   profile_.readers += std::chrono::duration<double>(std::chrono::steady_clock::now() - allocated).count();
 }
 
@@ -328,10 +328,13 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   // The batch as indices into its distinct rows, each distinct row's valid mask (one lookup per
   // distinct row, not per id), the allocation, and who reads each row.
   BatchRows batch;
-  batch.fields = fields;
-  batch.rows.resize(n * fields);
-  SortedUnique(ids, n * fields, &batch.keys, batch.rows.data());
+  std::vector<int32_t> slots(n * fields);
+  SortedUnique(ids, n * fields, &batch.keys, slots.data());
+  // A bag's empty slots (-1) sort first and name no row.
+  const bool padded = !batch.keys.empty() && batch.keys[0] == -1;
+  if (padded) batch.keys.erase(batch.keys.begin());
   const int64_t num_rows = static_cast<int64_t>(batch.keys.size());
+  batch.samples = SampleRows::FromSlots(slots.data(), n, fields, num_rows, padded ? 0 : -1, padded ? 1 : 0);
   batch.valid.resize(num_rows);
   ParallelFor(pool, num_rows, 4096, [&](int64_t first, int64_t end) {
     for (int64_t r = first; r < end; ++r) {

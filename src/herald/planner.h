@@ -25,6 +25,7 @@
 #include "cache/policy.h"
 #include "common/flat_map.h"
 #include "common/parallel.h"
+#include "herald/allocate.h"
 
 namespace hetu {
 namespace herald {
@@ -102,13 +103,12 @@ class Planner {
         : policy(kind, capacity, pin_threshold), valid(capacity, 0), dirty(capacity, 0) {}
   };
 
-  // One global batch as the planner sees it. keys: its distinct rows, ascending; rows: [n, fields],
-  // each id as an index into keys; valid: per distinct row, one bit per worker whose cached copy
-  // is valid before the iteration; readers: one bit per worker that reads it (once allocated).
+  // One global batch as the planner sees it. keys: its distinct rows, ascending; samples: each
+  // sample's rows as indices into keys; valid: per distinct row, one bit per worker whose cached
+  // copy is valid before the iteration; readers: one bit per worker that reads it (once allocated).
   struct BatchRows {
-    int64_t fields = 0;
     std::vector<int64_t> keys;
-    std::vector<int32_t> rows;
+    SampleRows samples;
     std::vector<uint64_t> valid, readers;
   };
 

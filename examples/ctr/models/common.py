@@ -10,6 +10,13 @@ def embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name=
     return table, ht.array_reshape_op(rows, (-1, num_fields * embedding_size))
 
 
+def embed_bags(sparse_input, num_embeddings, embedding_size, field_slots, name="embedding"):
+    """One table for all fields, each field's ids pooled by sum (a field of one id is a bag of one)
+    -> [batch, fields, embedding_size]."""
+    return layers.EmbeddingBag(num_embeddings, embedding_size, mode="sum", slots=tuple(field_slots), name=name)(
+        sparse_input)
+
+
 def mlp(in_features, hidden, name, logit=True):
     """Linear+ReLU layers, then (with `logit`) a linear layer to one logit."""
     blocks, width = [], in_features

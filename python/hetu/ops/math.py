@@ -164,24 +164,31 @@ class MatMulOp(Op):
         super().__init__(a, b, ctx=ctx)
         self.trans_A, self.trans_B = trans_A, trans_B
 
+    """a @ b of matrices, or of stacks of them ([batch, m, k] @ [batch, k, n]: DLRM's dot
+    interaction); trans_A / trans_B transpose each matrix."""
+
     def infer_shape(self, s):
         a, b = s
-        if len(a) != 2 or len(b) != 2:
-            raise ShapeError(f"{self.name}: matmul takes 2-D inputs, got {self.inputs[0].name} {a} "
-                             f"and {self.inputs[1].name} {b}")
-        m, k = (a[1], a[0]) if self.trans_A else a
-        k2, n = (b[1], b[0]) if self.trans_B else b
+        if not (len(a) == len(b) == 2 or (len(a) == len(b) == 3 and a[0] == b[0])):
+            raise ShapeError(f"{self.name}: matmul takes 2-D inputs or 3-D stacks of as many matrices, got "
+                             f"{self.inputs[0].name} {a} and {self.inputs[1].name} {b}")
+        m, k = (a[-1], a[-2]) if self.trans_A else a[-2:]
+        k2, n = (b[-1], b[-2]) if self.trans_B else b[-2:]
         if k != k2:
             raise ShapeError(f"{self.name}: inner dimensions differ: {self.inputs[0].name} {a}"
                              f"{' (transposed)' if self.trans_A else ''} and {self.inputs[1].name} {b}"
                              f"{' (transposed)' if self.trans_B else ''}")
-        return (m, n)
+        return tuple(a[:-2]) + (m, n)
 
     def compute(self, vals, state):
         a, b = vals
-        m = a.shape[1] if self.trans_A else a.shape[0]
-        n = b.shape[0] if self.trans_B else b.shape[1]
-        out = state.buffer(self, (m, n), np.float32)
+        m = a.shape[-1] if self.trans_A else a.shape[-2]
+        n = b.shape[-2] if self.trans_B else b.shape[-1]
+        out = state.buffer(self, a.shape[:-2] + (m, n), np.float32)
+        if a.ndim == 3:
+            xp = array_module_of(a)
+            return xp.matmul(a.swapaxes(1, 2) if self.trans_A else a, b.swapaxes(1, 2) if self.trans_B else b,
+                             out=out)
         if cuda.is_device_array(a):
             # cuBLAS through hetu's own handle, which a CUDA graph can capture (hetu.cuda.Cublas).
             cp = cuda.cupy()

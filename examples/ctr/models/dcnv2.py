@@ -1,0 +1,35 @@
+"""DCN-V2 (Wang et al., 2021; MLPerf's DLRM-DCNv2): cross layers x_{l+1} = x0 * (W_l x_l + b_l) +
+x_l with a full (or, with `rank`, a low-rank U_l V_l) matrix, stacked under a deep MLP, over the
+pooled field embeddings (multi-hot fields summed per bag) and the dense features."""
+import hetu as ht
+from hetu import init, layers
+
+from .common import embed_bags, finish, mlp
+
+
+def cross_layer_v2(x0, x, width, rank, name):
+    if rank is None:
+        projected = layers.Linear(width, width, name=f"{name}_w")(x)
+    else:
+        down = ht.matmul_op(x, init.random_normal((width, rank), stddev=(1.0 / width) ** 0.5, name=f"{name}_v"))
+        projected = layers.Linear(rank, width, name=f"{name}_u")(down)
+    return x0 * projected + x
+
+
+def dcnv2(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense, embedding_size=16, num_cross=3,
+          rank=None, hidden=(256, 128), optimizer=None):
+    pooled = embed_bags(sparse_input, num_embeddings, embedding_size, field_slots)
+    width = len(field_slots) * embedding_size
+    x0 = ht.array_reshape_op(pooled, (-1, width))
+    if dense_input is not None:
+        x0, width = ht.concat_op(x0, dense_input, axis=1), width + num_dense
+    x = x0
+    for i in range(num_cross):
+        x = cross_layer_v2(x0, x, width, rank, f"dcnv2_cross{i}")
+    logit = mlp(width, hidden, "dcnv2_deep")(x)
+    return finish(logit, y_, optimizer)
+
+
+def dcnv2_criteo(dense_input, sparse_input, y_, num_embeddings=33762577, embedding_size=16, optimizer=None,
+                 field_slots=(1,) * 26):
+    return dcnv2(dense_input, sparse_input, y_, num_embeddings, field_slots, 13, embedding_size, optimizer=optimizer)
