@@ -4,9 +4,10 @@
     python -m hetu.data.prepare avazu     --input train      --output DIR [--rows N] [--min-count K]
     python -m hetu.data.prepare movielens --input u.data     --output DIR [--label binary|rating]
                                           [--time-order]
-    python -m hetu.data.prepare synthetic --output DIR [--shape criteo|avazu|movielens] [--rows N]
+    python -m hetu.data.prepare synthetic --output DIR [--rows N]
+                                          [--shape criteo|criteo-multihot|avazu|movielens]
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
-                                          [--sessions [--session-length L] ...]
+                                          [--hotness-scale K] [--sessions [--session-length L] ...]
 
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
@@ -87,6 +88,8 @@ def build_parser():
     synthetic.add_argument("--concurrent-sessions", type=int,
                            default=DEFAULTS.concurrent_sessions)
     synthetic.add_argument("--session-switch", type=float, default=DEFAULTS.session_switch)
+    synthetic.add_argument("--hotness-scale", type=float, default=DEFAULTS.hotness_scale,
+                           help="multi-hot shapes: bag sizes x K, at least 1 (default 1)")
     synthetic.add_argument("--force", action="store_true")
     synthetic.add_argument("--quiet", action="store_true")
     return parser
@@ -111,7 +114,7 @@ def run(args):
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
         "interaction_signal", "val_fraction", "seed", "sessions", "session_length",
-        "concurrent_sessions", "session_switch")}
+        "concurrent_sessions", "session_switch", "hotness_scale")}
     if args.scale is not None:
         params["scale"] = args.scale
     spec = synthetic_spec(args.shape, **params)
