@@ -3,10 +3,13 @@ and memory-mapped loading (``load_dataset``). Depends only on numpy, the standar
 tqdm, so it can be imported on its own.
 
 Folder format (written by every reader and by the generator): ``dense.npy`` float32 [N, D]
-(D = 0 when there are no dense features), ``sparse.npy`` int64 [N, F] holding global ids
+(D = 0 when there are no dense features), ``sparse.npy`` int64 [N, S] holding global ids
 (field offset + local id, all fields in one id space), ``labels.npy`` float32 [N, 1], and
 ``meta.json`` (field sizes and offsets, num_embeddings, split, source). The first
-``split.train_rows`` rows train, the rest validate.
+``split.train_rows`` rows train, the rest validate. A field takes ``field_slots[f]``
+consecutive columns of sparse.npy (one when meta.json has no ``field_slots``); a field listed in
+``bag_fields`` is multi-hot, its ids left-aligned and padded with -1 (``DatasetPart.bag`` gives
+the jagged values and offsets).
 
 The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``; the rest needs
 no compiled code.

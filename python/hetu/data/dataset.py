@@ -25,15 +25,42 @@ class DatasetMeta:
     train_rows: int
     val_rows: int
     info: dict  # the whole meta.json
+    field_slots: tuple = None  # sparse.npy columns of each field; None: one each
+    bag_fields: tuple = ()     # names of the multi-hot fields (ids left-aligned, -1 padded)
+
+    def __post_init__(self):
+        if self.field_slots is None:
+            object.__setattr__(self, "field_slots", (1,) * self.num_fields)
 
     @classmethod
     def from_dict(cls, meta):
+        slots = meta.get("field_slots")
         return cls(
             name=meta["name"], num_rows=meta["num_rows"], num_dense=meta["num_dense"],
             num_fields=meta["num_fields"], field_names=tuple(meta["field_names"]),
             field_sizes=tuple(meta["field_sizes"]), field_offsets=tuple(meta["field_offsets"]),
             num_embeddings=meta["num_embeddings"], train_rows=meta["split"]["train_rows"],
-            val_rows=meta["split"]["val_rows"], info=meta)
+            val_rows=meta["split"]["val_rows"], info=meta,
+            field_slots=None if slots is None else tuple(slots),
+            bag_fields=tuple(meta.get("bag_fields", ())))
+
+    @property
+    def slot_offsets(self):
+        """Column start of each field in sparse.npy, plus the end (``num_slots``)."""
+        return store.slot_offsets(self.field_slots)
+
+    @property
+    def num_slots(self):
+        return sum(self.field_slots)
+
+    def column_fields(self):
+        """The field of each sparse.npy column."""
+        return np.repeat(np.arange(self.num_fields), self.field_slots)
+
+    def bag_columns(self):
+        """True for each sparse.npy column that belongs to a bag field."""
+        is_bag = np.isin(np.asarray(self.field_names, dtype=object), list(self.bag_fields))
+        return np.repeat(is_bag, self.field_slots)
 
 
 class DatasetPart:
@@ -56,20 +83,61 @@ class DatasetPart:
         return DatasetPart(dense, self.sparse[start:stop], self.labels[start:stop], self.meta, self.path,
                            self.first_row + start)
 
+    def bag(self, field_name):
+        """(values int64, offsets int64 [n + 1]) of one field over this part: sample i's ids are
+        ``values[offsets[i]:offsets[i + 1]]``, a bag's padding dropped (a single-id field gives
+        bags of one). The layout of nn.EmbeddingBag's input and offsets."""
+        meta = self.meta
+        if field_name not in meta.field_names:
+            raise KeyError(f"no field {field_name!r}; fields: {list(meta.field_names)}")
+        field = meta.field_names.index(field_name)
+        start, stop = meta.slot_offsets[field:field + 2]
+        slots = np.asarray(self.sparse[:, start:stop])
+        present = slots != store.BAG_PADDING
+        offsets = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(present.sum(axis=1), out=offsets[1:])
+        # row-major selection keeps each sample's ids together and in slot order
+        return slots[present].astype(np.int64, copy=False), offsets
+
     def checker(self, kind):
         """A check for ht.Dataloader(check=...) on this part's `kind` array ('dense', 'sparse' or
         'labels'): it raises ValueError naming the file, row, column and value of the first bad
         entry of a batch (a feature or label that is not finite, a label outside the dataset's
-        label values, an id outside its field's rows). The files are too large to scan when
-        loaded; each batch is checked as it is read, for a few microseconds."""
+        label values, an id outside its field's rows, a bag's padding (-1) before one of its
+        ids). The files are too large to scan when loaded; each batch is checked as it is read,
+        for a few microseconds."""
         meta = self.meta
+
+        def describe(value, column):   # what a bad entry is; the sparse check says more
+            return wanted
+
         if kind == "sparse":
-            low = np.asarray(meta.field_offsets, np.int64)
-            high = low + np.asarray(meta.field_sizes, np.int64)
-            names, wanted = meta.field_names, "an id outside its field's rows"
+            column_field = meta.column_fields()
+            low = np.asarray(meta.field_offsets, np.int64)[column_field]
+            high = low + np.asarray(meta.field_sizes, np.int64)[column_field]
+            bag_column = meta.bag_columns()
+            # a bag column after the field's first slot: padding in the slot before it must go on
+            follows_slot = bag_column & (np.arange(meta.num_slots) != np.asarray(
+                meta.slot_offsets[:-1])[column_field])
+            names = [meta.field_names[f] + (f" slot {c - meta.slot_offsets[f]}"
+                                            if meta.field_slots[f] > 1 else "")
+                     for c, f in enumerate(column_field)]
+            wanted = "an id outside its field's rows"
 
             def bad_entries(batch):
-                return (batch < low) | (batch >= high)
+                padding = (batch == store.BAG_PADDING) & bag_column
+                bad = ((batch < low) | (batch >= high)) & ~padding
+                if follows_slot.any():
+                    bad[:, 1:] |= padding[:, :-1] & ~padding[:, 1:] & follows_slot[1:]
+                return bad
+
+            def describe(value, c):
+                f = column_field[c]
+                if low[c] <= value < high[c]:
+                    return f"an id after its bag's padding ({store.BAG_PADDING}), " \
+                           f"field {f} keeps its ids left-aligned"
+                padding = f" or {store.BAG_PADDING} after the bag's ids" if bag_column[c] else ""
+                return f"{wanted}, field {f} holds ids [{low[c]}, {high[c]}){padding}"
         elif kind == "dense":
             names, wanted = meta.info.get("dense_names") or (), "a feature that is not finite"
 
@@ -91,11 +159,9 @@ class DatasetPart:
             if bad.any():
                 r, c = (int(i) for i in np.argwhere(bad)[0])
                 name = f" ({names[c]})" if c < len(names) else ""
-                detail = ""
-                if kind == "sparse":
-                    detail = f", field {c} holds ids [{low[c]}, {high[c]})"
+                value = batch[r, c].item()
                 raise ValueError(f"{where}, row {self.first_row + int(rows[r])}, column {c}{name}: "
-                                 f"{batch[r, c].item()!r} is {wanted}{detail}")
+                                 f"{value!r} is {describe(value, c)}")
         return check
 
     def batches(self, batch_size, drop_last=False):
@@ -146,12 +212,18 @@ def read_dataset_meta(path):
         f = int(ends.argmax()) if ends.max() > meta.num_embeddings else int(offsets.argmin())
         raise ValueError(f"{where}: field {f} ({meta.field_names[f] if f < len(meta.field_names) else '?'}) "
                          f"holds ids [{offsets[f]}, {ends[f]}), outside num_embeddings {meta.num_embeddings}")
+    if len(meta.field_slots) != meta.num_fields or min(meta.field_slots, default=1) < 1:
+        raise ValueError(f"{where}: field_slots must list a positive slot count for each of the "
+                         f"{meta.num_fields} fields, found {list(meta.field_slots)}")
+    unknown = sorted(set(meta.bag_fields) - set(meta.field_names))
+    if unknown:
+        raise ValueError(f"{where}: bag_fields names {unknown}, which are not fields")
     return meta
 
 
 def check_arrays(path, meta, dense, sparse, labels):
     expected = {"dense": ((meta.num_rows, meta.num_dense), np.float32),
-                "sparse": ((meta.num_rows, meta.num_fields), np.int64),
+                "sparse": ((meta.num_rows, meta.num_slots), np.int64),
                 "labels": ((meta.num_rows, 1), np.float32)}
     for name, array in (("dense", dense), ("sparse", sparse), ("labels", labels)):
         shape, dtype = expected[name]
@@ -162,8 +234,9 @@ def check_arrays(path, meta, dense, sparse, labels):
 
 def resolve_dataset_dir(name_or_dir, **synthetic_params):
     """Folder for a dataset path, a synthetic name (``synthetic`` = ``synthetic-criteo``,
-    ``synthetic-avazu``, ``synthetic-movielens``, each also with sessions: ``-sessions``, e.g.
-    ``synthetic-criteo-sessions``), or a prepared name under $HETU_DATA_HOME."""
+    ``synthetic-avazu``, ``synthetic-movielens``, ``synthetic-criteo-multihot``, each also with
+    sessions: ``-sessions``, e.g. ``synthetic-criteo-sessions``), or a prepared name under
+    $HETU_DATA_HOME."""
     name = str(name_or_dir)
     path = Path(name).expanduser()
     if path.is_dir():

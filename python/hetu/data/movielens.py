@@ -1,4 +1,6 @@
-"""MovieLens ratings -> (user, item) fields with a click-style label.
+"""MovieLens ratings -> (user, item) fields with a click-style label, optionally followed by the
+side features of the users and items files (gender, age, occupation, zip; year, and the genres
+as one bag field: see movielens_side.py).
 
 Accepted files (format picked from the first line):
   * ``u.data`` (ml-100k): ``user<TAB>item<TAB>rating<TAB>timestamp``, no header;
@@ -6,7 +8,9 @@ Accepted files (format picked from the first line):
   * ``ratings.csv`` (ml-20m, ml-25m, ml-latest): header ``userId,movieId,rating,timestamp``.
 
 Users and items are re-numbered densely from 0 in ascending order of their raw ids (user field
-first, items offset by the number of users). Rows are shuffled by default; with
+first, items offset by the number of users). Side fields follow in the order gender, age,
+occupation, zip, year, genres, each numbered the same way over the values of the rated users and
+items, with its field offset; the genres bag takes as many columns as the most genres an item has. Rows are shuffled by default; with
 ``time_order=True`` they are sorted by timestamp instead (ties in file order), the order in
 which the ratings were given, so that training reads them the way a click log is read, and the
 validation split is the latest ratings. Label: by default binary, 1.0 when
@@ -21,6 +25,8 @@ import numpy as np
 from tqdm import tqdm
 
 from . import store
+from .movielens_side import (BAG_FIELDS, UNKNOWN_YEAR, ZIP_PREFIX_LENGTH, check_described,
+                             encode_side_features, read_items, read_users)
 from .tabular import permute_into_place, shuffle_into_place
 from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
                      count_lines, iter_line_chunks, parse_float_column, parse_int_column,
@@ -50,8 +56,8 @@ def detect_format(path):
 
 
 def parse_ratings_chunk(path, first_line_number, lines, delimiter, tracker):
-    """(users int64, items int64, ratings float64, timestamps int64) of the good lines of one
-    chunk."""
+    """(users int64, items int64, ratings float64, timestamps int64, line numbers int64) of the
+    good lines of one chunk."""
     rows = split_lines(lines, delimiter)
     problems = {}
     for i, fields in enumerate(rows):
@@ -81,7 +87,8 @@ def parse_ratings_chunk(path, first_line_number, lines, delimiter, tracker):
         problems.update(found)
     for i in sorted(problems):
         tracker.report(problems[i])
-    return users, items, ratings, timestamps
+    line_numbers = first_line_number + np.asarray(candidates, dtype=np.int64)
+    return users, items, ratings, timestamps, line_numbers
 
 
 def iter_ratings(path, tracker, chunk_lines, progress, description):
@@ -96,6 +103,56 @@ def iter_ratings(path, tracker, chunk_lines, progress, description):
                 yield parsed
 
 
+class FieldLayout:
+    """The fields of the output (user, item, then the side tables' fields) and the encoding of
+    a chunk of ratings into their sparse.npy columns."""
+
+    def __init__(self, user_ids, item_ids, side_tables):
+        self.user_ids, self.item_ids = user_ids, item_ids
+        self.field_names = list(FIELD_NAMES)
+        self.field_sizes = [len(user_ids), len(item_ids)]
+        self.field_slots = [1, 1]
+        self.field_values = {}
+        self.side_blocks = []   # (table kind, local ids [raw ids, slots]), in column order
+        for table in side_tables:
+            fields, local = encode_side_features(table, user_ids if table.kind == "user"
+                                                 else item_ids)
+            for field in fields:
+                self.field_names.append(field.name)
+                self.field_sizes.append(len(field.values))
+                self.field_slots.append(field.slots)
+                self.field_values[field.name] = field.values
+            self.side_blocks.append((table.kind, local))
+        self.bag_fields = [name for name in self.field_names if name in BAG_FIELDS]
+        self.num_slots = sum(self.field_slots)
+        # global ids: local id + its field's offset, in every column but a bag's padding
+        column_offsets = np.repeat(store.field_offsets(self.field_sizes), self.field_slots)
+        column = 2
+        for _, local in self.side_blocks:
+            width = local.shape[1]
+            local += np.where(local != store.BAG_PADDING, column_offsets[column:column + width], 0)
+            column += width
+
+    def encode(self, users, items):
+        """[n, num_slots] global ids of n ratings."""
+        rows = {"user": np.searchsorted(self.user_ids, users),
+                "item": np.searchsorted(self.item_ids, items)}
+        blocks = [rows["user"][:, None], rows["item"][:, None] + self.field_sizes[0]]
+        blocks += [block[rows[kind]] for kind, block in self.side_blocks]
+        return np.hstack(blocks)
+
+    def side_meta(self):
+        """meta.json keys describing the side fields (none without side files)."""
+        if not self.side_blocks:
+            return {}
+        return {"side_features": {
+            "field_values": self.field_values,
+            "local_id_order": "ascending raw value: numbers by value, then text",
+            "zip": f"the zip code's first {ZIP_PREFIX_LENGTH} character(s)",
+            "year": f"100K: release date's year; 1M: the title's (YYYY); else {UNKNOWN_YEAR!r}",
+        }}
+
+
 def make_labels(ratings, label, threshold):
     if label == "binary":
         return (ratings >= threshold).astype(np.float32)
@@ -104,12 +161,15 @@ def make_labels(ratings, label, threshold):
 
 def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
                       skip_bad_lines=False, val_fraction=0.1, shuffle_seed=0, time_order=False,
-                      overwrite=False, progress=True, chunk_lines=500_000, log=None):
+                      users_path=None, items_path=None, overwrite=False, progress=True,
+                      chunk_lines=500_000, log=None):
     """Encode a MovieLens ratings file into a dataset folder (two passes: distinct ids, encode).
 
     Ratings files are sorted by user (or time), so rows are shuffled with ``shuffle_seed`` by
     default before the contiguous train/validation split; pass ``shuffle_seed=None`` to keep
-    file order, or ``time_order=True`` (with ``shuffle_seed=None``) to sort them by timestamp."""
+    file order, or ``time_order=True`` (with ``shuffle_seed=None``) to sort them by timestamp.
+    ``users_path`` (u.user, users.dat) and ``items_path`` (u.item, movies.dat) add their side
+    fields; every rated user or item must be in them (else an error names the rating's line)."""
     log = log if log is not None else sys.stderr
     if label not in LABEL_KINDS:
         raise ValueError(f"label must be one of {LABEL_KINDS}, got {label!r}")
@@ -117,18 +177,22 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
         raise ValueError(f"time order and a shuffle (seed {shuffle_seed}) exclude each other")
     order = "time" if time_order else "file" if shuffle_seed is None else "shuffled"
     path = require_input_file(input_path)
+    side_tables = ([read_users(users_path)] if users_path is not None else []) + \
+        ([read_items(items_path)] if items_path is not None else [])
     tracker = BadLineTracker(skip_bad_lines, stream=log)
     user_ids = np.empty(0, dtype=np.int64)
     item_ids = np.empty(0, dtype=np.int64)
     num_rows = 0
-    for users, items, _, _ in iter_ratings(path, tracker, chunk_lines, progress,
-                                           "movielens pass 1/2 (ids)"):
+    for users, items, _, _, line_numbers in iter_ratings(path, tracker, chunk_lines, progress,
+                                                         "movielens pass 1/2 (ids)"):
+        for table in side_tables:
+            check_described(table, path, users if table.kind == "user" else items, line_numbers)
         user_ids = np.union1d(user_ids, users)
         item_ids = np.union1d(item_ids, items)
         num_rows += len(users)
     if num_rows == 0:
         raise DataFormatError(f"{path}: no usable rows")
-    field_sizes = [len(user_ids), len(item_ids)]
+    layout = FieldLayout(user_ids, item_ids, side_tables)
     train_rows, val_rows = store.contiguous_split(num_rows, val_fraction)
 
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
@@ -136,19 +200,18 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
         suffix = ".npy" if order == "file" else ".unshuffled.npy"
         files = [name + suffix for name in names]
         dense = store.create_array(tmp_dir, files[0], np.float32, (num_rows, 0))
-        sparse = store.create_array(tmp_dir, files[1], np.int64, (num_rows, 2))
+        sparse = store.create_array(tmp_dir, files[1], np.int64, (num_rows, layout.num_slots))
         labels = store.create_array(tmp_dir, files[2], np.float32, (num_rows, 1))
         raw_ratings = store.create_array(tmp_dir, files[3], np.float32, (num_rows, 1))
         timestamps = np.empty(num_rows, dtype=np.int64) if order == "time" else None
         start = 0
         quiet = BadLineTracker(skip_bad_lines=True, max_reported=0)
-        for users, items, ratings, times in iter_ratings(path, quiet, chunk_lines, progress,
-                                                         "movielens pass 2/2 (encode)"):
+        for users, items, ratings, times, _ in iter_ratings(path, quiet, chunk_lines, progress,
+                                                            "movielens pass 2/2 (encode)"):
             stop = start + len(users)
             if timestamps is not None:
                 timestamps[start:stop] = times
-            sparse[start:stop, 0] = np.searchsorted(user_ids, users)
-            sparse[start:stop, 1] = np.searchsorted(item_ids, items) + field_sizes[0]
+            sparse[start:stop] = layout.encode(users, items)
             labels[start:stop, 0] = make_labels(ratings, label, threshold)
             raw_ratings[start:stop, 0] = ratings
             start = stop
@@ -162,14 +225,17 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
         source = {"kind": "movielens", "path": str(path.resolve()), "order": order,
                   "skip_bad_lines": bool(skip_bad_lines), "bad_lines_skipped": tracker.skipped,
                   "truncated": tracker.truncated}
+        source.update({f"{table.kind}s_path": str(table.path.resolve()) for table in side_tables})
         label_meta = ({"kind": "binary", "rule": "rating >= threshold", "threshold": threshold, "values": [0.0, 1.0]}
                       if label == "binary" else {"kind": "rating"})
         store.write_meta(tmp_dir, store.dataset_meta(
-            "movielens", num_rows, 0, FIELD_NAMES, field_sizes, train_rows, val_rows,
-            val_fraction, shuffle_seed, source, label=label_meta,
+            "movielens", num_rows, 0, layout.field_names, layout.field_sizes, train_rows,
+            val_rows, val_fraction, shuffle_seed, source, label=label_meta,
+            field_slots=layout.field_slots, bag_fields=layout.bag_fields,
             extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]"},
             raw_id_ranges={"user": [int(user_ids[0]), int(user_ids[-1])],
-                           "item": [int(item_ids[0]), int(item_ids[-1])]}))
+                           "item": [int(item_ids[0]), int(item_ids[-1])]},
+            **layout.side_meta()))
     summary = tracker.summary(path)
     if summary:
         print(summary, file=log)

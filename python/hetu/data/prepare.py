@@ -3,10 +3,11 @@
     python -m hetu.data.prepare criteo    --input train.txt  --output DIR [--rows N] [--min-count K]
     python -m hetu.data.prepare avazu     --input train      --output DIR [--rows N] [--min-count K]
     python -m hetu.data.prepare movielens --input u.data     --output DIR [--label binary|rating]
-                                          [--time-order]
-    python -m hetu.data.prepare synthetic --output DIR [--shape criteo|avazu|movielens] [--rows N]
+                                          [--time-order] [--users u.user --items u.item]
+    python -m hetu.data.prepare synthetic --output DIR [--rows N]
+                                          [--shape criteo|criteo-multihot|avazu|movielens]
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
-                                          [--sessions [--session-length L] ...]
+                                          [--hotness-scale K] [--sessions [--session-length L] ...]
 
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
@@ -65,6 +66,12 @@ def build_parser():
                            help="sort the ratings by timestamp instead of shuffling them: "
                                 "training reads them in the order they were given, and the "
                                 "validation split is the latest")
+    movielens.add_argument("--users", default=None,
+                           help="users file (u.user or users.dat): adds gender, age, "
+                                "occupation and zip fields")
+    movielens.add_argument("--items", default=None,
+                           help="items file (u.item or movies.dat): adds the year field and "
+                                "the genres bag field")
     synthetic = subparsers.add_parser("synthetic", help="generate a synthetic dataset")
     synthetic.add_argument("--output", required=True)
     synthetic.add_argument("--shape", choices=sorted(SHAPES), default="criteo")
@@ -87,6 +94,8 @@ def build_parser():
     synthetic.add_argument("--concurrent-sessions", type=int,
                            default=DEFAULTS.concurrent_sessions)
     synthetic.add_argument("--session-switch", type=float, default=DEFAULTS.session_switch)
+    synthetic.add_argument("--hotness-scale", type=float, default=DEFAULTS.hotness_scale,
+                           help="multi-hot shapes: bag sizes x K, at least 1 (default 1)")
     synthetic.add_argument("--force", action="store_true")
     synthetic.add_argument("--quiet", action="store_true")
     return parser
@@ -106,12 +115,12 @@ def run(args):
         return prepare_movielens(args.input, args.output, label=args.label,
                                  threshold=args.threshold, skip_bad_lines=args.skip_bad_lines,
                                  val_fraction=args.val_fraction, shuffle_seed=shuffle_seed,
-                                 time_order=args.time_order, overwrite=args.force,
-                                 progress=progress)
+                                 time_order=args.time_order, users_path=args.users,
+                                 items_path=args.items, overwrite=args.force, progress=progress)
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
         "interaction_signal", "val_fraction", "seed", "sessions", "session_length",
-        "concurrent_sessions", "session_switch")}
+        "concurrent_sessions", "session_switch", "hotness_scale")}
     if args.scale is not None:
         params["scale"] = args.scale
     spec = synthetic_spec(args.shape, **params)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..metrics import auc
+from .store import BAG_PADDING
 
 
 def rank_auc(labels, scores):
@@ -13,7 +14,8 @@ def rank_auc(labels, scores):
 
 
 def lookup_counts(sparse, num_embeddings):
-    return np.bincount(np.asarray(sparse, dtype=np.int64).reshape(-1), minlength=num_embeddings)
+    ids = np.asarray(sparse, dtype=np.int64).reshape(-1)
+    return np.bincount(ids[ids != BAG_PADDING], minlength=num_embeddings)
 
 
 def top_rows_lookup_share(sparse, num_embeddings, fraction=0.01):
@@ -27,13 +29,14 @@ def top_rows_lookup_share(sparse, num_embeddings, fraction=0.01):
 
 def reuse_distances(sparse):
     """For each lookup of an id seen before in an earlier sample: samples since its previous
-    lookup. ``sparse`` is [N] or [N, F] ids in stream order; an id repeated within one sample
-    counts once."""
+    lookup. ``sparse`` is [N] or [N, S] ids in stream order (bags' padding ignored); an id
+    repeated within one sample counts once."""
     sparse = np.asarray(sparse, dtype=np.int64)
     if sparse.ndim == 1:
         sparse = sparse[:, None]
     ids = sparse.reshape(-1)
     samples = np.repeat(np.arange(len(sparse), dtype=np.int64), sparse.shape[1])
+    samples, ids = samples[ids != BAG_PADDING], ids[ids != BAG_PADDING]
     order = np.lexsort((samples, ids))
     same_id = ids[order][1:] == ids[order][:-1]
     distances = np.diff(samples[order])[same_id]

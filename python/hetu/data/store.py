@@ -1,7 +1,13 @@
 """Dataset folders on disk.
 
-A dataset folder holds ``dense.npy`` (float32 [N, D]), ``sparse.npy`` (int64 [N, F]),
-``labels.npy`` (float32 [N, 1]) and ``meta.json``.  A folder is only ever created under a hidden
+A dataset folder holds ``dense.npy`` (float32 [N, D]), ``sparse.npy`` (int64 [N, S]),
+``labels.npy`` (float32 [N, 1]) and ``meta.json``. Each field takes ``field_slots[f]``
+consecutive columns ("slots") of sparse.npy, in field order (meta.json's ``field_slots``; absent
+means one slot per field, S = number of fields). A field named in ``bag_fields`` is a multi-hot
+bag: a sample's ids sit left-aligned in the field's slots and the slots after them hold
+``BAG_PADDING`` (-1); an empty bag is all padding. -1 appears nowhere else.
+
+A folder is only ever created under a hidden
 temporary name and renamed into place once every file is written, so a folder that carries a
 readable ``meta.json`` under its final name is complete: an interrupted writer leaves at most a
 ``.NAME.partial-*`` folder behind, which nothing mistakes for a dataset.
@@ -23,6 +29,7 @@ SPARSE_FILE = "sparse.npy"
 LABELS_FILE = "labels.npy"
 ID_DTYPE = np.int64
 VALUE_DTYPE = np.float32
+BAG_PADDING = -1   # fills a bag's slots after its ids
 
 
 def is_complete_dataset(folder):
@@ -176,9 +183,17 @@ def field_offsets(field_sizes):
     return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
+def slot_offsets(field_slots):
+    """Column start of each field in sparse.npy, plus the end (the number of columns)."""
+    return tuple(int(o) for o in np.concatenate([[0], np.cumsum(field_slots, dtype=np.int64)]))
+
+
 def dataset_meta(name, num_rows, num_dense, field_names, field_sizes, train_rows, val_rows,
-                 val_fraction, shuffle_seed, source, label, **extra):
-    """The meta.json content every writer produces (readers and the generator alike)."""
+                 val_fraction, shuffle_seed, source, label, field_slots=None, bag_fields=(),
+                 **extra):
+    """The meta.json content every writer produces (readers and the generator alike).
+    ``field_slots`` and ``bag_fields`` are written only for datasets with a multi-slot field or
+    a bag, so a one-id-per-field dataset keeps the meta it always had."""
     sizes = [int(s) for s in field_sizes]
     meta = {
         "format_version": FORMAT_VERSION,
@@ -201,5 +216,9 @@ def dataset_meta(name, num_rows, num_dense, field_names, field_sizes, train_rows
             "shuffle_seed": shuffle_seed,
         },
     }
+    slots = [1] * len(sizes) if field_slots is None else [int(k) for k in field_slots]
+    if bag_fields or any(k != 1 for k in slots):
+        meta["field_slots"] = slots
+        meta["bag_fields"] = list(bag_fields)
     meta.update(extra)
     return meta

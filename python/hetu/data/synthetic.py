@@ -1,17 +1,21 @@
 """Synthetic click logs shaped like Criteo, Avazu or MovieLens: the default data of every example,
-generated with numpy in seconds and needing no download.
+generated with numpy in seconds and needing no download. Shape ``criteo-multihot`` is MLPerf's
+DLRM-DCNv2 Criteo 1TB: its per-field rows, and every field a fixed-size multi-hot bag (MLPerf's
+sizes, 214 ids a sample, times ``hotness_scale``: max(1, round(size x hotness_scale))).
 
 * Field sizes: the real per-field sizes times ``scale``, rounded, but never below
   ``min(real size, min_field_size)`` so small fields keep a meaningful number of values.
 * Ids: per field, a Zipf-like law over ranks (p(rank r) ~ r^-zipf_exponent) mapped through a
   seeded random permutation of the field's ids, so hot ids are scattered over the id space the
-  way dictionary-encoded ids are.
+  way dictionary-encoded ids are. A bag's ids are independent draws from its field's law, so an
+  id may repeat within a bag (as in MLPerf's data).
 * Drift (optional): the rank -> id mapping rotates by ``drift * field_size`` positions over the
   stream, so the hot set slides slowly (ids climb one rank at a time, the hottest drop out).
 * Labels: Bernoulli(sigmoid(logit)) of a hidden model: a bias (set for ``positive_rate``), a
   weight per id, weights on the standardised dense features (the linear part, std
   ``linear_signal``), plus a factorisation-machine style pairwise term over field embeddings
-  (std ``interaction_signal``) that linear models cannot capture.
+  (std ``interaction_signal``) that linear models cannot capture. A bag contributes the mean of
+  its ids' weights and embeddings, so a field's share of the signal does not grow with its bag.
 * Dense (Criteo shape only): log(x + 1) of log-normal counts, with a per-feature share of missing
   values written as 0, as the Criteo reader produces them.
 * Sessions (optional, ``sessions=True``): the shape's user-like fields (MovieLens: user; Avazu:
@@ -37,10 +41,16 @@ from tqdm import tqdm
 from . import avazu, criteo, store
 from .stats import rank_auc, top_rows_lookup_share
 
-# rows generated per random stream; fixed so output does not depend on anything but the spec
+# rows generated per random stream (fewer for multi-hot shapes, see HiddenModel.chunk_rows);
+# fixed so output does not depend on anything but the spec
 CHUNK_ROWS = 1 << 17
 INTERACTION_DIM = 4
 MOVIELENS_1M_SIZES = (6040, 3706)
+# MLPerf DLRM-DCNv2 on Criteo 1TB (DESIGN.md section 9): rows and multi-hot size of each field
+MLPERF_FIELD_SIZES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956,
+                      405282, 10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000,
+                      590152, 12973, 108, 36)
+MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -50,12 +60,20 @@ class Shape:
     num_dense: int
     default_scale: float
     session_fields: tuple   # fields that describe the user, constant within a session
+    hotness: tuple = None   # ids per sample of each field, all fields bags; None: one id each
+
+
+def user_like_fields(sizes):
+    """Criteo's fields are anonymous; the ones with millions of values are the per-user ones."""
+    return tuple(f for f, size in enumerate(sizes) if size > 1_000_000)
 
 
 SHAPES = {
-    # Criteo's fields are anonymous; the ones with millions of values are the per-user ones
     "criteo": Shape(criteo.FIELD_SIZES, criteo.FIELD_NAMES, criteo.NUM_DENSE, 0.01,
-                    tuple(f for f, size in enumerate(criteo.FIELD_SIZES) if size > 1_000_000)),
+                    user_like_fields(criteo.FIELD_SIZES)),
+    # about 200M rows at full size: 0.002 gives about 400K, near the criteo shape's default
+    "criteo-multihot": Shape(MLPERF_FIELD_SIZES, criteo.FIELD_NAMES, criteo.NUM_DENSE, 0.002,
+                             user_like_fields(MLPERF_FIELD_SIZES), MLPERF_HOTNESS),
     "avazu": Shape(avazu.FIELD_SIZES, avazu.FIELD_NAMES, 0, 0.03,
                    tuple(avazu.FIELD_NAMES.index(name)
                          for name in ("device_id", "device_ip", "device_model"))),
@@ -87,6 +105,7 @@ class SyntheticSpec:
     session_length: float = FIT_SESSION_LENGTH
     concurrent_sessions: int = FIT_CONCURRENT_SESSIONS
     session_switch: float = FIT_SESSION_SWITCH
+    hotness_scale: float = 1.0   # multi-hot shapes: bag sizes times this (at least 1)
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -98,6 +117,8 @@ class SyntheticSpec:
         if self.session_length < 1 or self.concurrent_sessions < 1 or \
                 not 0 <= self.session_switch <= 1:
             raise ValueError(f"bad session_length, concurrent_sessions or session_switch: {self}")
+        if self.hotness_scale <= 0:
+            raise ValueError(f"hotness_scale must be positive: {self}")
 
     @property
     def name(self):
@@ -105,11 +126,14 @@ class SyntheticSpec:
 
     def as_dict(self):
         """The parameters that make the data. Session parameters only count with sessions on,
-        so independent datasets keep the identity (cache folder, meta) they had without them."""
+        and hotness_scale only for multi-hot shapes, so other datasets keep the identity (cache
+        folder, meta) they had without them."""
         params = asdict(self)
         if not self.sessions:
             for name in ("sessions",) + SESSION_PARAMETERS:
                 del params[name]
+        if SHAPES[self.shape].hotness is None:
+            del params["hotness_scale"]
         return params
 
 
@@ -142,6 +166,12 @@ def scaled_field_sizes(real_sizes, scale, min_field_size):
     real = np.asarray(real_sizes, dtype=np.int64)
     scaled = np.rint(real * scale).astype(np.int64)
     return np.maximum(scaled, np.minimum(real, min_field_size))
+
+
+def scaled_hotness(hotness, hotness_scale):
+    """Bag sizes times ``hotness_scale``, rounded, at least one id."""
+    return np.maximum(1, np.rint(np.asarray(hotness, dtype=np.float64) * hotness_scale)) \
+        .astype(np.int64)
 
 
 def zipf_cdf(size, exponent):
@@ -205,6 +235,13 @@ class HiddenModel:
         rng = np.random.default_rng([spec.seed, 0])
         self.field_sizes = scaled_field_sizes(shape.real_sizes, spec.scale, spec.min_field_size)
         self.offsets = store.field_offsets(self.field_sizes)
+        self.bags = shape.hotness is not None
+        self.field_slots = scaled_hotness(shape.hotness, spec.hotness_scale) if self.bags \
+            else np.ones(len(self.field_sizes), dtype=np.int64)
+        self.slot_offsets = np.asarray(store.slot_offsets(self.field_slots))
+        self.num_slots = int(self.slot_offsets[-1])
+        # about as many ids per chunk as a one-id-per-field chunk: halved per doubling of slots
+        self.chunk_rows = CHUNK_ROWS >> math.ceil(math.log2(self.num_slots / len(self.field_sizes)))
         self.num_embeddings = int(self.field_sizes.sum())
         self.num_dense = shape.num_dense
         self.cdfs = [zipf_cdf(int(n), spec.zipf_exponent) for n in self.field_sizes]
@@ -266,27 +303,43 @@ class HiddenModel:
         return self.field_ids(rng, range(len(self.field_sizes)),
                               first_row + np.arange(n, dtype=np.int64))
 
+    def slot_columns(self, field_indices):
+        """The sparse columns (slots) of the given fields, in order."""
+        return np.concatenate([np.arange(self.slot_offsets[f], self.slot_offsets[f + 1])
+                               for f in field_indices])
+
     def field_ids(self, rng, field_indices, rows):
-        """Independent draws of the given fields' global ids for samples at stream positions
-        ``rows`` (the position sets the drift)."""
-        ids = np.empty((len(rows), len(field_indices)), dtype=np.int64)
-        position = np.asarray(rows) / self.spec.rows
-        for column, f in enumerate(field_indices):
+        """Independent draws of the given fields' global ids (every slot of each) for samples
+        at stream positions ``rows`` (the position sets the drift)."""
+        n = len(rows)
+        ids = np.empty((n, len(self.slot_columns(field_indices))), dtype=np.int64)
+        position = (np.asarray(rows) / self.spec.rows)[:, None]
+        column = 0
+        for f in field_indices:
             size, cdf, perm = self.field_sizes[f], self.cdfs[f], self.permutations[f]
-            ranks = np.minimum(np.searchsorted(cdf, rng.random(len(rows)), side="right"),
-                               size - 1)
+            slots = int(self.field_slots[f])
+            ranks = np.minimum(np.searchsorted(cdf, rng.random(n * slots), side="right"),
+                               size - 1).reshape(n, slots)
             if self.spec.drift:
                 ranks = (ranks + np.floor(self.spec.drift * size * position).astype(np.int64)) \
                     % size
-            ids[:, column] = perm[ranks] + self.offsets[f]
+            ids[:, column:column + slots] = perm[ranks] + self.offsets[f]
+            column += slots
         return ids
 
+    def pool(self, values):
+        """[n, S, ...] values of the slots -> [n, F, ...] mean over each field's bag."""
+        if not self.bags:
+            return values
+        sizes = self.field_slots.astype(values.dtype).reshape((-1,) + (1,) * (values.ndim - 2))
+        return np.add.reduceat(values, self.slot_offsets[:-1], axis=1) / sizes
+
     def logits(self, ids, dense):
-        logit = self.bias + self.id_weights[ids].sum(axis=1)
+        logit = self.bias + self.pool(self.id_weights[ids]).sum(axis=1)
         if self.num_dense:
             logit += ((dense - self.dense_mean) / self.dense_std) @ self.dense_weights
         if self.factors is not None:
-            embedded = self.factors[ids]                      # [n, F, k]
+            embedded = self.pool(self.factors[ids])           # [n, F, k]
             total = embedded.sum(axis=1)
             logit += 0.5 * ((total ** 2).sum(axis=1) - (embedded ** 2).sum(axis=(1, 2)))
         return logit
@@ -306,7 +359,7 @@ class HiddenModel:
         ids = self.sample_ids(rng, first_row, n)
         if sessions is not None:
             # a stream of its own, so the other fields, dense and draws stay as without sessions
-            ids[:, list(SHAPES[self.spec.shape].session_fields)] = sessions.next_ids(
+            ids[:, self.slot_columns(SHAPES[self.spec.shape].session_fields)] = sessions.next_ids(
                 np.random.default_rng([self.spec.seed, 2, chunk_index]), first_row, n)
         dense = self._dense_features(rng, n)
         logit = self.logits(ids, dense)
@@ -329,13 +382,12 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
     logits = np.empty(n, dtype=np.float32)
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
         dense = store.create_array(tmp_dir, store.DENSE_FILE, np.float32, (n, model.num_dense))
-        sparse = store.create_array(tmp_dir, store.SPARSE_FILE, np.int64,
-                                    (n, len(model.field_sizes)))
+        sparse = store.create_array(tmp_dir, store.SPARSE_FILE, np.int64, (n, model.num_slots))
         labels = store.create_array(tmp_dir, store.LABELS_FILE, np.float32, (n, 1))
-        chunks = range(0, n, CHUNK_ROWS)
+        chunks = range(0, n, model.chunk_rows)
         for index, start in enumerate(tqdm(chunks, desc=spec.name, unit="chunk",
                                            disable=not progress, file=sys.stderr)):
-            stop = min(start + CHUNK_ROWS, n)
+            stop = min(start + model.chunk_rows, n)
             chunk_dense, chunk_ids, chunk_labels, chunk_logits = \
                 model.generate_chunk(index, start, stop - start, sessions)
             dense[start:stop] = chunk_dense
@@ -352,6 +404,7 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
             spec.name, n, model.num_dense, shape.field_names, model.field_sizes,
             train_rows, val_rows, spec.val_fraction, None, source,
             label={"kind": "click", "values": [0.0, 1.0]},
+            field_slots=model.field_slots, bag_fields=shape.field_names if model.bags else (),
             dense_names=[f"I{i}" for i in range(1, model.num_dense + 1)]))
     return output_dir
 
