@@ -149,6 +149,7 @@ def test_a_rating_the_side_files_lack_names_file_and_line(tmp_path, users_text, 
     ("u.user", U_USER.replace("186|39|F|", "186|39|"), r"u\.user:2: expected 5 '\|'-separated columns"),
     ("u.user", U_USER.replace("|F|executive", "|X|executive"), r"u\.user:2: column 3: gender must be F or M, found 'X'"),
     ("u.user", U_USER.replace("|49|", "|old|"), r"u\.user:3: column 2: expected an age, found 'old'"),
+    ("u.user", U_USER.replace("|writer|40206", "||40206"), r"u\.user:1: column 4: empty occupation"),
     ("u.user", U_USER + "22|30|M|artist|12345\n", r"u\.user:5: column 1: user 22 is already described on line 1"),
     ("users.dat", USERS_DAT.replace("::35::", "::3a::"), r"users\.dat:2: column 3: expected an age"),
     ("users.dat", USERS_DAT.replace("196::", "x196::"), r"users\.dat:3: column 1: expected a user id, found 'x196'"),
@@ -158,7 +159,7 @@ def test_a_rating_the_side_files_lack_names_file_and_line(tmp_path, users_text, 
     ("movies.dat", MOVIES_DAT.replace("::Crime|", "::Crime||"), r"movies\.dat:2: column 3: empty genre name"),
     ("movies.dat", MOVIES_DAT.replace("377::Heavyweights::", "377::Heavyweights"), r"movies\.dat:3: expected 3 '::'-separated"),
     ("movies.dat", "242 Kolya (1996) Comedy\n", r"movies\.dat:1: neither a 100K"),
-], ids=["user-columns", "gender", "age", "repeated-user", "1M-age", "1M-user-id", "release-date",
+], ids=["user-columns", "gender", "age", "occupation", "repeated-user", "1M-age", "1M-user-id", "release-date",
         "genre-flag", "item-columns", "empty-genre", "1M-item-columns", "no-format"])
 def test_a_malformed_side_line_names_file_and_line(tmp_path, name, text, message):
     users = write(tmp_path, name, text) if name in ("u.user", "users.dat") else write(tmp_path, "u.user", U_USER)
