@@ -101,9 +101,9 @@ def read_users(path):
             raise bad_line(path, number, gender_column, f"gender must be F or M, found {gender!r}")
         if not age.isdigit():
             raise bad_line(path, number, age_column, f"expected an age, found {age!r}")
-        if not occupation or not zip_code:
-            column = 4 if not occupation else 5
-            raise bad_line(path, number, column, "empty " + ("occupation" if column == 4 else "zip code"))
+        for column, what, value in ((4, "occupation", occupation), (5, "zip code", zip_code)):
+            if not value:
+                raise bad_line(path, number, column, f"empty {what}")
         records[raw_id] = (gender, str(int(age)), occupation, zip_code[:ZIP_PREFIX_LENGTH].upper())
     return SideTable(path, "user", USER_FIELDS, records)
 
