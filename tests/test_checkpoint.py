@@ -27,8 +27,8 @@ def test_single_process_resume_is_bit_identical(tmp_path, data_home, optimizer):
     ckpt = tmp_path / "ckpt"
     # 14 of the epoch's 20 steps, a checkpoint every 6: after steps 6, 12 and 14 (the end).
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *optimizer, "--batch-size", "64",
-                           "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *optimizer,
+                           "--batch-size", "64", "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [int(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("checkpoint at step")] \

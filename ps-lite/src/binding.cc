@@ -503,8 +503,8 @@ PYBIND11_MODULE(_ps, m) {
     return Handle(req, keep, with_state ? kStaleState : kStale);
   });
 
-  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width, Arr<int64_t> keys,
-                              int64_t iteration, std::optional<Arr<uint8_t>> with_state) {
+  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width,
+                              Arr<int64_t> keys, int64_t iteration, std::optional<Arr<uint8_t>> with_state) {
     TableRef t = Ref(name, rows, width, false, state_width);
     py::list keep;
     keep.append(keys);

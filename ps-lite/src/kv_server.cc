@@ -134,8 +134,8 @@ bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
 void KVServer::Init(Message& msg) {
   const auto& spec = msg.meta.spec();
   const std::string& name = msg.meta.table();
-  if (name.empty() || spec.rows() <= 0 || spec.width() <= 0 || spec.optim_kind() < 0 || spec.optim_kind() >= hetu::optim::kNumKinds ||
-      spec.init_kind() < 0 || spec.init_kind() > 3 || spec.staleness() < 0)
+  if (name.empty() || spec.rows() <= 0 || spec.width() <= 0 || spec.optim_kind() < 0 ||
+      spec.optim_kind() >= hetu::optim::kNumKinds || spec.init_kind() < 0 || spec.init_kind() > 3 || spec.staleness() < 0)
     return Reply(msg, {}, "table '" + name + "': invalid init spec (rows " + std::to_string(spec.rows()) +
                               ", width " + std::to_string(spec.width()) + ")");
   if (spec.dense() && hetu::optim::rowwise(spec.optim_kind()))

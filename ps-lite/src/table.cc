@@ -197,7 +197,8 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
 void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts,
                           float lr) {
   static const StepLoopFn step = StepLoopOf(SimdVariant());  // HETU_SIMD, checked when the server starts
-  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(), unit_state_width_};
+  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(),
+                          unit_state_width_};
   step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
 

@@ -62,7 +62,8 @@ class Optimizer:
             _gpu_step(self.dense_config, lr, value.reshape(-1), state, steps, grad.reshape(-1), None, None, 1,
                       value.size, guard)
             return
-        _C.apply_dense(self.dense_config, lr, value.reshape(-1), state, steps, np.ascontiguousarray(grad, np.float32).reshape(-1))
+        _C.apply_dense(self.dense_config, lr, value.reshape(-1), state, steps,
+                       np.ascontiguousarray(grad, np.float32).reshape(-1))
 
     def step_rows(self, lr, table, state, steps, grad, guard=None):
         """One step for the rows of `table` named by a sparse gradient (ids may repeat)."""
@@ -302,7 +303,8 @@ def _gpu_step(config, lr, w, state, steps, grads, rows, count, n, width, guard):
                     (np.int32(c.kind), f(lr), f(c.momentum), f(c.beta1), f(c.beta2), f(c.eps), f(c.l2reg),
                      f(c.weight_decay), w, state if state.size else w, steps, grads, rows_arg, count_arg,
                      np.int64(n), np.int64(width), guard_arg), max_blocks=cuda.STRIDE_BLOCKS)
-    cuda.launch(cuda.raw_kernel("hetu_optim_count", _STEP_KERNELS), n, (steps, rows_arg, count_arg, np.int64(n), guard_arg))
+    cuda.launch(cuda.raw_kernel("hetu_optim_count", _STEP_KERNELS), n,
+                (steps, rows_arg, count_arg, np.int64(n), guard_arg))
 
 
 __all__ = ["Optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "RowwiseAdaGradOptimizer",
