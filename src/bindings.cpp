@@ -121,7 +121,7 @@ void apply_rows(const Config& cfg, float lr, Array<float> table, Array<float> st
   if (table.ndim() != 2) throw std::invalid_argument("apply_rows: table must be 2-D");
   const int64_t num_rows = table.shape(0), width = table.shape(1), n = rows.size();
   if (grads.size() != n * width) throw std::invalid_argument("apply_rows: grads do not match rows x width");
-  if (state.size() != num_rows * width * hetu::optim::slots(cfg.kind))
+  if (state.size() != num_rows * hetu::optim::state_width(cfg.kind, width))
     throw std::invalid_argument("apply_rows: state has the wrong size for this optimizer");
   if (steps.size() != num_rows) throw std::invalid_argument("apply_rows: steps must have one entry per row");
   const int64_t* r = rows.data();
@@ -138,7 +138,10 @@ void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state
                  Array<float> grad) {
   const int64_t size = w.size();
   if (grad.size() != size) throw std::invalid_argument("apply_dense: gradient size differs from parameter");
-  if (state.size() != size * hetu::optim::slots(cfg.kind))
+  if (hetu::optim::rowwise(cfg.kind))
+    throw std::invalid_argument("apply_dense: a row-wise optimizer steps embedding rows; a dense tensor takes its "
+                                "element-wise dense rule (Optimizer.dense_config)");
+  if (state.size() != hetu::optim::state_width(cfg.kind, size))
     throw std::invalid_argument("apply_dense: state has the wrong size for this optimizer");
   if (step.size() != 1) throw std::invalid_argument("apply_dense: step must hold one count");
   float* wp = mutable_data(w, "parameter");
@@ -409,7 +412,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("eps", &Config::eps)
       .def_readwrite("l2reg", &Config::l2reg)
       .def_readwrite("weight_decay", &Config::weight_decay);
-  m.def("optim_slots", &hetu::optim::slots, "state arrays per row for an optimizer kind");
+  m.def("optim_state_width", &hetu::optim::state_width, "floats of optimizer state beside a row of `width` floats",
+        py::arg("kind"), py::arg("width"));
 
   m.def("gather_rows", &gather_rows, "out[i] = table[ids[i]]; returns None or (position, id) of a bad id");
   m.def("pool_bags", &pool_bags, py::arg("table"), py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"),

@@ -126,7 +126,8 @@ def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, rat
 @pytest.mark.parametrize("workers,batch,servers,opt,lr,policy,ratio,comm", [
     (2, 32, 2, "momentum", "0.01", "lfu", "0.01", "Hybrid"),
     (4, 16, 3, "adagrad", "0.001", "lfuopt", "0.02", "Hybrid"),
-    (3, 16, 2, "adam", "0.001", "lru", "0.05", "PS")])
+    (3, 16, 2, "adam", "0.001", "lru", "0.05", "PS"),
+    (2, 32, 2, "rowwise_adagrad", "0.01", "lru", "0.02", "Hybrid")])
 def test_het_bound0_equals_single_process_in_mixed_settings(tmp_path, data_home, workers, batch, servers, opt, lr,
                                                             policy, ratio, comm):
     """HET's own protocol with optimizer state in the cache, the other policies and several
@@ -183,9 +184,10 @@ from hetu.cache import CachedTable
 from hetu.cache.counters import Counters
 
 R, WIDTH, LR, r = 40, 4, 0.01, ps.rank()
-opt = ht.optim.AdamOptimizer(learning_rate=LR)
-rule = {k: v for k, v in opt.rule().items() if k != "kind"}
-table = ps.client().init_table("emb", R, WIDTH, init=("uniform", -1, 1), seed=5, optimizer=("adam", rule))
+opt = getattr(ht.optim, ARGS["optimizer"])(learning_rate=LR)
+rule = opt.rule()
+kind = rule.pop("kind")
+table = ps.client().init_table("emb", R, WIDTH, init=("uniform", -1, 1), seed=5, optimizer=(kind, rule))
 
 
 class Remote:
@@ -232,11 +234,12 @@ ps.finalize()
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("servers", [1, 2])
-def test_het_rows_only_this_worker_updated_are_hits(cluster, servers):
+@pytest.mark.parametrize("optimizer", ["AdamOptimizer", "RowwiseAdaGradOptimizer"])
+def test_het_rows_only_this_worker_updated_are_hits(cluster, servers, optimizer):
     """HET at bound 0 on real servers: a row only this worker updated is served from its cache
     (no row pulled) and equals the servers' row, optimizer state and steps bit for bit; the row
     both workers update is re-pulled by both, every step."""
-    cluster(servers, 2).run(HET_ON_SERVERS, {}, timeout=90)
+    cluster(servers, 2).run(HET_ON_SERVERS, {"optimizer": optimizer}, timeout=90)
 
 
 def het_model(slices_per_iteration, workers, capacity):

@@ -16,16 +16,19 @@ from dist_harness import COMMON, assert_same_parameters, run_cluster, run_single
 # single process alone moves by 1e-1 when OpenBLAS's kernel changes (bench/exactness_envelope.py).
 ADAM = ["--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "20"]
 SGD = ["--optimizer", "sgd", "--learning-rate", "0.01", "--iters-per-epoch", "20"]
+# One accumulator per embedding row; AdaGrad's per-element state for the dense tensors.
+ROWWISE = ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01", "--iters-per-epoch", "20"]
 HERALD = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05", "--prefetch"]
 
 
-def test_single_process_resume_is_bit_identical(tmp_path, data_home):
-    straight, _ = run_single(tmp_path, data_home, "run_hetu.py", [*ADAM, "--nepoch", "2"], global_batch=64)
+@pytest.mark.parametrize("optimizer", [ADAM, ROWWISE], ids=["adam", "rowwise_adagrad"])
+def test_single_process_resume_is_bit_identical(tmp_path, data_home, optimizer):
+    straight, _ = run_single(tmp_path, data_home, "run_hetu.py", [*optimizer, "--nepoch", "2"], global_batch=64)
     ckpt = tmp_path / "ckpt"
     # 14 of the epoch's 20 steps, a checkpoint every 6: after steps 6, 12 and 14 (the end).
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *ADAM, "--batch-size", "64",
-                           "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *optimizer,
+                           "--batch-size", "64", "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [int(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("checkpoint at step")] \
@@ -34,7 +37,7 @@ def test_single_process_resume_is_bit_identical(tmp_path, data_home):
     assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []   # no temporary folder left
     # Resumed within the first epoch.
     resumed, summary = run_single(tmp_path, data_home, "run_hetu.py",
-                                  [*ADAM, "--nepoch", "2", "--resume", str(ckpt)], global_batch=64)
+                                  [*optimizer, "--nepoch", "2", "--resume", str(ckpt)], global_batch=64)
     assert (summary["first_step"], summary["iterations"]) == (14, 26)
     assert sorted(resumed) == sorted(straight)
     for name, value in straight.items():
@@ -79,11 +82,15 @@ def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_
     # Dense tables on the servers too (--comm PS): their shards re-split (each slot of Adam's
     # state), and a 1-row bias on 2 servers leaves one shard empty (its clock still loaded).
     ("run_hetu.py", ["--comm", "PS"], ADAM, ((2, 2), (4, 1))),
+    # Row-wise AdaGrad: one float of state per row in the embedding shards, AdaGrad's in the dense ones.
+    ("run_hetu.py", ["--comm", "PS"], ROWWISE, ((2, 2), (4, 1))),
     ("run_hetu.py", ["--comm", "PS", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05"], SGD,
      ((4, 1), (2, 2))),
     ("run_laia.py", HERALD, SGD, ((2, 1), (4, 2))),
-    ("run_laia.py", HERALD, ADAM, ((4, 2), (2, 1)))],
-    ids=["PS-adam-2x2-to-4x1", "HET-sgd-4x1-to-2x2", "Herald-sgd-2x1-to-4x2", "Herald-adam-4x2-to-2x1"])
+    ("run_laia.py", HERALD, ADAM, ((4, 2), (2, 1))),
+    ("run_laia.py", HERALD, ROWWISE, ((2, 1), (4, 2)))],
+    ids=["PS-adam-2x2-to-4x1", "PS-rowwise_adagrad-2x2-to-4x1", "HET-sgd-4x1-to-2x2", "Herald-sgd-2x1-to-4x2",
+         "Herald-adam-4x2-to-2x1", "Herald-rowwise_adagrad-2x1-to-4x2"])
 def test_resume_on_another_cluster_shape_equals_the_single_process_reference(tmp_path, data_home, script, flags,
                                                                              optimizer, shape):
     """W workers x b and S servers write the checkpoint; W' x b' (W b = W' b') and S' go on."""

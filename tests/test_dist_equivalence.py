@@ -9,7 +9,8 @@ from dist_harness import assert_same_parameters, run_cluster, run_single
 pytestmark = pytest.mark.timeout(600)
 
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
-              "adam": ["--optimizer", "adam", "--learning-rate", "0.001"]}
+              "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
+              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
 
 
 @pytest.mark.parametrize("model", ["wdl_criteo", "dcn_criteo"])

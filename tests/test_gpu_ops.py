@@ -159,6 +159,7 @@ OPTIMIZERS = {
     "adagrad": lambda: ht.optim.AdaGradOptimizer(0.1, eps=1e-7),
     "adam": lambda: ht.optim.AdamOptimizer(0.01, l2reg=0.001),
     "adamw": lambda: ht.optim.AdamWOptimizer(0.01, weight_decay=0.01),
+    "rowwise_adagrad": lambda: ht.optim.RowwiseAdaGradOptimizer(0.1, eps=1e-7, l2reg=0.01),
 }
 
 
@@ -171,7 +172,7 @@ def test_optimizer_steps_equal_the_host_rules(name):
     opt = OPTIMIZERS[name]()
     # dense
     w = f32(300, 7)
-    state = np.zeros(opt.slots * w.size, np.float32)
+    state = np.zeros(opt.state_width(w.size, dense=True), np.float32)
     steps = np.zeros(1, np.int64)
     dw, dstate, dsteps = cp.asarray(w), cp.asarray(state), cp.asarray(steps)
     for _ in range(4):
@@ -183,7 +184,7 @@ def test_optimizer_steps_equal_the_host_rules(name):
     assert dsteps.get()[0] == steps[0] == 4
     # row-wise, with repeated ids
     table = f32(40, 6)
-    rstate = np.zeros((40, opt.slots * 6), np.float32)
+    rstate = np.zeros((40, opt.state_width(6)), np.float32)
     rsteps = np.zeros(40, np.int64)
     dt, drs, drsteps = cp.asarray(table), cp.asarray(rstate), cp.asarray(rsteps)
     for _ in range(4):

@@ -21,7 +21,8 @@ from hetu.herald import Scheduler
 
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
               "adagrad": ["--optimizer", "adagrad", "--learning-rate", "0.001"],
-              "adam": ["--optimizer", "adam", "--learning-rate", "0.001"]}
+              "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
+              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
 
 
 @pytest.mark.timeout(900)
@@ -400,6 +401,29 @@ def test_plan_cache_follows_the_plan_and_refuses_a_wrong_one():
     np.testing.assert_array_equal(drained_keys, [4])
     np.testing.assert_allclose(drained_vals, [[6, 6, 6]])
     assert len(cache.drain()[0]) == 0   # clean now
+
+
+def test_plan_cache_keeps_one_accumulator_per_row_under_rowwise_adagrad():
+    """A row stepped and kept here carries its one float of state into the next step and out
+    with the write-back, stepped by the servers' rule."""
+    opt = ht.optim.RowwiseAdaGradOptimizer(0.5, eps=1e-6, l2reg=0.01)
+    cache = _C.PlanCache("lru", 2, 3, opt.config)
+    assert cache.state_width == 1
+    keys, none = np.array([4], np.int64), np.empty(0, np.int64)
+    vals, state, steps = np.empty((1, 3), np.float32), np.empty((1, 1), np.float32), np.empty(1, np.int64)
+    assert cache.begin(keys, np.array([False]), np.array([True]), vals, state, steps)[0] == ""
+    vals[:], state[:], steps[:] = [[1, 2, 3]], 0.25, 2   # the pulled row, its accumulator and steps
+    want = (vals.copy(), state.copy(), steps.copy())
+    for grads in (np.array([[1, -2, 2]], np.float32), np.array([[0.5, 0, -1]], np.float32)):
+        assert cache.finish(keys, np.array([True]), grads, 0.5, vals, state, steps, none, none)[0] == ""
+        _C.apply_rows(opt.config, 0.5, *want, np.array([0], np.int64), grads)
+        assert cache.begin(keys, np.array([True]), np.array([False]), vals, state, steps)[0] == ""   # served here
+    drained_keys, drained_vals, drained_state, drained_steps = cache.drain()
+    np.testing.assert_array_equal(drained_keys, [4])
+    np.testing.assert_array_equal(drained_vals, want[0])
+    np.testing.assert_array_equal(drained_state, want[1])
+    np.testing.assert_array_equal(drained_steps, [4])
+    assert drained_state.shape == (1, 1) and drained_state[0, 0] > 0.25
 
 
 def test_planner_reports_which_cached_copies_are_valid():

@@ -20,6 +20,10 @@ def reference_step(kind, w, g, state, t, lr, hp):
         acc = state.setdefault("acc", np.zeros_like(w))
         acc += g * g
         return w - lr * g / (np.sqrt(acc) + hp["eps"])
+    if kind == "rowwise_adagrad":   # one accumulator for the whole row
+        acc = state.setdefault("acc", np.zeros(1))
+        acc += np.mean(g * g)
+        return w - lr * g / (np.sqrt(acc) + hp["eps"])
     m = state.setdefault("m", np.zeros_like(w))
     v = state.setdefault("v", np.zeros_like(w))
     if kind == "adamw":
@@ -40,7 +44,11 @@ CASES = {
              {"beta1": 0.9, "beta2": 0.99, "eps": 1e-7}),
     "adamw": (lambda: ht.optim.AdamWOptimizer(0.1, beta1=0.9, beta2=0.99, epsilon=1e-7, weight_decay=0.05),
               {"beta1": 0.9, "beta2": 0.99, "eps": 1e-7, "weight_decay": 0.05}),
+    "rowwise_adagrad": (lambda: ht.optim.RowwiseAdaGradOptimizer(0.1, eps=1e-7, l2reg=0.01),
+                        {"eps": 1e-7, "l2reg": 0.01}),
 }
+# The rule that steps dense tensors where it is not the optimizer's own (row-wise kinds).
+DENSE_KIND = {"rowwise_adagrad": "adagrad"}
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -56,8 +64,48 @@ def test_dense_step_matches_closed_form(kind):
     ref, state = w0.astype(np.float64), {}
     for t in range(1, STEPS + 1):
         ex.run()
-        ref = reference_step(kind, ref, coef.astype(np.float64), state, t, 0.1, hp)
+        ref = reference_step(DENSE_KIND.get(kind, kind), ref, coef.astype(np.float64), state, t, 0.1, hp)
     np.testing.assert_allclose(ex.parameters()["w"], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_rowwise_adagrad_steps_dense_tensors_exactly_as_adagrad():
+    """Row-wise AdaGrad's dense rule is AdaGrad's, bit for bit and with AdaGrad's state, while
+    the table's rows keep one accumulator each and step differently."""
+    rng = np.random.default_rng(2)
+    w0, table0 = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((9, 4)).astype(np.float32)
+    batch = np.array([2, 5, 2, 8], np.int64)
+    x, wts = rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+
+    def train(optimizer):
+        # Two terms: w's gradient does not depend on the table, which the two rules step apart.
+        w, table = ht.Variable("w", value=w0), ht.Variable("table", value=table0)
+        ids, feats = ht.Variable("ids", dtype=np.int64), ht.Variable("feats", dtype=np.float32)
+        weights = ht.Variable("weights", dtype=np.float32)
+        dense = ht.matmul_op(feats, w)
+        loss = ht.add_op(ht.reduce_sum_op(ht.mul_op(dense, dense)),
+                         ht.reduce_sum_op(ht.mul_op(ht.embedding_lookup_op(table, ids), weights)))
+        train_op = optimizer.minimize(loss)
+        ex = ht.Executor([train_op], seed=0)
+        for _ in range(STEPS):
+            ex.run(feed_dict={ids: batch, feats: x, weights: wts})
+        return ex.parameters(), {p.name: ex.opt_states[p.id][0] for p in train_op.params}
+
+    rowwise, rowwise_state = train(ht.optim.RowwiseAdaGradOptimizer(0.1, eps=1e-6, l2reg=0.01))
+    adagrad, adagrad_state = train(ht.optim.AdaGradOptimizer(0.1, eps=1e-6, l2reg=0.01))
+    assert np.array_equal(rowwise["w"].view(np.uint32), adagrad["w"].view(np.uint32))
+    assert np.array_equal(rowwise_state["w"], adagrad_state["w"]) and rowwise_state["w"].size == w0.size
+    assert rowwise_state["table"].shape == (9, 1) and adagrad_state["table"].shape == (9, 4)
+    assert not np.allclose(rowwise["table"][batch], adagrad["table"][batch])
+
+
+def test_a_rowwise_rule_is_refused_for_a_dense_tensor():
+    from hetu import _C
+    opt = ht.optim.RowwiseAdaGradOptimizer(0.1)
+    w, g = np.ones(8, np.float32), np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="a row-wise optimizer steps embedding rows"):
+        _C.apply_dense(opt.config, 0.1, w, np.zeros(1, np.float32), np.zeros(1, np.int64), g)
+    opt.step_dense(0.1, w, np.zeros(opt.state_width(8, dense=True), np.float32), np.zeros(1, np.int64), g)
+    np.testing.assert_allclose(w, 1 - 0.1 / (1 + 1e-7))
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))

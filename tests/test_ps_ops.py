@@ -11,7 +11,9 @@ cluster = pytest.fixture(cluster_fixture)
 ROWS, WIDTH, ITERS = 40, 6, 6
 DENSE_SHAPE = (3, 5)
 OPT_KW = {"sgd": {}, "momentum": dict(momentum=0.8), "adagrad": dict(eps=1e-6), "adam": dict(beta1=0.8, beta2=0.99),
-          "adamw": dict(weight_decay=0.01), "nesterov": dict(l2reg=0.01)}
+          "adamw": dict(weight_decay=0.01), "nesterov": dict(l2reg=0.01), "rowwise_adagrad": dict(eps=1e-6, l2reg=0.01)}
+# A row-wise rule steps embedding rows only; the dense tensor takes its element-wise rule.
+DENSE_RULE = {"rowwise_adagrad": "adagrad"}
 
 TRAIN = BATCH_CODE + """
 r, W = ps.rank(), ps.num_workers()
@@ -19,7 +21,7 @@ assert W == ARGS["workers"]
 c = ps.client()
 opt = (ARGS["opt"], ARGS["kw"])
 emb = c.init_table("emb", ARGS["rows"], ARGS["width"], init=("normal", 0.0, 0.1), seed=7, optimizer=opt)
-dense = c.init_dense("dense", (3, 5), init=("uniform", -1.0, 1.0), seed=7, optimizer=opt)
+dense = c.init_dense("dense", (3, 5), init=("uniform", -1.0, 1.0), seed=7, optimizer=(ARGS["dense_opt"], ARGS["kw"]))
 everything = np.arange(ARGS["rows"])
 delay = np.random.default_rng(r + 99)
 pulled, dpulled = [], []
@@ -51,17 +53,17 @@ def model(workers, opt, kw):
     """The server's computation, in NumPy + hetu._C: per iteration, sum each row's gradients in
     worker-rank order, one optimizer step per touched row."""
     cfg = optim_config(opt, **kw)
+    dense_cfg = optim_config(DENSE_RULE.get(opt, opt), **kw)
     ns = {"np": np}
     exec(BATCH_CODE, ns)
-    slots = _C.optim_slots(cfg.kind)
     table = np.empty((ROWS, WIDTH), np.float32)
     _C.init_fill(2, 0.0, 0.1, 7, _C.name_stream("emb"), 0, table)
-    state = np.zeros((ROWS, slots * WIDTH), np.float32)
+    state = np.zeros((ROWS, _C.optim_state_width(cfg.kind, WIDTH)), np.float32)
     steps = np.zeros(ROWS, np.int64)
     versions = np.zeros(ROWS, np.int64)
     dense = np.empty(DENSE_SHAPE, np.float32)
     _C.init_fill(1, -1.0, 1.0, 7, _C.name_stream("dense"), 0, dense.reshape(-1, 1))
-    dstate = np.zeros(slots * dense.size, np.float32)
+    dstate = np.zeros(_C.optim_state_width(dense_cfg.kind, dense.size), np.float32)
     dstep = np.zeros(1, np.int64)
     history, dhistory = [], []
     for t in range(ITERS):
@@ -77,7 +79,7 @@ def model(workers, opt, kw):
         if acc:
             rows = np.array(sorted(acc), np.int64)
             _C.apply_rows(cfg, lr, table, state, steps, rows, np.stack([acc[k] for k in rows]))
-        _C.apply_dense(cfg, lr, dense, dstate, dstep, dsum)
+        _C.apply_dense(dense_cfg, lr, dense, dstate, dstep, dsum)
         history.append(table.copy())
         dhistory.append(dense.copy())
     return np.stack(history), np.stack(dhistory), table, state, steps, versions
@@ -85,7 +87,8 @@ def model(workers, opt, kw):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("servers,workers,opt", [(1, 1, "sgd"), (3, 1, "adagrad"), (1, 4, "momentum"),
-                                                 (3, 4, "adam"), (2, 4, "adamw"), (3, 2, "nesterov")])
+                                                 (3, 4, "adam"), (2, 4, "adamw"), (3, 2, "nesterov"),
+                                                 (2, 3, "rowwise_adagrad")])
 def test_bsp_training_matches_numpy_bit_for_bit(cluster, tmp_path, servers, workers, opt):
     check_bsp_training(cluster(servers, workers), tmp_path, workers, opt)
 
@@ -97,7 +100,8 @@ def test_bsp_training_over_each_van(cluster, tmp_path, van):
 
 
 def check_bsp_training(c, tmp_path, workers, opt):
-    c.run(TRAIN, dict(rows=ROWS, width=WIDTH, iters=ITERS, opt=opt, kw=OPT_KW[opt], workers=workers), timeout=90)
+    c.run(TRAIN, dict(rows=ROWS, width=WIDTH, iters=ITERS, opt=opt, dense_opt=DENSE_RULE.get(opt, opt), kw=OPT_KW[opt],
+                      workers=workers), timeout=90)
     history, dhistory, table, state, steps, versions = model(workers, opt, OPT_KW[opt])
     for w in range(workers):
         got = np.load(tmp_path / f"worker{w}.npz")
@@ -143,8 +147,7 @@ from hetu import _C
 c = ps.client()
 R, Wd = 50, 4
 t = c.init_table("emb", R, Wd, init=("uniform", -1, 1), seed=1, optimizer=("adam", {}), bsp=False)
-slots = t.slots
-assert slots == 2
+assert t.state_width == 2 * Wd
 # ASP pushes (no iteration): applied on arrival, one step per distinct key, duplicates summed
 keys = np.array([7, 3, 7, 49, 20])
 g = np.arange(5 * Wd, dtype=np.float32).reshape(5, Wd) / 10
@@ -220,6 +223,64 @@ ps.finalize()
 @pytest.mark.parametrize("servers", [1, 3])
 def test_versions_state_assign_save_load(cluster, tmp_path, servers):
     cluster(servers, 1).run(STATE, dict(dir=str(tmp_path / "ckpt")))
+
+
+ROWWISE_STATE = """
+from hetu import _C
+c = ps.client()
+R, Wd = 30, 5
+t = c.init_table("emb", R, Wd, init=("uniform", -1, 1), seed=2, optimizer=("rowwise_adagrad", dict(l2reg=0.01)),
+                 bsp=False)
+assert t.state_width == 1   # one accumulator per row
+cfg = _C.OptimConfig(); cfg.kind = 6; cfg.l2reg = 0.01
+table = np.empty((R, Wd), np.float32); _C.init_fill(1, -1, 1, 2, _C.name_stream("emb"), 0, table)
+state = np.zeros((R, 1), np.float32); steps = np.zeros(R, np.int64)
+rng = np.random.default_rng(4)
+for it in range(3):
+    keys = np.unique(rng.integers(0, R, 12))
+    g = rng.standard_normal((len(keys), Wd)).astype(np.float32)
+    t.push(keys, g, lr=0.1).wait()
+    _C.apply_rows(cfg, np.float32(0.1), table, state, steps, keys, g)
+rows, st, sp, ver = t.pull_with_state(np.arange(R)).wait()
+assert st.shape == (R, 1) and (st[steps > 0] > 0).all()
+assert np.array_equal(rows, table) and np.array_equal(st, state) and np.array_equal(sp, steps)
+# the state of marked keys only, and of stale rows
+mask = np.arange(R) % 3 == 0
+rows, st, sp, ver = t.pull_with_state(np.arange(R), with_state=mask).wait()
+assert np.array_equal(st, state[mask]) and np.array_equal(sp, steps[mask])
+pos, prow, pver, pst, psp = t.pull_stale(np.arange(R), np.zeros(R, np.int64), bound=0, with_state=True).wait()
+assert len(pos) and np.array_equal(pst, state[pos]) and np.array_equal(psp, steps[pos])
+# assign writes one accumulator per row; a step continues from it
+ak = np.array([17, 4])
+av = rng.standard_normal((2, Wd)).astype(np.float32)
+ast = np.array([[0.5], [2.0]], np.float32)
+t.assign(ak, av, ast, np.array([3, 9])).wait()
+table[ak] = av; state[ak] = ast; steps[ak] = [3, 9]
+ones = np.ones((2, Wd), np.float32)
+t.push(np.sort(ak), ones, lr=0.1).wait()
+_C.apply_rows(cfg, np.float32(0.1), table, state, steps, np.sort(ak), ones)
+before = t.pull_with_state(np.arange(R)).wait()
+assert np.array_equal(before[0], table) and np.array_equal(before[1], state) and np.array_equal(before[2], steps)
+t.save(ARGS["dir"]).wait()
+t.clear().wait()
+t.load(ARGS["dir"]).wait()
+after = t.pull_with_state(np.arange(R)).wait()
+for a, b in zip(before, after):
+    assert np.array_equal(a, b)
+# a dense tensor takes the optimizer's element-wise rule: a row-wise dense table is refused
+try:
+    c.init_dense("d", (3, 4), optimizer="rowwise_adagrad")
+    raise AssertionError("a dense table stepped by a row-wise rule was created")
+except RuntimeError as e:
+    assert "a row-wise optimizer steps embedding rows" in str(e), e
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("servers", [1, 3])
+def test_rowwise_adagrad_state_is_one_float_per_row(cluster, tmp_path, servers):
+    cluster(servers, 1).run(ROWWISE_STATE, dict(dir=str(tmp_path / "ckpt")))
 
 
 MASKED_AND_WRITE_BACK = """

@@ -26,12 +26,11 @@ class ModelRowCache:
     def __init__(self, policy, capacity, bound, opt):
         self.policy = _C.CachePolicy(policy, capacity, 3)
         self.bound, self.opt = bound, opt
-        slots = _C.optim_slots(opt.kind)
         self.values = np.zeros((capacity, WIDTH), np.float32)
         self.versions = np.full(capacity, NEVER, np.int64)
         self.pending = np.zeros(capacity, np.int64)
         self.pending_grad = np.zeros((capacity, WIDTH), np.float32)
-        self.state = np.zeros((capacity, slots * WIDTH), np.float32)
+        self.state = np.zeros((capacity, _C.optim_state_width(opt.kind, WIDTH)), np.float32)
         self.steps = np.zeros(capacity, np.int64)
 
     def _take(self, keys, slots):
@@ -98,7 +97,7 @@ class ModelServer:
     def __init__(self, rng, rows, opt):
         self.opt = opt
         self.values = rng.standard_normal((rows, WIDTH)).astype(np.float32)
-        self.state = np.zeros((rows, _C.optim_slots(opt.kind) * WIDTH), np.float32)
+        self.state = np.zeros((rows, _C.optim_state_width(opt.kind, WIDTH)), np.float32)
         self.steps = np.zeros(rows, np.int64)
         self.versions = np.zeros(rows, np.int64)
 
@@ -123,7 +122,7 @@ class ModelServer:
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lfuopt"])
 @pytest.mark.parametrize("bound", [0, 2])
-@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", "adam", "rowwise_adagrad"])
 @pytest.mark.parametrize("capacity", [3, 20])
 def test_row_cache_matches_model_against_a_versioned_server(policy, bound, opt, capacity):
     rng = np.random.default_rng([capacity, bound])

@@ -11,7 +11,7 @@ import pytest
 
 from hetu import _C, _ps
 
-KINDS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5}
+KINDS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5, "rowwise_adagrad": 6}
 RULE = dict(momentum=0.9, beta1=0.8, beta2=0.99, eps=1e-7, l2reg=0.01, weight_decay=0.02)
 VARIANTS = [name for name, _ in _ps.simd_variants()]
 RUNNABLE = {name for name, ok in _ps.simd_variants() if ok}
@@ -39,6 +39,10 @@ def scalar_step(kind, lr, w, state, steps, rows, grads):
             gi = g + l2 * x
             s[:] = s + gi * gi
             x -= lr * gi / (np.sqrt(s) + eps)
+        elif kind == "rowwise_adagrad":
+            gi = g + l2 * x
+            s[0] = s[0] + row_mean_square(gi)
+            x -= lr * gi / (np.sqrt(s[0]) + eps)
         else:
             m, v = s[:width], s[width:]
             bc1 = F(1.0 - float(b1) ** t)   # pow in double, as the rule does
@@ -51,6 +55,15 @@ def scalar_step(kind, lr, w, state, steps, rows, grads):
             m[:] = b1 * m + (F(1) - b1) * gi
             v[:] = b2 * v + (F(1) - b2) * gi * gi
             x -= lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+
+
+def row_mean_square(g):
+    """Row-wise AdaGrad's accumulator increment: the float32 sum of g * g in index order (not
+    NumPy's pairwise sum, nor any vector lanes' order), divided by the width."""
+    total = F(0)
+    for square in g * g:
+        total = F(total + square)
+    return F(total / F(len(g)))
 
 
 def _gradients(rng, n, width):
@@ -67,12 +80,12 @@ def test_every_step_loop_version_steps_rows_bit_for_bit_like_the_scalar_rule(var
     if variant not in RUNNABLE:
         pytest.skip(f"this CPU cannot run the step loop's {variant} version: not tested here")
     rng = np.random.default_rng(width * 31 + KINDS[kind])
-    rows, slots = 40, _ps.optim_slots(KINDS[kind])
+    rows, state_width = 40, _ps.optim_state_width(KINDS[kind], width)
     lr = 0.05
     start = rng.uniform(-1, 1, (rows, width)).astype(F)
-    server = (start.copy(), np.zeros((rows, slots * width), F), np.zeros(rows, np.int64), np.zeros(rows, np.int64))
-    worker = (start.copy(), np.zeros((rows, slots * width), F), np.zeros(rows, np.int64))
-    scalar = (start.copy(), np.zeros((rows, slots * width), F), np.zeros(rows, np.int64))
+    server = (start.copy(), np.zeros((rows, state_width), F), np.zeros(rows, np.int64), np.zeros(rows, np.int64))
+    worker = (start.copy(), np.zeros((rows, state_width), F), np.zeros(rows, np.int64))
+    scalar = (start.copy(), np.zeros((rows, state_width), F), np.zeros(rows, np.int64))
     config = _C.OptimConfig()
     config.kind = KINDS[kind]
     for key, value in RULE.items():

@@ -23,6 +23,7 @@ OPTIMIZERS = {
     "sgd": lambda lr: ht.optim.SGDOptimizer(learning_rate=lr),
     "momentum": lambda lr: ht.optim.MomentumOptimizer(learning_rate=lr),
     "adagrad": lambda lr: ht.optim.AdaGradOptimizer(learning_rate=lr),
+    "rowwise_adagrad": lambda lr: ht.optim.RowwiseAdaGradOptimizer(learning_rate=lr),
     "adam": lambda lr: ht.optim.AdamOptimizer(learning_rate=lr),
 }
 

@@ -175,7 +175,7 @@ class Handle {
       }
       case kState: {
         py::array rows = Gathered<float>(r, 0, w, {n, w});
-        py::array state = Gathered<float>(r, 1, r.slots * w, {n, static_cast<py::ssize_t>(r.slots * w)});
+        py::array state = Gathered<float>(r, 1, r.state_width, {n, static_cast<py::ssize_t>(r.state_width)});
         py::array steps = Gathered<int64_t>(r, 2, 1, {n});
         py::array versions = Gathered<int64_t>(r, 3, 1, {n});
         return py::make_tuple(rows, state, steps, versions);
@@ -187,7 +187,7 @@ class Handle {
           before[i] = m;
           m += marked_[i] ? 1 : 0;
         }
-        const py::ssize_t sw = static_cast<py::ssize_t>(r.slots * w);
+        const py::ssize_t sw = static_cast<py::ssize_t>(r.state_width);
         py::array rows = Gathered<float>(r, 0, w, {n, w});
         py::array_t<float> state({m, sw});
         py::array_t<int64_t> steps(m), versions(m);
@@ -207,7 +207,7 @@ class Handle {
             if (local < 0 || local >= p.size()) throw std::runtime_error("server answer has a bad position");
             hits.emplace_back(p.at(local), &p, static_cast<int64_t>(i));
           }
-          const size_t m = idx.count<int64_t>(), sw = r.slots * w;
+          const size_t m = idx.count<int64_t>(), sw = r.state_width;
           if (p.response.data.at(1).size != m * w * sizeof(float) || p.response.data.at(2).size != m * sizeof(int64_t) ||
               (kind_ == kStaleState && (p.response.data.at(3).size != m * sw * sizeof(float) ||
                                         p.response.data.at(4).size != m * sizeof(int64_t))))
@@ -215,7 +215,7 @@ class Handle {
         }
         std::sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
         const py::ssize_t m = static_cast<py::ssize_t>(hits.size());
-        const py::ssize_t sw = static_cast<py::ssize_t>(kind_ == kStaleState ? r.slots * w : 0);
+        const py::ssize_t sw = static_cast<py::ssize_t>(kind_ == kStaleState ? r.state_width : 0);
         py::array_t<int64_t> pos(m), versions(m), steps(kind_ == kStaleState ? m : 0);
         py::array_t<float> rows({m, w}), state({kind_ == kStaleState ? m : 0, sw});
         for (py::ssize_t i = 0; i < m; ++i) {
@@ -243,13 +243,13 @@ class Handle {
   bool consumed_ = false;
 };
 
-TableRef Ref(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t slots = 0) {
+TableRef Ref(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t state_width = 0) {
   TableRef t;
   t.name = name;
   t.rows = rows;
   t.width = width;
   t.dense = dense;
-  t.slots = slots;
+  t.state_width = state_width;
   return t;
 }
 
@@ -347,7 +347,7 @@ PYBIND11_MODULE(_ps, m) {
   m.attr("SERVERS") = static_cast<int>(kServerGroup);
   m.attr("ALL") = static_cast<int>(kAllGroup);
   m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
-  m.def("optim_slots", &hetu::optim::slots);
+  m.def("optim_state_width", &hetu::optim::state_width, py::arg("kind"), py::arg("width"));
   m.def(
       "simd_variants",
       [] {
@@ -372,9 +372,9 @@ PYBIND11_MODULE(_ps, m) {
         cfg.l2reg = l2reg;
         cfg.weight_decay = weight_decay;
         const int64_t rows = steps.size(), width = rows ? values.size() / rows : 0;
-        const int64_t slots = hetu::optim::slots(optim_kind);
+        const int64_t state_width = hetu::optim::state_width(optim_kind, width);
         CheckSize("step_rows_with", "values", values.size(), rows * width);
-        CheckSize("step_rows_with", "state", state.size(), rows * slots * width);
+        CheckSize("step_rows_with", "state", state.size(), rows * state_width);
         CheckSize("step_rows_with", "versions", versions.size(), rows);
         CheckSize("step_rows_with", "grads", grads.size(), keys.size() * width);
         for (int64_t i = 0; i < keys.size(); ++i)
@@ -382,7 +382,7 @@ PYBIND11_MODULE(_ps, m) {
             throw py::value_error("step_rows_with: keys must be distinct rows in increasing order");
         const StepLoopFn step = StepLoopOf(variant);
         const StepRowsView view{values.mutable_data(), state.mutable_data(), steps.mutable_data(),
-                                versions.mutable_data(), 0, width, slots};
+                                versions.mutable_data(), 0, width, state_width};
         step(cfg, lr, view, keys.data(), 0, keys.size(), grads.data(), nullptr);
       });
   ps::RegisterRawBench(m);
@@ -427,10 +427,10 @@ PYBIND11_MODULE(_ps, m) {
 
   m.def("push", [](const std::string& name, int64_t rows, int64_t width, bool dense, Arr<int64_t> keys,
                    Arr<float> grads, std::optional<Arr<int64_t>> counts, int64_t iteration, float lr, bool pull,
-                   int64_t slots, std::optional<Arr<int64_t>> wb_keys, std::optional<Arr<float>> wb_values,
+                   int64_t state_width, std::optional<Arr<int64_t>> wb_keys, std::optional<Arr<float>> wb_values,
                    std::optional<Arr<float>> wb_state, std::optional<Arr<int64_t>> wb_steps,
                    std::optional<Arr<int64_t>> wb_version_add) {
-    TableRef t = Ref(name, rows, width, dense, slots);
+    TableRef t = Ref(name, rows, width, dense, state_width);
     const int64_t n = dense ? 0 : keys.size();
     CheckSize(name, "gradient", grads.size(), dense ? rows * width : n * width);
     if (counts) CheckSize(name, "counts", counts->size(), n);
@@ -448,7 +448,7 @@ PYBIND11_MODULE(_ps, m) {
                               "state, steps and version increments");
       wb.n = wb_keys->size();
       CheckSize(name, "write-back rows", wb_values->size(), wb.n * width);
-      CheckSize(name, "write-back optimizer state", wb_state->size(), wb.n * slots * width);
+      CheckSize(name, "write-back optimizer state", wb_state->size(), wb.n * state_width);
       CheckSize(name, "write-back steps", wb_steps->size(), wb.n);
       CheckSize(name, "write-back version increments", wb_version_add->size(), wb.n);
       for (py::object o : {py::object(*wb_keys), py::object(*wb_values), py::object(*wb_state),
@@ -485,9 +485,9 @@ PYBIND11_MODULE(_ps, m) {
     return Handle(req, keep, dense ? kDenseRows : kRows);
   });
 
-  m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
+  m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width, Arr<int64_t> keys,
                          Arr<int64_t> versions, int64_t bound, int64_t iteration, bool with_state) {
-    TableRef t = Ref(name, rows, width, false, slots);
+    TableRef t = Ref(name, rows, width, false, state_width);
     CheckSize(name, "versions", versions.size(), keys.size());
     py::list keep;
     keep.append(keys);
@@ -503,9 +503,9 @@ PYBIND11_MODULE(_ps, m) {
     return Handle(req, keep, with_state ? kStaleState : kStale);
   });
 
-  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
-                              int64_t iteration, std::optional<Arr<uint8_t>> with_state) {
-    TableRef t = Ref(name, rows, width, false, slots);
+  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width,
+                              Arr<int64_t> keys, int64_t iteration, std::optional<Arr<uint8_t>> with_state) {
+    TableRef t = Ref(name, rows, width, false, state_width);
     py::list keep;
     keep.append(keys);
     const int64_t* k = keys.data();
@@ -526,12 +526,12 @@ PYBIND11_MODULE(_ps, m) {
     return with_state ? Handle(req, keep, std::move(marked)) : Handle(req, keep, kState);
   });
 
-  m.def("assign", [](const std::string& name, int64_t rows, int64_t width, int64_t slots, Arr<int64_t> keys,
+  m.def("assign", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width, Arr<int64_t> keys,
                      Arr<float> values, Arr<float> state, Arr<int64_t> steps, Arr<int64_t> version_add) {
-    TableRef t = Ref(name, rows, width, false, slots);
+    TableRef t = Ref(name, rows, width, false, state_width);
     const int64_t n = keys.size();
     CheckSize(name, "values", values.size(), n * width);
-    CheckSize(name, "optimizer state", state.size(), n * slots * width);
+    CheckSize(name, "optimizer state", state.size(), n * state_width);
     CheckSize(name, "steps", steps.size(), n);
     CheckSize(name, "version_add", version_add.size(), n);
     py::list keep;

@@ -32,7 +32,7 @@ struct Part {
 struct Request {
   std::string what;  // "pull of table 'emb'": how errors name the request
   int op = 0;
-  int64_t num_keys = 0, width = 0, slots = 0;
+  int64_t num_keys = 0, width = 0, state_width = 0;
   std::vector<Part> parts;
   std::mutex mu;
   std::condition_variable cv;

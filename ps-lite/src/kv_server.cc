@@ -134,10 +134,13 @@ bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
 void KVServer::Init(Message& msg) {
   const auto& spec = msg.meta.spec();
   const std::string& name = msg.meta.table();
-  if (name.empty() || spec.rows() <= 0 || spec.width() <= 0 || spec.optim_kind() < 0 || spec.optim_kind() > 5 ||
-      spec.init_kind() < 0 || spec.init_kind() > 3 || spec.staleness() < 0)
+  if (name.empty() || spec.rows() <= 0 || spec.width() <= 0 || spec.optim_kind() < 0 ||
+      spec.optim_kind() >= hetu::optim::kNumKinds || spec.init_kind() < 0 || spec.init_kind() > 3 || spec.staleness() < 0)
     return Reply(msg, {}, "table '" + name + "': invalid init spec (rows " + std::to_string(spec.rows()) +
                               ", width " + std::to_string(spec.width()) + ")");
+  if (spec.dense() && hetu::optim::rowwise(spec.optim_kind()))
+    return Reply(msg, {}, "table '" + name + "': a row-wise optimizer steps embedding rows; a dense tensor takes its "
+                              "element-wise dense rule");
   auto it = tables_.find(name);
   if (it != tables_.end()) {
     const auto& old = it->second.shard->spec();
@@ -261,7 +264,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       if (msg.meta.with_state()) {
         float* state;
         int64_t* steps;
-        reply.push_back(Blob::Alloc<float>(m * t.slots() * t.width(), &state));
+        reply.push_back(Blob::Alloc<float>(m * t.state_width(), &state));
         reply.push_back(Blob::Alloc<int64_t>(m, &steps));
         t.GatherState(stale.data(), m, state, steps, versions);
       } else {
@@ -285,7 +288,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       float *rows, *state;
       int64_t *steps, *versions;
       Blob rb = Blob::Alloc<float>(n * t.width(), &rows);
-      Blob sb = Blob::Alloc<float>(m * t.slots() * t.width(), &state);
+      Blob sb = Blob::Alloc<float>(m * t.state_width(), &state);
       Blob stb = Blob::Alloc<int64_t>(m, &steps);
       Blob vb = Blob::Alloc<int64_t>(m, &versions);
       t.Gather(keys, n, rows);
@@ -310,7 +313,7 @@ std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
   const std::string& name = t.name();
   const int64_t n = msg.data.size() > first ? static_cast<int64_t>(msg.data[first].count<int64_t>()) : 0;
   std::string err = Expect<float>(msg, first + 1, n * t.width(), "rows", name);
-  if (err.empty()) err = Expect<float>(msg, first + 2, n * t.slots() * t.width(), "optimizer state", name);
+  if (err.empty()) err = Expect<float>(msg, first + 2, n * t.state_width(), "optimizer state", name);
   if (err.empty()) err = Expect<int64_t>(msg, first + 3, n, "steps", name);
   if (err.empty()) err = Expect<int64_t>(msg, first + 4, n, "version increments", name);
   const int64_t* keys = n ? msg.data[first].as<int64_t>() : nullptr;

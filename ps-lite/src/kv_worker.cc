@@ -34,7 +34,7 @@ std::shared_ptr<Request> KVWorker::NewRequest(const TableRef& t, int op) {
   req->what = std::string(OpName(op)) + " of table '" + t.name + "'";
   req->op = op;
   req->width = t.width;
-  req->slots = t.slots;
+  req->state_width = t.state_width;
   return req;
 }
 
@@ -173,7 +173,7 @@ std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t
     m.meta.set_has_write_back(true);
     m.data.push_back(SliceOf(*wb, write_back->keys, 1));
     m.data.push_back(SliceOf(*wb, write_back->values, t.width));
-    m.data.push_back(SliceOf(*wb, write_back->state, t.slots * t.width));
+    m.data.push_back(SliceOf(*wb, write_back->state, t.state_width));
     m.data.push_back(SliceOf(*wb, write_back->steps, 1));
     m.data.push_back(SliceOf(*wb, write_back->version_add, 1));
   }, chunk);
@@ -237,7 +237,7 @@ std::shared_ptr<Request> KVWorker::Assign(const TableRef& t, const int64_t* keys
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.data.push_back(SliceOf(p, keys, 1));
     m.data.push_back(SliceOf(p, values, t.width));
-    m.data.push_back(SliceOf(p, state, t.slots * t.width));
+    m.data.push_back(SliceOf(p, state, t.state_width));
     m.data.push_back(SliceOf(p, steps, 1));
     m.data.push_back(SliceOf(p, version_add, 1));
   });

@@ -26,7 +26,7 @@ struct WriteBack {
 
 struct TableRef {
   std::string name;
-  int64_t rows = 0, width = 0, slots = 0;
+  int64_t rows = 0, width = 0, state_width = 0;  // state_width: optimizer state floats per row
   bool dense = false;
 };
 

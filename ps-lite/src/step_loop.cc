@@ -14,7 +14,7 @@ constexpr int64_t kAhead = 8;  // rows are scattered: start loading one this far
 inline __attribute__((always_inline)) void StepBody(const hetu::optim::Config& cfg, float lr, const StepRowsView& t,
                                                     const int64_t* keys, int64_t b, int64_t e, const float* grads,
                                                     const int64_t* counts) {
-  const int64_t w = t.width, sw = t.slots * w;
+  const int64_t w = t.width, sw = t.state_width;
   hetu::optim::BiasCache bias;
   for (int64_t i = b; i < e; ++i) {
     if (i + kAhead < e) {  // to be written: prefetch for writing

@@ -1,8 +1,10 @@
 // The servers' row-step loop, compiled once per vector width the CPU may have, and the choice
 // between those versions (HETU_SIMD). Every version performs the same IEEE operations on each
-// float (the build has -ffp-contract=off, and a step has no reductions), so rows come out bit
-// for bit the same whichever runs: a worker's cached copy, stepped by hetu's own SSE2 build,
-// equals the server's on every CPU. tests/test_simd.py holds every version to that.
+// float (the build has -ffp-contract=off, and the one reduction, row-wise AdaGrad's sum of
+// squares, stays in index order: without -ffast-math no compiler may reassociate it into vector
+// lanes), so rows come out bit for bit the same whichever runs: a worker's cached copy, stepped
+// by hetu's own SSE2 build, equals the server's on every CPU. tests/test_simd.py holds every
+// version to that.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,13 +14,13 @@
 
 namespace ps {
 
-// Rows of a shard: row r's values at values[r * width], its state at state[r * slots * width].
+// Rows of a shard: row r's values at values[r * width], its state at state[r * state_width].
 struct StepRowsView {
   float* values;
   float* state;
   int64_t* steps;
   int64_t* versions;
-  int64_t lo, width, slots;
+  int64_t lo, width, state_width;
 };
 
 // The versions, best first: "avx512f", "avx2", "default".

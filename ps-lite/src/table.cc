@@ -20,7 +20,7 @@ namespace {
 
 struct FileHeader {
   char magic[8];
-  int64_t rows, width, dense, lo, hi, optim_kind, slots, applied;
+  int64_t rows, width, dense, lo, hi, optim_kind, unit_state_width, applied;
 };
 const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
 
@@ -78,8 +78,8 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
   cfg_.eps = spec.eps();
   cfg_.l2reg = spec.l2reg();
   cfg_.weight_decay = spec.weight_decay();
-  slots_ = hetu::optim::slots(cfg_.kind);
   Units(dense(), hi_ - lo_, width(), &units_, &unit_width_);
+  unit_state_width_ = hetu::optim::state_width(cfg_.kind, unit_width_);
   Reset();
 }
 
@@ -87,7 +87,7 @@ void TableShard::Reset() {
   values_.Reset((hi_ - lo_) * width(), 0.0f);
   hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), lo_, hi_,
                        width(), values_.data());
-  state_.Reset(units_ * slots_ * unit_width_, 0.0f);
+  state_.Reset(units_ * unit_state_width_, 0.0f);
   steps_.Reset(units_, 0);
   versions_.Reset(units_, 0);
   pending.clear();
@@ -197,7 +197,8 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
 void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts,
                           float lr) {
   static const StepLoopFn step = StepLoopOf(SimdVariant());  // HETU_SIMD, checked when the server starts
-  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(), slots_};
+  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(),
+                          unit_state_width_};
   step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
 
@@ -223,7 +224,7 @@ std::vector<int64_t> TableShard::Stale(const int64_t* keys, const int64_t* versi
 }
 
 void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const {
-  const int64_t sw = slots_ * width();
+  const int64_t sw = unit_state_width_;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = keys[i] - lo_;
     if (sw) std::memcpy(state + i * sw, &state_[r * sw], sw * sizeof(float));
@@ -234,7 +235,7 @@ void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64
 
 void TableShard::Assign(const int64_t* keys, int64_t n, const float* values, const float* state, const int64_t* steps,
                         const int64_t* version_add) {
-  const int64_t w = width(), sw = slots_ * w;
+  const int64_t w = width(), sw = unit_state_width_;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = keys[i] - lo_;
     std::memcpy(&values_[r * w], values + i * w, w * sizeof(float));
@@ -261,7 +262,7 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
   h.lo = lo_;
   h.hi = hi_;
   h.optim_kind = cfg_.kind;
-  h.slots = slots_;
+  h.unit_state_width = unit_state_width_;
   h.applied = applied;
   bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
   auto put = [&](const void* p, size_t bytes) { ok = ok && (bytes == 0 || std::fwrite(p, bytes, 1, f) == 1); };
@@ -322,7 +323,7 @@ std::string TableShard::Load(const std::string& dir) {
   std::string error;
   const int saved = SavedServerCount(dir, prefix, &error);
   if (!saved) return "table '" + name_ + "': " + error;
-  const int64_t w = width(), sw = slots_ * unit_width_;
+  const int64_t w = width(), sw = unit_state_width_;
   HugeArray<float> values, state;
   HugeArray<int64_t> steps, versions;
   values.Reset(values_.size(), 0.0f);
@@ -361,7 +362,7 @@ std::string TableShard::Load(const std::string& dir) {
     const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
     const long values_at = sizeof(FileHeader);
     const long state_at = values_at + (ohi - olo) * w * float_bytes;
-    const long steps_at = state_at + units * slots_ * unit_width * float_bytes;
+    const long steps_at = state_at + units * hetu::optim::state_width(cfg_.kind, unit_width) * float_bytes;
     const long versions_at = steps_at + units * int_bytes;
     const long end = versions_at + units * int_bytes;
     if (std::fseek(in.f, 0, SEEK_END) != 0) return "table '" + name_ + "': cannot seek in " + path;
@@ -384,8 +385,9 @@ std::string TableShard::Load(const std::string& dir) {
     const int64_t n = std::max<int64_t>(0, b - a);
     read(values_at + (a - olo) * w * float_bytes, values.data() + (a - lo_) * w, n * w * float_bytes);
     if (dense()) {
-      // Slot s of a dense shard is its whole range's floats: copy the overlap of each slot.
-      for (int64_t s = 0; s < slots_; ++s)
+      // A dense shard's state is whole arrays of its range's floats (element-wise kinds only,
+      // KVServer::Init): copy the overlap of each array.
+      for (int64_t s = 0, arrays = hetu::optim::state_width(cfg_.kind, 1); s < arrays; ++s)
         read(state_at + (s * unit_width + (a - olo) * w) * float_bytes, state.data() + s * unit_width_ + (a - lo_) * w,
              n * w * float_bytes);
       int64_t step = 0, version = 0;

@@ -52,7 +52,8 @@ class TableShard {
   const pb::TableSpec& spec() const { return spec_; }
   bool dense() const { return spec_.dense(); }
   int64_t width() const { return spec_.width(); }
-  int64_t slots() const { return slots_; }
+  // Optimizer state floats per row (sparse tables).
+  int64_t state_width() const { return hetu::optim::state_width(cfg_.kind, width()); }
   int64_t lo() const { return lo_; }
   int64_t hi() const { return hi_; }
 
@@ -112,7 +113,8 @@ class TableShard {
   std::string name_;
   pb::TableSpec spec_;
   hetu::optim::Config cfg_;
-  int64_t lo_, hi_, slots_, unit_width_, units_;
+  int64_t lo_, hi_, unit_width_, units_;
+  int64_t unit_state_width_;  // optimizer state floats per unit
   HugeArray<float> values_, state_;
   HugeArray<int64_t> steps_, versions_;
 };

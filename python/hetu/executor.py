@@ -128,10 +128,10 @@ class Executor:
             value = self.values[param.id]
             xp = self.state.xp
             if rowwise:
-                state = xp.zeros((value.shape[0], optimizer.slots * value.shape[1]), dtype=np.float32)
+                state = xp.zeros((value.shape[0], optimizer.state_width(value.shape[1])), dtype=np.float32)
                 steps = xp.zeros(value.shape[0], dtype=np.int64)
             else:
-                state = xp.zeros(optimizer.slots * value.size, dtype=np.float32)
+                state = xp.zeros(optimizer.state_width(value.size, dense=True), dtype=np.float32)
                 steps = xp.zeros(1, dtype=np.int64)
             entry = self.opt_states[param.id] = (state, steps)
         return entry

@@ -9,31 +9,42 @@ from .graph import Op, Variable, topo_sort
 from .lr import as_scheduler
 from .ops.embedding import IndexedSlices, unique_sum
 
-SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM, ADAMW = range(6)
+SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM, ADAMW, ROWWISE_ADAGRAD = range(7)
 KIND_NAMES = {SGD: "sgd", MOMENTUM: "momentum", NESTEROV: "nesterov", ADAGRAD: "adagrad", ADAM: "adam",
-              ADAMW: "adamw"}
+              ADAMW: "adamw", ROWWISE_ADAGRAD: "rowwise_adagrad"}
+
+
+def _config(kind, l2reg, rule):
+    config = _C.OptimConfig()
+    config.kind = kind
+    config.l2reg = l2reg
+    for key, value in rule.items():
+        setattr(config, key, value)
+    return config
 
 
 class Optimizer:
     kind = SGD
+    # A row-wise kind keeps state per embedding row, which a dense tensor does not have: dense
+    # tensors are stepped by this element-wise kind instead, with the same settings.
+    dense_kind = None
 
     def __init__(self, learning_rate=0.01, l2reg=0.0, **rule):
         self.lr = as_scheduler(learning_rate)
-        self.config = _C.OptimConfig()
-        self.config.kind = self.kind
-        self.config.l2reg = l2reg
-        for key, value in rule.items():
-            setattr(self.config, key, value)
+        self.config = _config(self.kind, l2reg, rule)   # embedding rows
+        self.dense_config = self.config if self.dense_kind is None else _config(self.dense_kind, l2reg, rule)
         self.l2reg = l2reg
 
-    @property
-    def slots(self):
-        return _C.optim_slots(self.kind)
+    def state_width(self, width, dense=False):
+        """Floats of optimizer state beside an embedding row of `width` floats, or with `dense`
+        beside a dense tensor of `width` elements."""
+        return _C.optim_state_width((self.dense_config if dense else self.config).kind, width)
 
-    def rule(self):
-        """The update rule as plain values: what a parameter server needs to apply it."""
-        c = self.config
-        return {"kind": KIND_NAMES[self.kind], "momentum": c.momentum, "beta1": c.beta1, "beta2": c.beta2,
+    def rule(self, dense=False):
+        """The update rule of embedding rows (with `dense`: of dense tensors) as plain values:
+        what a parameter server needs to apply it."""
+        c = self.dense_config if dense else self.config
+        return {"kind": KIND_NAMES[c.kind], "momentum": c.momentum, "beta1": c.beta1, "beta2": c.beta2,
                 "eps": c.eps, "l2reg": c.l2reg, "weight_decay": c.weight_decay}
 
     def minimize(self, loss, var_list=None):
@@ -48,10 +59,11 @@ class Optimizer:
         step may go ahead (hetu.cuda.DeviceChecks), so a non-finite loss skips it without the
         host waiting for the device."""
         if cuda.is_device_array(value):
-            _gpu_step(self.config, lr, value.reshape(-1), state, steps, grad.reshape(-1), None, None, 1,
+            _gpu_step(self.dense_config, lr, value.reshape(-1), state, steps, grad.reshape(-1), None, None, 1,
                       value.size, guard)
             return
-        _C.apply_dense(self.config, lr, value.reshape(-1), state, steps, np.ascontiguousarray(grad, np.float32).reshape(-1))
+        _C.apply_dense(self.dense_config, lr, value.reshape(-1), state, steps,
+                       np.ascontiguousarray(grad, np.float32).reshape(-1))
 
     def step_rows(self, lr, table, state, steps, grad, guard=None):
         """One step for the rows of `table` named by a sparse gradient (ids may repeat)."""
@@ -78,6 +90,17 @@ class MomentumOptimizer(Optimizer):
 
 class AdaGradOptimizer(Optimizer):
     kind = ADAGRAD
+
+    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0):
+        super().__init__(learning_rate, l2reg, eps=eps)
+
+
+class RowwiseAdaGradOptimizer(Optimizer):
+    """FBGEMM's exact row-wise AdaGrad for embedding tables: one accumulator per row, grown by the
+    mean of the row's squared gradient. Dense tensors take element-wise AdaGrad (as TorchRec's
+    DLRM trains them)."""
+    kind = ROWWISE_ADAGRAD
+    dense_kind = ADAGRAD
 
     def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0):
         super().__init__(learning_rate, l2reg, eps=eps)
@@ -223,6 +246,33 @@ extern "C" __global__ void hetu_optim_step(int kind, float lr, float momentum, f
   }
 }
 
+// Row-wise AdaGrad: a row's accumulator needs the row's whole squared gradient first, so one
+// thread steps one row (a grid-stride loop over rows), summing in index order as the host does.
+extern "C" __global__ void hetu_rowwise_adagrad_step(float lr, float eps, float l2reg, float* w, float* acc,
+                                                     const float* grads, const long long* rows,
+                                                     const long long* count, long long n, long long width,
+                                                     const long long* guard) {
+  if (guard != nullptr && *guard != -1) return;
+  long long end = count != nullptr ? *count : n;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < end;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long r = rows != nullptr ? rows[i] : i;
+    float* wr = w + r * width;
+    const float* g = grads + i * width;
+    float sum_sq = 0.0f;
+    for (long long j = 0; j < width; ++j) {
+      float gi = g[j] + l2reg * wr[j];
+      sum_sq += gi * gi;
+    }
+    acc[r] += sum_sq / (float)width;
+    float denom = sqrtf(acc[r]) + eps;
+    for (long long j = 0; j < width; ++j) {
+      float gi = g[j] + l2reg * wr[j];
+      wr[j] -= lr * gi / denom;
+    }
+  }
+}
+
 extern "C" __global__ void hetu_optim_count(long long* steps, const long long* rows, const long long* count,
                                             long long n, const long long* guard) {
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -241,15 +291,21 @@ def _gpu_step(config, lr, w, state, steps, grads, rows, count, n, width, guard):
     grads = cp.ascontiguousarray(grads, dtype=np.float32)
     c = config
     f = np.float32
-    cuda.launch(cuda.raw_kernel("hetu_optim_step", _STEP_KERNELS), n * width,
-                (np.int32(c.kind), f(lr), f(c.momentum), f(c.beta1), f(c.beta2), f(c.eps), f(c.l2reg),
-                 f(c.weight_decay), w, state if state.size else w, steps, grads,
-                 rows if rows is not None else null, count if count is not None else null,
-                 np.int64(n), np.int64(width), guard if guard is not None else null), max_blocks=cuda.STRIDE_BLOCKS)
+    rows_arg = rows if rows is not None else null
+    count_arg = count if count is not None else null
+    guard_arg = guard if guard is not None else null
+    if c.kind == ROWWISE_ADAGRAD:
+        cuda.launch(cuda.raw_kernel("hetu_rowwise_adagrad_step", _STEP_KERNELS), n,
+                    (f(lr), f(c.eps), f(c.l2reg), w, state, grads, rows_arg, count_arg, np.int64(n),
+                     np.int64(width), guard_arg), max_blocks=cuda.STRIDE_BLOCKS)
+    else:
+        cuda.launch(cuda.raw_kernel("hetu_optim_step", _STEP_KERNELS), n * width,
+                    (np.int32(c.kind), f(lr), f(c.momentum), f(c.beta1), f(c.beta2), f(c.eps), f(c.l2reg),
+                     f(c.weight_decay), w, state if state.size else w, steps, grads, rows_arg, count_arg,
+                     np.int64(n), np.int64(width), guard_arg), max_blocks=cuda.STRIDE_BLOCKS)
     cuda.launch(cuda.raw_kernel("hetu_optim_count", _STEP_KERNELS), n,
-                (steps, rows if rows is not None else null, count if count is not None else null, np.int64(n),
-                 guard if guard is not None else null))
+                (steps, rows_arg, count_arg, np.int64(n), guard_arg))
 
 
-__all__ = ["Optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "AdamOptimizer",
-           "AdamWOptimizer", "OptimizerOp"]
+__all__ = ["Optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "RowwiseAdaGradOptimizer",
+           "AdamOptimizer", "AdamWOptimizer", "OptimizerOp"]

@@ -16,12 +16,12 @@ RowCache::RowCache(PolicyKind kind, int64_t capacity, int64_t width, int64_t bou
       width_(width),
       bound_(bound),
       optimizer_(optimizer),
-      slots_per_row_(optim::slots(optimizer.kind)) {
+      state_width_(optim::state_width(optimizer.kind, width)) {
   if (width < 1) throw std::invalid_argument("RowCache: width must be at least 1, got " + std::to_string(width));
   if (bound < 0) throw std::invalid_argument("RowCache: bound must not be negative, got " + std::to_string(bound));
   values_.assign(capacity * width, 0.0f);
   version_.assign(capacity, kNeverVersion);
-  opt_state_.assign(capacity * slots_per_row_ * width, 0.0f);
+  opt_state_.assign(capacity * state_width_, 0.0f);
   opt_steps_.assign(capacity, 0);
   pending_.assign(capacity, 0);
   if (bound > 0) pending_grad_.assign(capacity * width, 0.0f);
@@ -40,7 +40,7 @@ void RowCache::TakePending(int64_t key, int64_t slot, PushRows* out) {
 
 void RowCache::ClearSlot(int64_t slot) {
   version_[slot] = kNeverVersion;
-  std::fill_n(opt_state_.begin() + slot * slots_per_row_ * width_, slots_per_row_ * width_, 0.0f);
+  std::fill_n(opt_state_.begin() + slot * state_width_, state_width_, 0.0f);
   opt_steps_[slot] = 0;
   pending_[slot] = 0;
   if (bound_ > 0) std::fill_n(&pending_grad_[slot * width_], width_, 0.0f);
@@ -69,7 +69,7 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<uint8_t> returned(n, 0);
   const size_t row_bytes = width_ * sizeof(float);
-  const int64_t sw = slots_per_row_ * width_;
+  const int64_t sw = state_width_;
   for (int64_t j = 0; j < m; ++j) {
     const int64_t i = pos[j];
     if (i < 0 || i >= n) throw std::invalid_argument("RowCache.fill: position " + std::to_string(i) + " out of range");

@@ -64,7 +64,7 @@ class RowCache {
   int64_t width() const { return width_; }
   int64_t bound() const { return bound_; }
   int64_t capacity() const { return policy_.capacity(); }
-  int64_t state_width() const { return slots_per_row_ * width_; }
+  int64_t state_width() const { return state_width_; }
   int64_t size() const;
   std::vector<int64_t> Keys() const;
   // The resident row of `key` (values, optimizer state, steps, local version, pending count);
@@ -79,10 +79,10 @@ class RowCache {
   CachePolicy policy_;
   const int64_t width_, bound_;
   const optim::Config optimizer_;
-  const int slots_per_row_;
+  const int64_t state_width_;  // optimizer state floats per row
   std::vector<float> values_;        // [capacity, width]
   std::vector<int64_t> version_;     // [capacity]
-  std::vector<float> opt_state_;     // [capacity, slots * width]
+  std::vector<float> opt_state_;     // [capacity, state_width]
   std::vector<int64_t> opt_steps_;   // [capacity]
   std::vector<int64_t> pending_;     // [capacity] local updates not yet pushed (k > 0)
   std::vector<float> pending_grad_;  // [capacity, width] their summed gradient (k > 0 only)

@@ -20,7 +20,7 @@ int64_t Find(const std::vector<int64_t>& keys, int64_t key) {
 
 PlanCache::PlanCache(cache::PolicyKind kind, int64_t capacity, int64_t width, const optim::Config& optimizer,
                      int64_t pin_threshold)
-    : policy_(kind, capacity, pin_threshold), width_(width), state_width_(optim::slots(optimizer.kind) * width),
+    : policy_(kind, capacity, pin_threshold), width_(width), state_width_(optim::state_width(optimizer.kind, width)),
       optimizer_(optimizer), values_(capacity * width), state_(capacity * state_width_), steps_(capacity, 0),
       valid_(capacity, 0), dirty_(capacity, 0) {}
 

@@ -212,7 +212,7 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
 
 void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,
                 const int64_t* rows, const float* grads, int64_t n) {
-  const int64_t state_width = optim::slots(cfg.kind) * width;
+  const int64_t state_width = optim::state_width(cfg.kind, width);
   parallel_for(n, 256, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t r = rows[i];
@@ -224,10 +224,10 @@ void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, 
 
 void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,
                  int64_t size) {
-  // The tensor is one row; chunks of it are stepped in parallel with the same step count.
-  // Adam keeps m and v as two separate arrays of `size`, so each chunk addresses its own
-  // slice of both.
-  const int nslots = optim::slots(cfg.kind);
+  // The tensor is one row; chunks of it are stepped in parallel with the same step count, which
+  // an element-wise kind (the only kind bindings.cpp lets through) allows. Adam keeps m and v as
+  // two separate arrays of `size`, so each chunk addresses its own slice of both.
+  const int64_t nslots = optim::state_width(cfg.kind, 1);  // arrays of `size` floats
   const int64_t t0 = *step;
   parallel_for(size, 1 << 15, [&](int64_t b, int64_t e) {
     int64_t t = t0;

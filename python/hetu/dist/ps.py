@@ -71,7 +71,7 @@ class RemoteTable:
         self.clock = 0
         self.table = client.init_table(param.name, rows, width, init=init_spec(param), seed=seed,
                                        stream=_C.name_stream(param.name),
-                                       optimizer=(optimizer.rule()["kind"], _rule_settings(optimizer)),
+                                       optimizer=_server_rule(optimizer.rule()),
                                        bsp=sync.synchronous, staleness=sync.staleness)
 
     def pull(self, keys):
@@ -116,7 +116,7 @@ class RemoteDense:
         self.clock = 0
         self.table = client.init_dense(param.name, param.shape, init=init_spec(param), seed=seed,
                                        stream=_C.name_stream(param.name),
-                                       optimizer=(optimizer.rule()["kind"], _rule_settings(optimizer)),
+                                       optimizer=_server_rule(optimizer.rule(dense=True)),
                                        bsp=sync.synchronous, staleness=sync.staleness)
 
     def fetch(self):
@@ -128,9 +128,9 @@ class RemoteDense:
         return fresh
 
 
-def _rule_settings(optimizer):
-    rule = optimizer.rule()
-    return {k: v for k, v in rule.items() if k != "kind"}
+def _server_rule(rule):
+    """An Optimizer.rule() as hetu.ps takes it: (kind, settings)."""
+    return rule["kind"], {k: v for k, v in rule.items() if k != "kind"}
 
 
 class PSEmbeddingLookupOp(Op):

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
-OPTIMIZERS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5}
+OPTIMIZERS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5, "rowwise_adagrad": 6}
 _OPTIM_DEFAULTS = dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0)
 _GROUPS = {"workers": _ps.WORKERS, "servers": _ps.SERVERS, "all": _ps.ALL}
 
@@ -218,7 +218,7 @@ class Table:
     def __init__(self, name, rows, width, optimizer="sgd", dense=False, shape=None):
         self.name, self.rows, self.width, self.dense = name, int(rows), int(width), bool(dense)
         self.optimizer = optimizer
-        self.slots = _ps.optim_slots(OPTIMIZERS[optimizer])
+        self.state_width = _ps.optim_state_width(OPTIMIZERS[optimizer], self.width)  # state floats per row
         self.shape = tuple(shape) if shape is not None else (self.rows, self.width)
 
     def __repr__(self):
@@ -256,39 +256,39 @@ class Table:
         c = None if counts is None else _keys(counts)
         wb = self._assignment(*write_back) if write_back is not None else _NO_WRITE_BACK
         return Handle(_ps.push(self.name, self.rows, self.width, False, _keys(keys), _f32(grads), c,
-                               _iter(iteration), _lr(lr), pull, self.slots, *wb))
+                               _iter(iteration), _lr(lr), pull, self.state_width, *wb))
 
     def pull_stale(self, keys, versions, bound=0, iteration=None, with_state=False):
         """Rows whose server version exceeds the given local version by more than `bound`.
         Result: (positions into keys (sorted), rows (m, width), server versions (m,)), and with
-        `with_state` also their optimizer state (m, slots*width) and step counts (m,). With
+        `with_state` also their optimizer state (m, state_width) and step counts (m,). With
         `iteration=t` (BSP table) it waits like a pull for t: versions as of iteration t-1."""
         self._sparse()
-        return Handle(_ps.pull_stale(self.name, self.rows, self.width, self.slots, _keys(keys), _keys(versions),
+        return Handle(_ps.pull_stale(self.name, self.rows, self.width, self.state_width, _keys(keys), _keys(versions),
                                      int(bound), _iter(iteration), bool(with_state)))
 
     def pull_with_state(self, keys, iteration=None, with_state=None):
-        """Result: (rows (n, width), optimizer state (n, slots*width), steps (n,), versions (n,)).
+        """Result: (rows (n, width), optimizer state (n, state_width), steps (n,), versions (n,)).
         With `iteration=t` (BSP table) it waits like a pull for t. With `with_state` (n bools)
         the state, steps and versions are those of the marked keys only, in key order (m rows);
         the rows are every key's."""
         self._sparse()
         mask = None if with_state is None else np.ascontiguousarray(with_state, dtype=np.uint8).reshape(-1)
-        return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.slots, _keys(keys),
+        return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.state_width, _keys(keys),
                                           _iter(iteration), mask))
 
     def assign(self, keys, values, state=None, steps=None, version_add=1):
-        """Writes rows, their optimizer state (n, slots*width) and step counts (owner-computes
+        """Writes rows, their optimizer state (n, state_width) and step counts (owner-computes
         write-back) and adds `version_add` (scalar or per key) to their versions. Result: None."""
         self._sparse()
-        return Handle(_ps.assign(self.name, self.rows, self.width, self.slots, *self._assignment(
+        return Handle(_ps.assign(self.name, self.rows, self.width, self.state_width, *self._assignment(
             keys, values, state, steps, version_add)))
 
     def _assignment(self, keys, values, state=None, steps=None, version_add=1):
         """The arrays of an assignment (assign, or a push's write-back), defaults filled in."""
         k = _keys(keys)
         n = len(k)
-        state = np.zeros((n, self.slots * self.width), np.float32) if state is None else state
+        state = np.zeros((n, self.state_width), np.float32) if state is None else state
         steps = np.zeros(n, np.int64) if steps is None else steps
         vadd = np.broadcast_to(np.asarray(version_add, np.int64), (n,))
         return k, _f32(values), _f32(state), _keys(steps), _keys(vadd)
@@ -344,8 +344,9 @@ class Client:
             ('truncated_normal', mean, std) -- drawn with hetu's counter-based RNG from
             (seed, stream, element index), so the values equal ``hetu._C.init_fill`` of the table.
         stream: defaults to ``name_stream(name)``, as hetu's local initializers use.
-        optimizer: 'sgd' | 'momentum' | 'nesterov' | 'adagrad' | 'adam' | 'adamw', or a pair
-            (kind, dict of momentum, beta1, beta2, eps, l2reg, weight_decay). lr comes with each push.
+        optimizer: 'sgd' | 'momentum' | 'nesterov' | 'adagrad' | 'adam' | 'adamw' |
+            'rowwise_adagrad' (embedding tables only), or a pair (kind, dict of momentum, beta1,
+            beta2, eps, l2reg, weight_decay). lr comes with each push.
         bsp: buffer iteration-tagged pushes and apply each iteration once (see module doc);
             staleness k > 0 lets a pull for t proceed once t-1-k is applied (SSP).
         """
