@@ -10,7 +10,8 @@ from hetu.data import load_dataset, store
 pytestmark = pytest.mark.timeout(600)
 
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
-              "adam": ["--optimizer", "adam", "--learning-rate", "0.001"]}
+              "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
+              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
 MODES = {"PS": (["--comm", "PS"], "run_hetu.py"),
          "HET": (["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.2"], "run_hetu.py"),
          "Herald": (["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", "0.2"], "run_laia.py")}
