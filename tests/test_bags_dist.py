@@ -1,4 +1,4 @@
-"""Bags through every mode: PS, the HET cache at bound 0 and Herald each equal the single-process
+"""Bags through every mode: AllReduce, PS, the HET cache at bound 0 and Herald each equal the single-process
 run with the global batch (DESIGN.md section 4), parameter by parameter, on data whose bags hold
 0, 1 and many ids with repeats; and the multi-hot Criteo shape trains in every mode."""
 import numpy as np
@@ -12,9 +12,11 @@ pytestmark = pytest.mark.timeout(600)
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
               "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
               "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
-MODES = {"PS": (["--comm", "PS"], "run_hetu.py"),
-         "HET": (["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.2"], "run_hetu.py"),
-         "Herald": (["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", "0.2"], "run_laia.py")}
+# mode: (flags, script, servers)
+MODES = {"AllReduce": (["--comm", "AllReduce"], "run_hetu.py", 0),
+         "PS": (["--comm", "PS"], "run_hetu.py", 1),
+         "HET": (["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.2"], "run_hetu.py", 1),
+         "Herald": (["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", "0.2"], "run_laia.py", 1)}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,8 @@ def test_the_folder_has_empty_single_and_repeated_bags(tagged_ratings):
 def test_bags_in_every_mode_equal_single_process(tmp_path, data_home, tagged_ratings, mode, opt):
     args = ["--model", "dlrm_movielens", "--data-dir", str(tagged_ratings), *OPTIMIZERS[opt]]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
-    flags, script = MODES[mode]
-    got, out = run_cluster(tmp_path, data_home, script, [*flags, "--bsp", "0", *args], 2, 1, 32)
+    flags, script, servers = MODES[mode]
+    got, _ = run_cluster(tmp_path, data_home, script, [*flags, "--bsp", "0", *args], 2, servers, 32)
     assert_same_parameters(reference, got, exact_rows=(opt == "sgd"))
 
 
