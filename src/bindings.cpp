@@ -50,6 +50,16 @@ py::object gather_rows(Array<float> table, Array<int64_t> ids, Array<float> out)
   return py::none();
 }
 
+// (ids [n], rows [n, width]) as NumPy arrays: a sparse gradient's two halves.
+py::tuple ids_and_rows(const std::vector<int64_t>& ids, const std::vector<float>& rows, int64_t width) {
+  const auto n = static_cast<py::ssize_t>(ids.size());
+  Array<int64_t> out_ids(n);
+  Array<float> out_rows(std::vector<py::ssize_t>{n, static_cast<py::ssize_t>(width)});
+  std::copy(ids.begin(), ids.end(), out_ids.mutable_data());
+  std::copy(rows.begin(), rows.end(), out_rows.mutable_data());
+  return py::make_tuple(out_ids, out_rows);
+}
+
 // ids: [samples, slots]; bag_offsets: the bags' first slots and the end (kernels::pool_bags).
 void check_bags(const char* what, const Array<int64_t>& ids, const Array<int64_t>& bag_offsets) {
   const int64_t slots = ids.ndim() == 2 ? ids.shape(1) : -1;
@@ -89,12 +99,7 @@ py::tuple bag_gradient(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean
     hetu::kernels::bag_gradient(ids.data(), n, ids.shape(1), bag_offsets.data(), bags, mean, grads.data(), width,
                                 &indices, &values);
   }
-  const auto u = static_cast<py::ssize_t>(indices.size());
-  Array<int64_t> out_ids(u);
-  Array<float> out_rows(std::vector<py::ssize_t>{u, static_cast<py::ssize_t>(width)});
-  std::copy(indices.begin(), indices.end(), out_ids.mutable_data());
-  std::copy(values.begin(), values.end(), out_rows.mutable_data());
-  return py::make_tuple(out_ids, out_rows);
+  return ids_and_rows(indices, values, width);
 }
 
 py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
@@ -108,12 +113,7 @@ py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
     py::gil_scoped_release nogil;
     hetu::kernels::unique_sum(ids.data(), grads.data(), n, width, &uniq, &summed);
   }
-  const auto u = static_cast<py::ssize_t>(uniq.size());
-  Array<int64_t> out_ids(u);
-  Array<float> out_rows(std::vector<py::ssize_t>{u, static_cast<py::ssize_t>(width)});
-  std::copy(uniq.begin(), uniq.end(), out_ids.mutable_data());
-  std::copy(summed.begin(), summed.end(), out_rows.mutable_data());
-  return py::make_tuple(out_ids, out_rows);
+  return ids_and_rows(uniq, summed, width);
 }
 
 void apply_rows(const Config& cfg, float lr, Array<float> table, Array<float> state, Array<int64_t> steps,

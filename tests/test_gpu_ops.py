@@ -123,6 +123,27 @@ def test_embedding_lookup_and_sparse_gradient():
     same_on_gpu(build, [f32(16, 3), ids])
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bags_and_their_sparse_gradient(mode):
+    """Bags of 3, 1 and 2 slots, each holding 0 to all of its slots (-1 after its ids), repeats
+    allowed: pooled rows and the per-slot gradient rows equal the host kernels' bit for bit."""
+    from hetu.ops.embedding import Bags
+    import cupy as cp
+    slots = (3, 1, 2)
+    ids = rng.integers(0, 20, size=(32, 6)).astype(np.int64)
+    for begin, size in ((0, 3), (3, 1), (4, 2)):
+        length = rng.integers(0, size + 1, size=32)
+        ids[:, begin:begin + size][np.arange(size)[None, :] >= length[:, None]] = -1
+    table = ht.Variable("table", value=f32(20, 8))
+    same_on_gpu(lambda x, i: ht.embedding_bag_op(table, i, slots, mode) * ht.array_reshape_op(x, (32, 3, 1)),
+                [f32(32, 3), ids], rtol=0, atol=0)
+    bags, g = Bags(slots, mode), f32(32, 3, 8)
+    host_ids, host_rows = bags.gradient(ids, g, 8)
+    dev_ids, dev_rows = bags.gradient(cp.asarray(ids), cp.asarray(g), 8)
+    np.testing.assert_array_equal(cp.asnumpy(dev_ids), host_ids)
+    np.testing.assert_array_equal(cp.asnumpy(dev_rows), host_rows)
+
+
 def test_embedding_id_outside_table_is_named():
     table = ht.Variable("table", value=f32(10, 4))
     ids = ht.Variable("ids", dtype=np.int64)

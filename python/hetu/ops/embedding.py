@@ -320,6 +320,7 @@ class Bags:
             raise ValueError(f"bag slots {slots}: expected one count >= 0 per bag")
         self.slots = None if slots is None else tuple(int(k) for k in slots)
         self.mode = mode
+        self._on_device = {}   # slot count -> the offsets on the device, copied once (before any capture)
 
     @property
     def mean(self):
@@ -328,6 +329,11 @@ class Bags:
     def offsets(self, total_slots):
         slots = (total_slots,) if self.slots is None else self.slots
         return np.concatenate([[0], np.cumsum(slots)]).astype(np.int64)
+
+    def device_offsets(self, total_slots):
+        if total_slots not in self._on_device:
+            self._on_device[total_slots] = cuda.cupy().asarray(self.offsets(total_slots))
+        return self._on_device[total_slots]
 
     def out_shape(self, ids_shape, width):
         """[samples, bags, width] (or [samples, width] for one bag of all slots) for ids
@@ -356,7 +362,7 @@ class Bags:
         bad = checks.slot(op_name, lambda pos: IndexError(
             f"{op_name}: id {int(ids.reshape(-1)[pos].get())} (position {pos}) outside the table of {num_rows} rows"))
         cuda.launch(_row_kernel("hetu_pool_bags"), n * bags * width,
-                    (rows, cp.ascontiguousarray(ids), cp.asarray(offsets), out, np.int64(n), np.int64(slots),
+                    (rows, cp.ascontiguousarray(ids), self.device_offsets(slots), out, np.int64(n), np.int64(slots),
                      np.int64(bags), np.int64(width), np.int64(num_rows), np.int32(self.mean), bad))
         return out
 
@@ -371,7 +377,7 @@ class Bags:
         bags = len(offsets) - 1
         values = cp.empty((n * slots, width), np.float32)
         cuda.launch(_row_kernel("hetu_bag_slot_grads"), n * slots * width,
-                    (cp.ascontiguousarray(ids), cp.asarray(offsets), cp.ascontiguousarray(g, dtype=np.float32),
+                    (cp.ascontiguousarray(ids), self.device_offsets(slots), cp.ascontiguousarray(g, dtype=np.float32),
                      values, np.int64(n), np.int64(slots), np.int64(bags), np.int64(width), np.int32(self.mean)))
         filled = cp.flatnonzero(ids.reshape(-1) >= 0)   # a synchronisation: the count decides the shapes
         return ids.reshape(-1)[filled], values[filled]
