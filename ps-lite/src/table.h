@@ -1,8 +1,7 @@
 // One server's shard of a table: the rows of a rows x width float32 matrix that the table's
 // RowPlacement gives this server, at their local slots, with the optimizer state, step count
-// and version of each row. A dense tensor is a table too, but
-// its shard is stepped as one unit (one step count, one version), exactly like a local dense
-// update of the same elements.
+// and version of each row. A dense tensor is a table too, but its shard is stepped as one unit
+// (one step count, one version), exactly like a local dense update of the same elements.
 //
 // The server handles data messages one at a time (postoffice.h), so the shard needs no locks.
 #pragma once
