@@ -52,7 +52,6 @@ class TableShard {
   int64_t width() const { return spec_.width(); }
   // Optimizer state floats per row (sparse tables).
   int64_t state_width() const { return hetu::optim::state_width(cfg_.kind, width()); }
-  const RowPlacement& placement() const { return placement_; }
   int64_t rows() const { return rows_; }  // rows held here
 
   // "" if every key is a row of this shard, else an error naming the table and the key.
