@@ -1,8 +1,10 @@
 """How evenly the servers share the embedding traffic: rows served per server (the line each
-server prints at the end of a job), max / mean, at several server counts.
+server prints at the end of a job), max / mean, at several server counts, under each row
+placement (PS_ROW_PLACEMENT).
 
-Ids are numbered most frequent first within each field, and a server owns a contiguous range of
-ids, so the load depends on which fields' hot heads fall in its range. This bench measures it:
+Ids are numbered most frequent first within each field. With contiguous ranges of ids the load
+depends on which fields' hot heads fall in a server's range; strided placement (row r on server
+r mod S) deals every run of ids out over all servers. This bench measures both side by side:
 plain PS (every worker pulls and pushes every distinct row of its batch), W workers, for
 synthetic Criteo-shaped data (shuffled) and synthetic MovieLens-shaped ratings with sessions,
 read in stored (time) order.
@@ -27,12 +29,12 @@ def prepare_sessions(folder, rows):
     return folder
 
 
-def served(args, servers, data_flags):
+def served(args, servers, placement, data_flags):
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(args.workers), "-s", str(servers),
            "--timeout", "600", sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress",
            "--comm", "PS", "--bsp", "0", "--batch-size", str(args.batch), "--iters-per-epoch", str(args.iterations),
            "--nepoch", "1", *data_flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PS_ROW_PLACEMENT=placement))
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     per = {}
@@ -53,6 +55,7 @@ def main():
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--criteo-rows", type=int, default=200000, help="samples of the synthetic Criteo-shaped data")
     p.add_argument("--sessions-rows", type=int, default=100000, help="ratings of the synthetic MovieLens sessions")
+    p.add_argument("--placements", nargs="+", choices=["contiguous", "strided"], default=["contiguous", "strided"])
     args = p.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="server-load-"))
     os.environ.setdefault("HETU_DATA_HOME", str(tmp / "data"))
@@ -61,15 +64,17 @@ def main():
         ("synthetic MovieLens sessions, time order",
          ["--model", "ncf_movielens", "--data-dir", str(prepare_sessions(tmp / "sessions", args.sessions_rows))]),
     ]
-    print(f"W = {args.workers}, b = {args.batch}, {args.iterations} iterations, plain PS, contiguous row ranges\n")
-    print("| data | servers | rows served per server | max / mean rows | max / mean bytes |")
-    print("|---|---|---|---|---|")
+    print(f"W = {args.workers}, b = {args.batch}, {args.iterations} iterations, plain PS\n")
+    print("| data | servers | placement | rows served per server | max / mean rows | max / mean bytes |")
+    print("|---|---|---|---|---|---|")
     for name, flags in datasets:
         for servers in args.servers:
-            per = served(args, servers, flags)
-            rows, nbytes = [r for r, _ in per], [b for _, b in per]
-            print(f"| {name} | {servers} | {' '.join(map(str, rows))} | {max(rows) / (sum(rows) / servers):.2f} | "
-                  f"{max(nbytes) / (sum(nbytes) / servers):.2f} |", flush=True)
+            for placement in args.placements:
+                per = served(args, servers, placement, flags)
+                rows, nbytes = [r for r, _ in per], [b for _, b in per]
+                print(f"| {name} | {servers} | {placement} | {' '.join(map(str, rows))} | "
+                      f"{max(rows) / (sum(rows) / servers):.2f} | {max(nbytes) / (sum(nbytes) / servers):.2f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,19 @@ struct Part {
   bool contiguous = true;
   int64_t size() const { return contiguous ? end - begin : static_cast<int64_t>(pos.size()); }
   int64_t at(int64_t i) const { return contiguous ? begin + i : pos[i]; }
+  // Keys [b, e) of this part, as a part to the same node.
+  Part Piece(int64_t b, int64_t e) const {
+    Part p;
+    p.node = node;
+    p.contiguous = contiguous;
+    if (contiguous) {
+      p.begin = begin + b;
+      p.end = begin + e;
+    } else {
+      p.pos.assign(pos.begin() + b, pos.begin() + e);
+    }
+    return p;
+  }
   Message response;
   bool answered = false;
   bool chunked = false;  // the part's rows came in chunks, already copied into Request::rows

@@ -138,6 +138,8 @@ void KVServer::Init(Message& msg) {
       spec.optim_kind() >= hetu::optim::kNumKinds || spec.init_kind() < 0 || spec.init_kind() > 3 || spec.staleness() < 0)
     return Reply(msg, {}, "table '" + name + "': invalid init spec (rows " + std::to_string(spec.rows()) +
                               ", width " + std::to_string(spec.width()) + ")");
+  if (spec.placement() != RowPlacement::kStrided && spec.placement() != RowPlacement::kContiguous)
+    return Reply(msg, {}, "table '" + name + "': unknown row placement " + std::to_string(spec.placement()));
   if (spec.dense() && hetu::optim::rowwise(spec.optim_kind()))
     return Reply(msg, {}, "table '" + name + "': a row-wise optimizer steps embedding rows; a dense tensor takes its "
                               "element-wise dense rule");
@@ -149,6 +151,12 @@ void KVServer::Init(Message& msg) {
                                 std::to_string(old.width()) + (old.dense() ? " (dense)" : "") + ", not " +
                                 std::to_string(spec.rows()) + "x" + std::to_string(spec.width()) +
                                 (spec.dense() ? " (dense)" : ""));
+    if (old.placement() != spec.placement())
+      return Reply(msg, {}, "table '" + name + "' already exists with " +
+                                RowPlacement::Name(static_cast<RowPlacement::Kind>(old.placement())) +
+                                " row placement, not " +
+                                RowPlacement::Name(static_cast<RowPlacement::Kind>(spec.placement())) +
+                                " (PS_ROW_PLACEMENT must be the same for every worker)");
     return Reply(msg, {}, "");  // same shape: idempotent, keeps the current values
   }
   tables_[name].shard = std::make_unique<TableShard>(name, spec, po_->rank(), po_->num_servers());
@@ -222,7 +230,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
       if (!Servable(t, msg, iteration)) return false;
       float* out;
       if (t.dense()) {
-        Blob rows = Blob::Alloc<float>((t.hi() - t.lo()) * t.width(), &out);
+        Blob rows = Blob::Alloc<float>(t.rows() * t.width(), &out);
         t.GatherDense(out);
         Reply(msg, {rows}, "");
         return true;
@@ -331,7 +339,7 @@ std::string KVServer::Push(Entry& e, Message& msg) {
   std::string err;
   TableShard::Push p;
   if (t.dense()) {
-    p.n = (t.hi() - t.lo()) * t.width();
+    p.n = t.rows() * t.width();
     if (msg.data.empty()) p.n = 0;  // an empty BSP push: nothing to add this iteration
     else err = Expect<float>(msg, 0, p.n, "gradient", name);
     if (err.empty() && p.n) p.values = msg.data[0].as<float>();

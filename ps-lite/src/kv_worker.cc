@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "table.h"
+#include "row_placement.h"
 
 namespace ps {
 
@@ -17,7 +17,8 @@ bool StrictlyIncreasing(const int64_t* keys, int64_t n) {
 
 }  // namespace
 
-KVWorker::KVWorker(Postoffice* po, Customer* customer) : po_(po), customer_(customer) {
+KVWorker::KVWorker(Postoffice* po, Customer* customer)
+    : po_(po), customer_(customer), placement_(po->config().row_placement) {
   // A chunk of rows is what the van moves while the server gathers (or steps) the next one:
   // 512 KiB (1024 rows of 128 floats) keeps both busy with little per-message cost.
   const char* env = std::getenv("PS_CHUNK_BYTES");
@@ -49,13 +50,12 @@ void KVWorker::AllServers(Request* req) {
 void KVWorker::Partition(const TableRef& t, const int64_t* keys, int64_t n, bool all_servers, Request* req) {
   req->num_keys = n;
   const int S = po_->num_servers();
-  const int64_t per = std::max<int64_t>(1, (t.rows + S - 1) / S);
-  // Keys outside the table go to the nearest server, which rejects them with a clear error.
-  auto server_of = [&](int64_t k) { return k < 0 ? 0 : static_cast<int>(std::min<int64_t>(S - 1, k / per)); };
+  // Keys outside the table go to some server, which rejects them with a clear error.
+  const RowPlacement placement = RowPlacement::Of(placement_, t.dense, t.rows, S);
   std::vector<int> sv(n);
   bool grouped = true;
   for (int64_t i = 0; i < n; ++i) {
-    sv[i] = S == 1 ? 0 : server_of(keys[i]);
+    sv[i] = placement.Server(keys[i]);
     if (i && sv[i] < sv[i - 1]) grouped = false;
   }
   std::vector<Part> parts(S);
@@ -78,13 +78,12 @@ void KVWorker::Partition(const TableRef& t, const int64_t* keys, int64_t n, bool
 
 void KVWorker::PartitionDense(const TableRef& t, Request* req) {
   req->num_keys = t.rows * t.width;
+  const RowPlacement placement = RowPlacement::Of(placement_, true, t.rows, po_->num_servers());
   for (int s = 0; s < po_->num_servers(); ++s) {
-    int64_t lo, hi;
-    TableShard::Range(t.rows, s, po_->num_servers(), &lo, &hi);
     Part p;
     p.node = po_->ServerId(s);
-    p.begin = lo * t.width;  // dense parts count elements, not rows
-    p.end = hi * t.width;
+    p.begin = placement.First(s) * t.width;  // dense parts count elements, not rows
+    p.end = (placement.First(s) + placement.Rows(s)) * t.width;
     req->parts.push_back(std::move(p));
   }
 }
@@ -94,23 +93,20 @@ void KVWorker::Send(const std::shared_ptr<Request>& req, const std::string& tabl
   const int64_t ts = customer_->Track(req);
   if (ts == 0) return;  // the job already failed; the request carries the error
   for (const Part& p : req->parts) {
-    const bool chunked = chunk_rows > 0 && p.contiguous && p.size() > chunk_rows;
+    const bool chunked = chunk_rows > 0 && p.size() > chunk_rows;
     for (int64_t off = 0;;) {
       Message msg;
       msg.meta.set_request(true);
       msg.meta.set_timestamp(ts);
       msg.meta.set_op(req->op);
       msg.meta.set_table(table);
-      Part chunk;
+      const int64_t end = chunked ? std::min(p.size(), off + chunk_rows) : p.size();
       if (chunked) {
-        chunk.node = p.node;
-        chunk.begin = p.begin + off;
-        chunk.end = std::min(p.end, chunk.begin + chunk_rows);
         msg.meta.set_chunked(true);
         msg.meta.set_offset(off);
-        msg.meta.set_more(chunk.end < p.end);
+        msg.meta.set_more(end < p.size());
       }
-      fill(msg, chunked ? chunk : p);
+      fill(msg, chunked ? p.Piece(off, end) : p);
       if (!po_->Send(p.node, &msg)) {
         Message fail;
         fail.meta.set_timestamp(ts);
@@ -119,8 +115,8 @@ void KVWorker::Send(const std::shared_ptr<Request>& req, const std::string& tabl
         customer_->OnResponse(fail);
         break;
       }
-      if (!chunked || chunk.end >= p.end) break;
-      off += chunk_rows;
+      if (end >= p.size()) break;
+      off = end;
     }
   }
 }
@@ -130,7 +126,10 @@ std::shared_ptr<Request> KVWorker::Init(const std::string& name, const pb::Table
   t.name = name;
   auto req = NewRequest(t, kInit);
   AllServers(req.get());
-  Send(req, name, [&](Message& m, const Part&) { *m.meta.mutable_spec() = spec; });
+  Send(req, name, [&](Message& m, const Part&) {
+    *m.meta.mutable_spec() = spec;
+    m.meta.mutable_spec()->set_placement(placement_);  // the servers place rows as this worker splits keys
+  });
   return req;
 }
 

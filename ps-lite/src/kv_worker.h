@@ -1,7 +1,7 @@
-// KVWorker: turns one table operation into one message per server (keys split by the
-// contiguous row ranges), tracked as one Request by the Customer. Arrays are sent without
-// copying when a server's keys are a contiguous run of the caller's arrays; the caller keeps
-// them alive until the request finishes.
+// KVWorker: turns one table operation into one message per server (keys split by the table's
+// RowPlacement), tracked as one Request by the Customer. Arrays are sent without copying when
+// a server's keys are a contiguous run of the caller's arrays; the caller keeps them alive
+// until the request finishes.
 #pragma once
 #include <functional>
 #include <memory>
@@ -10,6 +10,7 @@
 #include "customer.h"
 #include "kv.h"
 #include "postoffice.h"
+#include "row_placement.h"
 
 namespace ps {
 
@@ -62,7 +63,7 @@ class KVWorker {
   void PartitionDense(const TableRef& t, Request* req);
   void AllServers(Request* req);
   // Sends one message per part; fill() adds the part's meta fields and blobs. chunk_rows > 0:
-  // a contiguous part of more keys goes as several messages of at most that many (kv.h).
+  // a part of more keys goes as several messages of at most that many (kv.h).
   void Send(const std::shared_ptr<Request>& req, const std::string& table,
             const std::function<void(Message&, const Part&)>& fill, int64_t chunk_rows = 0);
   // Rows per chunk of a sparse pull's answer or push of table t (0: no chunks).
@@ -71,6 +72,7 @@ class KVWorker {
   Postoffice* po_;
   Customer* customer_;
   int64_t chunk_bytes_;  // PS_CHUNK_BYTES
+  RowPlacement::Kind placement_;  // PS_ROW_PLACEMENT: how embedding tables' rows are spread
 };
 
 // The part's rows of an array with `per` elements per key: a view when contiguous, else a copy.

@@ -110,6 +110,7 @@ Config Config::FromEnv() {
   c.heartbeat_timeout = std::atof(Env("PS_HEARTBEAT_TIMEOUT", "30").c_str());
   c.start_timeout = std::atof(Env("PS_START_TIMEOUT", "120").c_str());
   c.wait_spin_s = WaitSpinSeconds();
+  c.row_placement = RowPlacement::KindFromEnv();  // every role, so a bad value stops the job at start
   if (c.role == kScheduler) {
     c.host = c.root_host;
     c.port = c.root_port;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "message.h"
+#include "row_placement.h"
 #include "van.h"
 
 namespace ps {
@@ -55,6 +56,7 @@ struct Config {
   double heartbeat_timeout = 30;
   double start_timeout = 120;
   double wait_spin_s = 0;  // PS_WAIT_SPIN_US: how long a worker polls for an answer (customer.h)
+  RowPlacement::Kind row_placement = RowPlacement::kStrided;  // PS_ROW_PLACEMENT
   static Config FromEnv();
 };
 

@@ -86,6 +86,7 @@ void RawServer(int port, int64_t width, int64_t max_rows, int64_t table_rows, co
     spec.set_beta2(0.999f);
     spec.set_eps(1e-7f);
     spec.set_momentum(0.9f);
+    spec.set_placement(RowPlacement::KindFromEnv());  // as the parameter server places them
     tables.push_back(std::make_unique<TableShard>("raw", spec, rank, servers));
   }
   void* ctx = zmq_ctx_new();
@@ -164,16 +165,18 @@ std::pair<long, double> RawClient(std::vector<int> ports, const std::string& op,
   batch = static_cast<int64_t>(keys.size());
   std::vector<float> grads(batch * width, 1e-3f);
   const size_t S = socks.size();
-  // Server i's keys are [bounds[i], bounds[i + 1]): an even split, or the rows it owns.
+  // Server i's keys are [bounds[i], bounds[i + 1]): an even split, or the rows it holds (keys
+  // grouped by server once, still sorted within each group).
   std::vector<int64_t> bounds(S + 1);
-  for (size_t i = 0; i <= S; ++i) {
-    if (!with_table) {
-      bounds[i] = batch * i / S;
-      continue;
-    }
-    int64_t lo, hi;
-    TableShard::Range(table_rows, static_cast<int>(std::min(i, S - 1)), static_cast<int>(S), &lo, &hi);
-    bounds[i] = i == S ? batch : std::lower_bound(keys.begin(), keys.end(), lo) - keys.begin();
+  for (size_t i = 0; i <= S; ++i) bounds[i] = batch * i / S;
+  if (with_table) {
+    const RowPlacement placement(RowPlacement::KindFromEnv(), table_rows, static_cast<int>(S));
+    std::stable_sort(keys.begin(), keys.end(),
+                     [&](int64_t a, int64_t b) { return placement.Server(a) < placement.Server(b); });
+    for (size_t i = 0; i < S; ++i)
+      bounds[i] = std::find_if(keys.begin(), keys.end(),
+                               [&](int64_t k) { return placement.Server(k) >= static_cast<int>(i); }) -
+                  keys.begin();
   }
   auto once = [&] {
     for (size_t i = 0; i < S; ++i) {

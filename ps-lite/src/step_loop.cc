@@ -18,7 +18,7 @@ inline __attribute__((always_inline)) void StepBody(const hetu::optim::Config& c
   hetu::optim::BiasCache bias;
   for (int64_t i = b; i < e; ++i) {
     if (i + kAhead < e) {  // to be written: prefetch for writing
-      const int64_t q = keys[i + kAhead] - t.lo;
+      const int64_t q = t.slot(keys[i + kAhead]);
       const char* row = reinterpret_cast<const char*>(t.values + q * w);
       for (int64_t k = 0; k < w * 4; k += 64) __builtin_prefetch(row + k, 1);
       const char* st = reinterpret_cast<const char*>(t.state + q * sw);
@@ -26,7 +26,7 @@ inline __attribute__((always_inline)) void StepBody(const hetu::optim::Config& c
       __builtin_prefetch(t.steps + q, 1);
       __builtin_prefetch(t.versions + q, 1);
     }
-    const int64_t r = keys[i] - t.lo;
+    const int64_t r = t.slot(keys[i]);
     hetu::optim::step_row(cfg, lr, t.values + r * w, sw ? t.state + r * sw : nullptr, t.steps + r, grads + i * w, w,
                           &bias);
     t.versions[r] += counts ? counts[i] : 1;

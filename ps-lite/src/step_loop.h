@@ -11,16 +11,19 @@
 #include <vector>
 
 #include "common/optim_rules.h"
+#include "row_placement.h"
 
 namespace ps {
 
-// Rows of a shard: row r's values at values[r * width], its state at state[r * state_width].
+// Rows of a shard: the row at slot r has its values at values[r * width], its state at
+// state[r * state_width]; row k sits at slot slot(k).
 struct StepRowsView {
   float* values;
   float* state;
   int64_t* steps;
   int64_t* versions;
-  int64_t lo, width, state_width;
+  SlotIndex slot;
+  int64_t width, state_width;
 };
 
 // The versions, best first: "avx512f", "avx2", "default".

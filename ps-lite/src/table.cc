@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,11 +19,26 @@
 namespace ps {
 namespace {
 
+// A saved shard: this header, then its rows' values, optimizer state, steps and versions, each
+// in slot order. The shard holds rows lo, lo + stride, ... below hi. Version 1 files (written
+// before rows could be strided) end the header after `applied` and hold contiguous ranges.
 struct FileHeader {
   char magic[8];
   int64_t rows, width, dense, lo, hi, optim_kind, unit_state_width, applied;
+  int64_t placement, stride;  // version 2 on: RowPlacement::Kind and its stride
 };
-const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
+const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '2'};
+const char kMagicV1[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
+constexpr size_t kHeaderBytesV1 = offsetof(FileHeader, placement);
+
+// What a save by server `server` under `placement` writes as lo, hi and stride.
+void SavedRows(const RowPlacement& placement, int server, FileHeader* h) {
+  const int64_t n = placement.Rows(server);
+  h->lo = std::min(placement.rows(), placement.First(server));
+  h->hi = n ? placement.Row(server, n - 1) + 1 : h->lo;
+  h->placement = placement.kind();
+  h->stride = placement.Stride();
+}
 
 // A shard of `rows` rows is stepped in units: one per row, or the whole shard when dense.
 void Units(bool dense, int64_t rows, int64_t width, int64_t* units, int64_t* unit_width) {
@@ -62,15 +78,14 @@ void HugeArray<T>::Reset(size_t n, T fill) {
 template class HugeArray<float>;
 template class HugeArray<int64_t>;
 
-void TableShard::Range(int64_t rows, int rank, int num_servers, int64_t* lo, int64_t* hi) {
-  const int64_t per = (rows + num_servers - 1) / num_servers;
-  *lo = std::min(rows, per * rank);
-  *hi = std::min(rows, per * (rank + 1));
-}
-
 TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int rank, int num_servers)
-    : name_(name), spec_(spec) {
-  Range(spec.rows(), rank, num_servers, &lo_, &hi_);
+    : name_(name),
+      spec_(spec),
+      placement_(RowPlacement::Of(static_cast<RowPlacement::Kind>(spec.placement()), spec.dense(), spec.rows(),
+                                  num_servers)),
+      rank_(rank),
+      slot_(placement_.Slots(rank)),
+      rows_(placement_.Rows(rank)) {
   cfg_.kind = spec.optim_kind();
   cfg_.momentum = spec.momentum();
   cfg_.beta1 = spec.beta1();
@@ -78,15 +93,24 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
   cfg_.eps = spec.eps();
   cfg_.l2reg = spec.l2reg();
   cfg_.weight_decay = spec.weight_decay();
-  Units(dense(), hi_ - lo_, width(), &units_, &unit_width_);
+  Units(dense(), rows_, width(), &units_, &unit_width_);
   unit_state_width_ = hetu::optim::state_width(cfg_.kind, unit_width_);
   Reset();
 }
 
 void TableShard::Reset() {
-  values_.Reset((hi_ - lo_) * width(), 0.0f);
-  hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), lo_, hi_,
-                       width(), values_.data());
+  values_.Reset(rows_ * width(), 0.0f);
+  // Each row gets the values it has in the whole table, wherever it is placed.
+  if (slot_.stride == 1) {
+    hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), slot_.first,
+                         slot_.first + rows_, width(), values_.data());
+  } else {
+    for (int64_t i = 0; i < rows_; ++i) {
+      const int64_t row = placement_.Row(rank_, i);
+      hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), row,
+                           row + 1, width(), values_.data() + i * width());
+    }
+  }
   state_.Reset(units_ * unit_state_width_, 0.0f);
   steps_.Reset(units_, 0);
   versions_.Reset(units_, 0);
@@ -97,12 +121,12 @@ void TableShard::Reset() {
 
 std::string TableShard::CheckKeys(const int64_t* keys, int64_t n) const {
   for (int64_t i = 0; i < n; ++i) {
-    if (keys[i] >= lo_ && keys[i] < hi_) continue;
+    if (placement_.Holds(rank_, keys[i])) continue;
     if (keys[i] < 0 || keys[i] >= spec_.rows())
       return "table '" + name_ + "': key " + std::to_string(keys[i]) + " is outside the table's rows [0, " +
              std::to_string(spec_.rows()) + ")";
-    return "table '" + name_ + "': key " + std::to_string(keys[i]) + " was sent to the server owning rows [" +
-           std::to_string(lo_) + ", " + std::to_string(hi_) + ")";
+    return "table '" + name_ + "': key " + std::to_string(keys[i]) + " was sent to the server holding " +
+           placement_.Describe(rank_) + " (" + RowPlacement::Name(placement_.kind()) + " placement)";
   }
   return "";
 }
@@ -197,7 +221,7 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
 void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts,
                           float lr) {
   static const StepLoopFn step = StepLoopOf(SimdVariant());  // HETU_SIMD, checked when the server starts
-  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), lo_, width(),
+  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), slot_, width(),
                           unit_state_width_};
   step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
@@ -208,8 +232,8 @@ void TableShard::Gather(const int64_t* keys, int64_t n, float* out) const {
   // while the transport has nothing to send yet.
   hetu::parallel_for(n, kParallelRows, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (i + kAhead < e) Prefetch(keys[i + kAhead] - lo_);
-      std::memcpy(out + i * w, &values_[(keys[i] - lo_) * w], w * sizeof(float));
+      if (i + kAhead < e) Prefetch(slot_(keys[i + kAhead]));
+      std::memcpy(out + i * w, &values_[slot_(keys[i]) * w], w * sizeof(float));
     }
   });
 }
@@ -226,7 +250,7 @@ std::vector<int64_t> TableShard::Stale(const int64_t* keys, const int64_t* versi
 void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const {
   const int64_t sw = unit_state_width_;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = keys[i] - lo_;
+    const int64_t r = slot_(keys[i]);
     if (sw) std::memcpy(state + i * sw, &state_[r * sw], sw * sizeof(float));
     steps[i] = steps_[r];
     versions[i] = versions_[r];
@@ -237,7 +261,7 @@ void TableShard::Assign(const int64_t* keys, int64_t n, const float* values, con
                         const int64_t* version_add) {
   const int64_t w = width(), sw = unit_state_width_;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = keys[i] - lo_;
+    const int64_t r = slot_(keys[i]);
     std::memcpy(&values_[r * w], values + i * w, w * sizeof(float));
     if (sw) std::memcpy(&state_[r * sw], state + i * sw, sw * sizeof(float));
     steps_[r] = steps[i];
@@ -259,8 +283,7 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
   h.rows = spec_.rows();
   h.width = width();
   h.dense = dense();
-  h.lo = lo_;
-  h.hi = hi_;
+  SavedRows(placement_, rank_, &h);
   h.optim_kind = cfg_.kind;
   h.unit_state_width = unit_state_width_;
   h.applied = applied;
@@ -290,6 +313,33 @@ struct SavedShard {
   }
 };
 
+bool ReadAt(FILE* f, long at, void* p, size_t bytes) {
+  return bytes == 0 || (std::fseek(f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, f) == 1);
+}
+
+// Copies slots [ja, jb) of one section of saved shard k (placed by `from`, `slot_bytes` per
+// slot, starting at `at`) to the slots of `dest` where server `rank` under `to` keeps the same
+// rows, skipping the rows it does not hold. One read when the slots map one to one (same
+// stride), else through a bounded buffer, so memory does not grow with the table.
+bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, int k, int64_t ja, int64_t jb,
+               const RowPlacement& to, int rank, char* dest) {
+  if (slot_bytes == 0 || ja >= jb) return true;
+  const SlotIndex slot = to.Slots(rank);
+  if (from.Stride() == to.Stride())
+    return ReadAt(f, at + ja * slot_bytes, dest + slot(from.Row(k, ja)) * slot_bytes, (jb - ja) * slot_bytes);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / static_cast<int64_t>(slot_bytes));
+  std::vector<char> buffer(std::min(chunk, jb - ja) * slot_bytes);
+  for (int64_t j0 = ja; j0 < jb; j0 += chunk) {
+    const int64_t m = std::min(chunk, jb - j0);
+    if (!ReadAt(f, at + j0 * slot_bytes, buffer.data(), m * slot_bytes)) return false;
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t row = from.Row(k, j0 + j);
+      if (to.Holds(rank, row)) std::memcpy(dest + slot(row) * slot_bytes, buffer.data() + j * slot_bytes, slot_bytes);
+    }
+  }
+  return true;
+}
+
 // The server count a table's saved shards were written with: every NAME.shardK-of-N.bin in
 // `dir` must name the same N. 0 with `error` set when there is none or they disagree.
 int SavedServerCount(const std::string& dir, const std::string& prefix, std::string* error) {
@@ -317,12 +367,13 @@ int SavedServerCount(const std::string& dir, const std::string& prefix, std::str
 }  // namespace
 
 std::string TableShard::Load(const std::string& dir) {
-  // The saved shards may come from another server count: this shard's rows [lo_, hi_) are read
-  // from whichever saved shards hold them, section by section, without reading the rest.
+  // The saved shards may come from another server count or placement: each file's header says
+  // which rows it holds, and only the span of its slots that can hold rows of this shard is read.
   const std::string prefix = Sanitize(name_) + ".shard";
+  const std::string table = "table '" + name_ + "': ";
   std::string error;
   const int saved = SavedServerCount(dir, prefix, &error);
-  if (!saved) return "table '" + name_ + "': " + error;
+  if (!saved) return table + error;
   const int64_t w = width(), sw = unit_state_width_;
   HugeArray<float> values, state;
   HugeArray<int64_t> steps, versions;
@@ -330,86 +381,109 @@ std::string TableShard::Load(const std::string& dir) {
   state.Reset(state_.size(), 0.0f);
   steps.Reset(steps_.size(), 0);
   versions.Reset(versions_.size(), 0);
-  int64_t covered = 0, loaded_applied = 0;
-  bool have_applied = false;  // a saved shard was read (its clock, and a dense one's step count)
+  int64_t covered = 0, loaded_applied = 0, dense_steps_from = -1;
   for (int k = 0; k < saved; ++k) {
-    int64_t olo, ohi;
-    Range(spec_.rows(), k, saved, &olo, &ohi);
-    const int64_t a = std::max(lo_, olo), b = std::min(hi_, ohi);
-    // A shard with no rows (more servers than rows) still takes the clock, and a dense one its
-    // step count, from a saved shard: the last.
-    const bool header_only = !have_applied && a >= b && k == saved - 1;
-    if (a >= b && !header_only) continue;
     const std::string path = FileName(dir, k, saved);
     SavedShard in;
     in.f = std::fopen(path.c_str(), "rb");
-    if (!in.f) return "table '" + name_ + "': cannot read " + path + ": " + std::strerror(errno);
+    if (!in.f) return table + "cannot read " + path + ": " + std::strerror(errno);
     FileHeader h{};
-    if (std::fread(&h, sizeof(h), 1, in.f) != 1 || std::memcmp(h.magic, kMagic, 8) != 0)
-      return "table '" + name_ + "': " + path + " is not a saved shard";
+    bool ok = std::fread(&h, kHeaderBytesV1, 1, in.f) == 1;
+    const bool v1 = ok && std::memcmp(h.magic, kMagicV1, 8) == 0;
+    if (v1) {
+      h.placement = RowPlacement::kContiguous;
+      h.stride = 1;
+    } else {
+      ok = ok && std::memcmp(h.magic, kMagic, 8) == 0 &&
+           std::fread(&h.placement, sizeof(FileHeader) - kHeaderBytesV1, 1, in.f) == 1;
+    }
+    if (!ok) return table + path + " is not a saved shard";
     if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
-      return "table '" + name_ + "': " + path + " holds a table of " + std::to_string(h.rows) + " x " +
-             std::to_string(h.width) + (h.dense ? " (dense)" : "") + " stepped by optimizer " +
-             std::to_string(h.optim_kind) + ", this one is " + std::to_string(spec_.rows()) + " x " +
-             std::to_string(w) + (dense() ? " (dense)" : "") + " stepped by optimizer " + std::to_string(cfg_.kind);
-    if (h.lo != olo || h.hi != ohi)
-      return "table '" + name_ + "': " + path + " holds rows [" + std::to_string(h.lo) + ", " +
-             std::to_string(h.hi) + "), shard " + std::to_string(k) + " of " + std::to_string(saved) + " owns [" +
-             std::to_string(olo) + ", " + std::to_string(ohi) + ")";
+      return table + path + " holds a table of " + std::to_string(h.rows) + " x " + std::to_string(h.width) +
+             (h.dense ? " (dense)" : "") + " stepped by optimizer " + std::to_string(h.optim_kind) + ", this one is " +
+             std::to_string(spec_.rows()) + " x " + std::to_string(w) + (dense() ? " (dense)" : "") +
+             " stepped by optimizer " + std::to_string(cfg_.kind);
+    if (h.placement != RowPlacement::kStrided && h.placement != RowPlacement::kContiguous)
+      return table + path + " names an unknown row placement " + std::to_string(h.placement);
+    const RowPlacement from =
+        RowPlacement::Of(static_cast<RowPlacement::Kind>(h.placement), dense(), spec_.rows(), saved);
+    FileHeader want{};
+    SavedRows(from, k, &want);
+    if (h.lo != want.lo || h.hi != want.hi || h.stride != want.stride)
+      return table + path + " holds rows [" + std::to_string(h.lo) + ", " + std::to_string(h.hi) + ") by " +
+             std::to_string(h.stride) + ", shard " + std::to_string(k) + " of " + std::to_string(saved) + " holds " +
+             from.Describe(k) + " (" + RowPlacement::Name(from.kind()) + " placement)";
     // Where each section of the file starts (Save's order).
+    const int64_t saved_rows = from.Rows(k);
     int64_t units, unit_width;
-    Units(dense(), ohi - olo, w, &units, &unit_width);
+    Units(dense(), saved_rows, w, &units, &unit_width);
     const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
-    const long values_at = sizeof(FileHeader);
-    const long state_at = values_at + (ohi - olo) * w * float_bytes;
+    const long values_at = v1 ? kHeaderBytesV1 : sizeof(FileHeader);
+    const long state_at = values_at + saved_rows * w * float_bytes;
     const long steps_at = state_at + units * hetu::optim::state_width(cfg_.kind, unit_width) * float_bytes;
     const long versions_at = steps_at + units * int_bytes;
     const long end = versions_at + units * int_bytes;
-    if (std::fseek(in.f, 0, SEEK_END) != 0) return "table '" + name_ + "': cannot seek in " + path;
+    if (std::fseek(in.f, 0, SEEK_END) != 0) return table + "cannot seek in " + path;
     const long size = std::ftell(in.f);
     if (size < end)
-      return "table '" + name_ + "': " + path + " is truncated: " + std::to_string(size) + " bytes of " +
-             std::to_string(end);
-    if (size > end)
-      return "table '" + name_ + "': " + path + " has bytes after the shard's data (not written by a save)";
-    if (have_applied && h.applied != loaded_applied)
-      return "table '" + name_ + "': the saved shards were applied up to different iterations (" +
-             std::to_string(loaded_applied) + " and " + std::to_string(h.applied) + " in " + path + ")";
-    const bool first = !have_applied;
+      return table + path + " is truncated: " + std::to_string(size) + " bytes of " + std::to_string(end);
+    if (size > end) return table + path + " has bytes after the shard's data (not written by a save)";
+    if (k > 0 && h.applied != loaded_applied)
+      return table + "the saved shards were applied up to different iterations (" + std::to_string(loaded_applied) +
+             " and " + std::to_string(h.applied) + " in " + path + ")";
     loaded_applied = h.applied;
-    have_applied = true;
-    bool ok = true;
-    auto read = [&](long at, void* p, size_t bytes) {
-      ok = ok && (bytes == 0 || (std::fseek(in.f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, in.f) == 1));
-    };
-    const int64_t n = std::max<int64_t>(0, b - a);
-    read(values_at + (a - olo) * w * float_bytes, values.data() + (a - lo_) * w, n * w * float_bytes);
+    int64_t n = 0;
     if (dense()) {
-      // A dense shard's state is whole arrays of its range's floats (element-wise kinds only,
-      // KVServer::Init): copy the overlap of each array.
+      // Both contiguous: the overlap of two ranges. A dense shard's state is whole arrays of its
+      // range's floats (element-wise kinds only, KVServer::Init): copy the overlap of each array.
+      const int64_t a = std::max(slot_.first, h.lo), b = std::min(slot_.first + rows_, h.hi);
+      if (a >= b) continue;
+      n = b - a;
+      ok = ReadAt(in.f, values_at + (a - h.lo) * w * float_bytes, values.data() + (a - slot_.first) * w,
+                  n * w * float_bytes);
       for (int64_t s = 0, arrays = hetu::optim::state_width(cfg_.kind, 1); s < arrays; ++s)
-        read(state_at + (s * unit_width + (a - olo) * w) * float_bytes, state.data() + s * unit_width_ + (a - lo_) * w,
-             n * w * float_bytes);
+        ok = ok && ReadAt(in.f, state_at + (s * unit_width + (a - h.lo) * w) * float_bytes,
+                          state.data() + s * unit_width_ + (a - slot_.first) * w, n * w * float_bytes);
       int64_t step = 0, version = 0;
-      read(steps_at, &step, int_bytes);
-      read(versions_at, &version, int_bytes);
-      if (ok && !first && (step != steps[0] || version != versions[0]))
-        return "table '" + name_ + "': the saved shards of a dense table disagree on its step count (" +
-               std::to_string(steps[0]) + " and " + std::to_string(step) + " in " + path + ")";
+      ok = ok && ReadAt(in.f, steps_at, &step, int_bytes) && ReadAt(in.f, versions_at, &version, int_bytes);
+      if (ok && dense_steps_from >= 0 && (step != steps[0] || version != versions[0]))
+        return table + "the saved shards of a dense table disagree on its step count (" + std::to_string(steps[0]) +
+               " and " + std::to_string(step) + " in " + path + ")";
       steps[0] = step;
       versions[0] = version;
+      dense_steps_from = k;
     } else {
-      read(state_at + (a - olo) * sw * float_bytes, state.data() + (a - lo_) * sw, n * sw * float_bytes);
-      read(steps_at + (a - olo) * int_bytes, steps.data() + (a - lo_), n * int_bytes);
-      read(versions_at + (a - olo) * int_bytes, versions.data() + (a - lo_), n * int_bytes);
+      // Saved slots [ja, jb): those whose rows lie between this shard's first and last row.
+      int64_t ja = 0, jb = 0;
+      const int64_t first = from.First(k), stride = from.Stride();
+      if (rows_ > 0 && saved_rows > 0) {
+        const int64_t last = placement_.Row(rank_, rows_ - 1);
+        ja = slot_.first <= first ? 0 : (slot_.first - first + stride - 1) / stride;
+        jb = last < first ? 0 : std::min(saved_rows, (last - first) / stride + 1);
+      }
+      if (stride == slot_.stride) {  // slot for slot, or no row in common
+        if ((first - slot_.first) % stride != 0) jb = ja;
+        n = std::max<int64_t>(0, jb - ja);
+      } else {
+        for (int64_t j = ja; j < jb; ++j) n += placement_.Holds(rank_, from.Row(k, j));
+      }
+      if (n == 0) continue;
+      ok = CopySlots(in.f, values_at, w * float_bytes, from, k, ja, jb, placement_, rank_,
+                     reinterpret_cast<char*>(values.data())) &&
+           CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
+                     reinterpret_cast<char*>(state.data())) &&
+           CopySlots(in.f, steps_at, int_bytes, from, k, ja, jb, placement_, rank_,
+                     reinterpret_cast<char*>(steps.data())) &&
+           CopySlots(in.f, versions_at, int_bytes, from, k, ja, jb, placement_, rank_,
+                     reinterpret_cast<char*>(versions.data()));
     }
-    if (!ok) return "table '" + name_ + "': reading " + path + " failed";
+    if (!ok) return table + "reading " + path + " failed";
     covered += n;
   }
-  // The saved ranges partition the table's rows, so they must add up to this shard's.
-  if (covered != hi_ - lo_)
-    return "table '" + name_ + "': the saved shards hold " + std::to_string(covered) + " of this shard's " +
-           std::to_string(hi_ - lo_) + " rows";
+  // The saved shards partition the table's rows, so they must add up to this shard's.
+  if (covered != rows_)
+    return table + "the saved shards hold " + std::to_string(covered) + " of this shard's " + std::to_string(rows_) +
+           " rows";
   values_.Swap(values);
   state_.Swap(state);
   steps_.Swap(steps);

@@ -1,7 +1,7 @@
-// One server's shard of a table: rows [lo, hi) of a rows x width float32 matrix, with the
-// optimizer state, step count and version of each row. A dense tensor is a table too, but
-// its shard is stepped as one unit (one step count, one version), exactly like a local dense
-// update of the same elements.
+// One server's shard of a table: the rows of a rows x width float32 matrix that the table's
+// RowPlacement gives this server, at their local slots, with the optimizer state, step count
+// and version of each row. A dense tensor is a table too, but its shard is stepped as one unit
+// (one step count, one version), exactly like a local dense update of the same elements.
 //
 // The server handles data messages one at a time (postoffice.h), so the shard needs no locks.
 #pragma once
@@ -12,6 +12,7 @@
 
 #include "common/optim_rules.h"
 #include "message.h"
+#include "row_placement.h"
 
 namespace ps {
 
@@ -45,17 +46,13 @@ class TableShard {
  public:
   TableShard(const std::string& name, const pb::TableSpec& spec, int server_rank, int num_servers);
 
-  // Rows [lo, hi) owned by server `rank` of `num_servers` for a table of `rows` rows.
-  static void Range(int64_t rows, int rank, int num_servers, int64_t* lo, int64_t* hi);
-
   const std::string& name() const { return name_; }
   const pb::TableSpec& spec() const { return spec_; }
   bool dense() const { return spec_.dense(); }
   int64_t width() const { return spec_.width(); }
   // Optimizer state floats per row (sparse tables).
   int64_t state_width() const { return hetu::optim::state_width(cfg_.kind, width()); }
-  int64_t lo() const { return lo_; }
-  int64_t hi() const { return hi_; }
+  int64_t rows() const { return rows_; }  // rows held here
 
   // "" if every key is a row of this shard, else an error naming the table and the key.
   std::string CheckKeys(const int64_t* keys, int64_t n) const;
@@ -80,7 +77,7 @@ class TableShard {
   // Rows whose version is more than `bound` ahead of the worker's: positions into keys.
   std::vector<int64_t> Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const;
   void GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const;
-  int64_t Version(int64_t key) const { return versions_[dense() ? 0 : key - lo_]; }
+  int64_t Version(int64_t key) const { return versions_[Unit(key)]; }
   void Assign(const int64_t* keys, int64_t n, const float* values, const float* state, const int64_t* steps,
               const int64_t* version_add);
 
@@ -88,8 +85,8 @@ class TableShard {
   void Reset();
   // One file per shard; "" on success, else the error.
   std::string Save(const std::string& dir, int rank, int num_servers) const;
-  // This shard's rows from the files of a Save by any number of servers (each file read only
-  // where it holds rows of this shard); "" on success, else the error.
+  // This shard's rows from the files of a Save by any number of servers, under either placement
+  // (each file read only where it may hold rows of this shard); "" on success, else the error.
   std::string Load(const std::string& dir);
 
   // BSP bookkeeping: pushes of not yet applied iterations, kept per worker rank.
@@ -99,7 +96,7 @@ class TableShard {
 
  private:
   std::string FileName(const std::string& dir, int rank, int num_servers) const;
-  int64_t Unit(int64_t key) const { return dense() ? 0 : key - lo_; }
+  int64_t Unit(int64_t key) const { return dense() ? 0 : slot_(key); }
   // Rows are visited in key order but scattered in memory: start loading a few ahead.
   static constexpr int64_t kAhead = 8;
   static constexpr int64_t kParallelRows = 4096;  // below this a thread costs more than it saves
@@ -113,7 +110,10 @@ class TableShard {
   std::string name_;
   pb::TableSpec spec_;
   hetu::optim::Config cfg_;
-  int64_t lo_, hi_, unit_width_, units_;
+  RowPlacement placement_;
+  int rank_;
+  SlotIndex slot_;  // where each of this shard's rows sits
+  int64_t rows_, unit_width_, units_;
   int64_t unit_state_width_;  // optimizer state floats per unit
   HugeArray<float> values_, state_;
   HugeArray<int64_t> steps_, versions_;

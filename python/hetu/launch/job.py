@@ -61,6 +61,9 @@ class Job:
                    DMLC_PS_VAN_TYPE=self.cluster.van,
                    PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"), PYTHONUNBUFFERED="1",
                    HETU_JOB=self.job_mark)
+        # Every worker must split keys as the others do, on whichever host it runs.
+        if "PS_ROW_PLACEMENT" in os.environ:
+            env["PS_ROW_PLACEMENT"] = os.environ["PS_ROW_PLACEMENT"]
         return env
 
     def node_env(self, node: Node) -> Dict[str, str]:

@@ -23,8 +23,11 @@ Conventions
   600 s -- or a node declared dead after ``PS_HEARTBEAT_TIMEOUT`` seconds without heartbeat).
   Arrays passed in must not be modified before the handle is done (they are sent without
   copying).
-* Tables are split over servers in contiguous row ranges: server s holds rows
-  [s*ceil(R/S), (s+1)*ceil(R/S)).
+* Embedding tables are spread over the servers by ``PS_ROW_PLACEMENT``: ``strided`` (the
+  default) puts row r on server r mod S, so the hot first ids of every field are shared by all
+  servers; ``contiguous`` gives server s rows [s*ceil(R/S), (s+1)*ceil(R/S)). Dense tensors are
+  always split in contiguous ranges (they are pulled whole). Every worker of a job must use the
+  same placement; checkpoints load under either placement and any server count.
 * Synchronisation (table created with ``bsp=True``): a push with ``iteration=t`` is buffered;
   when all W workers' pushes for t have reached a server, it sums them per row in worker-rank
   order (so the result is bit-identical whatever the arrival order) and applies one optimizer
