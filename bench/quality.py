@@ -1,0 +1,329 @@
+"""Model quality: hetu's DLRM against the same DLRM written independently in PyTorch.
+
+Both train on the same prepared dataset folder, its train split in the folder's stored order (no
+shuffle: ht.Dataloader's default), with the same batch size, optimizer, learning rate and number
+of epochs, and both are scored on the validation split the folder's meta names.
+
+* hetu: examples/ctr/run_hetu.py itself, in a subprocess (`--all --val --save-params`); its
+  `summary {...}` line gives the driver's validation AUC and logloss (`final.val`).
+* PyTorch (CPU): examples/ctr/models/dlrm.py's architecture, rewritten here: one shared table
+  (one id space, as the folder's ids are) as nn.EmbeddingBag(mode="sum") with a bag per
+  (sample, field), -1 slots left out of the bags; a bottom MLP (13 -> 64 -> 32 -> embedding, ReLU
+  after each layer) over the dense features where the data has them; the dot product of every
+  pair of the field vectors (and the bottom output), strict lower triangle in row order; a top MLP
+  (-> 128 -> 64 -> 1) over concat(bottom output, dots); mean BCE-with-logits. Initialised with
+  hetu's distributions: table N(0, 0.01), weights xavier-normal, biases zero. Adam's eps is
+  hetu's 1e-7. hetu steps a table's rows only where a batch names them (row by row, each row
+  counting its own steps for Adam's bias correction); the PyTorch table is sparse and stepped by
+  SparseAdam (rows not in the batch untouched too; bias correction by the global step) or plain
+  SGD, unless `--torch-table dense` (dense gradients, torch.optim.Adam over every row).
+
+ht.Dataloader drops a split's last partial batch, so the driver's validation covers
+floor(val / batch) * batch samples. Both are therefore reported: on the driver's samples (hetu's
+own figures, and PyTorch on exactly those samples) and over the whole split, where hetu's
+trained parameters (--save-params) are run through the PyTorch forward. On the driver's samples
+that forward must reproduce the driver's own AUC: the `check` column, a test that the two
+architectures are the same function.
+
+    python bench/quality.py --case movielens --seeds 1 2 3      # MovieLens 100K, side features, time order
+    python bench/quality.py --case criteo-multihot --rows 200000 --epochs 2 --seeds 1 2 3
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+THREADS = 2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_HETU = os.path.join(ROOT, "examples", "ctr", "run_hetu.py")
+ADAM_EPS = 1e-7   # hetu's AdamOptimizer default (PyTorch's is 1e-8)
+BOTTOM, TOP = (64, 32), (128, 64)   # examples/ctr/models/dlrm.py's defaults
+
+# What each case trains: run_hetu.py's model and data flags, and the training settings.
+CASES = {
+    "movielens": {"model": "dlrm_movielens", "batch": 256, "epochs": 3, "optimizer": "adam", "lr": 0.001,
+                  "emb": 16},
+    "criteo-multihot": {"model": "dlrm_criteo_multihot", "batch": 256, "epochs": 2, "optimizer": "adam",
+                        "lr": 0.001, "emb": 16, "rows": 200000},
+}
+MOVIELENS_FOLDER = "ml100k-side-time"   # under $HETU_DATA_HOME
+
+
+def thread_env():
+    t = str(THREADS)
+    return {"OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t, "HETU_NUM_THREADS": t}
+
+
+# --- data ----------------------------------------------------------------------------------------
+def data_flags(cfg):
+    """run_hetu.py's flags naming the data: a prepared folder, or the synthetic set by its rows."""
+    if cfg.get("data_dir"):
+        return ["--data-dir", cfg["data_dir"]]
+    return ["--dataset", "synthetic-criteo-multihot", "--rows", str(cfg["rows"])]
+
+
+def load(cfg):
+    from hetu.data import load_dataset
+    if cfg.get("data_dir"):
+        return load_dataset(cfg["data_dir"])
+    return load_dataset("synthetic-criteo-multihot", rows=cfg["rows"])
+
+
+def bags_of(sparse, slot_offsets):
+    """ids [samples, slots] (-1: empty slot) -> nn.EmbeddingBag's (values, offsets) with one bag per
+    (sample, field) in sample-major order; an empty bag pools to zeros, as in hetu."""
+    present = sparse != -1
+    counts = np.add.reduceat(present, slot_offsets[:-1], axis=1, dtype=np.int64).reshape(-1)
+    offsets = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=offsets[1:])
+    return sparse[present], offsets
+
+
+class Batches:
+    """Contiguous batches of one split in stored order: (dense or None, values, offsets, labels)
+    as tensors. `drop_last` as ht.Dataloader (training, the driver's validation)."""
+
+    def __init__(self, part, meta, batch, drop_last):
+        self.part, self.batch = part, batch
+        self.slot_offsets = np.asarray(meta.slot_offsets, dtype=np.int64)
+        n = len(part)
+        self.count = n // batch if drop_last else -(-n // batch)
+        self.samples = min(n, self.count * batch)
+
+    def __iter__(self):
+        import torch
+        for t in range(self.count):
+            rows = slice(t * self.batch, min((t + 1) * self.batch, self.samples))
+            values, offsets = bags_of(np.asarray(self.part.sparse[rows], dtype=np.int64), self.slot_offsets)
+            # copies: the split's arrays are read-only memory maps
+            dense = None if self.part.dense is None else torch.from_numpy(
+                np.array(self.part.dense[rows], dtype=np.float32))
+            labels = torch.from_numpy(np.array(self.part.labels[rows], dtype=np.float32).reshape(-1, 1))
+            yield dense, torch.from_numpy(values), torch.from_numpy(offsets), labels
+
+
+# --- the PyTorch DLRM ----------------------------------------------------------------------------
+def make_model(num_embeddings, emb, num_fields, num_dense, sparse_table):
+    import torch
+    from torch import nn
+
+    def tower(width, hidden, relu_last):
+        layers = []
+        for i, h in enumerate(hidden):
+            linear = nn.Linear(width, h)
+            nn.init.xavier_normal_(linear.weight)
+            nn.init.zeros_(linear.bias)
+            layers.append(linear)
+            if relu_last or i < len(hidden) - 1:
+                layers.append(nn.ReLU())
+            width = h
+        return nn.Sequential(*layers)
+
+    class DLRM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_fields, self.emb = num_fields, emb
+            self.table = nn.EmbeddingBag(num_embeddings, emb, mode="sum", sparse=sparse_table)
+            nn.init.normal_(self.table.weight, std=0.01)
+            self.bottom = tower(num_dense, BOTTOM + (emb,), relu_last=True) if num_dense else None
+            count = num_fields + (1 if num_dense else 0)
+            # pairs (i, j), i > j, row by row: torch.tril_indices' order
+            self.register_buffer("pairs", torch.tril_indices(count, count, offset=-1))
+            width = self.pairs.shape[1] + (emb if num_dense else 0)
+            self.top = tower(width, TOP + (1,), relu_last=False)
+
+        def forward(self, dense, values, offsets):
+            pooled = self.table(values, offsets).view(-1, self.num_fields, self.emb)
+            vectors = pooled
+            if self.bottom is not None:
+                bottom = self.bottom(dense)
+                vectors = torch.cat([bottom.unsqueeze(1), pooled], dim=1)
+            gram = torch.bmm(vectors, vectors.transpose(1, 2))
+            dots = gram[:, self.pairs[0], self.pairs[1]]
+            return self.top(dots if self.bottom is None else torch.cat([bottom, dots], dim=1))
+
+        def load_hetu(self, params):
+            """hetu's trained parameters (run_hetu.py --save-params): its Linear weights are
+            [in, out], PyTorch's [out, in]."""
+            with torch.no_grad():
+                self.table.weight.copy_(torch.from_numpy(params["embedding"]))
+                for prefix, tower_ in (("dlrm_bottom", self.bottom), ("dlrm_top", self.top)):
+                    linears = [m for m in tower_ or () if isinstance(m, nn.Linear)]
+                    names = [f"{prefix}_fc{i}" for i in range(len(linears))]
+                    if prefix == "dlrm_top":
+                        names[-1] = f"{prefix}_out"
+                    for linear, name in zip(linears, names):
+                        linear.weight.copy_(torch.from_numpy(params[name + "_weight"]).T)
+                        linear.bias.copy_(torch.from_numpy(params[name + "_bias"]))
+
+    return DLRM()
+
+
+def make_optimizers(model, optimizer, lr, sparse_table):
+    import torch
+    if optimizer == "sgd":
+        return [torch.optim.SGD(model.parameters(), lr=lr)]   # SGD takes sparse gradients
+    if not sparse_table:
+        return [torch.optim.Adam(model.parameters(), lr=lr, eps=ADAM_EPS)]
+    others = [p for name, p in model.named_parameters() if not name.startswith("table.")]
+    return [torch.optim.SparseAdam([model.table.weight], lr=lr, eps=ADAM_EPS),
+            torch.optim.Adam(others, lr=lr, eps=ADAM_EPS)]
+
+
+def predict(model, batches):
+    import torch
+    preds, labels = [], []
+    with torch.no_grad():
+        for dense, values, offsets, y in batches:
+            preds.append(torch.sigmoid(model(dense, values, offsets)).numpy().reshape(-1))
+            labels.append(y.numpy().reshape(-1))
+    return np.concatenate(preds), np.concatenate(labels)
+
+
+def scores(pred, label):
+    from hetu import metrics   # the driver's metric code, so both sides are scored alike
+    return {"auc": metrics.auc(label, pred), "logloss": metrics.logloss(label, pred), "samples": int(pred.size)}
+
+
+def evaluate(model, data, batch):
+    """Scores on the driver's validation samples (drop_last) and on the whole split."""
+    pred, label = predict(model, Batches(data.val, data.meta, batch, drop_last=False))
+    driver_samples = len(data.val) // batch * batch
+    return {"driver": scores(pred[:driver_samples], label[:driver_samples]), "whole": scores(pred, label)}
+
+
+def train_torch(cfg, data, seed):
+    import torch
+    from torch import nn
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(seed)
+    meta, sparse_table = data.meta, cfg["torch_table"] == "sparse"
+    model = make_model(meta.num_embeddings, cfg["emb"], meta.num_fields, meta.num_dense, sparse_table)
+    optimizers = make_optimizers(model, cfg["optimizer"], cfg["lr"], sparse_table)
+    lossf = nn.BCEWithLogitsLoss()   # mean over the batch, as hetu's loss
+    start = time.time()
+    for _ in range(cfg["epochs"]):
+        for dense, values, offsets, labels in Batches(data.train, meta, cfg["batch"], drop_last=True):
+            for o in optimizers:
+                o.zero_grad(set_to_none=True)
+            lossf(model(dense, values, offsets), labels).backward()
+            for o in optimizers:
+                o.step()
+    result = evaluate(model, data, cfg["batch"])
+    result["seconds"] = time.time() - start
+    return result
+
+
+# --- hetu ----------------------------------------------------------------------------------------
+def train_hetu(cfg, data, seed, workdir):
+    """run_hetu.py trains; its summary gives the driver's validation scores, and its saved
+    parameters, run through the PyTorch forward, the scores over the whole split."""
+    params_file = os.path.join(workdir, f"hetu-{cfg['case']}-{seed}.npz")
+    command = [sys.executable, RUN_HETU, "--model", cfg["model"], *data_flags(cfg),
+               "--embedding-size", str(cfg["emb"]), "--batch-size", str(cfg["batch"]),
+               "--nepoch", str(cfg["epochs"]), "--all", "--val", "--optimizer", cfg["optimizer"],
+               "--learning-rate", str(cfg["lr"]), "--seed", str(seed), "--no-progress",
+               "--save-params", params_file]
+    env = dict(os.environ, **thread_env())
+    start = time.time()
+    run = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.time() - start
+    summary = next((json.loads(line[len("summary "):]) for line in run.stdout.splitlines()
+                    if line.startswith("summary ")), None)
+    if run.returncode != 0 or summary is None:
+        raise RuntimeError(f"run_hetu.py failed ({run.returncode}): {' '.join(command)}\n"
+                           f"{run.stdout[-3000:]}{run.stderr[-3000:]}")
+    val = summary["final"]["val"]
+    model = make_model(data.meta.num_embeddings, cfg["emb"], data.meta.num_fields, data.meta.num_dense, False)
+    model.load_hetu(dict(np.load(params_file)))
+    forward = evaluate(model, data, cfg["batch"])
+    os.remove(params_file)
+    return {"driver": {"auc": val["auc"], "logloss": val["logloss"], "samples": val["samples"]},
+            "whole": forward["whole"], "check_auc": forward["driver"]["auc"] - val["auc"],
+            "seconds": seconds, "command": " ".join(command[1:])}
+
+
+# --- driver --------------------------------------------------------------------------------------
+def spread(values):
+    return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=sorted(CASES), required=True)
+    ap.add_argument("--data-dir", default=None,
+                    help=f"movielens: the prepared folder (default $HETU_DATA_HOME/{MOVIELENS_FOLDER})")
+    ap.add_argument("--rows", type=int, default=None, help="criteo-multihot: synthetic rows")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--optimizer", choices=["adam", "sgd"], default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--emb", type=int, default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--torch-table", choices=["sparse", "dense"], default="sparse",
+                    help="sparse: SparseAdam / SGD on the table's batch rows (default); dense: Adam on all rows")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    for name, value in thread_env().items():
+        os.environ.setdefault(name, value)
+    cfg = dict(CASES[args.case], case=args.case, torch_table=args.torch_table)
+    for key in ("rows", "batch", "epochs", "optimizer", "lr", "emb"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    if args.case == "movielens":
+        home = os.environ.get("HETU_DATA_HOME", os.path.expanduser("~/.hetu/data"))
+        cfg["data_dir"] = args.data_dir or os.path.join(home, MOVIELENS_FOLDER)
+        if not os.path.isdir(cfg["data_dir"]):
+            raise SystemExit(f"no prepared MovieLens folder at {cfg['data_dir']}: python scripts/get_movielens100k.py "
+                             "--output RAW, then python -m hetu.data.prepare movielens --input RAW/u.data "
+                             f"--users RAW/u.user --items RAW/u.item --time-order --output {cfg['data_dir']}")
+    data = load(cfg)
+    meta = data.meta
+    print(f"{args.case}: {cfg['model']}, {len(data.train)} train / {len(data.val)} val samples, fields "
+          f"{meta.num_fields} (bags: {', '.join(meta.bag_fields) or 'none'}), {meta.num_embeddings} rows x "
+          f"{cfg['emb']}, batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, {cfg['epochs']} epochs, "
+          f"torch table {cfg['torch_table']}, {THREADS} threads", flush=True)
+    header = (f"{'seed':>4} | {'driver samples':>14}{'hetu AUC':>10}{'torch AUC':>10}{'dAUC':>9}"
+              f"{'hetu LL':>9}{'torch LL':>9} | {'whole split':>11}{'hetu AUC':>10}{'torch AUC':>10}{'dAUC':>9}"
+              f"{'hetu LL':>9}{'torch LL':>9} | {'check':>8}{'hetu s':>8}{'torch s':>8}")
+    print(header + "\n" + "-" * len(header), flush=True)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="hetu-quality-") as workdir:
+        for seed in args.seeds:
+            hetu = train_hetu(cfg, data, seed, workdir)
+            torch_ = train_torch(cfg, data, seed)
+            runs.append({"seed": seed, "hetu": hetu, "torch": torch_})
+            d, w = (hetu["driver"], torch_["driver"]), (hetu["whole"], torch_["whole"])
+            print(f"{seed:>4} | {d[0]['samples']:>14}{d[0]['auc']:>10.4f}{d[1]['auc']:>10.4f}"
+                  f"{d[0]['auc'] - d[1]['auc']:>+9.4f}{d[0]['logloss']:>9.4f}{d[1]['logloss']:>9.4f} | "
+                  f"{w[0]['samples']:>11}{w[0]['auc']:>10.4f}{w[1]['auc']:>10.4f}{w[0]['auc'] - w[1]['auc']:>+9.4f}"
+                  f"{w[0]['logloss']:>9.4f}{w[1]['logloss']:>9.4f} | {hetu['check_auc']:>8.1e}"
+                  f"{hetu['seconds']:>8.0f}{torch_['seconds']:>8.0f}", flush=True)
+    summary = {}
+    for where in ("driver", "whole"):
+        for metric in ("auc", "logloss"):
+            for side in ("hetu", "torch"):
+                summary[f"{where}_{metric}_{side}"] = spread([r[side][where][metric] for r in runs])
+            summary[f"{where}_{metric}_gap"] = spread([r["hetu"][where][metric] - r["torch"][where][metric]
+                                                       for r in runs])
+    print("-" * len(header))
+    for where in ("driver", "whole"):
+        s = summary
+        print(f"{where:>6}: AUC hetu {s[f'{where}_auc_hetu'][0]:.4f} +- {s[f'{where}_auc_hetu'][1]:.4f}, torch "
+              f"{s[f'{where}_auc_torch'][0]:.4f} +- {s[f'{where}_auc_torch'][1]:.4f}, hetu - torch "
+              f"{s[f'{where}_auc_gap'][0]:+.4f} +- {s[f'{where}_auc_gap'][1]:.4f} (target |gap| <= 0.002); logloss "
+              f"hetu {s[f'{where}_logloss_hetu'][0]:.4f}, torch {s[f'{where}_logloss_torch'][0]:.4f}", flush=True)
+    print("hetu's command: python " + runs[0]["hetu"]["command"].replace(ROOT + os.sep, ""), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": cfg, "argv": sys.argv[1:], "runs": runs, "summary": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
