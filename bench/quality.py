@@ -6,17 +6,13 @@ of epochs, and both are scored on the validation split the folder's meta names.
 
 * hetu: examples/ctr/run_hetu.py itself, in a subprocess (`--all --val --save-params`); its
   `summary {...}` line gives the driver's validation AUC and logloss (`final.val`).
-* PyTorch (CPU): examples/ctr/models/dlrm.py's architecture, rewritten here: one shared table
-  (one id space, as the folder's ids are) as nn.EmbeddingBag(mode="sum") with a bag per
-  (sample, field), -1 slots left out of the bags; a bottom MLP (13 -> 64 -> 32 -> embedding, ReLU
-  after each layer) over the dense features where the data has them; the dot product of every
-  pair of the field vectors (and the bottom output), strict lower triangle in row order; a top MLP
-  (-> 128 -> 64 -> 1) over concat(bottom output, dots); mean BCE-with-logits. Initialised with
-  hetu's distributions: table N(0, 0.01), weights xavier-normal, biases zero. Adam's eps is
-  hetu's 1e-7. hetu steps a table's rows only where a batch names them (row by row, each row
-  counting its own steps for Adam's bias correction); the PyTorch table is sparse and stepped by
-  SparseAdam (rows not in the batch untouched too; bias correction by the global step) or plain
-  SGD, unless `--torch-table dense` (dense gradients, torch.optim.Adam over every row).
+* PyTorch (CPU, 2 threads): examples/ctr/models/dlrm.py's architecture rewritten in
+  bench/torch_dlrm.py (one shared nn.EmbeddingBag(mode="sum") table, a bag per (sample, field),
+  hetu's initial distributions), mean BCE-with-logits, Adam's eps hetu's 1e-7. hetu steps a table's rows only where a batch names them (row by row, each row
+  counting its own steps for Adam's bias correction). `--torch-table` picks the PyTorch table's
+  optimizer under Adam: rowwise (default: that rule, torch_dlrm.RowwiseAdam), sparse
+  (torch.optim.SparseAdam: rows not in the batch untouched too, bias correction by the global
+  step) or dense (dense gradients, torch.optim.Adam over every row). SGD is plain SGD on both.
 
 ht.Dataloader drops a split's last partial batch, so the driver's validation covers
 floor(val / batch) * batch samples. Both are therefore reported: on the driver's samples (hetu's
@@ -38,12 +34,14 @@ import tempfile
 import time
 
 import numpy as np
+import torch
+from torch import nn
+
+from torch_dlrm import DLRM, TABLE_OPTIMIZERS, bags_of, make_optimizers
 
 THREADS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_HETU = os.path.join(ROOT, "examples", "ctr", "run_hetu.py")
-ADAM_EPS = 1e-7   # hetu's AdamOptimizer default (PyTorch's is 1e-8)
-BOTTOM, TOP = (64, 32), (128, 64)   # examples/ctr/models/dlrm.py's defaults
 
 # What each case trains: run_hetu.py's model and data flags, and the training settings.
 CASES = {
@@ -75,16 +73,6 @@ def load(cfg):
     return load_dataset("synthetic-criteo-multihot", rows=cfg["rows"])
 
 
-def bags_of(sparse, slot_offsets):
-    """ids [samples, slots] (-1: empty slot) -> nn.EmbeddingBag's (values, offsets) with one bag per
-    (sample, field) in sample-major order; an empty bag pools to zeros, as in hetu."""
-    present = sparse != -1
-    counts = np.add.reduceat(present, slot_offsets[:-1], axis=1, dtype=np.int64).reshape(-1)
-    offsets = np.zeros(len(counts), dtype=np.int64)
-    np.cumsum(counts[:-1], out=offsets[1:])
-    return sparse[present], offsets
-
-
 class Batches:
     """Contiguous batches of one split in stored order: (dense or None, values, offsets, labels)
     as tensors. `drop_last` as ht.Dataloader (training, the driver's validation)."""
@@ -97,87 +85,17 @@ class Batches:
         self.samples = min(n, self.count * batch)
 
     def __iter__(self):
-        import torch
         for t in range(self.count):
             rows = slice(t * self.batch, min((t + 1) * self.batch, self.samples))
-            values, offsets = bags_of(np.asarray(self.part.sparse[rows], dtype=np.int64), self.slot_offsets)
+            values, offsets = bags_of(np.asarray(self.part.sparse[rows]), self.slot_offsets)
             # copies: the split's arrays are read-only memory maps
             dense = None if self.part.dense is None else torch.from_numpy(
                 np.array(self.part.dense[rows], dtype=np.float32))
             labels = torch.from_numpy(np.array(self.part.labels[rows], dtype=np.float32).reshape(-1, 1))
-            yield dense, torch.from_numpy(values), torch.from_numpy(offsets), labels
-
-
-# --- the PyTorch DLRM ----------------------------------------------------------------------------
-def make_model(num_embeddings, emb, num_fields, num_dense, sparse_table):
-    import torch
-    from torch import nn
-
-    def tower(width, hidden, relu_last):
-        layers = []
-        for i, h in enumerate(hidden):
-            linear = nn.Linear(width, h)
-            nn.init.xavier_normal_(linear.weight)
-            nn.init.zeros_(linear.bias)
-            layers.append(linear)
-            if relu_last or i < len(hidden) - 1:
-                layers.append(nn.ReLU())
-            width = h
-        return nn.Sequential(*layers)
-
-    class DLRM(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.num_fields, self.emb = num_fields, emb
-            self.table = nn.EmbeddingBag(num_embeddings, emb, mode="sum", sparse=sparse_table)
-            nn.init.normal_(self.table.weight, std=0.01)
-            self.bottom = tower(num_dense, BOTTOM + (emb,), relu_last=True) if num_dense else None
-            count = num_fields + (1 if num_dense else 0)
-            # pairs (i, j), i > j, row by row: torch.tril_indices' order
-            self.register_buffer("pairs", torch.tril_indices(count, count, offset=-1))
-            width = self.pairs.shape[1] + (emb if num_dense else 0)
-            self.top = tower(width, TOP + (1,), relu_last=False)
-
-        def forward(self, dense, values, offsets):
-            pooled = self.table(values, offsets).view(-1, self.num_fields, self.emb)
-            vectors = pooled
-            if self.bottom is not None:
-                bottom = self.bottom(dense)
-                vectors = torch.cat([bottom.unsqueeze(1), pooled], dim=1)
-            gram = torch.bmm(vectors, vectors.transpose(1, 2))
-            dots = gram[:, self.pairs[0], self.pairs[1]]
-            return self.top(dots if self.bottom is None else torch.cat([bottom, dots], dim=1))
-
-        def load_hetu(self, params):
-            """hetu's trained parameters (run_hetu.py --save-params): its Linear weights are
-            [in, out], PyTorch's [out, in]."""
-            with torch.no_grad():
-                self.table.weight.copy_(torch.from_numpy(params["embedding"]))
-                for prefix, tower_ in (("dlrm_bottom", self.bottom), ("dlrm_top", self.top)):
-                    linears = [m for m in tower_ or () if isinstance(m, nn.Linear)]
-                    names = [f"{prefix}_fc{i}" for i in range(len(linears))]
-                    if prefix == "dlrm_top":
-                        names[-1] = f"{prefix}_out"
-                    for linear, name in zip(linears, names):
-                        linear.weight.copy_(torch.from_numpy(params[name + "_weight"]).T)
-                        linear.bias.copy_(torch.from_numpy(params[name + "_bias"]))
-
-    return DLRM()
-
-
-def make_optimizers(model, optimizer, lr, sparse_table):
-    import torch
-    if optimizer == "sgd":
-        return [torch.optim.SGD(model.parameters(), lr=lr)]   # SGD takes sparse gradients
-    if not sparse_table:
-        return [torch.optim.Adam(model.parameters(), lr=lr, eps=ADAM_EPS)]
-    others = [p for name, p in model.named_parameters() if not name.startswith("table.")]
-    return [torch.optim.SparseAdam([model.table.weight], lr=lr, eps=ADAM_EPS),
-            torch.optim.Adam(others, lr=lr, eps=ADAM_EPS)]
+            yield dense, values, offsets, labels
 
 
 def predict(model, batches):
-    import torch
     preds, labels = [], []
     with torch.no_grad():
         for dense, values, offsets, y in batches:
@@ -199,13 +117,11 @@ def evaluate(model, data, batch):
 
 
 def train_torch(cfg, data, seed):
-    import torch
-    from torch import nn
-    torch.set_num_threads(THREADS)
     torch.manual_seed(seed)
-    meta, sparse_table = data.meta, cfg["torch_table"] == "sparse"
-    model = make_model(meta.num_embeddings, cfg["emb"], meta.num_fields, meta.num_dense, sparse_table)
-    optimizers = make_optimizers(model, cfg["optimizer"], cfg["lr"], sparse_table)
+    meta = data.meta
+    model = DLRM(meta.num_embeddings, cfg["emb"], meta.num_fields, meta.num_dense,
+                 sparse_table=cfg["torch_table"] != "dense")
+    optimizers = make_optimizers(model, cfg["optimizer"], cfg["lr"], cfg["torch_table"])
     lossf = nn.BCEWithLogitsLoss()   # mean over the batch, as hetu's loss
     start = time.time()
     for _ in range(cfg["epochs"]):
@@ -240,7 +156,7 @@ def train_hetu(cfg, data, seed, workdir):
         raise RuntimeError(f"run_hetu.py failed ({run.returncode}): {' '.join(command)}\n"
                            f"{run.stdout[-3000:]}{run.stderr[-3000:]}")
     val = summary["final"]["val"]
-    model = make_model(data.meta.num_embeddings, cfg["emb"], data.meta.num_fields, data.meta.num_dense, False)
+    model = DLRM(data.meta.num_embeddings, cfg["emb"], data.meta.num_fields, data.meta.num_dense)
     model.load_hetu(dict(np.load(params_file)))
     forward = evaluate(model, data, cfg["batch"])
     os.remove(params_file)
@@ -266,12 +182,12 @@ def main():
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--emb", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
-    ap.add_argument("--torch-table", choices=["sparse", "dense"], default="sparse",
-                    help="sparse: SparseAdam / SGD on the table's batch rows (default); dense: Adam on all rows")
+    ap.add_argument("--torch-table", choices=TABLE_OPTIMIZERS, default="rowwise",
+                    help="Adam on the PyTorch table: rowwise (hetu's rule, default), sparse (SparseAdam) or "
+                         "dense (Adam on every row)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
-    for name, value in thread_env().items():
-        os.environ.setdefault(name, value)
+    torch.set_num_threads(THREADS)
     cfg = dict(CASES[args.case], case=args.case, torch_table=args.torch_table)
     for key in ("rows", "batch", "epochs", "optimizer", "lr", "emb"):
         if getattr(args, key) is not None:
