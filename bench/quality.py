@@ -14,6 +14,12 @@ of epochs, and both are scored on the validation split the folder's meta names.
   (torch.optim.SparseAdam: rows not in the batch untouched too, bias correction by the global
   step) or dense (dense gradients, torch.optim.Adam over every row). SGD is plain SGD on both.
 
+`--torch-init hetu` starts PyTorch from the very parameters the driver starts from (hetu's
+initial values are a pure function of the seed and the parameter's name: they are drawn here by
+the same model function and seed), so that the gap shows what training does, without the noise of
+two draws from the same distributions. From equal parameters the two take equal SGD steps (to
+float32 rounding), so what remains is the optimizer rule and rounding that grows over the epochs.
+
 ht.Dataloader drops a split's last partial batch, so the driver's validation covers
 floor(val / batch) * batch samples. Both are therefore reported: on the driver's samples (hetu's
 own figures, and PyTorch on exactly those samples) and over the whole split, where hetu's
@@ -116,11 +122,28 @@ def evaluate(model, data, batch):
     return {"driver": scores(pred[:driver_samples], label[:driver_samples]), "whole": scores(pred, label)}
 
 
+def hetu_initial_parameters(cfg, data, seed):
+    """The parameters run_hetu.py --seed `seed` starts from: its model function and executor seed."""
+    import hetu as ht
+    sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
+    from models import MODELS
+    meta = data.meta
+
+    def loader(array):
+        return None if array is None else ht.dataloader_op([ht.Dataloader(array, cfg["batch"], "train")])
+    loss, prediction, y_, train_op = MODELS[cfg["model"]](
+        loader(data.train.dense), loader(data.train.sparse), loader(data.train.labels),
+        num_embeddings=meta.num_embeddings, embedding_size=cfg["emb"], field_slots=tuple(meta.field_slots))
+    return ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=seed).parameters()
+
+
 def train_torch(cfg, data, seed):
     torch.manual_seed(seed)
     meta = data.meta
     model = DLRM(meta.num_embeddings, cfg["emb"], meta.num_fields, meta.num_dense,
                  sparse_table=cfg["torch_table"] != "dense")
+    if cfg["torch_init"] == "hetu":
+        model.load_hetu(hetu_initial_parameters(cfg, data, seed))
     optimizers = make_optimizers(model, cfg["optimizer"], cfg["lr"], cfg["torch_table"])
     lossf = nn.BCEWithLogitsLoss()   # mean over the batch, as hetu's loss
     start = time.time()
@@ -185,10 +208,13 @@ def main():
     ap.add_argument("--torch-table", choices=TABLE_OPTIMIZERS, default="rowwise",
                     help="Adam on the PyTorch table: rowwise (hetu's rule, default), sparse (SparseAdam) or "
                          "dense (Adam on every row)")
+    ap.add_argument("--torch-init", choices=["own", "hetu"], default="own",
+                    help="own: PyTorch draws its initial parameters (same distributions); hetu: it starts from "
+                         "the driver's initial parameters")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
-    cfg = dict(CASES[args.case], case=args.case, torch_table=args.torch_table)
+    cfg = dict(CASES[args.case], case=args.case, torch_table=args.torch_table, torch_init=args.torch_init)
     for key in ("rows", "batch", "epochs", "optimizer", "lr", "emb"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
@@ -204,7 +230,7 @@ def main():
     print(f"{args.case}: {cfg['model']}, {len(data.train)} train / {len(data.val)} val samples, fields "
           f"{meta.num_fields} (bags: {', '.join(meta.bag_fields) or 'none'}), {meta.num_embeddings} rows x "
           f"{cfg['emb']}, batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, {cfg['epochs']} epochs, "
-          f"torch table {cfg['torch_table']}, {THREADS} threads", flush=True)
+          f"torch table {cfg['torch_table']}, torch init {cfg['torch_init']}, {THREADS} threads", flush=True)
     header = (f"{'seed':>4} | {'driver samples':>14}{'hetu AUC':>10}{'torch AUC':>10}{'dAUC':>9}"
               f"{'hetu LL':>9}{'torch LL':>9} | {'whole split':>11}{'hetu AUC':>10}{'torch AUC':>10}{'dAUC':>9}"
               f"{'hetu LL':>9}{'torch LL':>9} | {'check':>8}{'hetu s':>8}{'torch s':>8}")

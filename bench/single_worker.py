@@ -111,17 +111,20 @@ def run_hetu(cfg):
 # --- PyTorch -------------------------------------------------------------------------------------
 def run_torch(cfg):
     import torch
-    from torch import nn
     torch.set_num_threads(THREADS)
     torch.manual_seed(123)
-    batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
+    batch = cfg["batch"]
     dense, sparse, labels, meta = load_batches(cfg)
-    nb = len(dense) // batch
-    if cfg["model"] == "dlrm":
-        return serve_windows(torch_dlrm_step(cfg, meta, [slice(i * batch, (i + 1) * batch) for i in range(nb)],
-                                             dense, sparse, labels), cfg["warmup"], cfg["steps"])
-    batches = [(torch.from_numpy(dense[i * batch:(i + 1) * batch]), torch.from_numpy(sparse[i * batch:(i + 1) * batch]),
-                torch.from_numpy(labels[i * batch:(i + 1) * batch])) for i in range(nb)]
+    rows = [slice(i * batch, (i + 1) * batch) for i in range(len(dense) // batch)]
+    model, optimizers, batches = (torch_dlrm if cfg["model"] == "dlrm" else torch_wdl)(cfg, meta, rows, dense,
+                                                                                       sparse, labels)
+    return serve_windows(torch_train_step(model, optimizers, batches), cfg["warmup"], cfg["steps"])
+
+
+def torch_wdl(cfg, meta, batch_rows, dense, sparse, labels):
+    """WDL, its optimizers, and batches (dense, ids, labels) of tensors."""
+    import torch
+    from torch import nn
 
     class WDL(nn.Module):
         def __init__(self, num_embeddings, embedding_size, num_fields=26, num_dense=13, hidden=(256, 256, 256)):
@@ -141,52 +144,44 @@ def run_torch(cfg):
             e = self.embedding(sparse_x).reshape(-1, self.flat)
             return self.deep(torch.cat([e, dense_x], dim=1)) + self.wide(dense_x)
 
-    model = WDL(int(meta.num_embeddings), emb)
-    lossf = nn.BCEWithLogitsLoss()
+    model = WDL(int(meta.num_embeddings), cfg["emb"])
     table = [model.embedding.weight]
     others = [p for n, p in model.named_parameters() if not n.startswith("embedding.")]
-    if opt == "sgd":
+    if cfg["opt"] == "sgd":
         optimizers = [torch.optim.SGD(model.parameters(), lr=0.01)]
     else:
         optimizers = [torch.optim.SparseAdam(table, lr=0.001), torch.optim.Adam(others, lr=0.001)]
-    it = [0]
-
-    def step():
-        d, s, y = batches[it[0] % nb]
-        it[0] += 1
-        for o in optimizers:
-            o.zero_grad(set_to_none=True)
-        logit = model(d, s)
-        loss = lossf(logit, y)
-        loss.backward()
-        for o in optimizers:
-            o.step()
-        # what hetu's executor hands back each step: loss and prediction
-        loss.item()
-        torch.sigmoid(logit.detach())
-
-    return serve_windows(step, cfg["warmup"], cfg["steps"])
+    batches = [(torch.from_numpy(dense[r]), torch.from_numpy(sparse[r]), torch.from_numpy(labels[r]))
+               for r in batch_rows]
+    return model, optimizers, batches
 
 
-def torch_dlrm_step(cfg, meta, batch_rows, dense, sparse, labels):
-    """One training step of bench/torch_dlrm.py's DLRM per call, over the batches in turn; each
-    batch's bag input is built here, outside the timed windows."""
+def torch_dlrm(cfg, meta, batch_rows, dense, sparse, labels):
+    """bench/torch_dlrm.py's DLRM with a sparse table (SGD as it is, Adam: SparseAdam on the table),
+    and batches (dense, bag values, bag offsets, labels) of tensors, the bags built here, outside
+    the timed windows."""
+    import torch
+    from torch_dlrm import DLRM, bags_of, make_optimizers
+    model = DLRM(int(meta.num_embeddings), cfg["emb"], meta.num_fields, meta.num_dense, sparse_table=True)
+    optimizers = make_optimizers(model, cfg["opt"], 0.01 if cfg["opt"] == "sgd" else 0.001, table="sparse")
+    batches = [(torch.from_numpy(dense[r]), *bags_of(sparse[r], meta.slot_offsets), torch.from_numpy(labels[r]))
+               for r in batch_rows]
+    return model, optimizers, batches
+
+
+def torch_train_step(model, optimizers, batches):
+    """One training step per call, over `batches` (model inputs..., labels) in turn."""
     import torch
     from torch import nn
-    from torch_dlrm import DLRM, bags_of, make_optimizers
-    batches = [(torch.from_numpy(dense[rows]), *bags_of(sparse[rows], meta.slot_offsets), torch.from_numpy(labels[rows]))
-               for rows in batch_rows]
-    model = DLRM(int(meta.num_embeddings), cfg["emb"], meta.num_fields, meta.num_dense, sparse_table=True)
-    optimizers = make_optimizers(model, cfg["opt"], 0.01 if cfg["opt"] == "sgd" else 0.001)
     lossf = nn.BCEWithLogitsLoss()
     it = [0]
 
     def step():
-        d, values, offsets, y = batches[it[0] % len(batches)]
+        *inputs, y = batches[it[0] % len(batches)]
         it[0] += 1
         for o in optimizers:
             o.zero_grad(set_to_none=True)
-        logit = model(d, values, offsets)
+        logit = model(*inputs)
         loss = lossf(logit, y)
         loss.backward()
         for o in optimizers:
