@@ -122,9 +122,22 @@ def evaluate(model, data, batch):
     return {"driver": scores(pred[:driver_samples], label[:driver_samples]), "whole": scores(pred, label)}
 
 
-def hetu_initial_parameters(cfg, data, seed):
-    """The parameters run_hetu.py --seed `seed` starts from: its model function and executor seed."""
+def hetu_initial_parameters(cfg, seed, workdir):
+    """The parameters run_hetu.py --seed `seed` starts from, drawn in a child process: in a
+    process where a hetu executor had started, PyTorch's training ran 4-10x slower."""
+    path = os.path.join(workdir, f"hetu-initial-{seed}.npz")
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--write-hetu-initial",
+                    json.dumps({"cfg": cfg, "seed": seed, "path": path})], env=dict(os.environ, **thread_env()),
+                   check=True)
+    with np.load(path) as saved:
+        return dict(saved)
+
+
+def write_hetu_initial(spec):
+    """--write-hetu-initial: hetu's model function and executor seed, as in run_hetu.py."""
     import hetu as ht
+    cfg, seed = spec["cfg"], spec["seed"]
+    data = load(cfg)
     sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
     from models import MODELS
     meta = data.meta
@@ -134,16 +147,17 @@ def hetu_initial_parameters(cfg, data, seed):
     loss, prediction, y_, train_op = MODELS[cfg["model"]](
         loader(data.train.dense), loader(data.train.sparse), loader(data.train.labels),
         num_embeddings=meta.num_embeddings, embedding_size=cfg["emb"], field_slots=tuple(meta.field_slots))
-    return ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=seed).parameters()
+    executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=seed)
+    np.savez(spec["path"], **executor.parameters())
 
 
-def train_torch(cfg, data, seed):
+def train_torch(cfg, data, seed, workdir):
     torch.manual_seed(seed)
     meta = data.meta
     model = DLRM(meta.num_embeddings, cfg["emb"], meta.num_fields, meta.num_dense,
                  sparse_table=cfg["torch_table"] != "dense")
     if cfg["torch_init"] == "hetu":
-        model.load_hetu(hetu_initial_parameters(cfg, data, seed))
+        model.load_hetu(hetu_initial_parameters(cfg, seed, workdir))
     optimizers = make_optimizers(model, cfg["optimizer"], cfg["lr"], cfg["torch_table"])
     lossf = nn.BCEWithLogitsLoss()   # mean over the batch, as hetu's loss
     start = time.time()
@@ -212,6 +226,9 @@ def main():
                     help="own: PyTorch draws its initial parameters (same distributions); hetu: it starts from "
                          "the driver's initial parameters")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--write-hetu-initial", default=None, help=argparse.SUPPRESS)
+    if "--write-hetu-initial" in sys.argv:   # the child of hetu_initial_parameters
+        return write_hetu_initial(json.loads(sys.argv[sys.argv.index("--write-hetu-initial") + 1]))
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     cfg = dict(CASES[args.case], case=args.case, torch_table=args.torch_table, torch_init=args.torch_init)
@@ -239,7 +256,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="hetu-quality-") as workdir:
         for seed in args.seeds:
             hetu = train_hetu(cfg, data, seed, workdir)
-            torch_ = train_torch(cfg, data, seed)
+            torch_ = train_torch(cfg, data, seed, workdir)
             runs.append({"seed": seed, "hetu": hetu, "torch": torch_})
             d, w = (hetu["driver"], torch_["driver"]), (hetu["whole"], torch_["whole"])
             print(f"{seed:>4} | {d[0]['samples']:>14}{d[0]['auc']:>10.4f}{d[1]['auc']:>10.4f}"
