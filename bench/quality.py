@@ -8,17 +8,18 @@ of epochs, and both are scored on the validation split the folder's meta names.
   `summary {...}` line gives the driver's validation AUC and logloss (`final.val`).
 * PyTorch (CPU, 2 threads): examples/ctr/models/dlrm.py's architecture rewritten in
   bench/torch_dlrm.py (one shared nn.EmbeddingBag(mode="sum") table, a bag per (sample, field),
-  hetu's initial distributions), mean BCE-with-logits, Adam's eps hetu's 1e-7. hetu steps a table's rows only where a batch names them (row by row, each row
-  counting its own steps for Adam's bias correction). `--torch-table` picks the PyTorch table's
-  optimizer under Adam: rowwise (default: that rule, torch_dlrm.RowwiseAdam), sparse
-  (torch.optim.SparseAdam: rows not in the batch untouched too, bias correction by the global
-  step) or dense (dense gradients, torch.optim.Adam over every row). SGD is plain SGD on both.
+  hetu's initial distributions), mean BCE-with-logits, Adam's eps hetu's 1e-7. hetu steps a
+  table's rows only where a batch names them (row by row, each row counting its own steps for
+  Adam's bias correction). `--torch-table` picks the PyTorch table's optimizer under Adam:
+  rowwise (default: that rule, torch_dlrm.RowwiseAdam), sparse (torch.optim.SparseAdam: rows not
+  in the batch untouched too, bias correction by the global step) or dense (dense gradients,
+  torch.optim.Adam over every row). SGD is plain SGD on both.
 
 `--torch-init hetu` starts PyTorch from the very parameters the driver starts from (hetu's
 initial values are a pure function of the seed and the parameter's name: they are drawn here by
 the same model function and seed), so that the gap shows what training does, without the noise of
-two draws from the same distributions. From equal parameters the two take equal SGD steps (to
-float32 rounding), so what remains is the optimizer rule and rounding that grows over the epochs.
+two draws from the same distributions. From equal parameters the two take equal steps (to
+float32 rounding), so what remains is that rounding, grown over the epochs.
 
 ht.Dataloader drops a split's last partial batch, so the driver's validation covers
 floor(val / batch) * batch samples. Both are therefore reported: on the driver's samples (hetu's

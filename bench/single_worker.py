@@ -294,7 +294,8 @@ def main():
                 cfg = {"model": args.model, "batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
                        "warmup": max(3, n // 3), "windows": args.windows,
                        "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
-                r = {"config": f"b{batch} e{emb} {opt}", **{k: cfg[k] for k in ("model", "batch", "emb", "opt", "steps")}}
+                r = {"config": f"b{batch} e{emb} {opt}",
+                     **{k: cfg[k] for k in ("model", "batch", "emb", "opt", "steps")}}
                 for key, (median, rates) in measure(cfg, frameworks).items():
                     key = key.replace("-", "_")
                     r[key], r[key + "_windows"] = median, rates
