@@ -1,9 +1,15 @@
-"""Single-worker training throughput: hetu vs PyTorch on WDL (issue 2, item 13).
+"""Single-worker training throughput: hetu vs PyTorch on WDL (issue 2, item 13) and on DLRM
+over multi-hot Criteo.
 
-Trains examples/ctr/models/wdl.py::wdl_criteo in hetu and the same architecture in PyTorch
-(one shared sparse nn.Embedding table, deep MLP 256-256-256-1 on concat(flattened embeddings,
-dense), wide linear on dense, mean BCE-with-logits) on the synthetic Criteo-shaped data, and
-prints samples/s side by side.
+`--model wdl`: examples/ctr/models/wdl.py::wdl_criteo in hetu and the same architecture in
+PyTorch (one shared sparse nn.Embedding table, deep MLP 256-256-256-1 on concat(flattened
+embeddings, dense), wide linear on dense), on the synthetic Criteo-shaped data.
+`--model dlrm`: examples/ctr/models/dlrm.py::dlrm_criteo over every field's bag (26 multi-hot
+fields, 214 ids a sample) in hetu, and bench/torch_dlrm.py's PyTorch DLRM with one shared
+nn.EmbeddingBag(mode="sum", sparse=True) table, on synthetic-criteo-multihot. PyTorch is given
+its best form: each batch's (values, offsets) bag input is built before the timed windows, and
+SGD takes the table's sparse gradient as it is (Adam: SparseAdam on the table). Both: mean
+BCE-with-logits; prints samples/s side by side.
 
 Each framework runs in its own subprocess (thread and malloc settings must be in the
 environment before start): hetu, PyTorch with glibc's default malloc, and PyTorch with
@@ -19,8 +25,9 @@ number the targets apply to: >= 1.0x at batch >= 1024, >= 0.8x at batch 128); pa
 over rounds of hetu / best torch in the same round; best-win = best hetu window / best torch
 window (the least disturbed throughput of each).
 
-    python bench/single_worker.py            # all 12 configs
-    python bench/single_worker.py --quick    # batch 128 and 4096, embedding 16, SGD and Adam
+    python bench/single_worker.py            # WDL, all 12 configs
+    python bench/single_worker.py --quick    # WDL, batch 128 and 4096, embedding 16, SGD and Adam
+    python bench/single_worker.py --model dlrm --opt sgd   # DLRM multi-hot, batch 128/1024/4096, embedding 16/64
 """
 import argparse
 import json
@@ -33,6 +40,9 @@ import time
 THREADS = 2
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# each model's data, and the embedding sizes it is measured at by default
+MODELS = {"wdl": {"title": "WDL criteo", "dataset": "synthetic-criteo", "embs": (16, 128)},
+          "dlrm": {"title": "DLRM criteo multi-hot", "dataset": "synthetic-criteo-multihot", "embs": (16, 64)}}
 
 
 def thread_env():
@@ -45,16 +55,17 @@ def steps_per_window(batch):
 
 
 # --- data ----------------------------------------------------------------------------------------
-def load_batches(rows, batch, count):
-    """`count` pre-sliced contiguous batches (dense, sparse, labels) of in-memory arrays."""
+def load_batches(cfg):
+    """The first cfg["batches"] batches of the model's training data as contiguous in-memory
+    arrays (dense, sparse, labels), and the data's meta."""
     import numpy as np
     from hetu.data import load_dataset
-    data = load_dataset("synthetic-criteo", rows=rows)
-    n = min(len(data.train), count * batch)
+    data = load_dataset(MODELS[cfg["model"]]["dataset"], rows=cfg["rows"])
+    n = min(len(data.train), cfg["batches"] * cfg["batch"])
     dense = np.ascontiguousarray(data.train.dense[:n], dtype=np.float32)
     sparse = np.ascontiguousarray(data.train.sparse[:n], dtype=np.int64)
     labels = np.ascontiguousarray(data.train.labels[:n], dtype=np.float32).reshape(n, 1)
-    return dense, sparse, labels, int(data.meta.num_embeddings)
+    return dense, sparse, labels, data.meta
 
 
 def serve_windows(step, warmup, n):
@@ -75,17 +86,20 @@ def serve_windows(step, warmup, n):
 def run_hetu(cfg):
     import hetu as ht
     sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
+    from models.dlrm import dlrm_criteo
     from models.wdl import wdl_criteo
     batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
-    dense, sparse, labels, num_emb = load_batches(cfg["rows"], batch, cfg["batches"])
+    dense, sparse, labels, meta = load_batches(cfg)
 
     def loader(a):
         return ht.dataloader_op([ht.Dataloader(a, batch, "train", prefetch=0)])
 
     optimizer = (ht.optim.SGDOptimizer(learning_rate=0.01) if opt == "sgd"
                  else ht.optim.AdamOptimizer(learning_rate=0.001))
-    loss, prediction, y_, train_op = wdl_criteo(loader(dense), loader(sparse), loader(labels),
-                                                num_embeddings=num_emb, embedding_size=emb, optimizer=optimizer)
+    layout = {"field_slots": tuple(meta.field_slots)} if cfg["model"] == "dlrm" else {}
+    loss, prediction, y_, train_op = (dlrm_criteo if cfg["model"] == "dlrm" else wdl_criteo)(
+        loader(dense), loader(sparse), loader(labels), num_embeddings=int(meta.num_embeddings), embedding_size=emb,
+        optimizer=optimizer, **layout)
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=123)
 
     def step():
@@ -97,14 +111,20 @@ def run_hetu(cfg):
 # --- PyTorch -------------------------------------------------------------------------------------
 def run_torch(cfg):
     import torch
-    from torch import nn
     torch.set_num_threads(THREADS)
     torch.manual_seed(123)
-    batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
-    dense, sparse, labels, num_emb = load_batches(cfg["rows"], batch, cfg["batches"])
-    nb = len(dense) // batch
-    batches = [(torch.from_numpy(dense[i * batch:(i + 1) * batch]), torch.from_numpy(sparse[i * batch:(i + 1) * batch]),
-                torch.from_numpy(labels[i * batch:(i + 1) * batch])) for i in range(nb)]
+    batch = cfg["batch"]
+    dense, sparse, labels, meta = load_batches(cfg)
+    rows = [slice(i * batch, (i + 1) * batch) for i in range(len(dense) // batch)]
+    model, optimizers, batches = (torch_dlrm if cfg["model"] == "dlrm" else torch_wdl)(cfg, meta, rows, dense,
+                                                                                       sparse, labels)
+    return serve_windows(torch_train_step(model, optimizers, batches), cfg["warmup"], cfg["steps"])
+
+
+def torch_wdl(cfg, meta, batch_rows, dense, sparse, labels):
+    """WDL, its optimizers, and batches (dense, ids, labels) of tensors."""
+    import torch
+    from torch import nn
 
     class WDL(nn.Module):
         def __init__(self, num_embeddings, embedding_size, num_fields=26, num_dense=13, hidden=(256, 256, 256)):
@@ -124,22 +144,44 @@ def run_torch(cfg):
             e = self.embedding(sparse_x).reshape(-1, self.flat)
             return self.deep(torch.cat([e, dense_x], dim=1)) + self.wide(dense_x)
 
-    model = WDL(num_emb, emb)
-    lossf = nn.BCEWithLogitsLoss()
+    model = WDL(int(meta.num_embeddings), cfg["emb"])
     table = [model.embedding.weight]
     others = [p for n, p in model.named_parameters() if not n.startswith("embedding.")]
-    if opt == "sgd":
+    if cfg["opt"] == "sgd":
         optimizers = [torch.optim.SGD(model.parameters(), lr=0.01)]
     else:
         optimizers = [torch.optim.SparseAdam(table, lr=0.001), torch.optim.Adam(others, lr=0.001)]
+    batches = [(torch.from_numpy(dense[r]), torch.from_numpy(sparse[r]), torch.from_numpy(labels[r]))
+               for r in batch_rows]
+    return model, optimizers, batches
+
+
+def torch_dlrm(cfg, meta, batch_rows, dense, sparse, labels):
+    """bench/torch_dlrm.py's DLRM with a sparse table (SGD as it is, Adam: SparseAdam on the table),
+    and batches (dense, bag values, bag offsets, labels) of tensors, the bags built here, outside
+    the timed windows."""
+    import torch
+    from torch_dlrm import DLRM, bags_of, make_optimizers
+    model = DLRM(int(meta.num_embeddings), cfg["emb"], meta.num_fields, meta.num_dense, sparse_table=True)
+    optimizers = make_optimizers(model, cfg["opt"], 0.01 if cfg["opt"] == "sgd" else 0.001, table="sparse")
+    batches = [(torch.from_numpy(dense[r]), *bags_of(sparse[r], meta.slot_offsets), torch.from_numpy(labels[r]))
+               for r in batch_rows]
+    return model, optimizers, batches
+
+
+def torch_train_step(model, optimizers, batches):
+    """One training step per call, over `batches` (model inputs..., labels) in turn."""
+    import torch
+    from torch import nn
+    lossf = nn.BCEWithLogitsLoss()
     it = [0]
 
     def step():
-        d, s, y = batches[it[0] % nb]
+        *inputs, y = batches[it[0] % len(batches)]
         it[0] += 1
         for o in optimizers:
             o.zero_grad(set_to_none=True)
-        logit = model(d, s)
+        logit = model(*inputs)
         loss = lossf(logit, y)
         loss.backward()
         for o in optimizers:
@@ -148,7 +190,7 @@ def run_torch(cfg):
         loss.item()
         torch.sigmoid(logit.detach())
 
-    return serve_windows(step, cfg["warmup"], cfg["steps"])
+    return step
 
 
 # --- driver --------------------------------------------------------------------------------------
@@ -223,6 +265,7 @@ def measure(cfg, frameworks):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), default="wdl")
     ap.add_argument("--quick", action="store_true", help="batch 128 and 4096, embedding 16 only")
     ap.add_argument("--batch", type=int, nargs="*", default=None)
     ap.add_argument("--emb", type=int, nargs="*", default=None)
@@ -236,11 +279,11 @@ def main():
     if args.worker:
         return worker(args.worker)
     batches = args.batch or ([128, 4096] if args.quick else [128, 1024, 4096])
-    embs = args.emb or ([16] if args.quick else [16, 128])
+    embs = args.emb or ([16] if args.quick else list(MODELS[args.model]["embs"]))
     opts = args.opt or ["sgd", "adam"]
     frameworks = args.frameworks.split(",")
-    print(f"WDL criteo, synthetic-criteo rows={args.rows}, {THREADS} threads, median of {args.windows} windows",
-          flush=True)
+    print(f"{MODELS[args.model]['title']}, {MODELS[args.model]['dataset']} rows={args.rows}, {THREADS} threads, "
+          f"median of {args.windows} windows", flush=True)
     header = f"{'config':<16}{'hetu':>9}{'torch':>9}{'torch-tuned':>13}{'hetu/best':>11}{'paired':>8}{'best-win':>9}  target"
     print(header + "\n" + "-" * len(header), flush=True)
     results = []
@@ -248,10 +291,11 @@ def main():
         for emb in embs:
             for opt in opts:
                 n = steps_per_window(batch)
-                cfg = {"batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
+                cfg = {"model": args.model, "batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
                        "warmup": max(3, n // 3), "windows": args.windows,
                        "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
-                r = {"config": f"b{batch} e{emb} {opt}", **{k: cfg[k] for k in ("batch", "emb", "opt", "steps")}}
+                r = {"config": f"b{batch} e{emb} {opt}",
+                     **{k: cfg[k] for k in ("model", "batch", "emb", "opt", "steps")}}
                 for key, (median, rates) in measure(cfg, frameworks).items():
                     key = key.replace("-", "_")
                     r[key], r[key + "_windows"] = median, rates
