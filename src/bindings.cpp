@@ -90,16 +90,17 @@ py::object pool_bags(Array<float> table, Array<int64_t> ids, Array<int64_t> bag_
 py::tuple bag_gradient(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> grads) {
   check_bags("bag_gradient", ids, bag_offsets);
   const int64_t n = ids.shape(0), bags = bag_offsets.size() - 1;
-  const int64_t width = n * bags ? grads.size() / (n * bags) : 0;
-  if (grads.size() != n * bags * width) throw std::invalid_argument("bag_gradient: grads must be [samples, bags, width]");
-  std::vector<int64_t> indices;
-  std::vector<float> values;
+  if (grads.ndim() != 3 || grads.shape(0) != n || grads.shape(1) != bags)
+    throw std::invalid_argument("bag_gradient: grads must be [samples, bags, width]");
+  const int64_t width = grads.shape(2);
+  std::vector<int64_t> uniq;
+  std::vector<float> summed;
   {
     py::gil_scoped_release nogil;
     hetu::kernels::bag_gradient(ids.data(), n, ids.shape(1), bag_offsets.data(), bags, mean, grads.data(), width,
-                                &indices, &values);
+                                &uniq, &summed);
   }
-  return ids_and_rows(indices, values, width);
+  return ids_and_rows(uniq, summed, width);
 }
 
 py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
@@ -420,7 +421,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("out"), "out[s, k] = sum (mean) of table rows of bag k of sample s (-1: empty slot); None or "
         "(position, id) of a bad id");
   m.def("bag_gradient", &bag_gradient, py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"), py::arg("grads"),
-        "(ids, rows): pool_bags' sparse gradient, one row per filled slot");
+        "(distinct ids ascending, rows): pool_bags' sparse gradient summed per id");
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");

@@ -58,16 +58,47 @@ def test_bag_gradient(mode):
     check_gradients(lambda t, i: ht.embedding_bag_op(t, i, SLOTS, mode), [table, IDS], wrt=[0])
 
 
-def test_bag_gradient_is_one_row_per_filled_slot():
+def test_bag_gradient_is_summed_per_id_as_one_row_per_filled_slot_would_be():
     table = ht.Variable("table", value=np.zeros((6, 2), np.float32))
     ids = ht.Variable("ids", dtype=np.int64)
     pooled = ht.embedding_bag_op(table, ids, SLOTS, "mean")
-    (g,) = ht.gradients(ht.reduce_sum_op(pooled), [table])
+    (g,) = ht.gradients(ht.reduce_sum_op(pooled * 3.0), [table])
     val = ht.Executor([g]).run(feed_dict={ids: IDS})[0]
-    assert list(val.indices.asnumpy()) == [4, 4, 1, 0, 2, 5, 3, 5]
-    values = val.values.asnumpy()
-    # mean: each id of a bag of n gets 1/n of the bag's gradient; the repeated 4 once per occurrence.
-    np.testing.assert_allclose(values[:, 0], [1 / 3, 1 / 3, 1 / 3, 1, 1, 1, 1 / 2, 1 / 2])
+    # mean: each id of a bag of n gets 1/n of the bag's gradient, a repeated id once per
+    # occurrence; the rows of one id are added in sample and slot order.
+    per_slot = {4: [1, 1], 1: [1], 0: [3], 2: [3], 5: [3, 1.5], 3: [1.5]}
+    assert list(val.indices.asnumpy()) == sorted(per_slot)
+    for row, i in zip(val.values.asnumpy(), sorted(per_slot)):
+        total = np.float32(0)
+        for part in per_slot[i]:
+            total += np.float32(part)
+        assert (row == total).all(), (i, row, total)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_the_summed_bag_gradient_is_unique_sum_of_its_slot_rows_bit_for_bit(mode):
+    """The C++ kernel never writes a row per slot; what it returns must be exactly what summing
+    those rows (in sample and slot order) gives."""
+    from hetu import _C
+    slots = (5, 1, 7, 2)
+    ids = (rng.zipf(1.3, size=(300, 15)) % 40).astype(np.int64)
+    edges = np.concatenate([[0], np.cumsum(slots)])
+    for k in range(len(slots)):
+        length = rng.integers(0, slots[k] + 1, size=300)
+        bag = ids[:, edges[k]:edges[k + 1]]
+        bag[np.arange(slots[k])[None, :] >= length[:, None]] = -1
+    g = rng.standard_normal((300, len(slots), 9)).astype(np.float32)
+    slot_ids, slot_rows = [], []
+    for s in range(300):
+        for k in range(len(slots)):
+            bag = [i for i in ids[s, edges[k]:edges[k + 1]] if i >= 0]
+            for i in bag:
+                slot_ids.append(i)
+                slot_rows.append(g[s, k] / np.float32(len(bag)) if mode == "mean" and len(bag) > 1 else g[s, k])
+    want_ids, want_rows = _C.unique_sum(np.array(slot_ids, np.int64), np.array(slot_rows, np.float32))
+    got_ids, got_rows = _C.bag_gradient(ids, edges.astype(np.int64), mode == "mean", g)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_rows, want_rows)
 
 
 def test_a_single_hot_field_is_a_bag_of_one():

@@ -49,43 +49,6 @@ int64_t pool_bags(const float* table, int64_t num_rows, int64_t width, const int
   return -1;
 }
 
-int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
-                     bool mean, const float* grads, int64_t width, std::vector<int64_t>* indices,
-                     std::vector<float>* values) {
-  // Where each sample's ids start among the output's (a prefix sum of its filled slots), so
-  // that samples are written in parallel and in order.
-  std::vector<int64_t> start(n + 1, 0);
-  for (int64_t s = 0; s < n; ++s) {
-    int64_t filled = 0;
-    for (int64_t i = s * slots; i < (s + 1) * slots; ++i) filled += ids[i] >= 0;
-    start[s + 1] = start[s] + filled;
-  }
-  indices->resize(start[n]);
-  values->resize(start[n] * width);
-  parallel_for(n, 256, [&](int64_t b, int64_t e) {
-    for (int64_t s = b; s < e; ++s) {
-      int64_t at = start[s];
-      for (int64_t k = 0; k < bags; ++k) {
-        const int64_t lo = s * slots + bag_offsets[k], hi = s * slots + bag_offsets[k + 1];
-        int64_t count = 0;
-        for (int64_t i = lo; i < hi; ++i) count += ids[i] >= 0;
-        const float* g = grads + (s * bags + k) * width;
-        for (int64_t i = lo; i < hi; ++i) {
-          if (ids[i] < 0) continue;
-          (*indices)[at] = ids[i];
-          float* v = values->data() + at * width;
-          if (mean && count > 1)
-            for (int64_t j = 0; j < width; ++j) v[j] = g[j] / static_cast<float>(count);
-          else
-            std::memcpy(v, g, sizeof(float) * width);
-          ++at;
-        }
-      }
-    }
-  });
-  return start[n];
-}
-
 namespace {
 
 // The ids in ascending order, with their positions; equal ids in position order (a stable
@@ -179,10 +142,14 @@ void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int
   }
 }
 
-int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
-                   std::vector<float>* summed) {
-  // A stable sort of positions by id keeps each id's rows in occurrence order, so the sum is
-  // taken in a fixed order whatever the thread count.
+namespace {
+
+// The distinct ids ascending, and for each the sum of its rows in order of occurrence, where
+// add_row(i, dst) adds row i into dst. A stable sort of positions by id keeps each id's rows in
+// occurrence order, so the sum is taken in a fixed order whatever the thread count.
+template <typename AddRow>
+int64_t sum_rows_by_id(const int64_t* ids, int64_t n, int64_t width, AddRow add_row, std::vector<int64_t>* uniq,
+                       std::vector<float>* summed) {
   const SortedIds& sorted = sort_ids(ids, n);
   const std::vector<int64_t>& order = sorted.pos;
   // A reference, not the thread_local itself, is what the parallel lambda must see: named
@@ -201,13 +168,54 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
     for (int64_t r = b; r < e; ++r) {
       (*uniq)[r] = sorted.id[run_start[r]];
       float* dst = summed->data() + r * width;
-      for (int64_t k = run_start[r]; k < run_start[r + 1]; ++k) {
-        const float* src = grads + order[k] * width;
-        for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
-      }
+      for (int64_t k = run_start[r]; k < run_start[r + 1]; ++k) add_row(order[k], dst);
     }
   });
   return u;
+}
+
+}  // namespace
+
+int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
+                   std::vector<float>* summed) {
+  return sum_rows_by_id(ids, n, width, [&](int64_t i, float* dst) {
+    const float* src = grads + i * width;
+    for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+  }, uniq, summed);
+}
+
+int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
+                     bool mean, const float* grads, int64_t width, std::vector<int64_t>* uniq,
+                     std::vector<float>* summed) {
+  // The filled slots in sample and slot order: each one's id, the bag gradient row it takes and
+  // what that row is divided by. The rows are read where they are, never copied per slot.
+  static thread_local std::vector<int64_t> slot_id, slot_bag;
+  static thread_local std::vector<float> slot_divisor;
+  slot_id.clear();
+  slot_bag.clear();
+  slot_divisor.clear();
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t k = 0; k < bags; ++k) {
+      const int64_t lo = s * slots + bag_offsets[k], hi = s * slots + bag_offsets[k + 1];
+      int64_t count = 0;
+      for (int64_t i = lo; i < hi; ++i) count += ids[i] >= 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        if (ids[i] < 0) continue;
+        slot_id.push_back(ids[i]);
+        slot_bag.push_back(s * bags + k);
+        slot_divisor.push_back(mean && count > 1 ? static_cast<float>(count) : 0.0f);
+      }
+    }
+  const std::vector<int64_t>& bag_of = slot_bag;
+  const std::vector<float>& divisor = slot_divisor;
+  return sum_rows_by_id(slot_id.data(), static_cast<int64_t>(slot_id.size()), width, [&](int64_t i, float* dst) {
+    const float* g = grads + bag_of[i] * width;
+    const float d = divisor[i];
+    if (d == 0.0f)
+      for (int64_t j = 0; j < width; ++j) dst[j] += g[j];
+    else
+      for (int64_t j = 0; j < width; ++j) dst[j] += g[j] / d;
+  }, uniq, summed);
 }
 
 void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,

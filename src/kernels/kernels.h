@@ -21,12 +21,13 @@ int64_t gather_rows(const float* table, int64_t num_rows, int64_t width, const i
 int64_t pool_bags(const float* table, int64_t num_rows, int64_t width, const int64_t* ids, int64_t n, int64_t slots,
                   const int64_t* bag_offsets, int64_t bags, bool mean, float* out);
 
-// pool_bags' sparse gradient: every id of every bag, in sample and slot order (a repeated id once
-// per occurrence, -1 skipped), with its bag's upstream gradient grads[s, k] (divided by the bag's
-// length for `mean`). Returns the number of ids.
+// pool_bags' sparse gradient, summed per id: the distinct ids of the filled slots, ascending
+// (uniq), and for each the sum, in sample and slot order, of its bags' upstream gradients
+// grads[s, k] (each divided by its bag's length for `mean`): what unique_sum makes of one row per
+// filled slot, bit for bit, without those rows. Returns the number of distinct ids.
 int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
-                     bool mean, const float* grads, int64_t width, std::vector<int64_t>* indices,
-                     std::vector<float>* values);
+                     bool mean, const float* grads, int64_t width, std::vector<int64_t>* uniq,
+                     std::vector<float>* summed);
 
 // Sums the rows of `grads` that share an id. uniq comes out sorted ascending; each id's rows
 // are added in their order of occurrence. Returns the number of unique ids.

@@ -367,12 +367,15 @@ class Bags:
         return out
 
     def gradient(self, ids, g, width):
-        """(ids, rows): one gradient row per filled slot, in sample and slot order."""
+        """(ids, rows) for g [samples, bags, width], the pooled rows' gradient. On the host: the
+        distinct ids and each one's sum, in one pass that never writes a row per slot (a
+        multi-hot batch has hundreds of slots a sample); on the device: one row per filled slot,
+        in sample and slot order, which the consumer sums (DeviceRows) like a lookup's."""
         n, slots = ids.shape
         offsets = self.offsets(slots)
         if not cuda.is_device_array(g):
             return _C.bag_gradient(np.ascontiguousarray(ids), offsets, self.mean,
-                                   np.ascontiguousarray(g, np.float32))
+                                   np.ascontiguousarray(g, np.float32).reshape(n, len(offsets) - 1, width))
         cp = cuda.cupy()
         bags = len(offsets) - 1
         values = cp.empty((n * slots, width), np.float32)
