@@ -24,6 +24,21 @@ def test_matmul(ta, tb):
     check_gradients(lambda x, y: ht.matmul_op(x, y, trans_A=ta, trans_B=tb), [a, b])
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, True)])
+def test_matmul_of_stacks(ta, tb):
+    a = f32(*((2, 4, 3) if ta else (2, 3, 4)))
+    b = f32(*((2, 5, 4) if tb else (2, 4, 5)))
+    check_gradients(lambda x, y: ht.matmul_op(x, y, trans_A=ta, trans_B=tb), [a, b])
+
+
+def test_lower_triangle_is_dlrms_pairs():
+    x = f32(3, 4, 4)
+    got = ht.Executor([ht.lower_triangle_op(ht.Variable("x", value=x))]).run(convert_to_numpy_ret_vals=True)[0]
+    want = np.stack([[m[i, j] for i in range(4) for j in range(i)] for m in x])
+    np.testing.assert_array_equal(got, want)
+    check_gradients(lambda v: ht.lower_triangle_op(ht.matmul_op(v, v, trans_B=True)), [f32(2, 5, 3)])
+
+
 @pytest.mark.parametrize("op", [ht.add_op, ht.minus_op, ht.mul_op])
 @pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 1), (1, 4))])
 def test_binary_broadcast(op, shapes):

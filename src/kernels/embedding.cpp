@@ -178,6 +178,15 @@ int64_t sum_rows_by_id(const int64_t* ids, int64_t n, int64_t width, AddRow add_
 
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
                    std::vector<float>* summed) {
+  // Ids already distinct and ascending (a bag's gradient comes summed): each sum is its row.
+  if (std::adjacent_find(ids, ids + n, [](int64_t a, int64_t b) { return a >= b; }) == ids + n) {
+    uniq->assign(ids, ids + n);
+    summed->resize(static_cast<size_t>(n * width));
+    parallel_for(n, 2048, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * width; i < e * width; ++i) (*summed)[i] = 0.0f + grads[i];   // as the sum: -0 is +0
+    });
+    return n;
+  }
   return sum_rows_by_id(ids, n, width, [&](int64_t i, float* dst) {
     const float* src = grads + i * width;
     for (int64_t j = 0; j < width; ++j) dst[j] += src[j];

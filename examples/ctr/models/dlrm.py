@@ -2,23 +2,15 @@
 features, the pooled embedding of every field (one bag per field: multi-hot fields are summed),
 the dot product of every pair of those vectors, and a top MLP over the pairs and the bottom
 MLP's output."""
-import numpy as np
-
 import hetu as ht
 
 from .common import embed_bags, finish, mlp
 
 
-def pairwise_dots(vectors, count, name):
+def pairwise_dots(vectors, count):
     """vectors [batch, count, width] -> [batch, count * (count - 1) / 2]: the dot product of every
-    pair (i, j), i > j (the Gram matrix's strict lower triangle, row by row, as DLRM takes it),
-    picked from the flattened Gram matrix by a constant 0/1 matrix."""
-    gram = ht.array_reshape_op(ht.matmul_op(vectors, vectors, trans_B=True), (-1, count * count))
-    pairs = [(i, j) for i in range(count) for j in range(i)]
-    pick = np.zeros((count * count, len(pairs)), np.float32)
-    for p, (i, j) in enumerate(pairs):
-        pick[i * count + j, p] = 1.0
-    return ht.matmul_op(gram, ht.Variable(name, value=pick, trainable=False)), len(pairs)
+    pair (i, j), i > j (the Gram matrix's strict lower triangle, row by row, as DLRM takes it)."""
+    return ht.lower_triangle_op(ht.matmul_op(vectors, vectors, trans_B=True)), count * (count - 1) // 2
 
 
 def dlrm(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense, embedding_size=16,
@@ -31,7 +23,7 @@ def dlrm(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense, 
         dense = mlp(num_dense, tuple(bottom) + (embedding_size,), "dlrm_bottom", logit=False)(dense_input)
         vectors = ht.concat_op(ht.array_reshape_op(dense, (-1, 1, embedding_size)), pooled, axis=1)
         count += 1
-    dots, num_pairs = pairwise_dots(vectors, count, "dlrm_pairs")
+    dots, num_pairs = pairwise_dots(vectors, count)
     top_in, width = dots, num_pairs
     if dense_input is not None:
         top_in, width = ht.concat_op(dense, dots, axis=1), num_pairs + embedding_size

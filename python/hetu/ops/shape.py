@@ -1,11 +1,12 @@
-"""Shape ops: concat, reshape, slice, transpose, one_hot, where."""
+"""Shape ops: concat, reshape, slice, lower triangle, transpose, one_hot, where."""
 import numpy as np
 
 from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError
 
-__all__ = ["concat_op", "concatenate_op", "array_reshape_op", "slice_op", "transpose_op", "one_hot_op", "where_op"]
+__all__ = ["concat_op", "concatenate_op", "array_reshape_op", "slice_op", "lower_triangle_op", "transpose_op",
+           "one_hot_op", "where_op"]
 
 
 class ConcatOp(Op):
@@ -203,6 +204,55 @@ class WhereOp(Op):
         return [None, sum_to_shape_op(WhereOp(c, g, zero), a), sum_to_shape_op(WhereOp(c, zero, g), b)]
 
 
+class LowerTriangleOp(Op):
+    """The strict lower triangle of each matrix of a stack [batch, n, n], row by row:
+    [batch, n * (n - 1) / 2] (DLRM's pairwise interactions: entry (i, j) for i > j)."""
+
+    def infer_shape(self, s):
+        x = s[0]
+        if len(x) != 3 or x[1] != x[2]:
+            raise ShapeError(f"{self.name}: takes a stack of square matrices [batch, n, n], got "
+                             f"{self.inputs[0].name} {tuple(x)}")
+        return (x[0], x[1] * (x[1] - 1) // 2)
+
+    def compute(self, vals, state):
+        x = vals[0]
+        positions = triangle_positions(array_module_of(x), x.shape[1])
+        out = state.buffer(self, (x.shape[0], len(positions)), np.float32)
+        return array_module_of(x).take(x.reshape(x.shape[0], -1), positions, axis=1, out=out)
+
+    def gradient(self, g):
+        return [LowerTriangleGradOp(g, self.inputs[0], ctx=self.ctx)]
+
+
+class LowerTriangleGradOp(Op):
+    """g [batch, pairs] written back into the strict lower triangles of zeros like x."""
+
+    def infer_shape(self, s):
+        return s[1]
+
+    def compute(self, vals, state):
+        g, x = vals
+        out = state.buffer(self, x.shape, np.float32)
+        out.fill(0)
+        out.reshape(x.shape[0], -1)[:, triangle_positions(array_module_of(x), x.shape[1])] = g
+        return out
+
+
+_TRIANGLES = {}
+
+
+def triangle_positions(xp, n):
+    """Where the strict lower triangle of an n x n matrix lies in its flattened form, row by row;
+    made once per array module and n (a device copy made during a CUDA graph's capture would break
+    it)."""
+    key = (xp.__name__, n)
+    if key not in _TRIANGLES:
+        rows, cols = np.tril_indices(n, -1)
+        _TRIANGLES[key] = xp.asarray(rows * n + cols)
+    return _TRIANGLES[key]
+
+
 def concat_op(a, b, axis=0, ctx=None):
     return ConcatOp(a, b, axis=axis, ctx=ctx)
 
@@ -217,6 +267,10 @@ def array_reshape_op(x, shape, ctx=None):
 
 def slice_op(x, begin, size, ctx=None):
     return SliceOp(x, begin, size, ctx=ctx)
+
+
+def lower_triangle_op(x, ctx=None):
+    return LowerTriangleOp(x, ctx=ctx)
 
 
 def transpose_op(x, perm=None, ctx=None):
