@@ -70,14 +70,20 @@ inline AddedCost Added(uint64_t m, uint64_t v) {
   return {1, 1};
 }
 
-// added[w] += sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) for every worker w (everyone:
-// every worker's bit). Only the workers outside m change.
-inline void AddAdded(uint64_t m, uint64_t v, uint64_t everyone, int sign, int32_t* added) {
+// added[w] + *every += sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) for every worker w: what a
+// worker outside m and v adds goes to *every, which the caller adds to each worker once its rows
+// are summed, and the workers in m or v are corrected here, so that a row costs as many steps as
+// the workers that read or hold it, not one per worker.
+inline void AddAdded(uint64_t m, uint64_t v, int sign, int32_t* every, int32_t* added) {
   const AddedCost c = Added(m, v);
-  for (uint64_t out = everyone & ~m; out; out &= out - 1) {
-    const int w = __builtin_ctzll(out);
-    added[w] += sign * (c.k1 + (v >> w & 1 ? 0 : c.k2));
-  }
+  const int outside = sign * (c.k1 + c.k2);
+  *every += outside;
+  for (uint64_t in = m; in; in &= in - 1) added[__builtin_ctzll(in)] -= outside;
+  for (uint64_t held = v & ~m; held; held &= held - 1) added[__builtin_ctzll(held)] -= sign * c.k2;
+}
+
+inline void AddToEach(int32_t every, int num_workers, int32_t* added) {
+  for (int w = 0; w < num_workers; ++w) added[w] += every;
 }
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
@@ -94,19 +100,27 @@ class Trader {
       : samples_(samples), n_(samples.samples()), W_(num_workers),
         everyone_(AllWorkers(num_workers)), assign_(assignment), pool_(pool),
         num_rows_(num_rows), count_(num_rows * num_workers, 0), row_(num_rows) {
-    // By worker: each task counts the samples of its own workers.
+    for (int64_t r = 0; r < num_rows; ++r) row_[r].valid = valid[r];
+    // By worker: each task counts the samples of its own workers, and sets a worker's bits as its
+    // counts reach 1 and 2 (each task its own workers' bits, so OR and AND give the same masks in
+    // any order; with a pool they are atomic, as tasks share the masks' words).
+    const bool shared = pool_ != nullptr;
     ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
       for (int64_t s = 0; s < n_; ++s) {
         const int w = assign_[s];
         if (w < first || w >= last) continue;
         int32_t* count = &count_[w * num_rows_];
-        for (const int32_t* r = Begin(s); r != End(s); ++r) ++count[*r];
-      }
-    });
-    ParallelFor(pool_, num_rows, 16 * kMinSamples, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        row_[r].valid = valid[r];
-        for (int w = 0; w < W_; ++w) Recount(r, w);
+        const uint64_t bit = Bit(w);
+        for (const int32_t* r = Begin(s); r != End(s); ++r) {
+          RowReaders& row = row_[*r];
+          const int32_t c = ++count[*r];
+          if (c == 1) {
+            SetBits(&row.readers, bit, shared);
+            SetBits(&row.once, bit, shared);
+          } else if (c == 2) {
+            ClearBits(&row.once, bit, shared);
+          }
+        }
       }
     });
   }
@@ -182,9 +196,9 @@ class Trader {
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
       // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
       same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
-      AddAdded(rest, row.valid, everyone_, -1, out);
+      AddAdded(rest, row.valid, -1, &same, out);
     }
-    for (int to = 0; to < W_; ++to) out[to] += same;
+    AddToEach(same, W_, out);
     out[from] = 0;
   }
 
@@ -210,6 +224,21 @@ class Trader {
       Recount(*r, to);
     }
     assign_[s] = to;
+  }
+
+  static void SetBits(uint64_t* mask, uint64_t bits, bool atomic) {
+    if (atomic) {
+      __atomic_fetch_or(mask, bits, __ATOMIC_RELAXED);
+    } else {
+      *mask |= bits;
+    }
+  }
+  static void ClearBits(uint64_t* mask, uint64_t bits, bool atomic) {
+    if (atomic) {
+      __atomic_fetch_and(mask, ~bits, __ATOMIC_RELAXED);
+    } else {
+      *mask &= ~bits;
+    }
   }
 
   // Row r's bits for worker w, from the count of w's samples that read it.
@@ -325,21 +354,25 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
       for (int64_t j = begin; j < end; ++j) {
         int32_t* a = &block_added[j * W];
         std::fill(a, a + W, 0);
+        int32_t every = 0;
         const int64_t s = order[j0 + j];
         for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
           const uint64_t m = readers[*r];
-          if (m != everyone) AddAdded(m, valid[*r], everyone, 1, a);  // else: the same wherever the sample goes
+          if (m != everyone) AddAdded(m, valid[*r], 1, &every, a);  // else: the same wherever the sample goes
         }
+        AddToEach(every, W, a);
       }
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
       std::copy(&block_added[(j - j0) * W], &block_added[(j - j0 + 1) * W], added.begin());
+      int32_t every = 0;
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
         if (changed[*r] < j0) continue;
-        AddAdded(before[*r], valid[*r], everyone, -1, added.data());
-        AddAdded(readers[*r], valid[*r], everyone, 1, added.data());
+        AddAdded(before[*r], valid[*r], -1, &every, added.data());
+        AddAdded(readers[*r], valid[*r], 1, &every, added.data());
       }
+      AddToEach(every, W, added.data());
       const int chosen =
           BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
       assignment[s] = chosen;
