@@ -29,14 +29,10 @@ int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int n
   return chosen;
 }
 
-// Samples with the strongest cache preference (highest best score) choose first, ties in sample
-// order: a stable counting sort by descending best score.
-std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_workers, Pool* pool) {
-  std::vector<int32_t> best(n);
-  ParallelFor(pool, n, 4 * kMinSamples, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s)
-      best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
-  });
+// Samples with the strongest cache preference (highest best score, best[s]) choose first, ties
+// in sample order: a stable counting sort by descending best score.
+std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
+  const int64_t n = static_cast<int64_t>(best.size());
   const int32_t top = n ? *std::max_element(best.begin(), best.end()) : 0;
   std::vector<int64_t> start(top + 2, 0);  // start[top - score]: where that score's samples begin
   for (int64_t s = 0; s < n; ++s) ++start[top - best[s] + 1];
@@ -109,11 +105,10 @@ class Trader {
       for (int64_t s = 0; s < n_; ++s) {
         const int w = assign_[s];
         if (w < first || w >= last) continue;
-        int32_t* count = &count_[w * num_rows_];
         const uint64_t bit = Bit(w);
         for (const int32_t* r = Begin(s); r != End(s); ++r) {
           RowReaders& row = row_[*r];
-          const int32_t c = ++count[*r];
+          const int32_t c = ++Count(*r, w);
           if (c == 1) {
             SetBits(&row.readers, bit, shared);
             SetBits(&row.once, bit, shared);
@@ -218,8 +213,8 @@ class Trader {
   void Move(int64_t s, int to) {
     const int from = assign_[s];
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
-      --count_[from * num_rows_ + *r];
-      ++count_[to * num_rows_ + *r];
+      --Count(*r, from);
+      ++Count(*r, to);
       Recount(*r, from);
       Recount(*r, to);
     }
@@ -243,7 +238,7 @@ class Trader {
 
   // Row r's bits for worker w, from the count of w's samples that read it.
   void Recount(int64_t r, int w) {
-    const int32_t c = count_[w * num_rows_ + r];
+    const int32_t c = Count(r, w);
     RowReaders& row = row_[r];
     row.readers = (row.readers & ~Bit(w)) | (c > 0 ? Bit(w) : 0);
     row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
@@ -256,7 +251,10 @@ class Trader {
   int32_t* assign_;
   Pool* pool_;
   int64_t num_rows_;
-  std::vector<int32_t> count_;  // [W, num_rows]: samples of each worker that read each row
+  // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
+  // changes two of them).
+  std::vector<int32_t> count_;
+  int32_t& Count(int64_t r, int w) { return count_[r * W_ + w]; }
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
   // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
   struct RowReaders {
@@ -288,23 +286,34 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   return out;
 }
 
+namespace {
+
+// score[w] += rows of sample s valid in worker w's cache.
+void AddCacheScores(const SampleRows& samples, const uint64_t* valid, int64_t s, int32_t* score) {
+  for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
+    for (uint64_t m = valid[*r]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
+}
+
+}  // namespace
+
 std::vector<int32_t> CacheScores(const SampleRows& samples, const uint64_t* valid, int num_workers, Pool* pool) {
   const int64_t n = samples.samples();
   std::vector<int32_t> scores(n * num_workers, 0);
   ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      int32_t* score = &scores[s * num_workers];
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
-        for (uint64_t m = valid[*r]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
-    }
+    for (int64_t s = begin; s < end; ++s) AddCacheScores(samples, valid, s, &scores[s * num_workers]);
   });
   return scores;
 }
 
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment, Pool* pool) {
+  std::vector<int32_t> best(n);
+  ParallelFor(pool, n, 4 * kMinSamples, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s)
+      best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
+  });
   std::vector<int64_t> load(num_workers, 0);
-  for (int64_t s : StrongestFirst(scores, n, num_workers, pool)) {
+  for (int64_t s : StrongestFirst(best)) {
     const int32_t* row = scores + s * num_workers;
     const int chosen = BestWorkerWithRoom([&](int w) { return -row[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
@@ -340,14 +349,25 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     for (int64_t r = 0; r < num_rows; ++r)
       if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
   }
-  const std::vector<int32_t> scores = CacheScores(samples, valid, W, pool);
-  const std::vector<int64_t> order = StrongestFirst(scores.data(), n, W, pool);
+  // Each sample's best cache score, counted in a row of its own rather than a [n, W] table.
+  std::vector<int32_t> best(n);
+  ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> score(W);
+    for (int64_t s = begin; s < end; ++s) {
+      std::fill(score.begin(), score.end(), 0);
+      AddCacheScores(samples, valid, s, score.data());
+      best[s] = *std::max_element(score.begin(), score.end());
+    }
+  });
+  const std::vector<int64_t> order = StrongestFirst(best);
   std::vector<int64_t> load(W, 0);
   // On one thread each sample is its own block: its costs are computed as it is placed.
   const int64_t block = pool && pool->threads() > 1 ? kPlaceBlock : 1;
-  std::vector<int32_t> block_added(std::min(n, block) * W), added(W);
-  std::vector<int64_t> changed(num_rows, -1);  // the placement (position in order) that last changed readers[r]
-  std::vector<uint64_t> before(num_rows);        // readers[r] as the block of that placement started
+  std::vector<int32_t> block_added(std::min(n, block) * W);
+  // Blocks of several samples only: the placement (position in order) that last changed
+  // readers[r], and readers[r] as the block of that placement started.
+  std::vector<int64_t> changed(block > 1 ? num_rows : 0, -1);
+  std::vector<uint64_t> before(block > 1 ? num_rows : 0);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t j1 = std::min(n, j0 + block);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
@@ -365,14 +385,16 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
-      std::copy(&block_added[(j - j0) * W], &block_added[(j - j0 + 1) * W], added.begin());
-      int32_t every = 0;
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-        if (changed[*r] < j0) continue;
-        AddAdded(before[*r], valid[*r], -1, &every, added.data());
-        AddAdded(readers[*r], valid[*r], 1, &every, added.data());
+      int32_t* added = &block_added[(j - j0) * W];
+      if (block > 1) {
+        int32_t every = 0;
+        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+          if (changed[*r] < j0) continue;
+          AddAdded(before[*r], valid[*r], -1, &every, added);
+          AddAdded(readers[*r], valid[*r], 1, &every, added);
+        }
+        AddToEach(every, W, added);
       }
-      AddToEach(every, W, added.data());
       const int chosen =
           BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
       assignment[s] = chosen;
@@ -380,8 +402,10 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
         const uint64_t now = readers[*r] | Bit(chosen);
         if (now == readers[*r]) continue;
-        if (changed[*r] < j0) before[*r] = readers[*r];
-        changed[*r] = j;
+        if (block > 1) {
+          if (changed[*r] < j0) before[*r] = readers[*r];
+          changed[*r] = j;
+        }
         readers[*r] = now;
       }
     }

@@ -68,8 +68,8 @@ void Planner::SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* 
   if (range < kDenseRangePerId * static_cast<uint64_t>(n)) {
     // rank[id - lo]: 1 where the id occurs (every part stores the same 1, so the parts' stores
     // may race harmlessly), then the id's index among the distinct ids.
-    std::vector<int32_t>& rank = dense_rank_;
-    rank.assign(range + 1, 0);
+    dense_rank_.assign(range + 1, 0);
+    int32_t* const rank = dense_rank_.data();
     each_part(n, [&](int, int64_t first, int64_t end) {
       for (int64_t i = first; i < end; ++i) __atomic_store_n(&rank[ids[i] - lo], 1, __ATOMIC_RELAXED);
     });
