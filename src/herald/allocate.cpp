@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <numeric>
 
 #include "herald/worker_mask.h"
@@ -89,6 +90,9 @@ constexpr int32_t kSharedAnyway = 4;
 
 // Pairwise trades: a sample at worker a that would save rows at b changes places with one at b
 // that would save rows at a, when the two moves together save rows. Loads are unchanged.
+// Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples
+// (narrow counts keep more of the rows in the CPU's caches).
+template <typename Count>
 class Trader {
  public:
   Trader(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers, int32_t* assignment,
@@ -108,7 +112,7 @@ class Trader {
         const uint64_t bit = Bit(w);
         for (const int32_t* r = Begin(s); r != End(s); ++r) {
           RowReaders& row = row_[*r];
-          const int32_t c = ++Count(*r, w);
+          const int64_t c = ++CountOf(*r, w);
           if (c == 1) {
             SetBits(&row.readers, bit, shared);
             SetBits(&row.once, bit, shared);
@@ -130,7 +134,8 @@ class Trader {
   // Returns the number of trades made.
   int64_t Sweep() {
     // Every sample's savings, [n, W], against the assignment as the sweep finds it.
-    std::vector<int32_t> savings(n_ * W_);
+    std::vector<int32_t>& savings = savings_;
+    savings.resize(n_ * W_);  // each sample's row is written whole
     ParallelFor(pool_, n_, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t s = begin; s < end; ++s) Savings(s, &savings[s * W_]);
     });
@@ -190,7 +195,7 @@ class Trader {
       const uint64_t rest = row.readers & ~(row.once & Bit(from));
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
       // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
-      same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
+      if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
       AddAdded(rest, row.valid, -1, &same, out);
     }
     AddToEach(same, W_, out);
@@ -213,8 +218,8 @@ class Trader {
   void Move(int64_t s, int to) {
     const int from = assign_[s];
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
-      --Count(*r, from);
-      ++Count(*r, to);
+      --CountOf(*r, from);
+      ++CountOf(*r, to);
       Recount(*r, from);
       Recount(*r, to);
     }
@@ -238,7 +243,7 @@ class Trader {
 
   // Row r's bits for worker w, from the count of w's samples that read it.
   void Recount(int64_t r, int w) {
-    const int32_t c = Count(r, w);
+    const int64_t c = CountOf(r, w);
     RowReaders& row = row_[r];
     row.readers = (row.readers & ~Bit(w)) | (c > 0 ? Bit(w) : 0);
     row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
@@ -253,8 +258,9 @@ class Trader {
   int64_t num_rows_;
   // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
   // changes two of them).
-  std::vector<int32_t> count_;
-  int32_t& Count(int64_t r, int w) { return count_[r * W_ + w]; }
+  std::vector<int32_t> savings_;  // Sweep's
+  std::vector<Count> count_;
+  Count& CountOf(int64_t r, int w) { return count_[r * W_ + w]; }
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
   // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
   struct RowReaders {
@@ -412,12 +418,18 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   }
   const auto placed = std::chrono::steady_clock::now();
   if (seconds) seconds[0] += Since(start);
-  Trader trader(samples, valid, num_rows, W, assignment, pool);
-  for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
-    if (trader.Sweep() == 0) break;
-  if (readers_out) {
-    readers_out->resize(num_rows);
-    trader.Readers(readers_out->data());
+  auto trade = [&](auto&& trader) {
+    for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
+      if (trader.Sweep() == 0) break;
+    if (readers_out) {
+      readers_out->resize(num_rows);
+      trader.Readers(readers_out->data());
+    }
+  };
+  if (n <= std::numeric_limits<uint16_t>::max()) {
+    trade(Trader<uint16_t>(samples, valid, num_rows, W, assignment, pool));
+  } else {
+    trade(Trader<int32_t>(samples, valid, num_rows, W, assignment, pool));
   }
   if (seconds) seconds[1] += Since(placed);
 }

@@ -365,7 +365,8 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   // The batch as indices into its distinct rows, each distinct row's valid mask (one lookup per
   // distinct row, not per id), the allocation, and who reads each row.
   BatchRows batch;
-  std::vector<int32_t> slots(n * fields);
+  std::vector<int32_t>& slots = slots_;
+  slots.resize(n * fields);  // written whole
   SortedUnique(ids, n * fields, &batch.keys, slots.data());
   // A bag's empty slots (-1) sort first and name no row.
   const bool padded = !batch.keys.empty() && batch.keys[0] == -1;
