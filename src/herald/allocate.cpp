@@ -133,24 +133,29 @@ class Trader {
 
   // Returns the number of trades made.
   int64_t Sweep() {
-    // Every sample's savings, [n, W], against the assignment as the sweep finds it.
-    std::vector<int32_t>& savings = savings_;
-    savings.resize(n_ * W_);  // each sample's row is written whole
-    ParallelFor(pool_, n_, kMinSamples, [&](int64_t begin, int64_t end) {
-      for (int64_t s = begin; s < end; ++s) Savings(s, &savings[s * W_]);
-    });
-    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first (one
-    // task per a).
-    std::vector<std::vector<std::pair<int, int64_t>>> wants(W_ * W_);
-    ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
-      for (int64_t s = 0; s < n_; ++s) {
-        const int a = assign_[s];
-        if (a < first || a >= last) continue;
-        const int32_t* saving = &savings[s * W_];
-        for (int to = 0; to < W_; ++to)
-          if (saving[to] > 0) wants[a * W_ + to].emplace_back(-saving[to], s);
+    // wants[a * W + b]: samples at a that would save rows at b (against the assignment as the
+    // sweep finds it), the largest saving first. Parts of the samples gather theirs apart; each
+    // list is then sorted by (saving, sample), an order that does not depend on the parts.
+    using Wants = std::vector<std::vector<std::pair<int, int64_t>>>;
+    const int parts = pool_ ? static_cast<int>(std::clamp<int64_t>(n_ / kMinSamples, 1, pool_->threads())) : 1;
+    std::vector<Wants> found(parts, Wants(W_ * W_));
+    ParallelFor(parts > 1 ? pool_ : nullptr, parts, 1, [&](int64_t first, int64_t last) {
+      std::vector<int32_t> saving(W_);
+      for (int64_t p = first; p < last; ++p) {
+        for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
+          Savings(s, saving.data());
+          const int a = assign_[s];
+          for (int to = 0; to < W_; ++to)
+            if (saving[to] > 0) found[p][a * W_ + to].emplace_back(-saving[to], s);
+        }
       }
-      for (int64_t i = first * W_; i < last * W_; ++i) std::sort(wants[i].begin(), wants[i].end());
+    });
+    Wants wants = std::move(found[0]);
+    ParallelFor(pool_, W_ * W_, W_, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        for (int p = 1; p < parts; ++p) wants[i].insert(wants[i].end(), found[p][i].begin(), found[p][i].end());
+        std::sort(wants[i].begin(), wants[i].end());
+      }
     });
     int64_t trades = 0;
     for (int a = 0; a < W_; ++a)
@@ -258,7 +263,6 @@ class Trader {
   int64_t num_rows_;
   // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
   // changes two of them).
-  std::vector<int32_t> savings_;  // Sweep's
   std::vector<Count> count_;
   Count& CountOf(int64_t r, int w) { return count_[r * W_ + w]; }
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
