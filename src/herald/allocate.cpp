@@ -67,10 +67,10 @@ inline AddedCost Added(uint64_t m, uint64_t v) {
   return {1, 1};
 }
 
-// added[w] + *every += sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) for every worker w: what a
-// worker outside m and v adds goes to *every, which the caller adds to each worker once its rows
-// are summed, and the workers in m or v are corrected here, so that a row costs as many steps as
-// the workers that read or hold it, not one per worker.
+// Adds sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) to added[w] + *every for every worker w.
+// What a worker outside m and v would add goes to *every once (the caller adds it to each worker
+// after the last row); the workers in m or v are corrected here. A row then costs as many steps
+// as the workers that read or hold it, not one per worker.
 inline void AddAdded(uint64_t m, uint64_t v, int sign, int32_t* every, int32_t* added) {
   const AddedCost c = Added(m, v);
   const int outside = sign * (c.k1 + c.k2);
