@@ -74,16 +74,20 @@ def global_batches(sparse, order, workers, batch, iterations):
             for t in range(iterations + 1)]
 
 
+PROFILE_STAGES = ("ids", "scores", "trades", "readers", "workers", "masks")
+
+
 def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,), keep_ranks=0):
     """Rows moved by all workers over `iterations`; per thread count, seconds and CPU seconds (all
     of the process's threads) per plan; distinct rows per global batch; the answers of ranks
-    below `keep_ranks`, per rank. The ranks' planners run one rank after another, as each worker
+    below `keep_ranks`, per rank; the 1-thread planners' PlanProfile, seconds per plan by stage. The ranks' planners run one rank after another, as each worker
     runs one. With several thread counts, a planner per count plans each iteration in turn (so
     that a busy machine slows them alike), and their answers must be identical."""
     batches = global_batches(sparse, order, workers, batch, iterations)
     distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
     rows, seconds, cpu = 0, dict.fromkeys(threads, 0.0), dict.fromkeys(threads, 0.0)
     kept = {rank: [] for rank in range(min(keep_ranks, workers))}
+    profile = dict.fromkeys(PROFILE_STAGES + ("total",), 0.0)
     for rank in range(workers):
         planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
                     for n in threads}
@@ -104,9 +108,13 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
             if finished is not None:
                 _, _, _, _, pull, owner, _, writeback = finished
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
+        for stage, s in planners[1].profile().items():
+            if stage in profile:
+                profile[stage] += s
         del planners
     plans = workers * len(batches)
-    return rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept
+    return (rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept,
+            {stage: s / plans for stage, s in profile.items()})
 
 
 def host_planner_cost(sparse, order, workers, batch, capacity, allocator, iterations, threads, expected):
@@ -147,6 +155,9 @@ def main():
     p.add_argument("--threads", type=int, nargs="+", default=None,
                    help="planner thread counts to time side by side (the speed-up columns are against 1 "
                         "thread, which is always measured); default: one thread, the plain table")
+    p.add_argument("--profile", action="store_true",
+                   help="also print where a 1-thread plan's time goes (the planner's PlanProfile): ms per plan "
+                        "by stage, a line per configuration and allocator")
     p.add_argument("--host-workers", type=int, default=0, metavar="H",
                    help="also time one planner for a host of H workers against H planners of their own")
     p.add_argument("--dataset", default="synthetic-criteo",
@@ -183,6 +194,7 @@ def main():
              f"CPU ms of one planner for the host (1 thread), its ms at each thread count" if host else ""))
     print(header)
     print("-" * len(header), flush=True)
+    profiles = []  # (W, b, ratio, allocator, seconds per plan by stage)
     for workers in args.workers:
         for batch in args.batch:
             check_enough_samples(sparse, args.iterations + 1, workers, batch, args.rows)
@@ -194,8 +206,9 @@ def main():
                 columns = ""
                 for allocator in args.allocators:
                     capacity = int(ratio * table_rows)
-                    rows, per_plan, cpu, distinct, kept = herald_rows(sparse, order, workers, batch, capacity, allocator,
-                                                                      args.iterations, threads, keep_ranks=host)
+                    rows, per_plan, cpu, distinct, kept, profile = herald_rows(
+                        sparse, order, workers, batch, capacity, allocator, args.iterations, threads, keep_ranks=host)
+                    profiles.append((workers, batch, ratio, allocator, profile))
                     columns += f"{rows / het:>18.3f}"
                     if not many:
                         columns += f"{1e3 * per_plan[1]:>9.2f}"
@@ -210,6 +223,23 @@ def main():
                         columns += (f"{len(kept):>3}{1e3 * len(kept) * cpu[1]:>9.2f}{1e3 * host_cpu:>9.2f}"
                                     + "".join(f"{1e3 * host_seconds[t]:>9.2f}" for t in threads))
                 print(line + (f"{distinct:>10,.0f}" if many else "") + columns, flush=True)
+    if args.profile:
+        print_profiles(profiles)
+
+
+def print_profiles(profiles):
+    """Where a 1-thread plan's time goes: ms per plan by PlanProfile stage (ids: distinct rows and
+    valid masks; scores: allocation scores and placement; trades: colocate's pairwise trades;
+    readers: who reads each row, outside colocate; workers: every worker's cache model and plan;
+    masks: the valid masks updated) and in all."""
+    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>9}" + "".join(
+        f"{s:>9}" for s in PROFILE_STAGES + ("total",))
+    print(f"\nms per plan by stage, 1 thread (PlanProfile)")
+    print(header)
+    print("-" * len(header))
+    for workers, batch, ratio, allocator, profile in profiles:
+        print(f"{workers:>2} {batch:>5} {ratio:>5} {allocator:>9}" + "".join(
+            f"{1e3 * profile[s]:>9.2f}" for s in PROFILE_STAGES + ("total",)), flush=True)
 
 
 if __name__ == "__main__":

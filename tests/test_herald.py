@@ -2,6 +2,7 @@
 every worker computes the same plan; the real caches hit exactly where the scheduler predicted
 (a HeraldTable raises PlanMismatch on the first disagreement, so a finished run proves it)."""
 import csv
+import hashlib
 import json
 import os
 import re
@@ -260,12 +261,22 @@ def test_every_worker_computes_the_same_plan_and_the_plan_is_consistent():
 @pytest.mark.parametrize("workers,batch,capacity,policy,allocator", [
     (2, 16, 40, "lru", "colocate"), (4, 16, 40, "lru", "colocate"), (4, 8, 7, "lru", "colocate"),  # 7 < a batch's rows
     (3, 16, 200, "lfu", "colocate"), (4, 16, 60, "lfuopt", "colocate"), (2, 16, 40, "lru", "greedy"),
-    (4, 16, 60, "lfuopt", "greedy"), (4, 16, 40, "lru", "none"), (1, 16, 30, "lru", "colocate")])
+    (4, 16, 60, "lfuopt", "greedy"), (4, 16, 40, "lru", "none"), (1, 16, 30, "lru", "colocate"),
+    (12, 8, 40, "lru", "colocate")])  # more than 8 workers: masks above one byte
 def test_cpp_planner_equals_the_numpy_model(workers, batch, capacity, policy, allocator):
     rng = np.random.default_rng(workers * 1000 + capacity)
     steps, fields = 25, 5
     sparse = (rng.zipf(1.3, size=(steps * workers * batch, fields)) % 400).astype(np.int64)
     compare_planners(sparse, steps, workers, batch, capacity, policy, allocator)
+
+
+def test_the_planner_takes_ids_spread_over_a_wide_range():
+    """Ids far apart (a range many times their number) are numbered by a sort instead of a table
+    over their range: the same plans."""
+    rng = np.random.default_rng(11)
+    steps, workers, batch, fields = 15, 3, 16, 5
+    sparse = (rng.zipf(1.3, size=(steps * workers * batch, fields)) % 400).astype(np.int64) * 1_000_003 + 7
+    compare_planners(sparse, steps, workers, batch, 40, "lru", "colocate")
 
 
 @pytest.mark.parametrize("allocator", ["colocate", "greedy", "none"])
@@ -514,6 +525,21 @@ def test_colocating_allocation_moves_fewer_rows_than_the_alternatives(workers, b
         for name, a in (("colocate", got), ("slices", slices)):
             assert _C.estimated_rows(rows, valid, workers, a) == estimate[name]
         assert estimate["colocate"] < 0.95 * min(estimate["greedy"], estimate["slices"]), estimate
+
+
+@pytest.mark.parametrize("workers,batch,digest", [
+    (2, 64, "106f42ce0b89d40c"), (8, 256, "6a23435267acd329"), (12, 100, "639f18eff0133c07"),
+    (16, 256, "e8fd19f34954f9f1"), (33, 40, "cae44c5ec2b52851"), (64, 16, "7ff9449cadf1cd55"),
+    (2, 33000, "98dbdbb449cc7831")])  # the last: more samples than 16-bit counts hold
+def test_colocating_allocation_is_unchanged(workers, batch, digest):
+    """The colocating allocator's answers, pinned: a faster allocator must allocate exactly as
+    before (a different allocation is a new option, measured, never a silent change)."""
+    rng = np.random.default_rng(workers * 7 + batch)
+    h = hashlib.sha256()
+    for t in range(3):
+        rows, valid = _zipf_batch(rng, workers, batch)
+        h.update(_C.colocate_allocate(rows, valid, workers, batch, t).astype(np.int32).tobytes())
+    assert h.hexdigest()[:16] == digest
 
 
 def test_colocating_allocation_separates_communities_with_a_cold_cache():

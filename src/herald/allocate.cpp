@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <numeric>
 
 #include "herald/worker_mask.h"
@@ -29,14 +30,10 @@ int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int n
   return chosen;
 }
 
-// Samples with the strongest cache preference (highest best score) choose first, ties in sample
-// order: a stable counting sort by descending best score.
-std::vector<int64_t> StrongestFirst(const int32_t* scores, int64_t n, int num_workers, Pool* pool) {
-  std::vector<int32_t> best(n);
-  ParallelFor(pool, n, 4 * kMinSamples, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s)
-      best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
-  });
+// Samples with the strongest cache preference (highest best score, best[s]) choose first, ties
+// in sample order: a stable counting sort by descending best score.
+std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
+  const int64_t n = static_cast<int64_t>(best.size());
   const int32_t top = n ? *std::max_element(best.begin(), best.end()) : 0;
   std::vector<int64_t> start(top + 2, 0);  // start[top - score]: where that score's samples begin
   for (int64_t s = 0; s < n; ++s) ++start[top - best[s] + 1];
@@ -70,14 +67,20 @@ inline AddedCost Added(uint64_t m, uint64_t v) {
   return {1, 1};
 }
 
-// added[w] += sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) for every worker w (everyone:
-// every worker's bit). Only the workers outside m change.
-inline void AddAdded(uint64_t m, uint64_t v, uint64_t everyone, int sign, int32_t* added) {
+// Adds sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) to added[w] + *every for every worker w.
+// What a worker outside m and v would add goes to *every once (the caller adds it to each worker
+// after the last row); the workers in m or v are corrected here. A row then costs as many steps
+// as the workers that read or hold it, not one per worker.
+inline void AddAdded(uint64_t m, uint64_t v, int sign, int32_t* every, int32_t* added) {
   const AddedCost c = Added(m, v);
-  for (uint64_t out = everyone & ~m; out; out &= out - 1) {
-    const int w = __builtin_ctzll(out);
-    added[w] += sign * (c.k1 + (v >> w & 1 ? 0 : c.k2));
-  }
+  const int outside = sign * (c.k1 + c.k2);
+  *every += outside;
+  for (uint64_t in = m; in; in &= in - 1) added[__builtin_ctzll(in)] -= outside;
+  for (uint64_t held = v & ~m; held; held &= held - 1) added[__builtin_ctzll(held)] -= sign * c.k2;
+}
+
+inline void AddToEach(int32_t every, int num_workers, int32_t* added) {
+  for (int w = 0; w < num_workers; ++w) added[w] += every;
 }
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
@@ -87,6 +90,9 @@ constexpr int32_t kSharedAnyway = 4;
 
 // Pairwise trades: a sample at worker a that would save rows at b changes places with one at b
 // that would save rows at a, when the two moves together save rows. Loads are unchanged.
+// Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples
+// (narrow counts keep more of the rows in the CPU's caches).
+template <typename Count>
 class Trader {
  public:
   Trader(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers, int32_t* assignment,
@@ -94,19 +100,26 @@ class Trader {
       : samples_(samples), n_(samples.samples()), W_(num_workers),
         everyone_(AllWorkers(num_workers)), assign_(assignment), pool_(pool),
         num_rows_(num_rows), count_(num_rows * num_workers, 0), row_(num_rows) {
-    // By worker: each task counts the samples of its own workers.
+    for (int64_t r = 0; r < num_rows; ++r) row_[r].valid = valid[r];
+    // By worker: each task counts the samples of its own workers, and sets a worker's bits as its
+    // counts reach 1 and 2 (each task its own workers' bits, so OR and AND give the same masks in
+    // any order; with a pool they are atomic, as tasks share the masks' words).
+    const bool shared = pool_ != nullptr;
     ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
       for (int64_t s = 0; s < n_; ++s) {
         const int w = assign_[s];
         if (w < first || w >= last) continue;
-        int32_t* count = &count_[w * num_rows_];
-        for (const int32_t* r = Begin(s); r != End(s); ++r) ++count[*r];
-      }
-    });
-    ParallelFor(pool_, num_rows, 16 * kMinSamples, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        row_[r].valid = valid[r];
-        for (int w = 0; w < W_; ++w) Recount(r, w);
+        const uint64_t bit = Bit(w);
+        for (const int32_t* r = Begin(s); r != End(s); ++r) {
+          RowReaders& row = row_[*r];
+          const int64_t c = ++CountOf(*r, w);
+          if (c == 1) {
+            SetBits(&row.readers, bit, shared);
+            SetBits(&row.once, bit, shared);
+          } else if (c == 2) {
+            ClearBits(&row.once, bit, shared);
+          }
+        }
       }
     });
   }
@@ -120,23 +133,29 @@ class Trader {
 
   // Returns the number of trades made.
   int64_t Sweep() {
-    // Every sample's savings, [n, W], against the assignment as the sweep finds it.
-    std::vector<int32_t> savings(n_ * W_);
-    ParallelFor(pool_, n_, kMinSamples, [&](int64_t begin, int64_t end) {
-      for (int64_t s = begin; s < end; ++s) Savings(s, &savings[s * W_]);
-    });
-    // wants[a * W + b]: samples at a that would save rows at b, the largest saving first (one
-    // task per a).
-    std::vector<std::vector<std::pair<int, int64_t>>> wants(W_ * W_);
-    ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
-      for (int64_t s = 0; s < n_; ++s) {
-        const int a = assign_[s];
-        if (a < first || a >= last) continue;
-        const int32_t* saving = &savings[s * W_];
-        for (int to = 0; to < W_; ++to)
-          if (saving[to] > 0) wants[a * W_ + to].emplace_back(-saving[to], s);
+    // wants[a * W + b]: samples at a that would save rows at b (against the assignment as the
+    // sweep finds it), the largest saving first. Parts of the samples gather theirs apart; each
+    // list is then sorted by (saving, sample), an order that does not depend on the parts.
+    using Wants = std::vector<std::vector<std::pair<int, int64_t>>>;
+    const int parts = pool_ ? static_cast<int>(std::clamp<int64_t>(n_ / kMinSamples, 1, pool_->threads())) : 1;
+    std::vector<Wants> found(parts, Wants(W_ * W_));
+    ParallelFor(parts > 1 ? pool_ : nullptr, parts, 1, [&](int64_t first, int64_t last) {
+      std::vector<int32_t> saving(W_);
+      for (int64_t p = first; p < last; ++p) {
+        for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
+          Savings(s, saving.data());
+          const int a = assign_[s];
+          for (int to = 0; to < W_; ++to)
+            if (saving[to] > 0) found[p][a * W_ + to].emplace_back(-saving[to], s);
+        }
       }
-      for (int64_t i = first * W_; i < last * W_; ++i) std::sort(wants[i].begin(), wants[i].end());
+    });
+    Wants wants = std::move(found[0]);
+    ParallelFor(pool_, W_ * W_, W_, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        for (int p = 1; p < parts; ++p) wants[i].insert(wants[i].end(), found[p][i].begin(), found[p][i].end());
+        std::sort(wants[i].begin(), wants[i].end());
+      }
     });
     int64_t trades = 0;
     for (int a = 0; a < W_; ++a)
@@ -181,10 +200,10 @@ class Trader {
       const uint64_t rest = row.readers & ~(row.once & Bit(from));
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
       // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
-      same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
-      AddAdded(rest, row.valid, everyone_, -1, out);
+      if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
+      AddAdded(rest, row.valid, -1, &same, out);
     }
-    for (int to = 0; to < W_; ++to) out[to] += same;
+    AddToEach(same, W_, out);
     out[from] = 0;
   }
 
@@ -204,17 +223,32 @@ class Trader {
   void Move(int64_t s, int to) {
     const int from = assign_[s];
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
-      --count_[from * num_rows_ + *r];
-      ++count_[to * num_rows_ + *r];
+      --CountOf(*r, from);
+      ++CountOf(*r, to);
       Recount(*r, from);
       Recount(*r, to);
     }
     assign_[s] = to;
   }
 
+  static void SetBits(uint64_t* mask, uint64_t bits, bool atomic) {
+    if (atomic) {
+      __atomic_fetch_or(mask, bits, __ATOMIC_RELAXED);
+    } else {
+      *mask |= bits;
+    }
+  }
+  static void ClearBits(uint64_t* mask, uint64_t bits, bool atomic) {
+    if (atomic) {
+      __atomic_fetch_and(mask, ~bits, __ATOMIC_RELAXED);
+    } else {
+      *mask &= ~bits;
+    }
+  }
+
   // Row r's bits for worker w, from the count of w's samples that read it.
   void Recount(int64_t r, int w) {
-    const int32_t c = count_[w * num_rows_ + r];
+    const int64_t c = CountOf(r, w);
     RowReaders& row = row_[r];
     row.readers = (row.readers & ~Bit(w)) | (c > 0 ? Bit(w) : 0);
     row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
@@ -227,7 +261,10 @@ class Trader {
   int32_t* assign_;
   Pool* pool_;
   int64_t num_rows_;
-  std::vector<int32_t> count_;  // [W, num_rows]: samples of each worker that read each row
+  // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
+  // changes two of them).
+  std::vector<Count> count_;
+  Count& CountOf(int64_t r, int w) { return count_[r * W_ + w]; }
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
   // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
   struct RowReaders {
@@ -259,23 +296,34 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   return out;
 }
 
+namespace {
+
+// score[w] += rows of sample s valid in worker w's cache.
+void AddCacheScores(const SampleRows& samples, const uint64_t* valid, int64_t s, int32_t* score) {
+  for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
+    for (uint64_t m = valid[*r]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
+}
+
+}  // namespace
+
 std::vector<int32_t> CacheScores(const SampleRows& samples, const uint64_t* valid, int num_workers, Pool* pool) {
   const int64_t n = samples.samples();
   std::vector<int32_t> scores(n * num_workers, 0);
   ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      int32_t* score = &scores[s * num_workers];
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
-        for (uint64_t m = valid[*r]; m; m &= m - 1) ++score[__builtin_ctzll(m)];
-    }
+    for (int64_t s = begin; s < end; ++s) AddCacheScores(samples, valid, s, &scores[s * num_workers]);
   });
   return scores;
 }
 
 void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t per_worker, int64_t iteration,
                     int32_t* assignment, Pool* pool) {
+  std::vector<int32_t> best(n);
+  ParallelFor(pool, n, 4 * kMinSamples, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s)
+      best[s] = *std::max_element(scores + s * num_workers, scores + (s + 1) * num_workers);
+  });
   std::vector<int64_t> load(num_workers, 0);
-  for (int64_t s : StrongestFirst(scores, n, num_workers, pool)) {
+  for (int64_t s : StrongestFirst(best)) {
     const int32_t* row = scores + s * num_workers;
     const int chosen = BestWorkerWithRoom([&](int w) { return -row[w]; }, load, num_workers, per_worker, s, iteration);
     assignment[s] = chosen;
@@ -311,34 +359,51 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     for (int64_t r = 0; r < num_rows; ++r)
       if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
   }
-  const std::vector<int32_t> scores = CacheScores(samples, valid, W, pool);
-  const std::vector<int64_t> order = StrongestFirst(scores.data(), n, W, pool);
+  // Each sample's best cache score, counted in a row of its own rather than a [n, W] table.
+  std::vector<int32_t> best(n);
+  ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> score(W);
+    for (int64_t s = begin; s < end; ++s) {
+      std::fill(score.begin(), score.end(), 0);
+      AddCacheScores(samples, valid, s, score.data());
+      best[s] = *std::max_element(score.begin(), score.end());
+    }
+  });
+  const std::vector<int64_t> order = StrongestFirst(best);
   std::vector<int64_t> load(W, 0);
   // On one thread each sample is its own block: its costs are computed as it is placed.
   const int64_t block = pool && pool->threads() > 1 ? kPlaceBlock : 1;
-  std::vector<int32_t> block_added(std::min(n, block) * W), added(W);
-  std::vector<int64_t> changed(num_rows, -1);  // the placement (position in order) that last changed readers[r]
-  std::vector<uint64_t> before(num_rows);        // readers[r] as the block of that placement started
+  std::vector<int32_t> block_added(std::min(n, block) * W);
+  // Blocks of several samples only: the placement (position in order) that last changed
+  // readers[r], and readers[r] as the block of that placement started.
+  std::vector<int64_t> changed(block > 1 ? num_rows : 0, -1);
+  std::vector<uint64_t> before(block > 1 ? num_rows : 0);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t j1 = std::min(n, j0 + block);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
         int32_t* a = &block_added[j * W];
         std::fill(a, a + W, 0);
+        int32_t every = 0;
         const int64_t s = order[j0 + j];
         for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
           const uint64_t m = readers[*r];
-          if (m != everyone) AddAdded(m, valid[*r], everyone, 1, a);  // else: the same wherever the sample goes
+          if (m != everyone) AddAdded(m, valid[*r], 1, &every, a);  // else: the same wherever the sample goes
         }
+        AddToEach(every, W, a);
       }
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
-      std::copy(&block_added[(j - j0) * W], &block_added[(j - j0 + 1) * W], added.begin());
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-        if (changed[*r] < j0) continue;
-        AddAdded(before[*r], valid[*r], everyone, -1, added.data());
-        AddAdded(readers[*r], valid[*r], everyone, 1, added.data());
+      int32_t* added = &block_added[(j - j0) * W];
+      if (block > 1) {
+        int32_t every = 0;
+        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+          if (changed[*r] < j0) continue;
+          AddAdded(before[*r], valid[*r], -1, &every, added);
+          AddAdded(readers[*r], valid[*r], 1, &every, added);
+        }
+        AddToEach(every, W, added);
       }
       const int chosen =
           BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
@@ -347,20 +412,28 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
         const uint64_t now = readers[*r] | Bit(chosen);
         if (now == readers[*r]) continue;
-        if (changed[*r] < j0) before[*r] = readers[*r];
-        changed[*r] = j;
+        if (block > 1) {
+          if (changed[*r] < j0) before[*r] = readers[*r];
+          changed[*r] = j;
+        }
         readers[*r] = now;
       }
     }
   }
   const auto placed = std::chrono::steady_clock::now();
   if (seconds) seconds[0] += Since(start);
-  Trader trader(samples, valid, num_rows, W, assignment, pool);
-  for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
-    if (trader.Sweep() == 0) break;
-  if (readers_out) {
-    readers_out->resize(num_rows);
-    trader.Readers(readers_out->data());
+  auto trade = [&](auto&& trader) {
+    for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
+      if (trader.Sweep() == 0) break;
+    if (readers_out) {
+      readers_out->resize(num_rows);
+      trader.Readers(readers_out->data());
+    }
+  };
+  if (n <= std::numeric_limits<uint16_t>::max()) {
+    trade(Trader<uint16_t>(samples, valid, num_rows, W, assignment, pool));
+  } else {
+    trade(Trader<int32_t>(samples, valid, num_rows, W, assignment, pool));
   }
   if (seconds) seconds[1] += Since(placed);
 }

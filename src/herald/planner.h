@@ -166,7 +166,13 @@ class Planner {
   bool has_pending_ = false;
   std::vector<WorkerPlan> pending_;  // per kept rank: the plan of the last iteration, not final yet
   PlanProfile profile_;
-  std::vector<uint64_t> sort_a_, sort_b_;  // SortedUnique's scratch
+  // SortedUnique's scratch: the radix sort's words, and the table over a dense range of ids.
+  std::vector<uint64_t> sort_a_, sort_b_;
+  std::vector<int32_t> dense_rank_;
+  std::vector<int32_t> slots_;  // Advance's: each id's index among the batch's distinct ids
+  // SortedUnique numbers ids through a table over their range when the range is below this many
+  // times their number (a table entry is 4 bytes where the sort moves 16 a pass per id).
+  static constexpr uint64_t kDenseRangePerId = 4;
 };
 
 }  // namespace herald
