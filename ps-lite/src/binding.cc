@@ -382,7 +382,7 @@ PYBIND11_MODULE(_ps, m) {
             throw py::value_error("step_rows_with: keys must be distinct rows in increasing order");
         const StepLoopFn step = StepLoopOf(variant);
         const StepRowsView view{values.mutable_data(), state.mutable_data(), steps.mutable_data(),
-                                versions.mutable_data(), 0, width, state_width};
+                                versions.mutable_data(), ps::SlotIndex{}, width, state_width};
         step(cfg, lr, view, keys.data(), 0, keys.size(), grads.data(), nullptr);
       });
   ps::RegisterRawBench(m);
