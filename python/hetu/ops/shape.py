@@ -122,10 +122,9 @@ class SliceOp(Op):
         return [SliceGradOp(g, self.inputs[0], self)]
 
 
-class SliceGradOp(Op):
-    def __init__(self, g, x, fwd):
-        super().__init__(g, x, ctx=fwd.ctx)
-        self.fwd = fwd
+class GradIntoZerosOp(Op):
+    """Inputs (g, x): g written into zeros shaped like x where the forward op took it from
+    (`write`): the gradient of an op that picks some of x's elements."""
 
     def infer_shape(self, s):
         return s[1]
@@ -134,8 +133,17 @@ class SliceGradOp(Op):
         g, x = vals
         out = state.buffer(self, x.shape, np.float32)
         out.fill(0)
-        out[self.fwd._index(x.shape)] = g
+        self.write(out, g)
         return out
+
+
+class SliceGradOp(GradIntoZerosOp):
+    def __init__(self, g, x, fwd):
+        super().__init__(g, x, ctx=fwd.ctx)
+        self.fwd = fwd
+
+    def write(self, out, g):
+        out[self.fwd._index(out.shape)] = g
 
 
 class TransposeOp(Op):
@@ -225,18 +233,11 @@ class LowerTriangleOp(Op):
         return [LowerTriangleGradOp(g, self.inputs[0], ctx=self.ctx)]
 
 
-class LowerTriangleGradOp(Op):
+class LowerTriangleGradOp(GradIntoZerosOp):
     """g [batch, pairs] written back into the strict lower triangles of zeros like x."""
 
-    def infer_shape(self, s):
-        return s[1]
-
-    def compute(self, vals, state):
-        g, x = vals
-        out = state.buffer(self, x.shape, np.float32)
-        out.fill(0)
-        out.reshape(x.shape[0], -1)[:, triangle_positions(array_module_of(x), x.shape[1])] = g
-        return out
+    def write(self, out, g):
+        out.reshape(out.shape[0], -1)[:, triangle_positions(array_module_of(out), out.shape[1])] = g
 
 
 _TRIANGLES = {}
