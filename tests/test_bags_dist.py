@@ -11,7 +11,7 @@ pytestmark = pytest.mark.timeout(600)
 
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
               "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
-              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
+              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.001"]}
 # mode: (flags, script, servers)
 MODES = {"AllReduce": (["--comm", "AllReduce"], "run_hetu.py", 0),
          "PS": (["--comm", "PS"], "run_hetu.py", 1),

@@ -127,7 +127,7 @@ def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, rat
     (2, 32, 2, "momentum", "0.01", "lfu", "0.01", "Hybrid"),
     (4, 16, 3, "adagrad", "0.001", "lfuopt", "0.02", "Hybrid"),
     (3, 16, 2, "adam", "0.001", "lru", "0.05", "PS"),
-    (2, 32, 2, "rowwise_adagrad", "0.01", "lru", "0.02", "Hybrid")])
+    (2, 32, 2, "rowwise_adagrad", "0.001", "lru", "0.02", "Hybrid")])
 def test_het_bound0_equals_single_process_in_mixed_settings(tmp_path, data_home, workers, batch, servers, opt, lr,
                                                             policy, ratio, comm):
     """HET's own protocol with optimizer state in the cache, the other policies and several

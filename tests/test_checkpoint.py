@@ -17,7 +17,7 @@ from dist_harness import COMMON, assert_same_parameters, run_cluster, run_single
 ADAM = ["--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "20"]
 SGD = ["--optimizer", "sgd", "--learning-rate", "0.01", "--iters-per-epoch", "20"]
 # One accumulator per embedding row; AdaGrad's per-element state for the dense tensors.
-ROWWISE = ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01", "--iters-per-epoch", "20"]
+ROWWISE = ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.001", "--iters-per-epoch", "20"]
 HERALD = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.05", "--prefetch"]
 
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(600)
 
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
               "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
-              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
+              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.001"]}
 
 
 @pytest.mark.parametrize("model", ["wdl_criteo", "dcn_criteo"])

@@ -23,7 +23,7 @@ from hetu.herald import Scheduler
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
               "adagrad": ["--optimizer", "adagrad", "--learning-rate", "0.001"],
               "adam": ["--optimizer", "adam", "--learning-rate", "0.001"],
-              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]}
+              "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.001"]}
 
 
 @pytest.mark.timeout(900)
