@@ -219,12 +219,6 @@ ps.finalize()
 """
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("servers", [1, 3])
-def test_versions_state_assign_save_load(cluster, tmp_path, servers):
-    cluster(servers, 1).run(STATE, dict(dir=str(tmp_path / "ckpt")))
-
-
 ROWWISE_STATE = """
 from hetu import _C
 c = ps.client()
@@ -279,8 +273,9 @@ ps.finalize()
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("servers", [1, 3])
-def test_rowwise_adagrad_state_is_one_float_per_row(cluster, tmp_path, servers):
-    cluster(servers, 1).run(ROWWISE_STATE, dict(dir=str(tmp_path / "ckpt")))
+@pytest.mark.parametrize("script", [STATE, ROWWISE_STATE], ids=["adam", "rowwise_adagrad_one_float_per_row"])
+def test_versions_state_assign_save_load(cluster, tmp_path, servers, script):
+    cluster(servers, 1).run(script, dict(dir=str(tmp_path / "ckpt")))
 
 
 MASKED_AND_WRITE_BACK = """

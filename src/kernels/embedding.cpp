@@ -197,7 +197,8 @@ int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t
                      bool mean, const float* grads, int64_t width, std::vector<int64_t>* uniq,
                      std::vector<float>* summed) {
   // The filled slots in sample and slot order: each one's id, the bag gradient row it takes and
-  // what that row is divided by. The rows are read where they are, never copied per slot.
+  // what that row is divided by (0: not divided). The rows are read where they are, never copied
+  // per slot.
   static thread_local std::vector<int64_t> slot_id, slot_bag;
   static thread_local std::vector<float> slot_divisor;
   slot_id.clear();
