@@ -151,10 +151,11 @@ class PSEmbeddingLookupOp(Op):
         self._to_device = None   # hetu.cuda.HostToDevice, on a GPU
 
     def infer_shape(self, s):
+        return self._out_shape(tuple(s[0]))
+
+    def _out_shape(self, ids_shape):
         width = self.remote.param.shape[1]
-        if self.bags is not None:
-            return self.bags.out_shape(tuple(s[0]), width)
-        return tuple(s[0]) + (width,)
+        return self.bags.out_shape(ids_shape, width) if self.bags is not None else ids_shape + (width,)
 
     def compute(self, vals, state):
         ids = cuda.to_host(vals[0])
@@ -182,8 +183,7 @@ class PSEmbeddingLookupOp(Op):
         else:
             pulled = self.remote.pull(uniq)
         width = pulled.shape[1]
-        out_shape = self.bags.out_shape(ids.shape, width) if self.bags is not None else ids.shape + (width,)
-        out = state.buffer(self, out_shape, np.float32)
+        out = state.buffer(self, self._out_shape(ids.shape), np.float32)
         if state.xp is np:
             if self.bags is not None:
                 return self.bags.pool(self.name, pulled, positions, out)
