@@ -31,9 +31,11 @@ def top_rows_lookup_share(sparse, num_embeddings, fraction=0.01, id_range=None):
             # padding (-1) is below every range
             counts += np.bincount(ids[(ids >= low) & (ids < low + width)] - low,
                                   minlength=width)
-        value, multiplicity = np.unique(counts, return_counts=True)
-        values.append(value)
-        rows.append(multiplicity)
+        # most rows of a large table are never looked up: their zeros are counted, not sorted
+        looked_up = counts[counts > 0]
+        value, multiplicity = np.unique(looked_up, return_counts=True)
+        values.append(np.r_[0, value])
+        rows.append(np.r_[width - len(looked_up), multiplicity])
     value, inverse = np.unique(np.concatenate(values), return_inverse=True)
     multiplicity = np.zeros(len(value), dtype=np.int64)
     np.add.at(multiplicity, inverse, np.concatenate(rows))
