@@ -123,15 +123,17 @@ def test_hashed_normals_are_normal_and_depend_on_id_and_key_only():
 
 def test_law2_dataset_is_deterministic_and_recorded(tmp_path):
     a = generate_synthetic(tmp_path / "a", shape="criteo-multihot", rows=3000, scale=0.001,
-                           progress=False)
+                           law=2, progress=False)
     b = generate_synthetic(tmp_path / "b", shape="criteo-multihot", rows=3000, scale=0.001,
-                           progress=False)
+                           law=2, progress=False)
     c = generate_synthetic(tmp_path / "c", shape="criteo-multihot", rows=3000, scale=0.001,
-                           seed=1, progress=False)
+                           seed=1, law=2, progress=False)
     assert arrays_digest(a) == arrays_digest(b) != arrays_digest(c)
     data = load_dataset(a)
     assert data.meta.info["source"]["spec"]["law"] == 2
-    assert synthetic_spec().law == 2
+    # by default: law 1 (the bytes of earlier versions) where its memory is bounded, law 2 beyond
+    assert synthetic_spec().drawn_law == synthetic_spec("criteo-multihot").drawn_law == 1
+    assert synthetic_spec("criteo", scale=1).drawn_law == synthetic_spec("criteo-multihot", scale=0.1).drawn_law == 2
     sparse = np.concatenate([data.train.sparse, data.val.sparse])
     ends = np.cumsum(data.meta.field_sizes) + 0
     starts = ends - np.asarray(data.meta.field_sizes)

@@ -20,7 +20,7 @@ from .avazu import prepare_avazu
 from .criteo import prepare_criteo
 from .movielens import prepare_movielens
 from .store import read_meta
-from .synthetic import LAWS, SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
+from .synthetic import LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
 from .textio import DataFormatError
 
 DEFAULTS = SyntheticSpec()
@@ -97,10 +97,11 @@ def build_parser():
     synthetic.add_argument("--session-switch", type=float, default=DEFAULTS.session_switch)
     synthetic.add_argument("--hotness-scale", type=float, default=DEFAULTS.hotness_scale,
                            help="multi-hot shapes: bag sizes x K, at least 1 (default 1)")
-    synthetic.add_argument("--law", type=int, choices=LAWS, default=DEFAULTS.law,
-                           help=f"how ids and labels are drawn (default {DEFAULTS.law}: memory "
-                                "bounded whatever the table's rows; 1: the data of earlier "
-                                "versions, byte for byte, about 64 bytes of memory a table row)")
+    synthetic.add_argument("--law", type=int, choices=(0,) + LAWS, default=0,
+                           help="how ids and labels are drawn (default 0: law 1 up to "
+                                f"{LAW1_MAX_TABLE_ROWS} table rows, the bytes of earlier versions, "
+                                "about 64 bytes of memory a table row; law 2 beyond, memory bounded "
+                                "whatever the table's rows)")
     synthetic.add_argument("--force", action="store_true")
     synthetic.add_argument("--quiet", action="store_true")
     return parser

@@ -9,8 +9,9 @@ sizes, 214 ids a sample, times ``hotness_scale``: max(1, round(size x hotness_sc
   seeded permutation of the field's ids, so hot ids are scattered over the id space the way
   dictionary-encoded ids are. A bag's ids are independent draws from its field's law, so an
   id may repeat within a bag (as in MLPerf's data).
-* Law versions (``law``): 2, the default, holds O(1) state per field, so memory is bounded by
-  the chunk whatever the table's rows: ranks up to ``HEAD_RANKS`` have p ~ r^-a exactly, a
+* Law versions (``law``): by default law 1 for tables of at most ``LAW1_MAX_TABLE_ROWS`` rows
+  (the bytes written before law 2 existed) and law 2 beyond. Law 2 holds O(1) state per field,
+  so memory is bounded by the chunk whatever the table's rows: ranks up to ``HEAD_RANKS`` have p ~ r^-a exactly, a
   rank r beyond them the mass of x^-a over [r - 1/2, r + 1/2] (equal to r^-a within 1e-10
   there), drawn by inverting that CDF in closed form; the permutation is a keyed Feistel
   network with cycle walking; an id's weight and factors are normals hashed from the id.
@@ -94,6 +95,9 @@ FIT_CONCURRENT_SESSIONS = 2
 FIT_SESSION_SWITCH = 0.2
 LAWS = (1, 2)
 LATEST_LAW = 2
+# law 0 asks for the default: law 1 (today's bytes) for tables it holds in at most 1 GiB, law 2
+# beyond, so every dataset that could be generated before law 2 keeps its bytes
+LAW1_MAX_TABLE_ROWS = 1 << 24
 # law 2: ranks drawn from an exact table up to here, from the closed-form tail beyond
 HEAD_RANKS = 1 << 16
 AUC_ROWS = 1 << 23       # meta's hidden_logit_auc: over the first rows only, to bound memory
@@ -119,7 +123,7 @@ class SyntheticSpec:
     concurrent_sessions: int = FIT_CONCURRENT_SESSIONS
     session_switch: float = FIT_SESSION_SWITCH
     hotness_scale: float = 1.0   # multi-hot shapes: bag sizes times this (at least 1)
-    law: int = LATEST_LAW        # how ids and the hidden model are drawn (module docstring)
+    law: int = 0                 # how ids and the hidden model are drawn (module docstring); 0: by size
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -133,8 +137,16 @@ class SyntheticSpec:
             raise ValueError(f"bad session_length, concurrent_sessions or session_switch: {self}")
         if self.hotness_scale <= 0:
             raise ValueError(f"hotness_scale must be positive: {self}")
-        if self.law not in LAWS:
-            raise ValueError(f"law must be one of {LAWS}: {self}")
+        if self.law not in (0,) + LAWS:
+            raise ValueError(f"law must be one of {LAWS} (or 0: by the table's size): {self}")
+
+    @property
+    def drawn_law(self):
+        """The law the data is drawn by: ``law``, or with law 0 the one the table's size picks."""
+        if self.law:
+            return self.law
+        rows = scaled_field_sizes(SHAPES[self.shape].real_sizes, self.scale, self.min_field_size).sum()
+        return 1 if rows <= LAW1_MAX_TABLE_ROWS else LATEST_LAW
 
     @property
     def name(self):
@@ -150,7 +162,8 @@ class SyntheticSpec:
                 del params[name]
         if SHAPES[self.shape].hotness is None:
             del params["hotness_scale"]
-        if self.law == 1:
+        params["law"] = self.drawn_law
+        if params["law"] == 1:
             del params["law"]   # law 1's datasets keep their cache folder and meta
         return params
 
@@ -359,7 +372,7 @@ class HiddenModel:
         self.chunk_rows = CHUNK_ROWS >> math.ceil(math.log2(self.num_slots / len(self.field_sizes)))
         self.num_embeddings = int(self.field_sizes.sum())
         self.num_dense = shape.num_dense
-        if spec.law == 1:
+        if spec.drawn_law == 1:
             self.ranks = [ZipfRanks(int(n), spec.zipf_exponent) for n in self.field_sizes]
             self.permutations = [rng.permutation(int(n)).astype(np.int64)
                                  for n in self.field_sizes]
@@ -384,7 +397,7 @@ class HiddenModel:
             np.sqrt((importance ** 2).sum())
         # law 2: a column's weights are hashed normals times its field's std (id_values)
         self.slot_std = np.repeat(field_std, self.field_slots)
-        if spec.law == 1:
+        if spec.drawn_law == 1:
             self.weight_table = rng.standard_normal(self.num_embeddings) * \
                 np.repeat(field_std, self.field_sizes)
         self.dense_log_mean = rng.uniform(0.0, 4.0, size=self.num_dense)
@@ -403,14 +416,14 @@ class HiddenModel:
         # sum over field pairs of <e_f, e_g> with entries N(0, t^2) has variance pairs*k*t^4
         t = (self.spec.interaction_signal ** 2 / (pairs * INTERACTION_DIM)) ** 0.25
         self.factor_std = t
-        if self.spec.law == 1:
+        if self.spec.drawn_law == 1:
             self.factor_table = (rng.standard_normal((self.num_embeddings, INTERACTION_DIM)) *
                                  t).astype(np.float32)
 
     def id_values(self, ids):
         """[n, S] ids (every slot) -> their linear weights [n, S] and interaction factors
         [n, S, k] (None without interactions)."""
-        if self.spec.law == 1:
+        if self.spec.drawn_law == 1:
             return self.weight_table[ids], \
                 None if self.factor_std is None else self.factor_table[ids]
         # hot ids repeat a lot: each distinct one is hashed once
