@@ -21,15 +21,15 @@ def arrays_digest(folder):
 
 
 def test_independent_generator_is_unchanged(tmp_path):
-    """Digests and cache folders of the generator as it was before sessions existed."""
-    criteo = generate_synthetic(tmp_path / "c", rows=5000, progress=False)
+    """Digests and cache folders of law 1's generator as it was before sessions existed."""
+    criteo = generate_synthetic(tmp_path / "c", rows=5000, law=1, progress=False)
     movielens = generate_synthetic(tmp_path / "m", shape="movielens", rows=5000, drift=0.05,
-                                   progress=False)
+                                   law=1, progress=False)
     assert arrays_digest(criteo) == \
         "24b6276d87def5f1b85090772b64ed7d837d33cb821cbb3041a57873d326776b"
     assert arrays_digest(movielens) == \
         "378ee62999ae91c301ce6167dbeb3f23d8f91d02adf5fb215c37d51af3a1f6e5"
-    assert synthetic_dataset_dir("criteo", "/x", rows=1000)[0].name == \
+    assert synthetic_dataset_dir("criteo", "/x", rows=1000, law=1)[0].name == \
         "synthetic-criteo-4b10abf5fd1e"
     assert "sessions" not in json.loads((criteo / "meta.json").read_text())["source"]["spec"]
 

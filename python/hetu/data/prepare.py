@@ -8,6 +8,7 @@
                                           [--shape criteo|criteo-multihot|avazu|movielens]
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
                                           [--hotness-scale K] [--sessions [--session-length L] ...]
+                                          [--law 1|2]
 
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
@@ -19,7 +20,7 @@ from .avazu import prepare_avazu
 from .criteo import prepare_criteo
 from .movielens import prepare_movielens
 from .store import read_meta
-from .synthetic import SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
+from .synthetic import LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
 from .textio import DataFormatError
 
 DEFAULTS = SyntheticSpec()
@@ -96,6 +97,11 @@ def build_parser():
     synthetic.add_argument("--session-switch", type=float, default=DEFAULTS.session_switch)
     synthetic.add_argument("--hotness-scale", type=float, default=DEFAULTS.hotness_scale,
                            help="multi-hot shapes: bag sizes x K, at least 1 (default 1)")
+    synthetic.add_argument("--law", type=int, choices=(0,) + LAWS, default=0,
+                           help="how ids and labels are drawn (default 0: law 1 up to "
+                                f"{LAW1_MAX_TABLE_ROWS} table rows, the bytes of earlier versions, "
+                                "about 64 bytes of memory a table row; law 2 beyond, memory bounded "
+                                "whatever the table's rows)")
     synthetic.add_argument("--force", action="store_true")
     synthetic.add_argument("--quiet", action="store_true")
     return parser
@@ -120,7 +126,7 @@ def run(args):
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
         "interaction_signal", "val_fraction", "seed", "sessions", "session_length",
-        "concurrent_sessions", "session_switch", "hotness_scale")}
+        "concurrent_sessions", "session_switch", "hotness_scale", "law")}
     if args.scale is not None:
         params["scale"] = args.scale
     spec = synthetic_spec(args.shape, **params)

@@ -13,18 +13,36 @@ def rank_auc(labels, scores):
     return value
 
 
-def lookup_counts(sparse, num_embeddings):
-    ids = np.asarray(sparse, dtype=np.int64).reshape(-1)
-    return np.bincount(ids[ids != BAG_PADDING], minlength=num_embeddings)
-
-
-def top_rows_lookup_share(sparse, num_embeddings, fraction=0.01):
+def top_rows_lookup_share(sparse, num_embeddings, fraction=0.01, id_range=None):
     """Share of all lookups that go to the ``fraction`` most looked-up rows of the whole table
-    (``ceil(fraction * num_embeddings)`` rows) - the figure an embedding cache cares about."""
-    counts = lookup_counts(sparse, num_embeddings)
+    (``ceil(fraction * num_embeddings)`` rows) - the figure an embedding cache cares about.
+    ``sparse`` is an id array, or a function that returns a fresh iterable of id arrays (chunks
+    read from disk). Ids are counted ``id_range`` rows of the table at a time (one pass over
+    the ids each), so memory is O(id_range) whatever the table's rows; None: all in one pass."""
+    chunks = sparse if callable(sparse) else (lambda: (sparse,))
+    width_max = num_embeddings if id_range is None else id_range
+    # per range only the histogram of counts is kept: (count, number of rows with it)
+    values, rows = [], []
+    for low in range(0, num_embeddings, width_max):
+        width = min(width_max, num_embeddings - low)
+        counts = np.zeros(width, dtype=np.int64)
+        for ids in chunks():
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            # padding (-1) is below every range
+            counts += np.bincount(ids[(ids >= low) & (ids < low + width)] - low,
+                                  minlength=width)
+        # most rows of a large table are never looked up: their zeros are counted, not sorted
+        looked_up = counts[counts > 0]
+        value, multiplicity = np.unique(looked_up, return_counts=True)
+        values.append(np.r_[0, value])
+        rows.append(np.r_[width - len(looked_up), multiplicity])
+    value, inverse = np.unique(np.concatenate(values), return_inverse=True)
+    multiplicity = np.zeros(len(value), dtype=np.int64)
+    np.add.at(multiplicity, inverse, np.concatenate(rows))
+    value, multiplicity = value[::-1], multiplicity[::-1]      # hottest first
     top = max(1, int(np.ceil(fraction * num_embeddings)))
-    hottest = np.partition(counts, len(counts) - top)[len(counts) - top:]
-    return float(hottest.sum() / counts.sum())
+    taken = np.clip(top - (np.cumsum(multiplicity) - multiplicity), 0, multiplicity)
+    return float((value * taken).sum() / (value * multiplicity).sum())
 
 
 def reuse_distances(sparse):

@@ -66,6 +66,66 @@ def create_array(folder, file_name, dtype, shape):
         str(Path(folder) / file_name), mode="w+", dtype=dtype, shape=tuple(int(s) for s in shape))
 
 
+class NpyWriter:
+    """A .npy file written front to back, a block of rows at a time. Unlike a memory map's,
+    the pages written do not stay in the writer's resident memory, so writing a file larger
+    than RAM needs memory for one block only. The file is the one ``create_array`` would make."""
+
+    def __init__(self, folder, file_name, dtype, shape):
+        self.path = Path(folder) / file_name
+        self.dtype, self.shape = np.dtype(dtype), tuple(int(s) for s in shape)
+        self.rows = 0
+        self.file = open(self.path, "wb")
+        np.lib.format.write_array_header_1_0(self.file, {
+            "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+            "shape": self.shape})
+
+    def write(self, block):
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        if block.shape[1:] != self.shape[1:] or self.rows + len(block) > self.shape[0]:
+            raise ValueError(f"{self.path}: block {block.shape} does not fit {self.shape} "
+                             f"after {self.rows} rows")
+        self.file.write(block.data)
+        self.rows += len(block)
+
+    def close(self):
+        self.file.close()
+        if self.rows != self.shape[0]:
+            raise ValueError(f"{self.path}: {self.rows} rows written of {self.shape[0]}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *_):
+        if kind is None:
+            self.close()
+        else:
+            self.file.close()
+
+
+def npy_row_chunks(path, chunk_rows):
+    """The rows of a .npy file as arrays of ``chunk_rows`` rows, read (not memory-mapped) so
+    that reading a large file keeps one chunk resident."""
+    with open(path, "rb") as f:
+        shape, dtype = _read_npy_header(f)
+        row_items = int(np.prod(shape[1:], dtype=np.int64))
+        for start in range(0, shape[0], chunk_rows):
+            rows = min(chunk_rows, shape[0] - start)
+            yield np.fromfile(f, dtype=dtype, count=rows * row_items).reshape(
+                (rows,) + tuple(shape[1:]))
+
+
+def _read_npy_header(f):
+    """(shape, dtype) of the open .npy file ``f``, left at the start of its data."""
+    version = np.lib.format.read_magic(f)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f"unsupported .npy version {version}")
+    shape, _, dtype = read_header(f)
+    return shape, dtype
+
+
 def flush_arrays(*arrays):
     for array in arrays:
         if isinstance(array, np.memmap):
@@ -85,12 +145,7 @@ def load_npy(path, mmap_mode=None):
     truncated or overlong file is an error naming it (NumPy's own says neither)."""
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if read_header is None:
-                raise ValueError(f"unsupported .npy version {version}")
-            shape, _, dtype = read_header(f)
+            shape, dtype = _read_npy_header(f)
             data_start = f.tell()
     except ValueError as e:
         raise ValueError(f"{path} is not a .npy array file ({e})") from None

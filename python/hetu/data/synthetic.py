@@ -6,9 +6,17 @@ sizes, 214 ids a sample, times ``hotness_scale``: max(1, round(size x hotness_sc
 * Field sizes: the real per-field sizes times ``scale``, rounded, but never below
   ``min(real size, min_field_size)`` so small fields keep a meaningful number of values.
 * Ids: per field, a Zipf-like law over ranks (p(rank r) ~ r^-zipf_exponent) mapped through a
-  seeded random permutation of the field's ids, so hot ids are scattered over the id space the
-  way dictionary-encoded ids are. A bag's ids are independent draws from its field's law, so an
+  seeded permutation of the field's ids, so hot ids are scattered over the id space the way
+  dictionary-encoded ids are. A bag's ids are independent draws from its field's law, so an
   id may repeat within a bag (as in MLPerf's data).
+* Law versions (``law``): by default law 1 for tables of at most ``LAW1_MAX_TABLE_ROWS`` rows
+  (the bytes written before law 2 existed) and law 2 beyond. Law 2 holds O(1) state per field,
+  so memory is bounded by the chunk whatever the table's rows: ranks up to ``HEAD_RANKS`` have p ~ r^-a exactly, a
+  rank r beyond them the mass of x^-a over [r - 1/2, r + 1/2] (equal to r^-a within 1e-10
+  there), drawn by inverting that CDF in closed form; the permutation is a keyed Feistel
+  network with cycle walking; an id's weight and factors are normals hashed from the id.
+  Law 1 (the data written before law 2 existed, byte for byte) draws the permutation and
+  the per-id weights from the seed's stream, so it holds about 64 bytes per table row.
 * Drift (optional): the rank -> id mapping rotates by ``drift * field_size`` positions over the
   stream, so the hot set slides slowly (ids climb one rank at a time, the hottest drop out).
 * Labels: Bernoulli(sigmoid(logit)) of a hidden model: a bias (set for ``positive_rate``), a
@@ -36,7 +44,6 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
-from tqdm import tqdm
 
 from . import avazu, criteo, store
 from .stats import rank_auc, top_rows_lookup_share
@@ -86,6 +93,16 @@ SESSION_PARAMETERS = ("session_length", "concurrent_sessions", "session_switch")
 FIT_SESSION_LENGTH = 100.0
 FIT_CONCURRENT_SESSIONS = 2
 FIT_SESSION_SWITCH = 0.2
+LAWS = (1, 2)
+LATEST_LAW = 2
+# law 0 asks for the default: law 1 (today's bytes) for tables it holds in at most 1 GiB, law 2
+# beyond, so every dataset that could be generated before law 2 keeps its bytes
+LAW1_MAX_TABLE_ROWS = 1 << 24
+# law 2: ranks drawn from an exact table up to here, from the closed-form tail beyond
+HEAD_RANKS = 1 << 16
+AUC_ROWS = 1 << 23       # meta's hidden_logit_auc: over the first rows only, to bound memory
+COUNT_RANGE = 1 << 24    # ids counted per pass over sparse.npy for top1pct_lookup_share
+PROGRESS_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,7 @@ class SyntheticSpec:
     concurrent_sessions: int = FIT_CONCURRENT_SESSIONS
     session_switch: float = FIT_SESSION_SWITCH
     hotness_scale: float = 1.0   # multi-hot shapes: bag sizes times this (at least 1)
+    law: int = 0                 # how ids and the hidden model are drawn (module docstring); 0: by size
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -119,6 +137,16 @@ class SyntheticSpec:
             raise ValueError(f"bad session_length, concurrent_sessions or session_switch: {self}")
         if self.hotness_scale <= 0:
             raise ValueError(f"hotness_scale must be positive: {self}")
+        if self.law not in (0,) + LAWS:
+            raise ValueError(f"law must be one of {LAWS} (or 0: by the table's size): {self}")
+
+    @property
+    def drawn_law(self):
+        """The law the data is drawn by: ``law``, or with law 0 the one the table's size picks."""
+        if self.law:
+            return self.law
+        rows = scaled_field_sizes(SHAPES[self.shape].real_sizes, self.scale, self.min_field_size).sum()
+        return 1 if rows <= LAW1_MAX_TABLE_ROWS else LATEST_LAW
 
     @property
     def name(self):
@@ -134,6 +162,9 @@ class SyntheticSpec:
                 del params[name]
         if SHAPES[self.shape].hotness is None:
             del params["hotness_scale"]
+        params["law"] = self.drawn_law
+        if params["law"] == 1:
+            del params["law"]   # law 1's datasets keep their cache folder and meta
         return params
 
 
@@ -178,6 +209,103 @@ def zipf_cdf(size, exponent):
     weights = np.arange(1, size + 1, dtype=np.float64) ** -exponent
     cdf = np.cumsum(weights)
     return cdf / cdf[-1]
+
+
+class ZipfRanks:
+    """Law 1's 0-based ranks of a field: the whole normalised CDF in memory (8 bytes a row)."""
+
+    def __init__(self, size, exponent):
+        self.size = size
+        self.cdf = zipf_cdf(size, exponent)
+
+    def __call__(self, u):
+        return np.minimum(np.searchsorted(self.cdf, u, side="right"), self.size - 1)
+
+
+class PowerLawRanks:
+    """Law 2's 0-based ranks of a field: an exact CDF table for the first ``HEAD_RANKS`` ranks,
+    beyond them the CDF of the density x^-a (rank k covering [k - 1/2, k + 1/2)), inverted in
+    closed form; so O(HEAD_RANKS) memory whatever the field's size."""
+
+    def __init__(self, size, exponent):
+        head = min(size, HEAD_RANKS)
+        self.size, self.head, self.exponent = size, head, exponent
+        self.head_cdf = np.cumsum(np.arange(1, head + 1, dtype=np.float64) ** -exponent)
+        self.head_mass = self.head_cdf[-1]
+        self.origin = self._integral(head + 0.5)
+        self.total = self.head_mass + (self._integral(size + 0.5) - self.origin)
+
+    def _integral(self, x):
+        """(x^(1-a) - 1) / (1-a), the antiderivative of x^-a; log x at a = 1 (its limit)."""
+        b = 1.0 - self.exponent
+        return np.log(x) if b == 0 else np.expm1(b * np.log(x)) / b
+
+    def _inverse_integral(self, y):
+        b = 1.0 - self.exponent
+        return np.exp(y) if b == 0 else np.exp(np.log1p(b * y) / b)
+
+    def __call__(self, u):
+        mass = u * self.total
+        ranks = np.searchsorted(self.head_cdf, mass, side="right")
+        tail = np.flatnonzero(ranks >= self.head)
+        if len(tail):
+            x = self._inverse_integral(mass[tail] - self.head_mass + self.origin)
+            ranks[tail] = np.clip(np.floor(x - 0.5), self.head, self.size - 1)
+        return np.minimum(ranks, self.size - 1)
+
+
+GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(x):
+    """splitmix64's finaliser: a bijection of uint64 whose outputs of nearby inputs look
+    independent."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def hashed_normals(ids, key, width=1):
+    """[..., width] standard normals, a function of (id, key) alone, so a per-id value needs no
+    per-id storage: Box-Muller on the two 32-bit halves of a splitmix64 hash of (id, pair),
+    each hash giving a pair of normals."""
+    pairs = (width + 1) // 2
+    counters = np.asarray(ids, dtype=np.int64).astype(np.uint64)[..., None] * np.uint64(pairs) \
+        + np.arange(pairs, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        bits = mix64(counters * GOLDEN_GAMMA + np.uint64(key))
+    radius = np.sqrt(-2.0 * np.log(((bits >> np.uint64(32)).astype(np.float64) + 0.5) * 2.0 ** -32))
+    angle = (2.0 * np.pi * 2.0 ** -32) * (bits & np.uint64(0xFFFFFFFF)).astype(np.float64)
+    normals = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=-1)
+    return normals.reshape(normals.shape[:-2] + (2 * pairs,))[..., :width]
+
+
+class FeistelPermutation:
+    """A seeded bijection of [0, size) computed per element: a 4-round Feistel network on the
+    smallest even number of bits that covers size, cycle-walked back into range (fewer than 4
+    steps on average, as the network's domain is under 4 x size)."""
+
+    def __init__(self, size, keys):
+        half = (max(2, int(size - 1).bit_length()) + 1) // 2
+        self.size, self.keys = size, [np.uint64(k) for k in keys]
+        self.half, self.mask = np.uint64(half), np.uint64((1 << half) - 1)
+
+    def _encrypt(self, x):
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (mix64(right ^ key) & self.mask)
+        return (left << self.half) | right
+
+    def __getitem__(self, ranks):
+        # hot ranks repeat a lot: each distinct one is encrypted once
+        distinct, inverse = np.unique(np.asarray(ranks), return_inverse=True)
+        x = self._encrypt(distinct.astype(np.uint64))
+        pending = np.flatnonzero(x >= self.size)
+        while len(pending):
+            x[pending] = self._encrypt(x[pending])
+            pending = pending[x[pending] >= self.size]
+        return x.astype(np.int64)[inverse].reshape(np.shape(ranks))
 
 
 class OpenSessions:
@@ -244,8 +372,18 @@ class HiddenModel:
         self.chunk_rows = CHUNK_ROWS >> math.ceil(math.log2(self.num_slots / len(self.field_sizes)))
         self.num_embeddings = int(self.field_sizes.sum())
         self.num_dense = shape.num_dense
-        self.cdfs = [zipf_cdf(int(n), spec.zipf_exponent) for n in self.field_sizes]
-        self.permutations = [rng.permutation(int(n)).astype(np.int64) for n in self.field_sizes]
+        if spec.drawn_law == 1:
+            self.ranks = [ZipfRanks(int(n), spec.zipf_exponent) for n in self.field_sizes]
+            self.permutations = [rng.permutation(int(n)).astype(np.int64)
+                                 for n in self.field_sizes]
+        else:
+            self.ranks = [PowerLawRanks(int(n), spec.zipf_exponent) for n in self.field_sizes]
+            # its own stream, so the draws from rng below stay those of law 1
+            keys = np.random.default_rng([spec.seed, 3]).integers(
+                0, 1 << 63, size=(len(self.field_sizes) + 1, 4), dtype=np.int64)
+            self.permutations = [FeistelPermutation(int(n), k)
+                                 for n, k in zip(self.field_sizes, keys)]
+            self.weight_key, self.factor_key = (int(k) for k in keys[-1, :2])
         self._init_linear(rng, len(self.field_sizes))
         self._init_interactions(rng, len(self.field_sizes))
         self.bias = 0.0
@@ -257,8 +395,11 @@ class HiddenModel:
         importance = rng.uniform(0.3, 1.0, size=num_fields)
         field_std = spec.linear_signal * math.sqrt(1 - dense_share) * importance / \
             np.sqrt((importance ** 2).sum())
-        self.id_weights = rng.standard_normal(self.num_embeddings) * \
-            np.repeat(field_std, self.field_sizes)
+        # law 2: a column's weights are hashed normals times its field's std (id_values)
+        self.slot_std = np.repeat(field_std, self.field_slots)
+        if spec.drawn_law == 1:
+            self.weight_table = rng.standard_normal(self.num_embeddings) * \
+                np.repeat(field_std, self.field_sizes)
         self.dense_log_mean = rng.uniform(0.0, 4.0, size=self.num_dense)
         self.dense_missing = rng.uniform(0.0, 0.4, size=self.num_dense)
         pilot = self._dense_features(rng, 8192)
@@ -270,12 +411,30 @@ class HiddenModel:
     def _init_interactions(self, rng, num_fields):
         pairs = num_fields * (num_fields - 1) / 2
         if self.spec.interaction_signal <= 0 or pairs == 0:
-            self.factors = None
+            self.factor_std = None
             return
         # sum over field pairs of <e_f, e_g> with entries N(0, t^2) has variance pairs*k*t^4
         t = (self.spec.interaction_signal ** 2 / (pairs * INTERACTION_DIM)) ** 0.25
-        self.factors = (rng.standard_normal((self.num_embeddings, INTERACTION_DIM)) * t) \
-            .astype(np.float32)
+        self.factor_std = t
+        if self.spec.drawn_law == 1:
+            self.factor_table = (rng.standard_normal((self.num_embeddings, INTERACTION_DIM)) *
+                                 t).astype(np.float32)
+
+    def id_values(self, ids):
+        """[n, S] ids (every slot) -> their linear weights [n, S] and interaction factors
+        [n, S, k] (None without interactions)."""
+        if self.spec.drawn_law == 1:
+            return self.weight_table[ids], \
+                None if self.factor_std is None else self.factor_table[ids]
+        # hot ids repeat a lot: each distinct one is hashed once
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        inverse = inverse.reshape(ids.shape)
+        weights = hashed_normals(distinct, self.weight_key)[:, 0][inverse] * self.slot_std
+        if self.factor_std is None:
+            return weights, None
+        factors = (hashed_normals(distinct, self.factor_key, INTERACTION_DIM) *
+                   self.factor_std).astype(np.float32)
+        return weights, factors[inverse]
 
     def _bias_for_rate(self, rng, rate, pilot_rows=32768):
         """Bias that gives ``rate`` positives on a pilot sample. Solved numerically because the
@@ -316,10 +475,9 @@ class HiddenModel:
         position = (np.asarray(rows) / self.spec.rows)[:, None]
         column = 0
         for f in field_indices:
-            size, cdf, perm = self.field_sizes[f], self.cdfs[f], self.permutations[f]
+            size, perm = self.field_sizes[f], self.permutations[f]
             slots = int(self.field_slots[f])
-            ranks = np.minimum(np.searchsorted(cdf, rng.random(n * slots), side="right"),
-                               size - 1).reshape(n, slots)
+            ranks = self.ranks[f](rng.random(n * slots)).reshape(n, slots)
             if self.spec.drift:
                 ranks = (ranks + np.floor(self.spec.drift * size * position).astype(np.int64)) \
                     % size
@@ -335,11 +493,12 @@ class HiddenModel:
         return np.add.reduceat(values, self.slot_offsets[:-1], axis=1) / sizes
 
     def logits(self, ids, dense):
-        logit = self.bias + self.pool(self.id_weights[ids]).sum(axis=1)
+        weights, factors = self.id_values(ids)
+        logit = self.bias + self.pool(weights).sum(axis=1)
         if self.num_dense:
             logit += ((dense - self.dense_mean) / self.dense_std) @ self.dense_weights
-        if self.factors is not None:
-            embedded = self.pool(self.factors[ids])           # [n, F, k]
+        if factors is not None:
+            embedded = self.pool(factors)                     # [n, F, k]
             total = embedded.sum(axis=1)
             logit += 0.5 * ((total ** 2).sum(axis=1) - (embedded ** 2).sum(axis=(1, 2)))
         return logit
@@ -369,7 +528,9 @@ class HiddenModel:
 
 def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True, **overrides):
     """Write a synthetic dataset folder; ``spec`` or keyword overrides of the shape's defaults
-    (e.g. ``generate_synthetic(d, shape="avazu", rows=10**6)``). Returns the folder path."""
+    (e.g. ``generate_synthetic(d, shape="avazu", rows=10**6)``). Returns the folder path.
+    Files are written chunk by chunk; with law 2 memory is bounded by the chunk, not by the
+    rows of the table or of the dataset. ``progress``: lines on stderr, and the rate at the end."""
     if spec is None:
         spec = synthetic_spec(**overrides)
     elif overrides:
@@ -379,23 +540,33 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
     sessions = model.sessions()
     shape = SHAPES[spec.shape]
     n = spec.rows
-    logits = np.empty(n, dtype=np.float32)
+    auc_rows = min(n, AUC_ROWS)
+    logits = np.empty(auc_rows, dtype=np.float32)
+    auc_labels = np.empty(auc_rows, dtype=np.float32)
+    positives = 0
+    report = Progress(spec.name, n, 4 * model.num_dense + 8 * model.num_slots + 4, progress)
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
-        dense = store.create_array(tmp_dir, store.DENSE_FILE, np.float32, (n, model.num_dense))
-        sparse = store.create_array(tmp_dir, store.SPARSE_FILE, np.int64, (n, model.num_slots))
-        labels = store.create_array(tmp_dir, store.LABELS_FILE, np.float32, (n, 1))
-        chunks = range(0, n, model.chunk_rows)
-        for index, start in enumerate(tqdm(chunks, desc=spec.name, unit="chunk",
-                                           disable=not progress, file=sys.stderr)):
-            stop = min(start + model.chunk_rows, n)
-            chunk_dense, chunk_ids, chunk_labels, chunk_logits = \
-                model.generate_chunk(index, start, stop - start, sessions)
-            dense[start:stop] = chunk_dense
-            sparse[start:stop] = chunk_ids
-            labels[start:stop, 0] = chunk_labels
-            logits[start:stop] = chunk_logits
-        store.flush_arrays(dense, sparse, labels)
-        measured = measure(sparse, labels, logits, model.num_embeddings)
+        with store.NpyWriter(tmp_dir, store.DENSE_FILE, np.float32, (n, model.num_dense)) as dense, \
+                store.NpyWriter(tmp_dir, store.SPARSE_FILE, np.int64, (n, model.num_slots)) as sparse, \
+                store.NpyWriter(tmp_dir, store.LABELS_FILE, np.float32, (n, 1)) as labels:
+            for index, start in enumerate(range(0, n, model.chunk_rows)):
+                stop = min(start + model.chunk_rows, n)
+                chunk_dense, chunk_ids, chunk_labels, chunk_logits = \
+                    model.generate_chunk(index, start, stop - start, sessions)
+                dense.write(chunk_dense)
+                sparse.write(chunk_ids)
+                labels.write(chunk_labels[:, None])
+                positives += int(np.count_nonzero(chunk_labels))
+                kept = max(0, min(stop, auc_rows) - start)
+                logits[start:start + kept] = chunk_logits[:kept]
+                auc_labels[start:start + kept] = chunk_labels[:kept]
+                report.update(stop)
+        generated = time.perf_counter()
+        read_rows = max(1, (1 << 23) // model.num_slots)
+        measured = measure(lambda: store.npy_row_chunks(tmp_dir / store.SPARSE_FILE, read_rows),
+                           positives / n, auc_labels, logits, model.num_embeddings)
+        if auc_rows < n:
+            measured["hidden_logit_auc_rows"] = auc_rows
         measured["seconds"] = round(time.perf_counter() - started, 3)
         train_rows, val_rows = store.contiguous_split(n, spec.val_fraction)
         source = {"kind": "synthetic", "spec": spec.as_dict(),
@@ -406,14 +577,45 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
             label={"kind": "click", "values": [0.0, 1.0]},
             field_slots=model.field_slots, bag_fields=shape.field_names if model.bags else (),
             dense_names=[f"I{i}" for i in range(1, model.num_dense + 1)]))
+    report.finish(generated - started, time.perf_counter() - generated)
     return output_dir
 
 
-def measure(sparse, labels, logits, num_embeddings):
-    labels = np.asarray(labels).reshape(-1)
+class Progress:
+    """Progress lines on stderr every ``PROGRESS_SECONDS`` and the rate at the end (samples/s
+    and MB/s of the files written)."""
+
+    def __init__(self, name, rows, row_bytes, enabled):
+        self.name, self.rows, self.row_bytes, self.enabled = name, rows, row_bytes, enabled
+        self.started = self.last = time.perf_counter()
+
+    def update(self, done):
+        now = time.perf_counter()
+        if not self.enabled or now - self.last < PROGRESS_SECONDS or done >= self.rows:
+            return
+        self.last = now
+        rate = done / (now - self.started)
+        print(f"{self.name}: {done:,}/{self.rows:,} samples ({100 * done / self.rows:.0f}%), "
+              f"{rate:,.0f} samples/s, {rate * self.row_bytes / 1e6:.1f} MB/s, "
+              f"{(self.rows - done) / rate:.0f} s left", file=sys.stderr, flush=True)
+
+    def finish(self, generating, measuring):
+        if not self.enabled:
+            return
+        megabytes = self.rows * self.row_bytes / 1e6
+        print(f"{self.name}: {self.rows:,} samples, {megabytes:,.1f} MB in {generating:.1f} s "
+              f"(model, draws and writes): {self.rows / generating:,.0f} samples/s, "
+              f"{megabytes / generating:.1f} MB/s; meta's measurements {measuring:.1f} s",
+              file=sys.stderr, flush=True)
+
+
+def measure(sparse_chunks, positive_rate, labels, logits, num_embeddings):
+    """meta's figures: ``sparse_chunks()`` yields the ids afresh for each pass; the AUC is over
+    the rows of ``labels`` and ``logits`` (the first ``AUC_ROWS``)."""
     measured = {
-        "positive_rate": round(float(labels.mean()), 4),
-        "top1pct_lookup_share": round(top_rows_lookup_share(sparse, num_embeddings, 0.01), 4),
+        "positive_rate": round(float(positive_rate), 4),
+        "top1pct_lookup_share": round(top_rows_lookup_share(sparse_chunks, num_embeddings, 0.01,
+                                                            id_range=COUNT_RANGE), 4),
     }
     if 0 < labels.sum() < len(labels):
         measured["hidden_logit_auc"] = round(rank_auc(labels, logits), 4)
