@@ -251,7 +251,8 @@ for pc in "$LIB"/pkgconfig/*.pc; do
   sed -i "s|^prefix=.*|prefix=$USR|" "$pc"
 done
 "$USR/bin/protoc" --version >/dev/null || die "the bundled protoc does not run here (glibc/libstdc++ too old?)"
-export PATH="$USR/bin:$PATH"
+# usr/sbin after the system's: Open MPI's singleton start (mpi4py's check below) needs an ssh
+export PATH="$USR/bin:$PATH:$USR/sbin"
 export PKG_CONFIG="$USR/bin/pkgconf"
 if [ "${HETU_BUNDLE_ISOLATED:-0}" = 1 ]; then
   export PKG_CONFIG_LIBDIR="$LIB/pkgconfig"
