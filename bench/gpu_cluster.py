@@ -20,10 +20,17 @@ the share of the step spent on embeddings (`emb %`) and the planner's time per p
     python bench/gpu_cluster.py --quick        # W=2, 1 server, 10gbit, WDL: a few minutes
     python bench/gpu_cluster.py --workloads ncf --movielens-dir data/ml100k-time --workers 2 4
 
-Needs root, iproute2, openssh-server and mpirun (hetu.netns).
+Needs root, iproute2, openssh-server and mpirun (hetu.netns). Where namespace hosts cannot be
+made (`--network auto`, the default, tries them) or with `--network loopback`, the same grid runs
+as one local cluster over loopback: the scheduler and servers on the cores host 0 would have, each
+worker on its host's cores, every link `lo` and every row labelled so; --rates does not apply
+there, and no figure of such a run is at any link rate.
+
+    python bench/gpu_cluster.py --quick --network loopback
 """
 import argparse
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -33,6 +40,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_modes  # noqa: E402  (MODES, worker_summaries, aggregate)
 
+from hetu.launch.mpirun import THREAD_VARS  # noqa: E402
 from hetu.netns import NamespaceHosts, NetnsUnavailable, shape  # noqa: E402
 
 ROOT = compare_modes.ROOT
@@ -41,6 +49,9 @@ RECEIVER = ("import socket,sys,time\ns=socket.socket();s.setsockopt(socket.SOL_S
             "s.bind((sys.argv[1],int(sys.argv[2])));s.listen(1);print('ready',flush=True)\nc,_=s.accept()\n"
             "t=time.perf_counter();n=0\nwhile True:\n b=c.recv(1<<20)\n if not b: break\n n+=len(b)\n"
             "print(n*8/(time.perf_counter()-t))")
+# Pins a loopback worker to its host's cores (by its MPI rank), then runs the worker command.
+PIN = ("import json,os,sys\ncores=json.loads(sys.argv[1])[int(os.environ['OMPI_COMM_WORLD_RANK'])]\n"
+       "os.sched_setaffinity(0,cores)\nos.execvp(sys.argv[2],sys.argv[2:])")
 SENDER = ("import socket,sys\nc=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
           "b=bytes(1<<20)\nfor _ in range(int(sys.argv[3])): c.sendall(b)\nc.close()")
 
@@ -86,7 +97,9 @@ def achieved_rate(hosts, mbytes):
         recv.wait()
 
 
-def mode_command(mode, cluster_file, cfg, args):
+def mode_command(mode, cluster_file, cfg, args, cpus=None):
+    """The run of `mode` on the namespace hosts of `cluster_file`, or (cluster_file None) as one
+    local cluster over loopback, its workers pinned to `cpus[1:]` where given."""
     script, flags = compare_modes.MODES[mode]
     model = WORKLOADS[cfg["workload"]]
     if cfg["workload"] == "ncf" and args.movielens_dir:
@@ -95,8 +108,10 @@ def mode_command(mode, cluster_file, cfg, args):
         data = ["--dataset", "synthetic-movielens-sessions", "--rows", str(args.rows)]
     else:
         data = ["--rows", str(args.rows)]
-    return [sys.executable, os.path.join(ROOT, "python/runner.py"), "-c", cluster_file, "--timeout", str(args.timeout),
-            sys.executable, os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0", "--model", model,
+    where = ["-c", cluster_file] if cluster_file else ["-w", str(cfg["workers"]), "-s", str(cfg["servers"])]
+    pin = [] if cluster_file or cpus is None else [sys.executable, "-c", PIN, json.dumps(cpus[1:])]
+    return [sys.executable, os.path.join(ROOT, "python/runner.py"), *where, "--timeout", str(args.timeout),
+            *pin, sys.executable, os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0", "--model", model,
             "--batch-size", str(cfg["batch"]), "--embedding-size", str(cfg["embedding"]),
             "--cache-limit-ratio", str(cfg["ratio"]), "--iters-per-epoch", str(args.iterations), *data,
             "--no-progress", *(["--gpu"] if args.gpu else [])]
@@ -114,12 +129,19 @@ def breakdown(summaries):
             "plan_ms": per_step("scheduler_seconds")}
 
 
-def run_configuration(hosts, cluster_file, cfg, args):
+def run_configuration(cluster_file, cfg, args, cpus=None):
     runs = {m: [] for m in args.modes}
+    env, pin = None, None
+    if cluster_file is None and cpus is not None:
+        # The launcher, scheduler and servers on host 0's cores; every worker its host's share
+        # of threads, as NamespaceHosts.cluster gives them.
+        env = {**os.environ, **{v: str(min(len(c) for c in cpus[1:])) for v in THREAD_VARS}}
+        pin = lambda: os.sched_setaffinity(0, cpus[0])   # noqa: E731
     for _ in range(args.repeats):   # the modes in turn, so a slow spell falls on all alike
         for mode in args.modes:
-            cmd = mode_command(mode, cluster_file, cfg, args)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
+            cmd = mode_command(mode, cluster_file, cfg, args, cpus)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60, env=env,
+                                  preexec_fn=pin)
             summaries = compare_modes.worker_summaries(mode, cfg["workers"], proc.returncode, proc.stdout, proc.stderr)
             runs[mode].append({**compare_modes.aggregate(summaries, cfg["batch"]), **breakdown(summaries)})
     result = {}
@@ -174,6 +196,9 @@ def main():
     p.add_argument("--cpu", dest="gpu", action="store_false", help="workers on their CPU cores")
     p.add_argument("--rate-probe-mb", type=int, default=200, help="MB sent to measure the achieved link rate")
     p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--network", choices=["auto", "netns", "loopback"], default="auto",
+                   help="namespace hosts on shaped links, or one local cluster over loopback (auto: namespace "
+                        "hosts where they can be made)")
     args = p.parse_args()
     if args.quick:
         args.workloads, args.workers, args.servers, args.rates = ["wdl"], [2], [1], ["10gbit"]
@@ -188,6 +213,17 @@ def main():
                                              "their CPU cores (no GPU here: not the setting Herald is built for)"))
     print(f"# {args.iterations} iterations per run, samples/s the median of {args.repeats}; ms per step, the "
           f"workers' mean")
+    network = args.network
+    if network == "auto":
+        try:
+            with NamespaceHosts(2):
+                network = "netns"
+        except (NetnsUnavailable, RuntimeError) as e:
+            network = "loopback"
+            print(f"# namespace hosts cannot be made here: {e}")
+    if network == "loopback":
+        print(f"# network: LOOPBACK, one local cluster on 127.0.0.1, no shaped link (link column 'lo'): no figure "
+              f"below is at a link rate; --rates ({' '.join(args.rates)}) not applied")
     print(HEADER)
     print("-" * len(HEADER))
     for workers, servers in itertools.product(args.workers, args.servers):
@@ -195,6 +231,13 @@ def main():
         if cpus is None:
             print(f"# W={workers}, S={servers}: fewer cores ({cores}) than hosts ({workers + 1}): every process "
                   f"shares all of them")
+        if network == "loopback":
+            for workload, emb, batch, ratio in itertools.product(args.workloads, args.embedding, args.batch,
+                                                                 args.ratios):
+                cfg = {"workload": workload, "workers": workers, "servers": servers, "embedding": emb,
+                       "batch": batch, "ratio": ratio}
+                report(cfg, "lo", run_configuration(None, cfg, args, cpus))
+            continue
         try:
             with NamespaceHosts(workers + 1, cpus=cpus) as hosts, tempfile.TemporaryDirectory() as d:
                 cluster_file = hosts.write_cluster_file(os.path.join(d, "cluster.yml"), workers=[0] + [1] * workers,
@@ -209,7 +252,7 @@ def main():
                                                                          args.ratios):
                         cfg = {"workload": workload, "workers": workers, "servers": servers, "embedding": emb,
                                "batch": batch, "ratio": ratio}
-                        report(cfg, rate, run_configuration(hosts, cluster_file, cfg, args))
+                        report(cfg, rate, run_configuration(cluster_file, cfg, args))
         except NetnsUnavailable as e:
             sys.exit(f"cannot make or shape namespace hosts here: {e}")
 

@@ -1,4 +1,4 @@
-"""One GPU, one process: hetu vs PyTorch eager on WDL, DCN and NCF, side by side in one run.
+"""One GPU, one process: hetu vs PyTorch eager and compiled on WDL, DCN and NCF, side by side in one run.
 
 For every configuration (model x batch x embedding size x optimizer) the bench trains
 examples/ctr/models' wdl_criteo / dcn_criteo / ncf_movielens in hetu, built as
@@ -30,6 +30,14 @@ timed after the warm-up so that the slowest framework's window takes about --win
 that does not fit on the device with all frameworks at once is measured one framework at a
 time; a framework that runs out of device memory alone is reported as OOM, not an abort.
 
+tc:MODE: PyTorch with the model (but for its embedding lookups, whose sparse gradients Inductor
+cannot make) and its loss under torch.compile(mode=MODE, dynamic=False), one
+column per --compile-modes value (default: default and reduce-overhead, which adds CUDA graphs),
+the optimizers eager as in the torch column; compiled (and its CUDA graphs recorded) in the
+warm-up, afresh for every configuration. A mode that fails to compile or run is that cell's
+error, with the reason, and the run goes on; the note says where Dynamo broke the graph or
+Inductor skipped CUDA graphs. Each torch.compile column gets its ratio to hetu's best column.
+
 hetu+graph: hetu's executor with cuda_graph=True (the step captured as a CUDA graph), its own
 column when hetu has that option (--cuda-graph auto: on the GPU when the installed hetu
 mentions it; the plain hetu column then passes cuda_graph=False). Where hetu has no such
@@ -47,7 +55,8 @@ Duration: the default grid (3 models x 4 batches x 2 embeddings x 2 optimizers =
 configurations, 5 windows of ~0.2 s per framework) takes about 4-6 minutes on an H100 with the
 hetu+graph column (PyTorch alone measured the grid in under a minute there), start-up and CuPy's
 first kernel compilations included; --budget (default 400 s from the start) skips the
-configurations not yet started when it is spent, with a note, so that the run ends in time.
+configurations not yet started when it is spent (the torch.compile columns add their compile
+time, some seconds per configuration and mode), with a note, so that the run ends in time.
 
     python bench/gpu_single.py --out gpu_single.json                 # the default grid on GPU 0
     python bench/gpu_single.py --check                                # the equivalence check only
@@ -292,6 +301,9 @@ def torch_models():
             nn.init.zeros_(lin.bias)
             return lin
 
+        def forward(self, dense, ids):
+            return self.top(dense, self.embed(ids))
+
         def load_hetu(self, params):
             """Copies hetu's parameters (name -> NumPy array) into this model."""
             loaded = set()
@@ -327,8 +339,11 @@ def torch_models():
             self.out = self.linear("wdl_deep_out", width, 1)
             self.wide = self.linear("wdl_wide", num_dense, 1)
 
-        def forward(self, dense, ids):
-            x = torch.cat([self.emb(ids).reshape(ids.shape[0], -1), dense], dim=1)
+        def embed(self, ids):
+            return self.emb(ids)
+
+        def top(self, dense, e):
+            x = torch.cat([e.reshape(e.shape[0], -1), dense], dim=1)
             for lin in self.deep:
                 x = F.relu(lin(x))
             return self.out(x) + self.wide(dense)
@@ -350,8 +365,11 @@ def torch_models():
                 w_in = h
             self.out = self.linear("dcn_out", width + hidden[-1], 1)
 
-        def forward(self, dense, ids):
-            x0 = torch.cat([self.emb(ids).reshape(ids.shape[0], -1), dense], dim=1)
+        def embed(self, ids):
+            return self.emb(ids)
+
+        def top(self, dense, e):
+            x0 = torch.cat([e.reshape(e.shape[0], -1), dense], dim=1)
             x = x0
             for w, b in self.cross:
                 x = x0 * (x @ w) + b + x
@@ -371,9 +389,12 @@ def torch_models():
                 width = h
             self.out = self.linear("ncf_out", emb + hidden[-1], 1)
 
-        def forward(self, dense, ids):
-            g = self.gmf(ids)
-            d = self.mlp(ids).reshape(ids.shape[0], -1)
+        def embed(self, ids):
+            return self.gmf(ids), self.mlp(ids)
+
+        def top(self, dense, e):
+            g, m = e
+            d = m.reshape(m.shape[0], -1)
             for lin in self.deep:
                 d = F.relu(lin(d))
             return self.out(torch.cat([g[:, 0] * g[:, 1], d], dim=1))
@@ -399,12 +420,28 @@ class HostBatches:
         self.rows = len(sparse)
 
 
+def compile_key(mode):
+    """The results' key of the torch.compile column of `mode`."""
+    return "compile_" + mode.replace("-", "_")
+
+
+def compile_counters():
+    """Dynamo's graph breaks and Inductor's skipped CUDA graphs so far (process-wide counts)."""
+    from torch._dynamo.utils import counters
+    return sum(counters["graph_break"].values()), counters["inductor"]["cudagraph_skips"]
+
+
 class TorchRunner:
-    def __init__(self, model, host, batch, emb, opt, device):
+    """PyTorch's step: eager, or with the model and its loss under torch.compile(mode=...)
+    (`compile_mode`; "default" is torch.compile's default mode). The optimizers run eagerly in
+    both, as they do in hetu's plain executor."""
+
+    def __init__(self, model, host, batch, emb, opt, device, compile_mode=None):
         import torch
         import torch.nn.functional as F
         torch.manual_seed(SEED)
         self.torch, self.F = torch, F
+        self.compile_mode, self.steps, self.compile_note = compile_mode, 0, None
         self.dev = device.torch_device
         self.host, self.batch = host, batch
         self.nb = host.rows // batch          # as hetu's dataloader: drop_last, batches cycle
@@ -423,6 +460,17 @@ class TorchRunner:
             except (RuntimeError, ValueError, TypeError):
                 dense_opt = torch.optim.Adam(dense_params, lr=LR["adam"], eps=ADAM_EPS)
             self.optimizers.append(dense_opt)
+        self.top_loss = self._top_loss
+        if compile_mode is not None:
+            # Static shapes: one batch size per configuration, so the kernels are specialised
+            # to it, as a tuned deployment would have them. The lookups stay outside: Inductor
+            # cannot make the tables' sparse gradients (it fails on SparseTensorImpl's storage).
+            self.top_loss = torch.compile(self._top_loss, mode=None if compile_mode == "default" else compile_mode,
+                                          dynamic=False)
+            self.counters0 = compile_counters()
+
+    def _top_loss(self, dense, embedded, y):
+        return self.F.binary_cross_entropy_with_logits(self.model.top(dense, embedded), y)
 
     def step(self):
         b, h = self.batch, self.host
@@ -433,14 +481,24 @@ class TorchRunner:
         y = h.labels[s].to(self.dev, non_blocking=True)
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
-        loss = self.F.binary_cross_entropy_with_logits(self.model(dense, ids), y)
+        loss = self.top_loss(dense, self.model.embed(ids), y)
         loss.backward()
         for o in self.optimizers:
             o.step()
+        self.steps += 1
+        if self.compile_mode is not None and self.steps == 1:
+            # the first step compiles forward and backward: what it left out shows here
+            breaks, skips = (a - b for a, b in zip(compile_counters(), self.counters0))
+            parts = ([f"{breaks} graph break(s)"] if breaks else []) + \
+                ([f"CUDA graphs skipped {skips} time(s)"] if skips else [])
+            self.compile_note = ", ".join(parts) or None
         return loss.item()
 
+    def note(self):
+        return self.compile_note
+
     def close(self):
-        self.model = self.optimizers = None
+        self.model = self.optimizers = self.top_loss = None
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -448,10 +506,19 @@ class OOM(Exception):
     pass
 
 
+def describe(exc):
+    """A failure's type and first lines: a torch.compile error's first line often only names
+    the backend, its reason follows."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    return f"{type(exc).__name__}: {' | '.join(lines[:3])[:300]}"
+
+
 def build(key, cfg, ctx):
     model, batch, emb, opt = cfg["model"], cfg["batch"], cfg["emb"], cfg["opt"]
     if key == "torch":
         return TorchRunner(model, ctx["host"], batch, emb, opt, ctx["device"])
+    if key in ctx["compile_modes"]:
+        return TorchRunner(model, ctx["host"], batch, emb, opt, ctx["device"], compile_mode=ctx["compile_modes"][key])
     graph = None if not ctx["graph_option"] else key == "hetu_graph"
     return HetuRunner(model, ctx["data"], batch, emb, opt, ctx["device"], ctx["prefetch"], cuda_graph=graph)
 
@@ -462,6 +529,11 @@ def measure_together(keys, cfg, ctx, args):
     device memory (the caller frees everything and decides)."""
     device = ctx["device"]
     runners, out, step_time = {}, {}, {}
+    if any(k in ctx["compile_modes"] for k in keys):
+        # Each configuration compiles afresh: guards from earlier ones would pile up against
+        # Dynamo's recompile limit, past which it silently runs eagerly.
+        import torch._dynamo
+        torch._dynamo.reset()
     try:
         for key in keys:
             phase = "set-up"
@@ -482,7 +554,7 @@ def measure_together(keys, cfg, ctx, args):
             except Exception as e:          # noqa: BLE001 - one framework's failure is a table note
                 if is_oom(e):
                     raise OOM(f"{key} {phase}: {type(e).__name__}") from None
-                out[key] = {"error": f"{phase}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                out[key] = {"error": f"{phase}: {describe(e)}"}
                 log(f"  {key} failed at {phase}: {out[key]['error']}")
                 runners.pop(key, None)
         if not runners:
@@ -503,7 +575,7 @@ def measure_together(keys, cfg, ctx, args):
                 except Exception as e:      # noqa: BLE001
                     if is_oom(e):
                         raise OOM(f"{key} timed step: {type(e).__name__}") from None
-                    out[key] = {"error": f"step: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                    out[key] = {"error": f"step: {describe(e)}"}
                     log(f"  {key} failed: {out[key]['error']}")
                     runners.pop(key).close()
                     rates.pop(key)
@@ -617,6 +689,9 @@ def main():
     ap.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"],
                     help="the hetu+graph column (executor option cuda_graph=True): auto = on the GPU when hetu has "
                          "the option")
+    ap.add_argument("--compile-modes", nargs="*", default=["default", "reduce-overhead"],
+                    help="a torch.compile column per mode (torch.compile's mode argument; 'default' is its "
+                         "default; none: no such column)")
     ap.add_argument("--check", action="store_true", help="only the equivalence check, then exit")
     ap.add_argument("--no-check", action="store_true", help="skip the equivalence check before the grid")
     ap.add_argument("--check-steps", type=int, default=5)
@@ -632,10 +707,18 @@ def main():
     has_option = hetu_has_cuda_graph()
     graph = args.cuda_graph == "on" or (args.cuda_graph == "auto" and args.device == "gpu" and has_option)
     hetu_keys = ["hetu", "hetu_graph"] if graph else ["hetu"]
-    keys = hetu_keys + ["torch"]
+    modes = [] if args.compile_modes in ([], ["none"]) else list(dict.fromkeys(args.compile_modes))
+    compile_modes = {compile_key(m): m for m in modes}
+    torch_keys = ["torch"] + list(compile_modes)
+    keys = hetu_keys + torch_keys
+    label = {"hetu": "hetu", "hetu_graph": "hetu+graph", "torch": "torch",
+             **{k: f"tc:{m}" for k, m in compile_modes.items()}}
+    best = hetu_keys[-1]      # the ratio to each torch.compile column is hetu's best column's
     info = device.describe()
     info["hetu_cuda_graph_option"] = has_option
-    print(f"# hetu vs PyTorch eager, one process on {info['device_name']} ({args.device})", flush=True)
+    info["torch_compile_modes"] = modes
+    vs = "PyTorch eager" + (f" and torch.compile ({', '.join(modes)})" if modes else "")
+    print(f"# hetu vs {vs}, one process on {info['device_name']} ({args.device})", flush=True)
     cuda = f" (CUDA {info.get('torch_cuda')})" if args.device == "gpu" else ""
     print(f"# python {info['python']}, torch {info['torch']}{cuda}, cupy {info['cupy']}, numpy {info['numpy']}, "
           f"hetu {info['hetu_commit']}", flush=True)
@@ -644,6 +727,11 @@ def main():
     window = f"{args.steps} steps" if args.steps else f"~{args.window_seconds} s"
     print(f"# float32 (TF32 off), loss fetched to the host every step, median of {args.windows} windows of "
           f"{window}; hetu+graph column: {'yes' if graph else f'no ({why_not})'}", flush=True)
+    if modes:
+        print("# tc:MODE = torch.compile(model and loss, mode=MODE, dynamic=False), embedding lookups (sparse "
+              "gradients) and optimizers eager; compiled in "
+              "the warm-up; a mode that fails is an error cell" +
+              ("; on the CPU reduce-overhead has no CUDA graphs to use" if args.device == "cpu" else ""), flush=True)
     if graph and not has_option:
         print("# note: this hetu has no cuda_graph option (Executor ignores unknown options): the hetu+graph "
               "column runs hetu's plain executor", flush=True)
@@ -660,7 +748,8 @@ def main():
     rows = args.rows or 4 * max(args.batch)
     configs = [(m, b, e, o) for m in args.models for b in args.batch for e in args.embedding for o in args.optimizers]
     datasets = {}
-    ctx = {"device": device, "graph_option": graph, "prefetch": args.prefetch, "hetu_keys": hetu_keys}
+    ctx = {"device": device, "graph_option": graph, "prefetch": args.prefetch, "hetu_keys": hetu_keys,
+           "compile_modes": compile_modes}
 
     def dataset(model):
         if model not in datasets:
@@ -686,9 +775,12 @@ def main():
         if args.check:
             return
 
-    head = f"{'model':<6}{'batch':>7}{'emb':>5} {'opt':<5}{'hetu':>11}"
-    head += f"{'hetu+graph':>12}" if graph else ""
-    head += f"{'torch':>11}{'hetu/torch':>11}" + (f"{'graph/torch':>12}" if graph else "") + "  note"
+    width = {k: max(11, len(label[k]) + 2) for k in keys}
+    ratio_cols = [(h, "torch") for h in hetu_keys] + [(best, k) for k in compile_modes]
+    ratio_label = {(h, t): f"{'hetu' if h == 'hetu' else 'graph'}/{label[t]}" for h, t in ratio_cols}
+    ratio_width = {c: max(11, len(ratio_label[c]) + 2) for c in ratio_cols}
+    head = f"{'model':<6}{'batch':>7}{'emb':>5} {'opt':<5}" + "".join(f"{label[k]:>{width[k]}}" for k in keys)
+    head += "".join(f"{ratio_label[c]:>{ratio_width[c]}}" for c in ratio_cols) + "  note"
     print("# samples/s\n" + head + "\n" + "-" * len(head), flush=True)
     start = time.perf_counter()
     for n, (model, batch, emb, opt) in enumerate(configs, 1):
@@ -706,20 +798,19 @@ def main():
             if key in out:
                 row[key] = median(out[key])
                 row[key + "_detail"] = out[key]
-        t = row.get("torch")
-        row["ratio"] = row["hetu"] / t if row.get("hetu") and t else None
+        row["ratios"] = {f"{h}/{t}": row[h] / row[t] if row.get(h) and row.get(t) else None
+                         for h in hetu_keys for t in torch_keys}
+        row["ratio"] = row["ratios"]["hetu/torch"]
         if graph:
-            row["graph_ratio"] = row["hetu_graph"] / t if row.get("hetu_graph") and t else None
+            row["graph_ratio"] = row["ratios"]["hetu_graph/torch"]
         errors = [f"{k}: {out[k][w]}" for k in keys for w in ("error", "note") if k in out and w in out[k]]
         note = "; ".join(x for x in [note] + errors if x)
         row["note"] = note
         results["results"].append(row)
-        line = f"{model:<6}{batch:>7}{emb:>5} {opt:<5}{fmt_rate(out.get('hetu')):>11}"
-        line += f"{fmt_rate(out.get('hetu_graph')):>12}" if graph else ""
-        line += f"{fmt_rate(out.get('torch')):>11}"
-        line += f"{row['ratio']:>10.2f}x" if row["ratio"] else f"{'-':>11}"
-        if graph:
-            line += f"{row['graph_ratio']:>11.2f}x" if row["graph_ratio"] else f"{'-':>12}"
+        line = f"{model:<6}{batch:>7}{emb:>5} {opt:<5}" + "".join(f"{fmt_rate(out.get(k)):>{width[k]}}" for k in keys)
+        for c in ratio_cols:
+            r = row["ratios"][f"{c[0]}/{c[1]}"]
+            line += f"{r:>{ratio_width[c] - 1}.2f}x" if r else f"{'-':>{ratio_width[c]}}"
         print(line + (f"  {note[:160]}" if note else ""), flush=True)   # the whole note is in --out
         save()
     log(f"done: {len(configs)} configurations in {time.perf_counter() - start:.0f}s")

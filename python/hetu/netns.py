@@ -19,6 +19,7 @@ otherwise NetnsUnavailable says what is missing, so tests can skip with that rea
 import ipaddress
 import itertools
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -35,8 +36,11 @@ from .launch.mpirun import THREAD_VARS
 
 SUBNET_PREFIX = "10.231"
 _instances = itertools.count()   # NamespaceHosts made in this process
-SSHD = "/usr/sbin/sshd"
 CMD_TIMEOUT = 20
+# What every host's ssh sessions inherit from the caller (sshd otherwise starts them with its
+# compiled-in PATH): the same interpreter, libraries and Open MPI (an offline bundle's mpirun
+# and orted are found through PATH and OPAL_PREFIX alone).
+SESSION_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OPAL_PREFIX", "MPI4PY_LIBMPI")
 
 
 class NetnsUnavailable(RuntimeError):
@@ -69,12 +73,29 @@ def _run(argv, what, timeout=CMD_TIMEOUT, check=True) -> subprocess.CompletedPro
     return res
 
 
-def _require_tools():
+def sshd_path() -> Optional[str]:
+    """$HETU_SSHD, else the system's /usr/sbin/sshd, else the first sshd on PATH (an offline
+    bundle's); absolute, as sshd must be to re-execute itself. None if there is none."""
+    for path in (os.environ.get("HETU_SSHD"), "/usr/sbin/sshd", shutil.which("sshd")):
+        if path and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+    return None
+
+
+def _require_tools() -> str:
     for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
             raise NetnsUnavailable(f"{tool} not found on PATH")
-    if not os.access(SSHD, os.X_OK):
-        raise NetnsUnavailable(f"{SSHD} not found (install openssh-server)")
+    sshd = sshd_path()
+    if sshd is None:
+        raise NetnsUnavailable("sshd not found in $HETU_SSHD, /usr/sbin/sshd or on PATH "
+                               "(install openssh-server)")
+    try:
+        pwd.getpwnam("sshd")
+    except KeyError:
+        raise NetnsUnavailable("sshd's privilege-separation user 'sshd' does not exist "
+                               "(useradd --system --home-dir /run/sshd sshd)") from None
+    return sshd
 
 
 def _used_subnets() -> set:
@@ -111,6 +132,7 @@ class NamespaceHosts:
         self.bridge = f"htb{self.tag}"
         self.dir: Optional[str] = None
         self.net: Optional[int] = None
+        self.sshd: Optional[str] = None
 
     # ---- addressing
 
@@ -135,7 +157,7 @@ class NamespaceHosts:
     # ---- setup
 
     def __enter__(self):
-        _require_tools()
+        self.sshd = _require_tools()
         if os.geteuid() != 0:
             raise NetnsUnavailable("network namespaces need root (CAP_NET_ADMIN/CAP_SYS_ADMIN)")
         self.dir = tempfile.mkdtemp(prefix="hetu-netns-")
@@ -212,6 +234,10 @@ class NamespaceHosts:
                 "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
                 "StrictModes no", "UseDNS no", "PrintMotd no", "LogLevel ERROR",
                 "MaxStartups 100", "MaxSessions 100", ""]))
+            # one SetEnv line: sshd takes its first and ignores the rest
+            pairs = [f'"{k}={os.environ[k]}"' for k in SESSION_ENV if os.environ.get(k)]
+            if pairs:
+                f.write(f"SetEnv {' '.join(pairs)}\n")
         return path
 
     def _start_sshd(self, h: Host):
@@ -219,7 +245,7 @@ class NamespaceHosts:
         config = self._sshd_config(h)
         # A UTS namespace per host: MPI tells nodes apart by hostname.
         argv = ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c",
-                f'hostname "$0" && exec {SSHD} -D -e -f "$1"', h.hostname, config]
+                f'hostname "$0" && exec "$2" -D -e -f "$1"', h.hostname, config, self.sshd]
         cores = None if self.cpus is None else set(self.cpus[h.index])
         h.sshd = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   start_new_session=True,
