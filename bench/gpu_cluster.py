@@ -1,8 +1,8 @@
 """Herald's end-to-end speed-up where it exists: GPU workers in front of CPU parameter servers on
 shaped links (DESIGN.md section 12).
 
-One machine plays the cluster: namespace hosts (hetu.netns), host 0 runs the scheduler and the
-servers, hosts 1..W one worker each, every host's processes pinned to cores of their own (the
+One machine plays the cluster: namespace hosts (hetu_tools.netns), host 0 runs the scheduler and
+the servers, hosts 1..W one worker each, every host's processes pinned to cores of their own (the
 affinity of the host's sshd, which every process started there inherits), every host's link
 shaped (tbf) to each --rates value. The achieved TCP rate between a worker host and the server
 host is measured and printed beside the rate asked for. The W workers share this machine's GPU
@@ -20,7 +20,7 @@ the share of the step spent on embeddings (`emb %`) and the planner's time per p
     python bench/gpu_cluster.py --quick        # W=2, 1 server, 10gbit, WDL: a few minutes
     python bench/gpu_cluster.py --workloads ncf --movielens-dir data/ml100k-time --workers 2 4
 
-Needs root, iproute2, openssh-server and mpirun (hetu.netns). Where namespace hosts cannot be
+Needs root, iproute2, openssh-server and mpirun (hetu_tools.netns). Where namespace hosts cannot be
 made (`--network auto`, the default, tries them) or with `--network loopback`, the same grid runs
 as one local cluster over loopback: the scheduler and servers on the cores host 0 would have, each
 worker on its host's cores, every link `lo` and every row labelled so; --rates does not apply
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_modes  # noqa: E402  (MODES, worker_summaries, aggregate)
 
 from hetu.launch.mpirun import THREAD_VARS  # noqa: E402
-from hetu.netns import NamespaceHosts, NetnsUnavailable, shape  # noqa: E402
+from hetu_tools.netns import NamespaceHosts, NetnsUnavailable, shape  # noqa: E402
 
 ROOT = compare_modes.ROOT
 WORKLOADS = {"wdl": "wdl_criteo", "ncf": "ncf_movielens"}

@@ -6,7 +6,7 @@ carries every worker's traffic, as on a real cluster with one parameter server. 
 this machine's cores, so compute is as slow as on the local runs; what changes is the network.
 Each cell is the median samples/s of --repeats runs (all modes of one repeat run back to back).
 
-Needs root, iproute2, openssh-server and mpirun (hetu.netns); prints why otherwise.
+Needs root, iproute2, openssh-server and mpirun (hetu_tools.netns); prints why otherwise.
 
     python bench/netns_compare.py                                    # W=2, 1 and 10 Gbit/s
     python bench/netns_compare.py --workers 2 4 --rates 1gbit 10gbit --repeats 3
@@ -20,7 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_modes  # noqa: E402  (run_mode, aggregate: one run of a mode, and its totals)
 
-from hetu.netns import NamespaceHosts, NetnsUnavailable, shape, unshape  # noqa: E402
+from hetu_tools.netns import NamespaceHosts, NetnsUnavailable, shape, unshape  # noqa: E402
 
 def run_on_hosts(hosts, workers, rate, args):
     """{mode: [aggregate per repeat]} with every link shaped to `rate` (None: unshaped veth)."""

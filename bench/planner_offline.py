@@ -4,9 +4,10 @@ For each configuration, W planners (hetu._C.Planner, one per rank, as with --pla
 plan the same global batches of the synthetic Criteo-shaped data. Rows moved are counted from
 the plans as HeraldTable would move them: pulls, gradient pushes of shared rows and write-backs
 (no final flush). HET at bound 0 is replayed with the same policy and capacity
-(hetu.cache.replay): each worker pulls the rows its cache lacks or another worker updated since
-it read them, and pushes every distinct row of its slice. Planner time is per plan (one rank, one iteration),
-measured here with nothing else running; in a cluster the planner shares the cores.
+(hetu_tools.het_replay): each worker pulls the rows its cache lacks or another worker updated
+since it read them, and pushes every distinct row of its slice. Planner time is per plan (one
+rank, one iteration), measured here with nothing else running; in a cluster the planner shares
+the cores.
 
 With --threads N [N ...] the planners plan on N threads each (hetu._C.Planner(threads=N), as
 HETU_PLANNER_THREADS sets in training), one thread count after another: ms per plan at each, the
@@ -33,8 +34,8 @@ import time
 import numpy as np
 
 from hetu import _C
-from hetu.cache.replay import het_rows
 from hetu.data import load_dataset
+from hetu_tools.het_replay import het_rows
 
 
 def sample_stream(dataset, rows, seed, stored_order=False):

@@ -9,7 +9,7 @@ a gradient push from each reader (stepped once on the servers). Rows that one wo
 if its cache has no valid copy, split by what happened to the row before (never read; this worker
 read it last, so its cache evicted it; another worker alone read it last, so that worker writes
 it back; several workers read it last), and the write-backs (dirty rows evicted or read
-elsewhere next). HET at bound 0 (hetu.cache.replay, same policy and capacity) pulls the rows its
+elsewhere next). HET at bound 0 (hetu_tools.het_replay, same policy and capacity) pulls the rows its
 cache lacks or another worker updated since it read them, and pushes every distinct row of each
 worker's slice.
 """
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from hetu import _C
-from hetu.cache.replay import HetReplay
+from hetu_tools.het_replay import HetReplay
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from planner_offline import check_enough_samples, sample_stream  # noqa: E402

@@ -31,7 +31,7 @@ def tool(name):
 
 def sshd_path():
     try:
-        from hetu.netns import sshd_path as find
+        from hetu_tools.netns import sshd_path as find
         return find()
     except ImportError:
         return next((p for p in ("/usr/sbin/sshd", shutil.which("sshd")) if p and os.access(p, os.X_OK)), None)

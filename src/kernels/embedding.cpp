@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 
 #include "common/parallel.h"
+#include "kernels/sort.h"
 
 namespace hetu {
 namespace kernels {
@@ -47,99 +47,6 @@ int64_t pool_bags(const float* table, int64_t num_rows, int64_t width, const int
       }
   });
   return -1;
-}
-
-namespace {
-
-// The ids in ascending order, with their positions; equal ids in position order (a stable
-// sort). An LSD radix sort on as many 11-bit digits of (id - min id) as the id range needs, of
-// one word per id: (id - min id) above the position, so that the positions, already in order,
-// stay in order under the stable passes over the id's digits.
-// The result and the scratch arrays are per-thread and reused: at batch 4096 they are a few MB,
-// which glibc would otherwise map and unmap (and the kernel zero) on every step.
-struct SortedIds {
-  std::vector<int64_t> id, pos;
-};
-
-const SortedIds& sort_ids(const int64_t* ids, int64_t n) {
-  static thread_local SortedIds out;
-  out.id.resize(n);
-  out.pos.resize(n);
-  if (n == 0) return out;
-  int64_t lo = ids[0], hi = ids[0];
-  for (int64_t i = 1; i < n; ++i) {
-    lo = std::min(lo, ids[i]);
-    hi = std::max(hi, ids[i]);
-  }
-  const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
-  int bits = 0;
-  while (bits < 64 && (range >> bits) != 0) ++bits;
-  int pos_bits = 0;
-  while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
-  constexpr int kDigit = 11;
-  constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
-  const int passes = (bits + kDigit - 1) / kDigit;
-  // Tiny inputs, or an id range too wide for three digits or for one word with the positions:
-  // a comparison sort is as good.
-  if (n < 64 || passes > 3 || bits + pos_bits > 64) {
-    std::iota(out.pos.begin(), out.pos.end(), int64_t(0));
-    std::stable_sort(out.pos.begin(), out.pos.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
-    for (int64_t i = 0; i < n; ++i) out.id[i] = ids[out.pos[i]];
-    return out;
-  }
-  static thread_local std::vector<uint64_t> a, b;
-  a.resize(n);
-  b.resize(n);
-  for (int64_t i = 0; i < n; ++i)
-    a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << pos_bits | static_cast<uint64_t>(i);
-  // Each pass takes the input as two halves with their own bucket offsets, the second's after
-  // the first's in each bucket: ids are skewed, runs of one bucket are common, and each half's
-  // counter updates then wait only on their own, so the two chains overlap.
-  static thread_local std::vector<int64_t> count;
-  count.resize(2 * (kMask + 1));
-  int64_t* const first = count.data();
-  int64_t* const second = first + kMask + 1;
-  const int64_t half = n / 2;
-  for (int pass = 0; pass < passes; ++pass) {
-    const int shift = pos_bits + pass * kDigit;
-    auto digit = [&](uint64_t v) { return (v >> shift) & kMask; };
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t i = 0, j = half; i < half; ++i, ++j) {
-      ++first[digit(a[i])];
-      ++second[digit(a[j])];
-    }
-    if (n % 2) ++second[digit(a[n - 1])];
-    int64_t at = 0;
-    for (uint64_t d = 0; d <= kMask; ++d) {
-      const int64_t in_first = first[d], in_second = second[d];
-      first[d] = at;
-      second[d] = at + in_first;
-      at += in_first + in_second;
-    }
-    for (int64_t i = 0, j = half; i < half; ++i, ++j) {
-      b[first[digit(a[i])]++] = a[i];
-      b[second[digit(a[j])]++] = a[j];
-    }
-    if (n % 2) b[second[digit(a[n - 1])]++] = a[n - 1];
-    a.swap(b);
-  }
-  const uint64_t pos_mask = (uint64_t(1) << pos_bits) - 1;
-  for (int64_t i = 0; i < n; ++i) {
-    out.id[i] = static_cast<int64_t>((a[i] >> pos_bits) + static_cast<uint64_t>(lo));
-    out.pos[i] = static_cast<int64_t>(a[i] & pos_mask);
-  }
-  return out;
-}
-
-}  // namespace
-
-void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse) {
-  const SortedIds& sorted = sort_ids(ids, n);
-  out->clear();
-  for (int64_t i = 0; i < n; ++i) {
-    if (out->empty() || out->back() != sorted.id[i]) out->push_back(sorted.id[i]);
-    if (inverse) inverse[sorted.pos[i]] = static_cast<int32_t>(out->size() - 1);
-  }
 }
 
 namespace {

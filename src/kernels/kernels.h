@@ -34,10 +34,6 @@ int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,
                    std::vector<float>* summed);
 
-// The distinct ids, ascending (radix sort; Herald's planner runs it on each global batch).
-// With `inverse` (n entries), also each id's position in `out`.
-void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse = nullptr);
-
 // One optimizer step of rows[i] (unique) of a table with gradient grads[i].
 // state: [num_rows, slots*width]; steps: [num_rows].
 void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,

@@ -10,7 +10,7 @@ worker last read it); then every worker pushes every row it read, one contributi
 its own cached copies and the servers' versions take."""
 import numpy as np
 
-from .. import _C
+from hetu import _C
 
 NEVER = _C.NEVER_VERSION
 

@@ -32,7 +32,7 @@ from typing import List, Optional
 
 import yaml
 
-from .launch.mpirun import THREAD_VARS
+from hetu.launch.mpirun import THREAD_VARS
 
 SUBNET_PREFIX = "10.231"
 _instances = itertools.count()   # NamespaceHosts made in this process

@@ -1,0 +1,173 @@
+// hetu._C's kernels: gather, bags, unique-and-sum, optimizer steps, initializers. Every call
+// releases the GIL while it computes.
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "common/optim_rules.h"
+#include "common/parallel.h"
+#include "common/rng.h"
+#include "kernels/kernels.h"
+
+namespace hetu {
+namespace bindings {
+
+namespace {
+
+using hetu::optim::Config;
+
+py::object gather_rows(Array<float> table, Array<int64_t> ids, Array<float> out) {
+  if (table.ndim() != 2) throw std::invalid_argument("gather_rows: table must be 2-D");
+  const int64_t rows = table.shape(0), width = table.shape(1), n = ids.size();
+  if (out.size() != n * width) throw std::invalid_argument("gather_rows: out has the wrong size");
+  int64_t bad;
+  {
+    py::gil_scoped_release nogil;
+    bad = hetu::kernels::gather_rows(table.data(), rows, width, ids.data(), n, mutable_data(out, "out"));
+  }
+  if (bad >= 0) return py::make_tuple(bad, ids.data()[bad]);
+  return py::none();
+}
+
+// (ids [n], rows [n, width]) as NumPy arrays: a sparse gradient's two halves.
+py::tuple ids_and_rows(const std::vector<int64_t>& ids, const std::vector<float>& rows, int64_t width) {
+  const auto n = static_cast<py::ssize_t>(ids.size());
+  Array<int64_t> out_ids(n);
+  Array<float> out_rows(std::vector<py::ssize_t>{n, static_cast<py::ssize_t>(width)});
+  std::copy(ids.begin(), ids.end(), out_ids.mutable_data());
+  std::copy(rows.begin(), rows.end(), out_rows.mutable_data());
+  return py::make_tuple(out_ids, out_rows);
+}
+
+// ids: [samples, slots]; bag_offsets: the bags' first slots and the end (kernels::pool_bags).
+void check_bags(const char* what, const Array<int64_t>& ids, const Array<int64_t>& bag_offsets) {
+  const int64_t slots = ids.ndim() == 2 ? ids.shape(1) : -1;
+  const int64_t* o = bag_offsets.data();
+  const int64_t bags = bag_offsets.size() - 1;
+  bool ok = slots >= 0 && bags >= 1 && o[0] == 0 && o[bags] == slots;
+  for (int64_t k = 0; ok && k < bags; ++k) ok = o[k] <= o[k + 1];
+  if (!ok)
+    throw std::invalid_argument(std::string(what) + ": ids must be [samples, slots] and bag_offsets ascend from 0 "
+                                "to the slot count");
+}
+
+py::object pool_bags(Array<float> table, Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> out) {
+  if (table.ndim() != 2) throw std::invalid_argument("pool_bags: table must be 2-D");
+  check_bags("pool_bags", ids, bag_offsets);
+  const int64_t rows = table.shape(0), width = table.shape(1), n = ids.shape(0), bags = bag_offsets.size() - 1;
+  if (out.size() != n * bags * width) throw std::invalid_argument("pool_bags: out must be [samples, bags, width]");
+  int64_t bad;
+  {
+    py::gil_scoped_release nogil;
+    bad = hetu::kernels::pool_bags(table.data(), rows, width, ids.data(), n, ids.shape(1), bag_offsets.data(), bags,
+                                   mean, mutable_data(out, "out"));
+  }
+  if (bad >= 0) return py::make_tuple(bad, ids.data()[bad]);
+  return py::none();
+}
+
+py::tuple bag_gradient(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> grads) {
+  check_bags("bag_gradient", ids, bag_offsets);
+  const int64_t n = ids.shape(0), bags = bag_offsets.size() - 1;
+  if (grads.ndim() != 3 || grads.shape(0) != n || grads.shape(1) != bags)
+    throw std::invalid_argument("bag_gradient: grads must be [samples, bags, width]");
+  const int64_t width = grads.shape(2);
+  std::vector<int64_t> uniq;
+  std::vector<float> summed;
+  {
+    py::gil_scoped_release nogil;
+    hetu::kernels::bag_gradient(ids.data(), n, ids.shape(1), bag_offsets.data(), bags, mean, grads.data(), width,
+                                &uniq, &summed);
+  }
+  return ids_and_rows(uniq, summed, width);
+}
+
+py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
+  const int64_t n = ids.size();
+  if (n == 0) return py::make_tuple(Array<int64_t>(0), Array<float>(std::vector<py::ssize_t>{0, grads.ndim() == 2 ? grads.shape(1) : 0}));
+  const int64_t width = grads.size() / n;
+  if (grads.size() != n * width) throw std::invalid_argument("unique_sum: grads rows do not match ids");
+  std::vector<int64_t> uniq;
+  std::vector<float> summed;
+  {
+    py::gil_scoped_release nogil;
+    hetu::kernels::unique_sum(ids.data(), grads.data(), n, width, &uniq, &summed);
+  }
+  return ids_and_rows(uniq, summed, width);
+}
+
+void apply_rows(const Config& cfg, float lr, Array<float> table, Array<float> state, Array<int64_t> steps,
+                Array<int64_t> rows, Array<float> grads) {
+  if (table.ndim() != 2) throw std::invalid_argument("apply_rows: table must be 2-D");
+  const int64_t num_rows = table.shape(0), width = table.shape(1), n = rows.size();
+  if (grads.size() != n * width) throw std::invalid_argument("apply_rows: grads do not match rows x width");
+  if (state.size() != num_rows * hetu::optim::state_width(cfg.kind, width))
+    throw std::invalid_argument("apply_rows: state has the wrong size for this optimizer");
+  if (steps.size() != num_rows) throw std::invalid_argument("apply_rows: steps must have one entry per row");
+  const int64_t* r = rows.data();
+  for (int64_t i = 0; i < n; ++i)
+    if (r[i] < 0 || r[i] >= num_rows) throw std::out_of_range("apply_rows: row " + std::to_string(r[i]) + " outside table of " + std::to_string(num_rows) + " rows");
+  float* t = mutable_data(table, "table");
+  float* s = mutable_data(state, "state");
+  int64_t* st = mutable_data(steps, "steps");
+  py::gil_scoped_release nogil;
+  hetu::kernels::apply_rows(cfg, lr, t, s, st, width, r, grads.data(), n);
+}
+
+void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state, Array<int64_t> step,
+                 Array<float> grad) {
+  const int64_t size = w.size();
+  if (grad.size() != size) throw std::invalid_argument("apply_dense: gradient size differs from parameter");
+  if (hetu::optim::rowwise(cfg.kind))
+    throw std::invalid_argument("apply_dense: a row-wise optimizer steps embedding rows; a dense tensor takes its "
+                                "element-wise dense rule (Optimizer.dense_config)");
+  if (state.size() != hetu::optim::state_width(cfg.kind, size))
+    throw std::invalid_argument("apply_dense: state has the wrong size for this optimizer");
+  if (step.size() != 1) throw std::invalid_argument("apply_dense: step must hold one count");
+  float* wp = mutable_data(w, "parameter");
+  float* sp = mutable_data(state, "state");
+  int64_t* tp = mutable_data(step, "step");
+  py::gil_scoped_release nogil;
+  hetu::kernels::apply_dense(cfg, lr, wp, sp, tp, grad.data(), size);
+}
+
+void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin,
+               Array<float> out) {
+  const int64_t rows = out.ndim() >= 1 ? out.shape(0) : 1;
+  const int64_t width = rows ? out.size() / rows : 0;
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  hetu::kernels::init_fill(kind, a, b, seed, stream, row_begin, row_begin + rows, width, o);
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  py::class_<Config>(m, "OptimConfig")
+      .def(py::init<>())
+      .def_readwrite("kind", &Config::kind)
+      .def_readwrite("momentum", &Config::momentum)
+      .def_readwrite("beta1", &Config::beta1)
+      .def_readwrite("beta2", &Config::beta2)
+      .def_readwrite("eps", &Config::eps)
+      .def_readwrite("l2reg", &Config::l2reg)
+      .def_readwrite("weight_decay", &Config::weight_decay);
+  m.def("optim_state_width", &hetu::optim::state_width, "floats of optimizer state beside a row of `width` floats",
+        py::arg("kind"), py::arg("width"));
+
+  m.def("gather_rows", &gather_rows, "out[i] = table[ids[i]]; returns None or (position, id) of a bad id");
+  m.def("pool_bags", &pool_bags, py::arg("table"), py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"),
+        py::arg("out"), "out[s, k] = sum (mean) of table rows of bag k of sample s (-1: empty slot); None or "
+        "(position, id) of a bad id");
+  m.def("bag_gradient", &bag_gradient, py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"), py::arg("grads"),
+        "(distinct ids ascending, rows): pool_bags' sparse gradient summed per id");
+  m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
+  m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
+  m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
+  m.def("init_fill", &init_fill, "rows [row_begin, row_begin + len(out)) of a counter-based initializer");
+  m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
+  m.def("num_threads", &hetu::num_threads);
+}
+
+}  // namespace bindings
+}  // namespace hetu

@@ -1,0 +1,10 @@
+// hetu._C: the Python binding of src/, one file per area beside this one (bindings.h).
+#include "bindings/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hetu CPU kernels";
+  hetu::bindings::bind_kernels(m);
+  hetu::bindings::bind_cache(m);
+  hetu::bindings::bind_herald(m);
+  hetu::bindings::bind_data(m);
+}
