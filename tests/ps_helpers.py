@@ -166,13 +166,21 @@ def zmq_curve_keys(secret, role):
     return zmq.curve_public(secret_z85), secret_z85
 
 
-def zmq_job_dealer(ctx, port, secret):
+def zmq_plain_password(secret):
+    """The ZMQ van's PLAIN password, derived from the job secret as ps-lite/src/zmq_van.cc does."""
+    return hmac.new(secret.encode(), b"hetu ps zmq plain password", hashlib.sha256).hexdigest()
+
+
+def zmq_job_dealer(ctx, port, secret, mechanism="plain"):
     """A DEALER to the van at `port` that authenticates as a member of the job with `secret`."""
     import zmq
     d = ctx.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 2000)
-    d.curve_serverkey = zmq_curve_keys(secret, "server")[0]
-    d.curve_publickey, d.curve_secretkey = zmq_curve_keys(secret, "client")
+    if mechanism == "curve":
+        d.curve_serverkey = zmq_curve_keys(secret, "server")[0]
+        d.curve_publickey, d.curve_secretkey = zmq_curve_keys(secret, "client")
+    else:
+        d.plain_username, d.plain_password = b"hetu", zmq_plain_password(secret).encode()
     d.connect(f"tcp://127.0.0.1:{port}")
     return d
 

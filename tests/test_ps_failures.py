@@ -175,13 +175,13 @@ def _ucx_garbage(port):
         assert _ps._ucx_send_raw("127.0.0.1", port, header, payload)
 
 
-def _zmq_garbage(port, secret):
+def _zmq_garbage(port, secret, mechanism):
     """Valid ZMTP from a peer with the job's keys, invalid content: random frames, a meta
     promising blobs that never come, a huge frame count, an empty frame."""
     zmq = pytest.importorskip("zmq")
     rng = np.random.default_rng(port)
     ctx = zmq.Context()
-    d = zmq_job_dealer(ctx, port, secret)
+    d = zmq_job_dealer(ctx, port, secret, mechanism)
     for n in (3, 64, 100000):
         d.send(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
     d.send(b"\x78\x05")  # protobuf: num_blobs = 5, no frames follow
@@ -201,9 +201,10 @@ ps.finalize()
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("van", VANS)
+@pytest.mark.parametrize("van", VANS + ["zmq-curve"])
 def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster, van, monkeypatch):
-    c = cluster(2, 2, env={"PS_VERBOSE": "1", "DMLC_PS_VAN_TYPE": van})
+    van, _, mechanism = van.partition("-")
+    c = cluster(2, 2, env={"PS_VERBOSE": "1", "DMLC_PS_VAN_TYPE": van, "PS_AUTH": mechanism or "plain"})
     c.start_servers(fixed_ports=True)
     secret = c.base_env["HETU_JOB_SECRET"]
     monkeypatch.setenv("HETU_JOB_SECRET", secret)  # _ucx_send_raw's van says the job's hello
@@ -211,7 +212,7 @@ def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster, van, monkeypa
         _wait_port(port)
         _raw_garbage(port)
         if van == "zmq":
-            _zmq_garbage(port, secret)
+            _zmq_garbage(port, secret, mechanism or "plain")
         else:
             _ucx_garbage(port)
     c.start_workers(GOOD)

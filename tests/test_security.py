@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from ps_helpers import BATCH_CODE, VANS, cluster_fixture, free_port, zmq_curve_keys
+from ps_helpers import BATCH_CODE, VANS, cluster_fixture, free_port, zmq_curve_keys, zmq_plain_password
+from test_ps_failures import RANKS   # a job that starts, says its rank, and ends
 
 cluster = pytest.fixture(cluster_fixture)
 
@@ -88,9 +89,9 @@ def forged_messages(tmp_path):
     ]
 
 
-def _zmq_outsider(ports, messages, keys=None):
-    """Sends every message from a DEALER without the job's keys (NULL mechanism), or with
-    `keys` (server public, client public, client secret) of another secret."""
+def _zmq_outsider(ports, messages, keys=None, password=None):
+    """Sends every message from a DEALER without credentials (NULL mechanism), or with CURVE
+    `keys` (server public, client public, client secret) or a PLAIN `password` of another secret."""
     zmq = pytest.importorskip("zmq")
     ctx = zmq.Context()
     for target, _, m in messages:
@@ -98,6 +99,8 @@ def _zmq_outsider(ports, messages, keys=None):
         d.setsockopt(zmq.LINGER, 500)
         if keys:
             d.curve_serverkey, d.curve_publickey, d.curve_secretkey = keys
+        if password:
+            d.plain_username, d.plain_password = b"hetu", password.encode()
         d.connect(f"tcp://127.0.0.1:{ports[target]}")
         d.send(m)
         d.close()
@@ -136,8 +139,10 @@ def _wait_file(path, timeout, c):
 
 
 def train(cluster, tmp_path, van, outsider=None):
-    """One job on fixed ports; `outsider(ports)` runs once the workers stand half way."""
-    c = cluster(SERVERS, WORKERS, env={"DMLC_PS_VAN_TYPE": van})
+    """One job on fixed ports; `outsider(ports)` runs once the workers stand half way.
+    van: "zmq" (PLAIN), "zmq-curve" or "ucx"."""
+    van, _, mechanism = van.partition("-")
+    c = cluster(SERVERS, WORKERS, env={"DMLC_PS_VAN_TYPE": van, "PS_AUTH": mechanism or "plain"})
     c.start_servers(fixed_ports=True)
     worker_ports = [free_port() for _ in range(WORKERS)]
     go = tmp_path / f"go.{c.port}"
@@ -156,16 +161,17 @@ def train(cluster, tmp_path, van, outsider=None):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("van", VANS)
+@pytest.mark.parametrize("van", VANS + ["zmq-curve"])
 def test_forged_messages_and_strangers_are_refused(cluster, tmp_path, van):
     reference, _ = train(cluster, tmp_path, van)
     messages = forged_messages(tmp_path)
 
     def outsider(ports):
-        if van == "zmq":
+        if van.startswith("zmq"):
             _zmq_outsider(ports, messages)
-            other_server = zmq_curve_keys("another job's secret", "server")[0]
-            _zmq_outsider(ports, messages, (other_server, *zmq_curve_keys("another job's secret", "client")))
+            other = "another job's secret"
+            _zmq_outsider(ports, messages, (zmq_curve_keys(other, "server")[0], *zmq_curve_keys(other, "client")))
+            _zmq_outsider(ports, messages, password=zmq_plain_password(other))
         else:
             # First, so that the one line a rate limit lets through is the refused hello's,
             # which names its address (UCX does not say where a message without one is from).
@@ -184,18 +190,12 @@ def test_forged_messages_and_strangers_are_refused(cluster, tmp_path, van):
         assert "refused a connection from " in c.log(name), c.log(name)
 
 
-SECRET_CHECK = """
-print("STARTED", ps.rank(), flush=True)
-ps.finalize()
-"""
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("van", VANS)
 def test_hand_started_job_with_the_secret_works_and_another_secret_is_refused(cluster, van):
     c = cluster(1, 2, env={"DMLC_PS_VAN_TYPE": van})
     c.start_servers()
-    c.start_workers(SECRET_CHECK, env_per_worker={1: {"HETU_JOB_SECRET": "not this job's"}})
+    c.start_workers(RANKS, env_per_worker={1: {"HETU_JOB_SECRET": "not this job's"}})
     codes = c.wait(["worker1"], timeout=60)
     assert codes["worker1"] != 0
     assert "the scheduler refused this node" in c.log("worker1"), c.log("worker1")
@@ -205,7 +205,7 @@ def test_hand_started_job_with_the_secret_works_and_another_secret_is_refused(cl
     c._spawn("worker1b", c.procs["worker0"][0].args, dict(c.base_env, DMLC_ROLE="worker"))
     codes = c.wait(["worker0", "worker1b"] + c.server_names(), timeout=60)
     assert all(v == 0 for v in codes.values()), (codes, c.logs())
-    assert "STARTED" in c.log("worker0") and "STARTED" in c.log("worker1b")
+    assert "RANK" in c.log("worker0") and "RANK" in c.log("worker1b")
 
 
 @pytest.mark.timeout(120)
@@ -219,14 +219,14 @@ def test_secret_file_must_be_private(cluster, tmp_path):
     assert "may be read by others" in c.log("scheduler"), c.log("scheduler")
     secret.chmod(0o600)
     c = cluster(1, 1, env={"HETU_JOB_SECRET": "", "HETU_JOB_SECRET_FILE": str(secret)})
-    c.run(SECRET_CHECK)
+    c.run(RANKS)
     assert "warning: no HETU_JOB_SECRET" not in c.logs()
 
 
 @pytest.mark.timeout(120)
 def test_without_a_secret_a_hand_started_job_runs_and_warns_once(cluster):
     c = cluster(1, 1, env={"HETU_JOB_SECRET": ""})
-    c.run(SECRET_CHECK)
+    c.run(RANKS)
     for name in ("scheduler", "server0", "worker0"):
         assert c.log(name).count("warning: no HETU_JOB_SECRET") == 1, c.log(name)
 

@@ -21,7 +21,7 @@ std::string Sha256(const std::string& msg);
 // Constant-time comparison of two byte strings.
 bool SameBytes(const std::string& a, const std::string& b);
 
-// PS_AUTH: how the ZMQ van authenticates, "curve" (default) or "plain"; throws on others.
+// PS_AUTH: how the ZMQ van authenticates, "plain" (default) or "curve"; throws on others.
 std::string ZmqMechanism();
 
 // Says once per process that the job runs without authentication.

@@ -10,11 +10,13 @@
 // borrows alive until its callback. Messages are delivered in header-arrival order, which UCP
 // keeps per endpoint, so per-pair order is send order as the Van interface promises.
 //
-// With a job secret (auth.h), a client endpoint's first message is a hello: a fresh nonce and
-// HMAC(key, listener port, nonce), key derived from the secret. The listener takes messages
-// from an endpoint only once its hello was good (and its nonce new), and answers with its own
-// HMAC of the nonce, or with a refusal that lets the client say why it cannot join. Every
-// message carries its endpoint (UCP_AM_SEND_FLAG_REPLY), so the listener knows which one sent it.
+// With a job secret (auth.h), every message of a client endpoint starts with the endpoint's
+// proof: a nonce drawn when it was opened and HMAC(key, listener port, nonce), key derived from
+// the secret. The listener checks a nonce's proof once and reads nothing of a message before
+// its proof is good. The endpoint also sends that proof once as a hello with the REPLY flag,
+// which the listener answers with its own HMAC of the nonce, or with a refusal that lets the
+// client say why it cannot join. (The proof is not in a message of its own: UCX 1.13 delivers
+// a REPLY message only once the endpoint is wired up, after messages sent later without it.)
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -79,7 +81,8 @@ struct Peer {
   std::string host;
   int port = 0;
   std::atomic<bool> failed{false};
-  std::string nonce;  // of this endpoint's hello
+  std::string nonce;  // drawn when the endpoint was opened
+  std::string proof;  // magic, nonce, HMAC: the head of every message on the endpoint
   int refusals = 0;   // hellos the listener refused
 };
 
@@ -245,8 +248,7 @@ class UcxVan : public Van {
       Open(peer);
     }
     out->peer = id;
-    // The endpoint's token: the listener takes the message only if its hello was good.
-    if (!key_.empty()) out->head.insert(0, peer->nonce);
+    if (!key_.empty()) out->head.insert(0, peer->proof);
     return PostOn(peer->ep, kAmId, std::move(out));
   }
 
@@ -337,8 +339,9 @@ class UcxVan : public Van {
     if (key_.empty()) return;
     // The hello goes first on the endpoint, so it reaches the listener before any message.
     peer->nonce = RandomBytes(kNonceBytes);
+    peer->proof = AuthMessage(peer->nonce, HelloProof(peer->port, peer->nonce));
     auto hello = std::make_unique<Outgoing>();
-    hello->head = AuthMessage(peer->nonce, HelloProof(peer->port, peer->nonce));
+    hello->head = peer->proof;
     hello->peer = -1;
     PostOn(peer->ep, kHelloAmId, std::move(hello));
   }
@@ -355,20 +358,28 @@ class UcxVan : public Van {
   }
 
   // Called inside progress. Without a secret every message is read. With one, a message
-  // starts with its endpoint's token (the nonce of the endpoint's hello) and is read only if
-  // that hello was good (Authenticated); then (Admit) only if it names the node id that the
-  // endpoint first sent from, as the ZMQ van pins its connections.
+  // is read only if it starts with a good proof (Authenticated: its nonce, the endpoint's
+  // token, was checked once); then (Admit) only if it names the node id that the endpoint
+  // first sent from, as the ZMQ van pins its connections.
   bool Authenticated(const void** header, size_t* header_length, std::string* token) {
     if (key_.empty()) return true;
-    if (*header_length >= kNonceBytes) {
-      token->assign(static_cast<const char*>(*header), kNonceBytes);
-      if (tokens_.count(*token)) {
-        *header = static_cast<const char*>(*header) + kNonceBytes;
-        *header_length -= kNonceBytes;
+    const char* h = static_cast<const char*>(*header);
+    uint32_t magic = 0;
+    if (*header_length >= kHelloBytes) std::memcpy(&magic, h, 4);
+    if (magic == kAuthMagic) {
+      token->assign(h + 4, kNonceBytes);
+      bool good = tokens_.count(*token) > 0;
+      if (!good && auth::SameBytes(std::string(h + 4 + kNonceBytes, 32), HelloProof(port_, *token))) {
+        tokens_.emplace(*token, -2);
+        good = true;
+      }
+      if (good) {
+        *header = h + kHelloBytes;
+        *header_length -= kHelloBytes;
         return true;
       }
     }
-    DropLine("dropped a message from an endpoint that did not prove this job's secret (no good hello)");
+    DropLine("dropped a message without a proof of this job's secret");
     return false;
   }
   bool Admit(const std::string& token, int sender) {
@@ -527,7 +538,8 @@ class UcxVan : public Van {
     return UCS_OK;
   }
 
-  // Listener side: a client endpoint's hello.
+  // Listener side: a client endpoint's hello, answered so that a client with another secret
+  // learns why it cannot join (its messages are refused on their own proofs).
   static ucs_status_t OnHello(void* arg, const void* header, size_t header_length, void*, size_t,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxVan*>(arg);
@@ -539,12 +551,9 @@ class UcxVan : public Van {
     uint32_t magic = 0;
     if (h.size() >= 4) std::memcpy(&magic, h.data(), 4);
     const std::string nonce = h.size() == kHelloBytes ? h.substr(4, kNonceBytes) : "";
-    // A nonce seen before is a replayed hello.
-    const bool good = magic == kAuthMagic && !nonce.empty() && !self->tokens_.count(nonce) &&
+    const bool good = magic == kAuthMagic && !nonce.empty() &&
                       auth::SameBytes(h.substr(4 + kNonceBytes), self->HelloProof(self->port_, nonce));
-    if (good) {
-      self->tokens_.emplace(nonce, -2);
-    } else {
+    if (!good) {
       ++self->dropped_;
       self->DropLine("refused a connection from " + self->Address(ep) + ": its hello does not prove this job's secret");
     }

@@ -2,8 +2,9 @@
 // DEALER->ROUTER pair is one TCP connection, so per-pair order is send order.
 //
 // With a job secret (auth.h) every connection is authenticated by ZMQ before any message
-// reaches us: CURVE (default) with keypairs derived from the secret, or PLAIN with a password
-// derived from it (PS_AUTH), checked by a ZAP handler on this van's context. Either mechanism
+// reaches us: PLAIN (default) with a password derived from the secret, or CURVE with keypairs
+// derived from it (PS_AUTH=curve: encrypted, and nothing secret crosses the wire), checked by
+// a ZAP handler on this van's context. Either mechanism
 // also makes libzmq refuse ZMTP 1.0/2.0 peers, whose bytes would otherwise reach the parser.
 // A monitor on the ROUTER names, in a rate-limited line, the peers that never authenticated.
 #include <arpa/inet.h>
@@ -216,8 +217,9 @@ class ZmqVan : public Van {
       }
       if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         sender->auth_failures = 0;
-      } else if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
+      } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        sender->auth_failures += 2;  // the peer's ZAP handler said no: conclusive at once
+      } else if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
         ++sender->auth_failures;
       }
     }
