@@ -1,8 +1,11 @@
 """Real ps-lite jobs on loopback for the tests: a scheduler and servers run by
 ``python -m hetu.launcher``, workers run a Python snippet; everything is a subprocess,
 killed in teardown, and every wait has a timeout."""
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -63,6 +66,8 @@ class Cluster:
             "PS_START_TIMEOUT": "30",
             "PS_WAIT_TIMEOUT": "60",
             "HETU_NUM_THREADS": "1",
+            # A job's own secret, as the launcher gives one to each job.
+            "HETU_JOB_SECRET": secrets.token_hex(16),
         })
         self.base_env.update(env or {})
         self.procs = {}  # name -> (Popen, log path)
@@ -149,6 +154,35 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 p.wait(10)
+
+
+def zmq_curve_keys(secret, role):
+    """The ZMQ van's CURVE keypair (Z85 public, secret) of `role` ("server" or "client"), derived
+    from the job secret as ps-lite/src/zmq_van.cc derives it."""
+    import zmq
+    from zmq.utils import z85
+    raw = hmac.new(secret.encode(), f"hetu ps zmq curve {role}".encode(), hashlib.sha256).digest()
+    secret_z85 = z85.encode(raw)
+    return zmq.curve_public(secret_z85), secret_z85
+
+
+def zmq_plain_password(secret):
+    """The ZMQ van's PLAIN password, derived from the job secret as ps-lite/src/zmq_van.cc does."""
+    return hmac.new(secret.encode(), b"hetu ps zmq plain password", hashlib.sha256).hexdigest()
+
+
+def zmq_job_dealer(ctx, port, secret, mechanism="plain"):
+    """A DEALER to the van at `port` that authenticates as a member of the job with `secret`."""
+    import zmq
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 2000)
+    if mechanism == "curve":
+        d.curve_serverkey = zmq_curve_keys(secret, "server")[0]
+        d.curve_publickey, d.curve_secretkey = zmq_curve_keys(secret, "client")
+    else:
+        d.plain_username, d.plain_password = b"hetu", zmq_plain_password(secret).encode()
+    d.connect(f"tcp://127.0.0.1:{port}")
+    return d
 
 
 def cluster_fixture(tmp_path):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from ps_helpers import VANS, cluster_fixture
+from ps_helpers import VANS, cluster_fixture, zmq_job_dealer
 
 cluster = pytest.fixture(cluster_fixture)
 
@@ -163,8 +163,9 @@ def _raw_garbage(port):
 
 
 def _ucx_garbage(port):
-    """Well-formed UCX active messages whose content is not the van's: random bytes, a header
-    promising blobs that are not in the payload, a payload larger than the header says."""
+    """Well-formed UCX active messages, from an endpoint that authenticated, whose content is
+    not the van's: random bytes, a header promising blobs that are not in the payload, a
+    payload larger than the header says."""
     from hetu import _ps
     rng = np.random.default_rng(port)
     meta = b"\x10\x01"  # a protobuf field, not a full meta
@@ -174,15 +175,13 @@ def _ucx_garbage(port):
         assert _ps._ucx_send_raw("127.0.0.1", port, header, payload)
 
 
-def _zmq_garbage(port):
-    """Valid ZMTP, invalid content: random frames, a meta promising blobs that never come, a
-    huge frame count, an empty frame."""
+def _zmq_garbage(port, secret, mechanism):
+    """Valid ZMTP from a peer with the job's keys, invalid content: random frames, a meta
+    promising blobs that never come, a huge frame count, an empty frame."""
     zmq = pytest.importorskip("zmq")
     rng = np.random.default_rng(port)
     ctx = zmq.Context()
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.LINGER, 2000)
-    d.connect(f"tcp://127.0.0.1:{port}")
+    d = zmq_job_dealer(ctx, port, secret, mechanism)
     for n in (3, 64, 100000):
         d.send(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
     d.send(b"\x78\x05")  # protobuf: num_blobs = 5, no frames follow
@@ -202,14 +201,20 @@ ps.finalize()
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("van", VANS)
-def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster, van):
-    c = cluster(2, 2, env={"PS_VERBOSE": "1", "DMLC_PS_VAN_TYPE": van})
+@pytest.mark.parametrize("van", VANS + ["zmq-curve"])
+def test_garbage_on_scheduler_and_server_ports_is_dropped(cluster, van, monkeypatch):
+    van, _, mechanism = van.partition("-")
+    c = cluster(2, 2, env={"PS_VERBOSE": "1", "DMLC_PS_VAN_TYPE": van, "PS_AUTH": mechanism or "plain"})
     c.start_servers(fixed_ports=True)
+    secret = c.base_env["HETU_JOB_SECRET"]
+    monkeypatch.setenv("HETU_JOB_SECRET", secret)  # _ucx_send_raw's van says the job's hello
     for port in [c.port] + c.server_ports:
         _wait_port(port)
         _raw_garbage(port)
-        (_zmq_garbage if van == "zmq" else _ucx_garbage)(port)
+        if van == "zmq":
+            _zmq_garbage(port, secret, mechanism or "plain")
+        else:
+            _ucx_garbage(port)
     c.start_workers(GOOD)
     codes = c.wait(c.worker_names() + c.server_names(), timeout=40)
     assert all(v == 0 for v in codes.values()), (codes, c.logs())

@@ -171,6 +171,13 @@ void Postoffice::Start() {
       if (cv_.wait_until(lk, until, [&] { return started_ || !failure_.empty(); })) break;
       if (Clock::now() >= deadline) break;
       lk.unlock();
+      const std::string refused = van_->AuthError(0);
+      if (!refused.empty()) {
+        Finalize();
+        throw std::runtime_error(std::string(RoleName(cfg_.role)) + ": cannot join the job at " + cfg_.root_host +
+                                 ":" + std::to_string(cfg_.root_port) + ": the scheduler refused this node: " +
+                                 refused);
+      }
       Send(0, &registration);
       lk.lock();
     }
@@ -277,6 +284,12 @@ void Postoffice::DataLoop() {
 void Postoffice::HandleControl(Message& msg) {
   if (scheduler_) {
     scheduler_->Handle(msg);
+    return;
+  }
+  // Every command a server or worker obeys comes from the scheduler (node 0), on a connection
+  // that the van has seen speak for node 0 alone.
+  if (msg.meta.sender() != 0) {
+    PS_VLOG(1) << "ignored control " << msg.meta.control() << " from node " << msg.meta.sender();
     return;
   }
   switch (msg.meta.control()) {

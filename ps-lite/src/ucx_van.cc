@@ -9,6 +9,14 @@
 // finish sends and signal `wake_fd_`. Send returns once a send is under way, keeping what it
 // borrows alive until its callback. Messages are delivered in header-arrival order, which UCP
 // keeps per endpoint, so per-pair order is send order as the Van interface promises.
+//
+// With a job secret (auth.h), every message of a client endpoint starts with the endpoint's
+// proof: a nonce drawn when it was opened and HMAC(key, listener port, nonce), key derived from
+// the secret. The listener checks a nonce's proof once and reads nothing of a message before
+// its proof is good. The endpoint also sends that proof once as a hello with the REPLY flag,
+// which the listener answers with its own HMAC of the nonce, or with a refusal that lets the
+// client say why it cannot join. (The proof is not in a message of its own: UCX 1.13 delivers
+// a REPLY message only once the endpoint is wired up, after messages sent later without it.)
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -21,11 +29,13 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "auth.h"
 #include "logging.h"
 #include "van.h"
 
@@ -33,7 +43,12 @@ namespace ps {
 namespace {
 
 constexpr unsigned kAmId = 7;
+constexpr unsigned kHelloAmId = 8;    // client -> listener: magic, nonce, proof
+constexpr unsigned kWelcomeAmId = 9;  // listener -> client: magic, nonce, proof, accepted (1 byte)
 constexpr uint32_t kMagic = 0x31535048;  // "HPS1"
+constexpr uint32_t kAuthMagic = 0x31415048;  // "HPA1"
+constexpr size_t kNonceBytes = 16;
+constexpr size_t kHelloBytes = 4 + kNonceBytes + 32;
 constexpr size_t kAlign = 8;
 
 size_t Padded(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -66,7 +81,23 @@ struct Peer {
   std::string host;
   int port = 0;
   std::atomic<bool> failed{false};
+  std::string nonce;  // drawn when the endpoint was opened
+  std::string proof;  // magic, nonce, HMAC: the head of every message on the endpoint
+  int refusals = 0;   // hellos the listener refused
 };
+
+std::string RandomBytes(size_t n) {
+  std::random_device rd;  // /dev/urandom
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(rd());
+  return out;
+}
+
+std::string AuthMessage(const std::string& nonce, const std::string& proof) {
+  std::string m(4, '\0');
+  std::memcpy(&m[0], &kAuthMagic, 4);
+  return m + nonce + proof;
+}
 
 // A send in flight: the header, the payload's pieces and the blobs' owners stay alive until
 // UCX reports the send complete (a rendezvous send ends when the peer has fetched the payload).
@@ -81,6 +112,9 @@ class UcxVan : public Van {
  public:
   UcxVan() {
     max_bytes_ = MaxMessageBytes();
+    const std::string secret = auth::JobSecret();
+    if (secret.empty()) auth::WarnUnauthenticated("UCX");
+    else key_ = auth::HmacSha256(secret, "hetu ps ucx hello");
     // A scheduler restarted on its port must be able to bind while the old connections sit in
     // TIME_WAIT (ZMQ sets SO_REUSEADDR too). The user's own setting wins.
     setenv("UCX_CM_REUSEADDR", "y", 0);
@@ -111,6 +145,12 @@ class UcxVan : public Van {
     hp.cb = &UcxVan::OnMessage;
     hp.arg = this;
     Check(ucp_worker_set_am_recv_handler(worker_, &hp), "registering the message handler");
+    hp.id = kHelloAmId;
+    hp.cb = &UcxVan::OnHello;
+    Check(ucp_worker_set_am_recv_handler(worker_, &hp), "registering the hello handler");
+    hp.id = kWelcomeAmId;
+    hp.cb = &UcxVan::OnWelcome;
+    Check(ucp_worker_set_am_recv_handler(worker_, &hp), "registering the welcome handler");
   }
 
   ~UcxVan() override {
@@ -149,7 +189,15 @@ class UcxVan : public Van {
     ucp_listener_attr_t attr{};
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
     Check(ucp_listener_query(listener_, &attr), "ucp_listener_query");
-    return ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+    port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+    return port_;
+  }
+
+  std::string AuthError(int id) override {
+    std::lock_guard<std::mutex> lk(worker_mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end() || it->second->refusals == 0) return "";
+    return "it refused this node's hello: this node's job secret (HETU_JOB_SECRET) differs from the peer's";
   }
 
   void Connect(int id, const std::string& host, int port) override {
@@ -200,19 +248,29 @@ class UcxVan : public Van {
       Open(peer);
     }
     out->peer = id;
+    if (!key_.empty()) out->head.insert(0, peer->proof);
+    return PostOn(peer->ep, kAmId, std::move(out));
+  }
+
+  // Called with worker_mu_ held.
+  bool PostOn(ucp_ep_h ep, unsigned am_id, std::unique_ptr<Outgoing> out) {
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.send = &UcxVan::OnSent;
     rp.user_data = out.get();
+    if (am_id == kHelloAmId) {  // so that the listener can answer it
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    }
     if (!out->iov.empty()) {  // UCX wants a contiguous datatype (and no buffer) for no payload
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       rp.datatype = ucp_dt_make_iov();
     }
-    ucs_status_ptr_t req = ucp_am_send_nbx(peer->ep, kAmId, out->head.data(), out->head.size(),
+    ucs_status_ptr_t req = ucp_am_send_nbx(ep, am_id, out->head.data(), out->head.size(),
                                            out->iov.empty() ? nullptr : out->iov.data(), out->iov.size(), &rp);
     if (req == nullptr) return true;  // sent already; `out` may go
     if (UCS_PTR_IS_ERR(req)) {
-      PS_VLOG(1) << "UCX van: send to node " << id << " failed: " << ucs_status_string(UCS_PTR_STATUS(req));
+      PS_VLOG(1) << "UCX van: send to node " << out->peer << " failed: " << ucs_status_string(UCS_PTR_STATUS(req));
       return false;
     }
     // Callbacks run only inside progress, which needs worker_mu_: OnSent cannot have run yet.
@@ -278,6 +336,66 @@ class UcxVan : public Van {
       throw std::runtime_error("UCX van: cannot connect to " + peer->host + ":" + std::to_string(peer->port) +
                                ": " + ucs_status_string(st));
     }
+    if (key_.empty()) return;
+    // The hello goes first on the endpoint, so it reaches the listener before any message.
+    peer->nonce = RandomBytes(kNonceBytes);
+    peer->proof = AuthMessage(peer->nonce, HelloProof(peer->port, peer->nonce));
+    auto hello = std::make_unique<Outgoing>();
+    hello->head = peer->proof;
+    hello->peer = -1;
+    PostOn(peer->ep, kHelloAmId, std::move(hello));
+  }
+
+  std::string HelloProof(int listener_port, const std::string& nonce) const {
+    return auth::HmacSha256(key_, "hello " + std::to_string(listener_port) + " " + nonce);
+  }
+  std::string WelcomeProof(const std::string& nonce) const { return auth::HmacSha256(key_, "welcome " + nonce); }
+
+  void DropLine(const std::string& what) {
+    long held = 0;
+    if (Verbosity() >= 1 || drop_log_.Allow(&held))
+      LogLine() << "UCX van: " << what << (held ? " (and " + std::to_string(held) + " more not shown)" : "");
+  }
+
+  // Called inside progress. Without a secret every message is read. With one, a message
+  // is read only if it starts with a good proof (Authenticated: its nonce, the endpoint's
+  // token, was checked once); then (Admit) only if it names the node id that the endpoint
+  // first sent from, as the ZMQ van pins its connections.
+  bool Authenticated(const void** header, size_t* header_length, std::string* token) {
+    if (key_.empty()) return true;
+    const char* h = static_cast<const char*>(*header);
+    uint32_t magic = 0;
+    if (*header_length >= kHelloBytes) std::memcpy(&magic, h, 4);
+    if (magic == kAuthMagic) {
+      token->assign(h + 4, kNonceBytes);
+      bool good = tokens_.count(*token) > 0;
+      if (!good && auth::SameBytes(std::string(h + 4 + kNonceBytes, 32), HelloProof(port_, *token))) {
+        tokens_.emplace(*token, -2);
+        good = true;
+      }
+      if (good) {
+        *header = h + kHelloBytes;
+        *header_length -= kHelloBytes;
+        return true;
+      }
+    }
+    DropLine("dropped a message without a proof of this job's secret");
+    return false;
+  }
+  bool Admit(const std::string& token, int sender) {
+    if (key_.empty()) return true;
+    int& pinned = tokens_.at(token);
+    if (sender < -1) return false;
+    if (pinned == -2 && sender >= 0) pinned = sender;
+    if (pinned == sender || (pinned == -2 && sender == -1)) return true;
+    DropLine("dropped a message that claims to come from node " + std::to_string(sender) +
+             " on the endpoint of node " + std::to_string(pinned));
+    return false;
+  }
+
+  std::string Address(ucp_ep_h ep) const {
+    auto it = ep ? addresses_.find(ep) : addresses_.end();
+    return it == addresses_.end() ? std::string("an unknown peer") : it->second;
   }
 
   // Called with worker_mu_ held. UCX connects in the background, and a handshake still under
@@ -376,9 +494,20 @@ class UcxVan : public Van {
     auto in = std::make_shared<Incoming>();
     std::vector<uint64_t> sizes;
     const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    std::string token;
+    if (!self->Authenticated(&header, &header_length, &token)) {
+      ++self->dropped_;
+      if (rndv) ucp_am_data_release(self->worker_, data);
+      return UCS_OK;
+    }
     if (!self->ParseHeader(header, header_length, length, in.get(), &sizes)) {
-      PS_VLOG(1) << "UCX van: dropped a malformed message (" << header_length << "-byte header, " << length
-                 << " bytes)";
+      self->DropLine("dropped a malformed message (" + std::to_string(header_length) + "-byte header, " +
+                     std::to_string(length) + " bytes)");
+      ++self->dropped_;
+      if (rndv) ucp_am_data_release(self->worker_, data);
+      return UCS_OK;
+    }
+    if (!self->Admit(token, in->msg.meta.sender())) {
       ++self->dropped_;
       if (rndv) ucp_am_data_release(self->worker_, data);
       return UCS_OK;
@@ -405,6 +534,54 @@ class UcxVan : public Van {
     if (req == nullptr || UCS_PTR_IS_ERR(req)) {
       self->MarkDone(in.get(), req == nullptr);
       delete ctx;
+    }
+    return UCS_OK;
+  }
+
+  // Listener side: a client endpoint's hello, answered so that a client with another secret
+  // learns why it cannot join (its messages are refused on their own proofs).
+  static ucs_status_t OnHello(void* arg, const void* header, size_t header_length, void*, size_t,
+                              const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxVan*>(arg);
+    if (self->key_.empty() || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+      return UCS_OK;
+    const ucp_ep_h ep = param->reply_ep;
+    const std::string h(static_cast<const char*>(header), header_length);
+    uint32_t magic = 0;
+    if (h.size() >= 4) std::memcpy(&magic, h.data(), 4);
+    const std::string nonce = h.size() == kHelloBytes ? h.substr(4, kNonceBytes) : "";
+    const bool good = magic == kAuthMagic && !nonce.empty() &&
+                      auth::SameBytes(h.substr(4 + kNonceBytes), self->HelloProof(self->port_, nonce));
+    if (!good) {
+      ++self->dropped_;
+      self->DropLine("refused a connection from " + self->Address(ep) + ": its hello does not prove this job's secret");
+    }
+    if (nonce.empty()) return UCS_OK;
+    auto out = std::make_unique<Outgoing>();
+    out->head = AuthMessage(nonce, good ? self->WelcomeProof(nonce) : std::string(32, '\0')) + (good ? "\1" : std::string(1, '\0'));
+    out->peer = -1;
+    self->PostOn(ep, kWelcomeAmId, std::move(out));
+    return UCS_OK;
+  }
+
+  // Client side: the listener's answer to one of our hellos.
+  static ucs_status_t OnWelcome(void* arg, const void* header, size_t header_length, void*, size_t,
+                                const ucp_am_recv_param_t*) {
+    auto* self = static_cast<UcxVan*>(arg);
+    if (self->key_.empty() || header_length != kHelloBytes + 1) return UCS_OK;
+    const std::string h(static_cast<const char*>(header), header_length);
+    const std::string nonce = h.substr(4, kNonceBytes);
+    for (auto& kv : self->peers_) {
+      Peer& p = *kv.second;
+      if (p.nonce.empty() || !auth::SameBytes(p.nonce, nonce)) continue;
+      if (h.back() == 1) {
+        if (!auth::SameBytes(h.substr(4 + kNonceBytes, 32), self->WelcomeProof(nonce)))
+          self->DropLine("the listener at " + p.host + ":" + std::to_string(p.port) +
+                         " answered without proving this job's secret");
+      } else {
+        ++p.refusals;
+      }
     }
     return UCS_OK;
   }
@@ -445,6 +622,15 @@ class UcxVan : public Van {
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxVan::OnAcceptedFailed;
     ep.err_handler.arg = self;
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    std::string address = "an unknown peer";
+    if (ucp_conn_request_query(request, &attr) == UCS_OK && attr.client_address.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
+      char host[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+      address = std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+    }
     ucp_ep_h handle = nullptr;
     const ucs_status_t st = ucp_ep_create(self->worker_, &ep, &handle);
     if (st != UCS_OK) {
@@ -452,6 +638,7 @@ class UcxVan : public Van {
       return;
     }
     self->accepted_.push_back(handle);
+    self->addresses_[handle] = address;
   }
 
   static void OnPeerFailed(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -472,6 +659,14 @@ class UcxVan : public Van {
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   int64_t max_bytes_ = 0;
+  int port_ = 0;     // the listener's
+  std::string key_;  // from the job secret; "" without one (no authentication)
+  // Guarded by worker_mu_ (used in callbacks): the tokens of the endpoints that said a good
+  // hello, with the node id each speaks for (-2 until its first message names one); accepted
+  // endpoints' addresses, for log lines.
+  std::unordered_map<std::string, int> tokens_;
+  std::unordered_map<ucp_ep_h, std::string> addresses_;
+  auth::RateLimit drop_log_;
   std::mutex worker_mu_;
   std::unordered_map<int, std::unique_ptr<Peer>> peers_;
   std::vector<ucp_ep_h> accepted_;

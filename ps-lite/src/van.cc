@@ -1,9 +1,34 @@
 #include "van.h"
 
+#include <google/protobuf/stubs/common.h>
+
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 
+#include "auth.h"
+#include "logging.h"
+
 namespace ps {
+namespace {
+
+#if GOOGLE_PROTOBUF_VERSION < 4022000  // later versions log through abseil
+void ProtobufLog(google::protobuf::LogLevel level, const char*, int, const std::string& message) {
+  static auth::RateLimit limit;
+  long held = 0;
+  if (level >= google::protobuf::LOGLEVEL_FATAL || limit.Allow(&held))
+    LogLine() << "protobuf: " << message << (held ? " (and " + std::to_string(held) + " more not shown)" : "");
+}
+#endif
+
+void QuietProtobuf() {
+#if GOOGLE_PROTOBUF_VERSION < 4022000
+  static std::once_flag once;
+  std::call_once(once, [] { google::protobuf::SetLogHandler(&ProtobufLog); });
+#endif
+}
+
+}  // namespace
 
 std::vector<std::string> Van::Types() {
 #ifdef PS_WITH_UCX
@@ -14,6 +39,7 @@ std::vector<std::string> Van::Types() {
 }
 
 std::unique_ptr<Van> Van::Create(const std::string& type) {
+  QuietProtobuf();
   if (type.empty() || type == "zmq") return MakeZmqVan();
 #ifdef PS_WITH_UCX
   if (type == "ucx") return MakeUcxVan();

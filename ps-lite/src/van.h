@@ -27,8 +27,13 @@ class Van {
   virtual bool Recv(Message* msg) = 0;
   virtual void Stop() = 0;
   virtual long dropped() const = 0;
+  // Why the channel to peer `id` cannot authenticate (its job secret differs), or "" while
+  // nothing says so.
+  virtual std::string AuthError(int) { return ""; }
 
   // DMLC_PS_VAN_TYPE: "zmq" (default) or "ucx" (when built with UCX). Throws on any other name.
+  // Also routes protobuf's own log lines through a rate limit (a hostile peer's frames must
+  // not each write a line).
   static std::unique_ptr<Van> Create(const std::string& type);
   static std::vector<std::string> Types();
 };

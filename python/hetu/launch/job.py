@@ -14,12 +14,14 @@ from typing import Dict, List, Optional
 
 from .cluster import Cluster, Node, is_local, resolve, root_address
 from .guard import LauncherGuard
-from .mpirun import WORKER_SHIM, MpiOutputDemux, MpirunReport, mpirun_options, pump_mpirun
+from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, mpi_interface_options, mpirun_options,
+                     pump_mpirun)
 from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
 from .ssh import Ssh, remote_command
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 # Local variables that remote processes need to find the same interpreter and libraries.
+SECRET_VAR = "HETU_JOB_SECRET"
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
 
 
@@ -46,6 +48,9 @@ class Job:
         self.guard: Optional[LauncherGuard] = None
         # In every process's environment: the guard finds what the job started by it.
         self.job_mark = f"{os.getpid()}-{secrets.token_hex(4)}"
+        # The job's secret (ps-lite/README.md, Security): in the environment of the processes
+        # started here, written to remote ones' stdin; never on a command line.
+        self.secret = secrets.token_hex(32)
         self.t0 = time.monotonic()
 
     def log(self, message: str):
@@ -119,16 +124,20 @@ class Job:
                 env["HETU_NUM_THREADS"] = str(node.server_threads)   # the node's count wins over env:
         tag = role if rank is None else f"{role} {rank}"
         if self.local[node.host]:
-            argv, full_env = self.launcher_argv(node), {**os.environ, **env}
+            argv, full_env = self.launcher_argv(node), {**os.environ, **env, SECRET_VAR: self.secret}
         else:
             passthrough = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-            line = remote_command(os.getcwd(), {**passthrough, **env}, self.launcher_argv(node))
+            line = remote_command(os.getcwd(), {**passthrough, **env}, self.launcher_argv(node),
+                                  secret_var=SECRET_VAR)
             argv, full_env = self.ssh.argv(node.host, line), dict(os.environ)
         if self.verbose:
             self.log(f"starting {tag} on {node.host}: {' '.join(map(shlex.quote, argv))}")
         proc = start_process(role, rank, node.host, argv, full_env, tag)
         if self.local[node.host]:
             self._close_stdin(proc)   # only remote watchdogs need the pipe held open
+        else:
+            proc.popen.stdin.write((self.secret + "\n").encode())   # the remote line's first read
+            proc.popen.stdin.flush()
         self.add_process(proc)
 
     def start_parameter_servers(self, env):
@@ -150,7 +159,9 @@ class Job:
 
     def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
         remote = any(not self.local[n.host] for n in self.cluster.nodes)
-        argv = mpirun_options(self.ssh.config if remote else None) + self.cluster.mpirun_args
+        argv = mpirun_options(self.ssh.config if remote else None) + \
+            mpi_interface_options(self.cluster, self.root_uri, remote, self.log) + \
+            ["-x", SECRET_VAR] + self.cluster.mpirun_args   # -x: the name only; the value is in mpirun's env
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
                   **env, "DMLC_ROLE": "worker"}
         contexts = []
@@ -185,7 +196,7 @@ class Job:
             self.log("starting workers: " + " ".join(map(shlex.quote, argv)))
         if shutil.which("mpirun") is None:
             raise JobFailed("mpirun not found on PATH (install openmpi-bin)")
-        popen = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+        popen = subprocess.Popen(argv, env={**os.environ, **env, SECRET_VAR: self.secret}, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=True)
         proc = Proc(role="workers", rank=None, host=socket.gethostname(), popen=popen)

@@ -1,6 +1,8 @@
 """All workers under one mpirun: the worker shim and the reading of mpirun's tagged output."""
+import ipaddress
 import os
 import re
+import subprocess
 from typing import Dict, List, Optional
 
 # The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
@@ -26,6 +28,40 @@ def mpirun_options(ssh_config: Optional[str]) -> List[str]:
     if ssh_config:
         argv += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {ssh_config}"]
     return argv
+
+
+def mpi_interface_options(cluster, root_uri: str, remote: bool, log=None) -> List[str]:
+    """Open MPI's TCP listeners (the runtime's out-of-band channel and the TCP BTL) on the
+    job's own interfaces, not on every address of every host: loopback for a one-host job;
+    else the interfaces the cluster file names, or the network of the chief's address."""
+    if not remote:
+        nets = ["lo"]
+    else:
+        nets = sorted({n.interface for n in cluster.nodes if n.interface})
+        if not nets:
+            net = local_network(root_uri)
+            nets = [net] if net else []
+    if not nets:
+        if log:
+            log(f"no interface of this host has {root_uri}: Open MPI listens on all of them "
+                "(set 'interface' on the cluster's nodes)")
+        return []
+    value = ",".join(nets)
+    return ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
+
+
+def local_network(address: str) -> Optional[str]:
+    """The network (CIDR) of this host's interface that has `address`, as `ip` reports it."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        m = re.search(r"\binet (\d+\.\d+\.\d+\.\d+/\d+)", line)
+        if m and m.group(1).split("/")[0] == address:
+            return str(ipaddress.ip_interface(m.group(1)).network)
+    return None
 
 
 MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")

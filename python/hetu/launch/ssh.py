@@ -1,7 +1,7 @@
 """ssh command lines for the remote hosts of a cluster."""
 import os
 import shlex
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .cluster import Cluster
 
@@ -36,17 +36,21 @@ class Ssh:
         return ["ssh", "-F", self.config, "-o", "BatchMode=yes", host, remote_command]
 
 
-def remote_command(cwd: str, env: Dict[str, str], argv: List[str]) -> str:
+def remote_command(cwd: str, env: Dict[str, str], argv: List[str], secret_var: Optional[str] = None) -> str:
     """A shell line that runs argv on a remote host and kills it when the local ssh goes away.
 
     Closing ssh does not signal a remote command without a tty, so a watchdog waits for EOF on
     the session's stdin (the runner holds the other end) and terminates the command then.
+    With `secret_var`, the first line of stdin is exported as that variable first: a value
+    there never appears on a command line (ssh's, or the remote shell's and the command's).
     """
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     cmd = " ".join(shlex.quote(a) for a in argv)
+    # `read` is a shell builtin: the value stays out of every process's argv.
+    secret = f"IFS= read -r {secret_var} && export {secret_var} && " if secret_var else ""
     # Background jobs of a non-interactive shell read /dev/null, so the watchdog gets the
     # session's stdin through fd 3 explicitly.
-    return (f"cd {shlex.quote(cwd)} && exec 3<&0 && {{ env {assigns} {cmd} 3<&- & p=$!; "
+    return (f"{secret}cd {shlex.quote(cwd)} && exec 3<&0 && {{ env {assigns} {cmd} 3<&- & p=$!; "
             f"{{ cat <&3 >/dev/null; kill -TERM $p; sleep 5; kill -KILL $p; }} "
             f">/dev/null 2>&1 & w=$!; exec 3<&-; wait $p; rc=$?; kill $w 2>/dev/null; "
             f"exit $rc; }}")
