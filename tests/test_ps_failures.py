@@ -60,7 +60,7 @@ def test_registrations_lost_with_a_dead_scheduler_are_repeated(cluster, van):
     """A scheduler that took the first registrations dies; the one started in its place on the
     same port hears from every node again, because nodes repeat their registration. Every node
     must also close cleanly: over UCX a connection still being set up when a node closed used
-    to crash it (ps-lite/README.md)."""
+    to crash it (docs/ps-lite-notes.md)."""
     c = cluster(1, 2, env={"DMLC_PS_VAN_TYPE": van})
     c.start_scheduler("decoy", env={"DMLC_NUM_WORKER": "5"})   # waits for nodes that never come
     c.start_servers(with_scheduler=False).start_workers("ps.barrier('workers')\nps.finalize()\n")

@@ -384,6 +384,32 @@ def test_bad_input_is_an_error_naming_table_and_key(cluster):
     cluster(3, 1).run(BAD)
 
 
+def test_the_bindings_table_takes_keywords_and_checks_input_before_sending():
+    """hetu._ps.Table: its arguments are keywords only, and input that cannot be sent is refused
+    in the calling process (no node is needed to see it)."""
+    from hetu import _ps
+    with pytest.raises(TypeError):
+        _ps.Table("emb", 10, 4)
+    emb = _ps.Table(name="emb", rows=10, width=4, state_width=4)
+    with pytest.raises(TypeError):
+        emb.pull(np.arange(3))
+    with pytest.raises(ValueError, match="keys= is needed"):
+        emb.push(grads=np.zeros((1, 4), np.float32), lr=0.1)
+    with pytest.raises(ValueError, match="gradient has 4 elements, expected 8"):
+        emb.push(keys=np.arange(2), grads=np.zeros(4, np.float32), lr=0.1)
+    with pytest.raises(ValueError, match="write-back goes with a sparse push"):
+        emb.push(keys=np.arange(1), grads=np.zeros(4, np.float32), lr=0.1, pull=True,
+                 write_back=(np.arange(1), np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(1, np.int64),
+                             np.ones(1, np.int64)))
+    with pytest.raises(ValueError, match="optimizer state has 0 elements, expected 4"):
+        emb.assign(keys=np.arange(1), values=np.zeros(4, np.float32), state=np.zeros(0, np.float32),
+                   steps=np.zeros(1, np.int64), version_add=np.ones(1, np.int64))
+    with pytest.raises(RuntimeError, match="has not started a node"):
+        emb.pull(keys=np.arange(3))
+    with pytest.raises(RuntimeError, match="has not started a node"):
+        _ps.Table(name="dense", rows=6, width=1, dense=True).pull()
+
+
 LARGE = """
 from hetu import _C
 c = ps.client()

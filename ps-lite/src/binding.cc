@@ -243,21 +243,163 @@ class Handle {
   bool consumed_ = false;
 };
 
-TableRef Ref(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t state_width = 0) {
-  TableRef t;
-  t.name = name;
-  t.rows = rows;
-  t.width = width;
-  t.dense = dense;
-  t.state_width = state_width;
-  return t;
-}
-
 void CheckSize(const std::string& table, const char* what, py::ssize_t got, int64_t want) {
   if (got != want)
     throw py::value_error("table '" + table + "': " + what + " has " + std::to_string(got) + " elements, expected " +
                           std::to_string(want));
 }
+
+// Sends one request with the GIL released.
+template <typename F>
+std::shared_ptr<Request> Send(F&& send) {
+  KVWorker& w = Worker();
+  py::gil_scoped_release nogil;
+  return send(w);
+}
+
+// hetu._ps.Table: a table on the servers as a worker names it; its operations take keywords.
+class RemoteTable {
+ public:
+  // A push's write-back: keys, rows, optimizer state, steps and version increments.
+  using WriteBackArrays = std::tuple<Arr<int64_t>, Arr<float>, Arr<float>, Arr<int64_t>, Arr<int64_t>>;
+
+  RemoteTable(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t state_width) {
+    t_.name = name;
+    t_.rows = rows;
+    t_.width = width;
+    t_.dense = dense;
+    t_.state_width = state_width;
+  }
+
+  Handle Init(int init_kind, double init_a, double init_b, uint64_t seed, uint64_t stream, int optim_kind,
+              float momentum, float beta1, float beta2, float eps, float l2reg, float weight_decay, bool bsp,
+              int staleness) {
+    pb::TableSpec spec;
+    spec.set_rows(t_.rows);
+    spec.set_width(t_.width);
+    spec.set_dense(t_.dense);
+    spec.set_init_kind(init_kind);
+    spec.set_init_a(init_a);
+    spec.set_init_b(init_b);
+    spec.set_seed(seed);
+    spec.set_stream(stream);
+    spec.set_optim_kind(optim_kind);
+    spec.set_momentum(momentum);
+    spec.set_beta1(beta1);
+    spec.set_beta2(beta2);
+    spec.set_eps(eps);
+    spec.set_l2reg(l2reg);
+    spec.set_weight_decay(weight_decay);
+    spec.set_bsp(bsp);
+    spec.set_staleness(staleness);
+    return Handle(Send([&](KVWorker& w) { return w.Init(t_.name, spec); }), py::list(), kNothing);
+  }
+
+  // A dense table's push and pull take no keys.
+  Handle Push(std::optional<Arr<int64_t>> keys, Arr<float> grads, std::optional<Arr<int64_t>> counts,
+              int64_t iteration, float lr, bool pull, std::optional<WriteBackArrays> write_back) {
+    const std::string& name = t_.name;
+    const int64_t n = Keys(keys);
+    CheckSize(name, "gradient", grads.size(), t_.dense ? t_.rows * t_.width : n * t_.width);
+    if (counts) CheckSize(name, "counts", counts->size(), n);
+    py::list keep;
+    if (keys) keep.append(*keys);
+    keep.append(grads);
+    if (counts) keep.append(*counts);
+    const int64_t* k = keys ? keys->data() : nullptr;
+    const float* g = grads.data();
+    const int64_t* c = counts ? counts->data() : nullptr;
+    WriteBack wb;
+    if (write_back) {
+      if (t_.dense || pull)
+        throw py::value_error("table '" + name + "': a write-back goes with a sparse push, with rows, optimizer "
+                              "state, steps and version increments");
+      auto& [wb_keys, wb_values, wb_state, wb_steps, wb_version_add] = *write_back;
+      wb.n = wb_keys.size();
+      CheckSize(name, "write-back rows", wb_values.size(), wb.n * t_.width);
+      CheckSize(name, "write-back optimizer state", wb_state.size(), wb.n * t_.state_width);
+      CheckSize(name, "write-back steps", wb_steps.size(), wb.n);
+      CheckSize(name, "write-back version increments", wb_version_add.size(), wb.n);
+      for (py::object o : {py::object(wb_keys), py::object(wb_values), py::object(wb_state), py::object(wb_steps),
+                           py::object(wb_version_add)})
+        keep.append(o);
+      wb.keys = wb_keys.data();
+      wb.values = wb_values.data();
+      wb.state = wb_state.data();
+      wb.steps = wb_steps.data();
+      wb.version_add = wb_version_add.data();
+    }
+    const WriteBack* wbp = write_back ? &wb : nullptr;
+    auto req = Send([&](KVWorker& w) { return w.Push(t_, pull ? kPushPull : kPush, k, n, g, c, iteration, lr, wbp); });
+    return Handle(req, keep, pull ? (t_.dense ? kDenseRows : kRows) : kNothing);
+  }
+
+  Handle Pull(std::optional<Arr<int64_t>> keys, int64_t iteration) {
+    const int64_t n = Keys(keys);
+    py::list keep;
+    if (keys) keep.append(*keys);
+    const int64_t* k = keys ? keys->data() : nullptr;
+    auto req = Send([&](KVWorker& w) { return w.Pull(t_, k, n, iteration); });
+    return Handle(req, keep, t_.dense ? kDenseRows : kRows);
+  }
+
+  Handle PullStale(Arr<int64_t> keys, Arr<int64_t> versions, int64_t bound, int64_t iteration, bool with_state) {
+    CheckSize(t_.name, "versions", versions.size(), keys.size());
+    py::list keep;
+    keep.append(keys);
+    keep.append(versions);
+    const int64_t *k = keys.data(), *v = versions.data();
+    const int64_t n = keys.size();
+    auto req = Send([&](KVWorker& w) { return w.PullStale(t_, k, v, n, bound, iteration, with_state); });
+    return Handle(req, keep, with_state ? kStaleState : kStale);
+  }
+
+  Handle PullWithState(Arr<int64_t> keys, int64_t iteration, std::optional<Arr<uint8_t>> state_mask) {
+    py::list keep;
+    keep.append(keys);
+    const int64_t* k = keys.data();
+    const int64_t n = keys.size();
+    std::vector<uint8_t> marked;
+    if (state_mask) {
+      CheckSize(t_.name, "state mask", state_mask->size(), n);
+      keep.append(*state_mask);
+      marked.assign(state_mask->data(), state_mask->data() + n);
+    }
+    const uint8_t* mask = state_mask ? state_mask->data() : nullptr;
+    auto req = Send([&](KVWorker& w) { return w.PullState(t_, k, n, iteration, mask); });
+    return state_mask ? Handle(req, keep, std::move(marked)) : Handle(req, keep, kState);
+  }
+
+  Handle Assign(Arr<int64_t> keys, Arr<float> values, Arr<float> state, Arr<int64_t> steps, Arr<int64_t> version_add) {
+    const int64_t n = keys.size();
+    CheckSize(t_.name, "values", values.size(), n * t_.width);
+    CheckSize(t_.name, "optimizer state", state.size(), n * t_.state_width);
+    CheckSize(t_.name, "steps", steps.size(), n);
+    CheckSize(t_.name, "version_add", version_add.size(), n);
+    py::list keep;
+    for (py::object o : {py::object(keys), py::object(values), py::object(state), py::object(steps), py::object(version_add)})
+      keep.append(o);
+    const int64_t *k = keys.data(), *st = steps.data(), *va = version_add.data();
+    const float *v = values.data(), *s = state.data();
+    auto req = Send([&](KVWorker& w) { return w.Assign(t_, k, n, v, s, st, va); });
+    return Handle(req, keep, kNothing);
+  }
+
+  // kSave, kLoad or kClear on every server.
+  Handle Admin(int op, const std::string& path) {
+    return Handle(Send([&](KVWorker& w) { return w.Admin(t_, op, path); }), py::list(), kNothing);
+  }
+
+ private:
+  // How many keys a row operation sends: an embedding table needs them, a dense one takes none.
+  int64_t Keys(const std::optional<Arr<int64_t>>& keys) const {
+    if (t_.dense) return 0;
+    if (!keys) throw py::value_error("table '" + t_.name + "': keys= is needed for an embedding table");
+    return keys->size();
+  }
+
+  TableRef t_;
+};
 
 void Start() {
   if (g_node) throw std::runtime_error("hetu.ps: a node is already running in this process");
@@ -393,170 +535,34 @@ PYBIND11_MODULE(_ps, m) {
            "the table, the key or the peer on error, timeout (default PS_WAIT_TIMEOUT, 600 s) or a dead node.")
       .def("done", &Handle::done);
 
-  m.def(
-      "init_table",
-      [](const std::string& name, int64_t rows, int64_t width, bool dense, int init_kind, double a, double b,
-         uint64_t seed, uint64_t stream, int optim_kind, float momentum, float beta1, float beta2, float eps,
-         float l2reg, float weight_decay, bool bsp, int staleness) {
-        pb::TableSpec spec;
-        spec.set_rows(rows);
-        spec.set_width(width);
-        spec.set_dense(dense);
-        spec.set_init_kind(init_kind);
-        spec.set_init_a(a);
-        spec.set_init_b(b);
-        spec.set_seed(seed);
-        spec.set_stream(stream);
-        spec.set_optim_kind(optim_kind);
-        spec.set_momentum(momentum);
-        spec.set_beta1(beta1);
-        spec.set_beta2(beta2);
-        spec.set_eps(eps);
-        spec.set_l2reg(l2reg);
-        spec.set_weight_decay(weight_decay);
-        spec.set_bsp(bsp);
-        spec.set_staleness(staleness);
-        KVWorker& w = Worker();
-        std::shared_ptr<Request> req;
-        {
-          py::gil_scoped_release nogil;
-          req = w.Init(name, spec);
-        }
-        return Handle(req, py::list(), kNothing);
-      });
+  py::class_<RemoteTable>(m, "Table",
+                          "A table on the servers as a worker names it. Every operation takes keywords and returns a "
+                          "Handle; keys are int64, values float32; iteration -1: no synchronisation.")
+      .def(py::init<const std::string&, int64_t, int64_t, bool, int64_t>(), py::kw_only(), py::arg("name"),
+           py::arg("rows"), py::arg("width"), py::arg("dense") = false, py::arg("state_width") = 0)
+      .def("init", &RemoteTable::Init, py::kw_only(), py::arg("init_kind"), py::arg("init_a"), py::arg("init_b"),
+           py::arg("seed"), py::arg("stream"), py::arg("optim_kind"), py::arg("momentum"), py::arg("beta1"),
+           py::arg("beta2"), py::arg("eps"), py::arg("l2reg"), py::arg("weight_decay"), py::arg("bsp"),
+           py::arg("staleness"), "Creates the table on every server (result: None).")
+      .def("push", &RemoteTable::Push, py::kw_only(), py::arg("keys") = py::none(), py::arg("grads"),
+           py::arg("counts") = py::none(), py::arg("iteration") = -1, py::arg("lr"), py::arg("pull") = false,
+           py::arg("write_back") = py::none(),
+           "pull=True: push-pull (result: the rows after the push's iteration). write_back: (keys, values, state, "
+           "steps, version_add), written just before the push is taken in.")
+      .def("pull", &RemoteTable::Pull, py::kw_only(), py::arg("keys") = py::none(), py::arg("iteration") = -1)
+      .def("pull_stale", &RemoteTable::PullStale, py::kw_only(), py::arg("keys"), py::arg("versions"),
+           py::arg("bound") = 0, py::arg("iteration") = -1, py::arg("with_state") = false)
+      .def("pull_with_state", &RemoteTable::PullWithState, py::kw_only(), py::arg("keys"), py::arg("iteration") = -1,
+           py::arg("state_mask") = py::none())
+      .def("assign", &RemoteTable::Assign, py::kw_only(), py::arg("keys"), py::arg("values"), py::arg("state"),
+           py::arg("steps"), py::arg("version_add"))
+      .def("save", [](RemoteTable& t, const std::string& path) { return t.Admin(kSave, path); }, py::kw_only(),
+           py::arg("path"))
+      .def("load", [](RemoteTable& t, const std::string& path) { return t.Admin(kLoad, path); }, py::kw_only(),
+           py::arg("path"))
+      .def("clear", [](RemoteTable& t) { return t.Admin(kClear, ""); });
 
-  m.def("push", [](const std::string& name, int64_t rows, int64_t width, bool dense, Arr<int64_t> keys,
-                   Arr<float> grads, std::optional<Arr<int64_t>> counts, int64_t iteration, float lr, bool pull,
-                   int64_t state_width, std::optional<Arr<int64_t>> wb_keys, std::optional<Arr<float>> wb_values,
-                   std::optional<Arr<float>> wb_state, std::optional<Arr<int64_t>> wb_steps,
-                   std::optional<Arr<int64_t>> wb_version_add) {
-    TableRef t = Ref(name, rows, width, dense, state_width);
-    const int64_t n = dense ? 0 : keys.size();
-    CheckSize(name, "gradient", grads.size(), dense ? rows * width : n * width);
-    if (counts) CheckSize(name, "counts", counts->size(), n);
-    py::list keep;
-    keep.append(keys);
-    keep.append(grads);
-    if (counts) keep.append(*counts);
-    const int64_t* k = keys.data();
-    const float* g = grads.data();
-    const int64_t* c = counts ? counts->data() : nullptr;
-    WriteBack wb;
-    if (wb_keys) {
-      if (dense || pull || !wb_values || !wb_state || !wb_steps || !wb_version_add)
-        throw py::value_error("table '" + name + "': a write-back goes with a sparse push, with rows, optimizer "
-                              "state, steps and version increments");
-      wb.n = wb_keys->size();
-      CheckSize(name, "write-back rows", wb_values->size(), wb.n * width);
-      CheckSize(name, "write-back optimizer state", wb_state->size(), wb.n * state_width);
-      CheckSize(name, "write-back steps", wb_steps->size(), wb.n);
-      CheckSize(name, "write-back version increments", wb_version_add->size(), wb.n);
-      for (py::object o : {py::object(*wb_keys), py::object(*wb_values), py::object(*wb_state),
-                           py::object(*wb_steps), py::object(*wb_version_add)})
-        keep.append(o);
-      wb.keys = wb_keys->data();
-      wb.values = wb_values->data();
-      wb.state = wb_state->data();
-      wb.steps = wb_steps->data();
-      wb.version_add = wb_version_add->data();
-    }
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.Push(t, pull ? kPushPull : kPush, k, n, g, c, iteration, lr, wb_keys ? &wb : nullptr);
-    }
-    return Handle(req, keep, pull ? (dense ? kDenseRows : kRows) : kNothing);
-  });
-
-  m.def("pull", [](const std::string& name, int64_t rows, int64_t width, bool dense, Arr<int64_t> keys,
-                   int64_t iteration) {
-    TableRef t = Ref(name, rows, width, dense);
-    py::list keep;
-    keep.append(keys);
-    const int64_t* k = keys.data();
-    const int64_t n = dense ? 0 : keys.size();
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.Pull(t, k, n, iteration);
-    }
-    return Handle(req, keep, dense ? kDenseRows : kRows);
-  });
-
-  m.def("pull_stale", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width, Arr<int64_t> keys,
-                         Arr<int64_t> versions, int64_t bound, int64_t iteration, bool with_state) {
-    TableRef t = Ref(name, rows, width, false, state_width);
-    CheckSize(name, "versions", versions.size(), keys.size());
-    py::list keep;
-    keep.append(keys);
-    keep.append(versions);
-    const int64_t *k = keys.data(), *v = versions.data();
-    const int64_t n = keys.size();
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.PullStale(t, k, v, n, bound, iteration, with_state);
-    }
-    return Handle(req, keep, with_state ? kStaleState : kStale);
-  });
-
-  m.def("pull_with_state", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width,
-                              Arr<int64_t> keys, int64_t iteration, std::optional<Arr<uint8_t>> with_state) {
-    TableRef t = Ref(name, rows, width, false, state_width);
-    py::list keep;
-    keep.append(keys);
-    const int64_t* k = keys.data();
-    const int64_t n = keys.size();
-    std::vector<uint8_t> marked;
-    if (with_state) {
-      CheckSize(name, "state mask", with_state->size(), n);
-      keep.append(*with_state);
-      marked.assign(with_state->data(), with_state->data() + n);
-    }
-    const uint8_t* mask = with_state ? with_state->data() : nullptr;
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.PullState(t, k, n, iteration, mask);
-    }
-    return with_state ? Handle(req, keep, std::move(marked)) : Handle(req, keep, kState);
-  });
-
-  m.def("assign", [](const std::string& name, int64_t rows, int64_t width, int64_t state_width, Arr<int64_t> keys,
-                     Arr<float> values, Arr<float> state, Arr<int64_t> steps, Arr<int64_t> version_add) {
-    TableRef t = Ref(name, rows, width, false, state_width);
-    const int64_t n = keys.size();
-    CheckSize(name, "values", values.size(), n * width);
-    CheckSize(name, "optimizer state", state.size(), n * state_width);
-    CheckSize(name, "steps", steps.size(), n);
-    CheckSize(name, "version_add", version_add.size(), n);
-    py::list keep;
-    for (py::object o : {py::object(keys), py::object(values), py::object(state), py::object(steps), py::object(version_add)})
-      keep.append(o);
-    const int64_t *k = keys.data(), *st = steps.data(), *va = version_add.data();
-    const float *v = values.data(), *s = state.data();
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.Assign(t, k, n, v, s, st, va);
-    }
-    return Handle(req, keep, kNothing);
-  });
-
-  m.def("server_stats", [] {
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.Stats();
-    }
-    return Handle(req, py::list(), kServerStats);
-  }, "Worker: what every server has served so far (a Handle of one dict per server, in rank order).");
+  m.def("server_stats", [] { return Handle(Send([](KVWorker& w) { return w.Stats(); }), py::list(), kServerStats); }, "Worker: what every server has served so far (a Handle of one dict per server, in rank order).");
   m.def("own_server_stats", [] {
     NodeState& node = Node();
     if (!node.server) throw std::runtime_error("hetu.ps: own_server_stats() is for a server");
@@ -568,17 +574,4 @@ PYBIND11_MODULE(_ps, m) {
     d["busy_seconds"] = c.busy_seconds;
     return d;
   }, "Server: what this server has served so far.");
-  m.def("admin", [](const std::string& name, int64_t rows, int64_t width, bool dense, const std::string& op,
-                    const std::string& path) {
-    TableRef t = Ref(name, rows, width, dense);
-    int code = op == "save" ? kSave : op == "load" ? kLoad : op == "clear" ? kClear : 0;
-    if (!code) throw py::value_error("admin op must be save, load or clear");
-    KVWorker& w = Worker();
-    std::shared_ptr<Request> req;
-    {
-      py::gil_scoped_release nogil;
-      req = w.Admin(t, code, path);
-    }
-    return Handle(req, py::list(), kNothing);
-  });
 }

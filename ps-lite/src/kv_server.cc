@@ -45,6 +45,37 @@ int64_t DataBytes(const std::vector<Blob>& data) {
 
 int64_t NumKeys(const Message& msg) { return msg.data.empty() ? 0 : static_cast<int64_t>(msg.data[0].count<int64_t>()); }
 
+// "" or why a push's blobs do not fit the table (an empty dense push is one with nothing to add).
+std::string CheckPush(const TableShard& t, const Message& msg) {
+  const std::string& name = t.name();
+  if (t.dense()) return msg.data.empty() ? "" : Expect<float>(msg, 0, t.rows() * t.width(), "gradient", name);
+  const int64_t n = NumKeys(msg);
+  if (!n) return "";
+  std::string err = Expect<float>(msg, 1, n * t.width(), "gradient", name);
+  if (err.empty() && msg.meta.has_counts()) err = Expect<int64_t>(msg, 2, n, "counts", name);
+  if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), n);
+  if (err.empty() && msg.meta.has_counts())
+    err = t.CheckVersionAdds(msg.data[0].as<int64_t>(), msg.data[2].as<int64_t>(), n, 1, "contribution count");
+  return err;
+}
+
+// The gradients of a push that passed CheckPush, or of an empty one.
+TableShard::Push Gradients(const TableShard& t, const Message& m) {
+  TableShard::Push p;
+  if (t.dense()) {
+    p.n = m.data.empty() ? 0 : static_cast<int64_t>(m.data[0].count<float>());
+    p.values = p.n ? m.data[0].as<float>() : nullptr;
+  } else {
+    p.n = NumKeys(m);
+    if (p.n) {
+      p.keys = m.data[0].as<int64_t>();
+      p.values = m.data[1].as<float>();
+      p.counts = m.meta.has_counts() ? m.data[2].as<int64_t>() : nullptr;
+    }
+  }
+  return p;
+}
+
 }  // namespace
 
 bool KVServer::Brief(const Message& msg) {
@@ -68,16 +99,7 @@ void KVServer::Handle(Message& msg) {
   }
   PS_VLOG(2) << "server " << po_->rank() << ": " << OpName(msg.meta.op()) << " '" << msg.meta.table() << "' from "
              << po_->Describe(sender);
-  if (msg.meta.op() == kStats) {
-    const Counters c = counters();
-    double* out;
-    Blob b = Blob::Alloc<double>(4, &out);
-    out[0] = static_cast<double>(c.requests);
-    out[1] = static_cast<double>(c.rows);
-    out[2] = static_cast<double>(c.bytes);
-    out[3] = c.busy_seconds;
-    return Reply(msg, {b}, "");
-  }
+  if (msg.meta.op() == kStats) return ServeStats(msg);  // not counted: it reads the counters
   const double start = NowSeconds();
   requests_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(DataBytes(msg.data), std::memory_order_relaxed);
@@ -89,7 +111,7 @@ void KVServer::Handle(Message& msg) {
   try {
     if (msg.meta.op() == kInit) {
       try {
-        return Init(msg);
+        return ServeInit(msg);
       } catch (const std::exception& ex) {
         return Reply(msg, {}, "table '" + msg.meta.table() + "': init failed on server " +
                                   std::to_string(po_->rank()) + ": " + ex.what());
@@ -102,11 +124,7 @@ void KVServer::Handle(Message& msg) {
     }
     Entry& e = it->second;
     if (!e.shard->dense()) rows_.fetch_add(NumKeys(msg), std::memory_order_relaxed);
-    bool queued = false;
-    for (const auto& d : e.deferred) queued = queued || d.msg.meta.sender() == sender;
-    bool push_done = false;
-    if (queued || !SafeProcess(e, msg, &push_done)) e.deferred.push_back(Deferred{std::move(msg), push_done});
-    if (!e.deferred.empty()) ServeDeferred(e);
+    Admit(e, msg);
   } catch (const std::exception& ex) {
     PS_VLOG(0) << "server " << po_->rank() << ": " << ex.what();
   }
@@ -121,6 +139,17 @@ KVServer::Counters KVServer::counters() const {
   return c;
 }
 
+void KVServer::ServeStats(const Message& msg) {
+  const Counters c = counters();
+  double* out;
+  Blob b = Blob::Alloc<double>(4, &out);
+  out[0] = static_cast<double>(c.requests);
+  out[1] = static_cast<double>(c.rows);
+  out[2] = static_cast<double>(c.bytes);
+  out[3] = c.busy_seconds;
+  Reply(msg, {b}, "");
+}
+
 bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
   try {
     return Process(e, msg, push_done);
@@ -131,7 +160,35 @@ bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
   }
 }
 
-void KVServer::Init(Message& msg) {
+bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
+  TableShard& t = *e.shard;
+  const int op = msg.meta.op();
+  const bool sparse_op = op == kPullStale || op == kPullState || op == kAssign || msg.meta.has_write_back();
+  if (sparse_op && t.dense()) {
+    Reply(msg, {}, "table '" + t.name() + "' is dense; " + OpName(op) + " needs an embedding table");
+    return true;
+  }
+  if (msg.meta.has_write_back() && op != kPush) {
+    Reply(msg, {}, "table '" + t.name() + "': a write-back travels only with a push, not a " + OpName(op));
+    return true;
+  }
+  switch (op) {
+    case kPush: ServePush(e, msg); return true;
+    case kPushPull: return ServePushPull(e, msg, push_done);
+    case kPull: return ServePull(t, msg, msg.meta.iteration());
+    case kPullStale: return ServePullStale(t, msg);
+    case kPullState: return ServePullState(t, msg);
+    case kAssign: Reply(msg, {}, Assign(t, msg, 0)); return true;
+    case kSave:
+    case kLoad:
+    case kClear: ServeAdmin(t, msg); return true;
+    default: Reply(msg, {}, "table '" + t.name() + "': unknown op " + std::to_string(op)); return true;
+  }
+}
+
+// ---- one handler per operation ----------------------------------------------------------
+
+void KVServer::ServeInit(Message& msg) {
   const auto& spec = msg.meta.spec();
   const std::string& name = msg.meta.table();
   if (name.empty() || spec.rows() <= 0 || spec.width() <= 0 || spec.optim_kind() < 0 ||
@@ -163,6 +220,135 @@ void KVServer::Init(Message& msg) {
   Reply(msg, {}, "");
 }
 
+void KVServer::ServePush(Entry& e, Message& msg) {
+  // The write-back goes first, as if it had come as a kAssign just before the push; a bad
+  // one fails the request, but the push is still taken so the iteration can complete.
+  std::string err;
+  if (msg.meta.has_write_back()) err = Assign(*e.shard, msg, msg.meta.has_counts() ? 3 : 2);
+  const std::string pushed = Push(e, msg);
+  if (err.empty()) err = pushed;
+  if (msg.meta.chunked()) {  // answered once, after the last chunk, with the first error
+    const auto id = std::make_pair(msg.meta.sender(), msg.meta.timestamp());
+    if (msg.meta.more()) {
+      if (!err.empty()) chunk_errors_.emplace(id, err);
+      return;
+    }
+    auto it = chunk_errors_.find(id);
+    if (it != chunk_errors_.end()) {
+      err = it->second;
+      chunk_errors_.erase(it);
+    }
+  }
+  Reply(msg, {}, err);
+}
+
+bool KVServer::ServePushPull(Entry& e, Message& msg, bool* push_done) {
+  if (!*push_done) {  // a deferred push-pull comes back here with its push already taken
+    const std::string err = Push(e, msg);
+    *push_done = true;
+    if (!err.empty()) {
+      Reply(msg, {}, err);
+      return true;
+    }
+  }
+  return ServePull(*e.shard, msg, msg.meta.iteration() + 1);  // the rows once this push is applied
+}
+
+bool KVServer::ServePull(const TableShard& t, const Message& msg, int64_t iteration) {
+  if (!Servable(t, msg, iteration)) return false;
+  float* out;
+  if (t.dense()) {
+    Blob rows = Blob::Alloc<float>(t.rows() * t.width(), &out);
+    t.GatherDense(out);
+    Reply(msg, {rows}, "");
+    return true;
+  }
+  const int64_t n = NumKeys(msg);
+  const int64_t* keys;
+  if (!ReadKeys(t, msg, n, &keys)) return true;
+  const int64_t chunk = msg.meta.op() == kPull ? msg.meta.chunk_rows() : 0;
+  if (chunk > 0 && n > chunk) {
+    // A chunk at a time: the van sends one while the next is gathered.
+    for (int64_t off = 0; off < n; off += chunk) {
+      const int64_t m = std::min(chunk, n - off);
+      Blob rows = Blob::Alloc<float>(m * t.width(), &out);
+      t.Gather(keys + off, m, out);
+      Reply(msg, {rows}, "", off, off + m < n);
+    }
+    return true;
+  }
+  Blob rows = Blob::Alloc<float>(n * t.width(), &out);
+  t.Gather(keys, n, out);
+  Reply(msg, {rows}, "");
+  return true;
+}
+
+bool KVServer::ServePullStale(const TableShard& t, const Message& msg) {
+  if (!Servable(t, msg, msg.meta.iteration())) return false;
+  const int64_t n = NumKeys(msg);
+  const int64_t* keys;
+  if (!ReadKeys(t, msg, n, &keys, Expect<int64_t>(msg, 1, n, "versions", t.name()))) return true;
+  std::vector<int64_t> idx = t.Stale(keys, msg.data[1].as<int64_t>(), n, msg.meta.arg());
+  const int64_t m = static_cast<int64_t>(idx.size());
+  std::vector<int64_t> stale(m);
+  for (int64_t i = 0; i < m; ++i) stale[i] = keys[idx[i]];
+  float* rows;
+  int64_t* versions;
+  Blob rb = Blob::Alloc<float>(m * t.width(), &rows);
+  Blob vb = Blob::Alloc<int64_t>(m, &versions);
+  t.Gather(stale.data(), m, rows);
+  std::vector<Blob> reply = {Blob::FromVector(std::move(idx)), rb, vb};
+  if (msg.meta.with_state()) {
+    float* state;
+    int64_t* steps;
+    reply.push_back(Blob::Alloc<float>(m * t.state_width(), &state));
+    reply.push_back(Blob::Alloc<int64_t>(m, &steps));
+    t.GatherState(stale.data(), m, state, steps, versions);
+  } else {
+    for (int64_t i = 0; i < m; ++i) versions[i] = t.Version(stale[i]);
+  }
+  Reply(msg, std::move(reply), "");
+  return true;
+}
+
+bool KVServer::ServePullState(const TableShard& t, const Message& msg) {
+  if (!Servable(t, msg, msg.meta.iteration())) return false;
+  const int64_t n = NumKeys(msg);
+  const bool masked = msg.meta.with_state_mask();
+  const int64_t* keys;
+  if (!ReadKeys(t, msg, n, &keys, masked ? Expect<uint8_t>(msg, 1, n, "state mask", t.name()) : "")) return true;
+  // The keys whose optimizer state is wanted: all, or those the mask marks.
+  std::vector<int64_t> marked;
+  if (masked)
+    for (int64_t i = 0; i < n; ++i)
+      if (msg.data[1].as<uint8_t>()[i]) marked.push_back(keys[i]);
+  const int64_t m = masked ? static_cast<int64_t>(marked.size()) : n;
+  float *rows, *state;
+  int64_t *steps, *versions;
+  Blob rb = Blob::Alloc<float>(n * t.width(), &rows);
+  Blob sb = Blob::Alloc<float>(m * t.state_width(), &state);
+  Blob stb = Blob::Alloc<int64_t>(m, &steps);
+  Blob vb = Blob::Alloc<int64_t>(m, &versions);
+  t.Gather(keys, n, rows);
+  t.GatherState(masked ? marked.data() : keys, m, state, steps, versions);
+  Reply(msg, {rb, sb, stb, vb}, "");
+  return true;
+}
+
+void KVServer::ServeAdmin(TableShard& t, const Message& msg) {
+  switch (msg.meta.op()) {
+    case kSave: {
+      std::error_code ec;
+      std::filesystem::create_directories(msg.meta.path(), ec);
+      return Reply(msg, {}, t.Save(msg.meta.path(), po_->rank(), po_->num_servers()));
+    }
+    case kLoad: return Reply(msg, {}, t.Load(msg.meta.path()));
+    default: t.Reset(); return Reply(msg, {}, "");  // kClear
+  }
+}
+
+// ---- reading and applying a push's blobs ---------------------------------------------------
+
 bool KVServer::ReadKeys(const TableShard& t, const Message& msg, int64_t n, const int64_t** keys,
                         std::string error) {
   *keys = n ? msg.data[0].as<int64_t>() : nullptr;
@@ -170,151 +356,6 @@ bool KVServer::ReadKeys(const TableShard& t, const Message& msg, int64_t n, cons
   if (error.empty()) return true;
   Reply(msg, {}, error);
   return false;
-}
-
-bool KVServer::Servable(const TableShard& t, const Message& msg, int64_t iteration) const {
-  if (!msg.meta.has_iteration() || !t.spec().bsp() || t.pending.empty()) return true;
-  return t.pending.begin()->first > iteration - 1 - t.spec().staleness();
-}
-
-bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
-  TableShard& t = *e.shard;
-  const std::string& name = t.name();
-  const int op = msg.meta.op();
-  const bool sparse_op = op == kPullStale || op == kPullState || op == kAssign || msg.meta.has_write_back();
-  if (sparse_op && t.dense()) {
-    Reply(msg, {}, "table '" + name + "' is dense; " + OpName(op) + " needs an embedding table");
-    return true;
-  }
-  if (msg.meta.has_write_back() && op != kPush) {
-    Reply(msg, {}, "table '" + name + "': a write-back travels only with a push, not a " + OpName(op));
-    return true;
-  }
-  switch (op) {
-    case kPush: {
-      // The write-back goes first, as if it had come as a kAssign just before the push; a bad
-      // one fails the request, but the push is still taken so the iteration can complete.
-      std::string err;
-      if (msg.meta.has_write_back()) err = Assign(t, msg, msg.meta.has_counts() ? 3 : 2);
-      const std::string pushed = Push(e, msg);
-      if (err.empty()) err = pushed;
-      if (msg.meta.chunked()) {  // answered once, after the last chunk, with the first error
-        const auto id = std::make_pair(msg.meta.sender(), msg.meta.timestamp());
-        if (msg.meta.more()) {
-          if (!err.empty()) chunk_errors_.emplace(id, err);
-          return true;
-        }
-        auto it = chunk_errors_.find(id);
-        if (it != chunk_errors_.end()) {
-          err = it->second;
-          chunk_errors_.erase(it);
-        }
-      }
-      Reply(msg, {}, err);
-      return true;
-    }
-    case kPushPull:
-    case kPull: {
-      int64_t iteration = msg.meta.iteration();
-      if (op == kPushPull) {
-        if (!*push_done) {
-          std::string err = Push(e, msg);
-          *push_done = true;
-          if (!err.empty()) {
-            Reply(msg, {}, err);
-            return true;
-          }
-        }
-        ++iteration;  // the rows as they are after this push's iteration is applied
-      }
-      if (!Servable(t, msg, iteration)) return false;
-      float* out;
-      if (t.dense()) {
-        Blob rows = Blob::Alloc<float>(t.rows() * t.width(), &out);
-        t.GatherDense(out);
-        Reply(msg, {rows}, "");
-        return true;
-      }
-      const int64_t n = NumKeys(msg);
-      const int64_t* keys;
-      if (!ReadKeys(t, msg, n, &keys)) return true;
-      const int64_t chunk = op == kPull ? msg.meta.chunk_rows() : 0;
-      if (chunk > 0 && n > chunk) {
-        // A chunk at a time: the van sends one while the next is gathered.
-        for (int64_t off = 0; off < n; off += chunk) {
-          const int64_t m = std::min(chunk, n - off);
-          Blob rows = Blob::Alloc<float>(m * t.width(), &out);
-          t.Gather(keys + off, m, out);
-          Reply(msg, {rows}, "", off, off + m < n);
-        }
-        return true;
-      }
-      Blob rows = Blob::Alloc<float>(n * t.width(), &out);
-      t.Gather(keys, n, out);
-      Reply(msg, {rows}, "");
-      return true;
-    }
-    case kPullStale: {
-      if (!Servable(t, msg, msg.meta.iteration())) return false;
-      const int64_t n = NumKeys(msg);
-      const int64_t* keys;
-      if (!ReadKeys(t, msg, n, &keys, Expect<int64_t>(msg, 1, n, "versions", name))) return true;
-      std::vector<int64_t> idx = t.Stale(keys, msg.data[1].as<int64_t>(), n, msg.meta.arg());
-      const int64_t m = static_cast<int64_t>(idx.size());
-      std::vector<int64_t> stale(m);
-      for (int64_t i = 0; i < m; ++i) stale[i] = keys[idx[i]];
-      float* rows;
-      int64_t* versions;
-      Blob rb = Blob::Alloc<float>(m * t.width(), &rows);
-      Blob vb = Blob::Alloc<int64_t>(m, &versions);
-      t.Gather(stale.data(), m, rows);
-      std::vector<Blob> reply = {Blob::FromVector(std::move(idx)), rb, vb};
-      if (msg.meta.with_state()) {
-        float* state;
-        int64_t* steps;
-        reply.push_back(Blob::Alloc<float>(m * t.state_width(), &state));
-        reply.push_back(Blob::Alloc<int64_t>(m, &steps));
-        t.GatherState(stale.data(), m, state, steps, versions);
-      } else {
-        for (int64_t i = 0; i < m; ++i) versions[i] = t.Version(stale[i]);
-      }
-      Reply(msg, std::move(reply), "");
-      return true;
-    }
-    case kPullState: {
-      if (!Servable(t, msg, msg.meta.iteration())) return false;
-      const int64_t n = NumKeys(msg);
-      const bool masked = msg.meta.with_state_mask();
-      const int64_t* keys;
-      if (!ReadKeys(t, msg, n, &keys, masked ? Expect<uint8_t>(msg, 1, n, "state mask", name) : "")) return true;
-      // The keys whose optimizer state is wanted: all, or those the mask marks.
-      std::vector<int64_t> marked;
-      if (masked)
-        for (int64_t i = 0; i < n; ++i)
-          if (msg.data[1].as<uint8_t>()[i]) marked.push_back(keys[i]);
-      const int64_t m = masked ? static_cast<int64_t>(marked.size()) : n;
-      float *rows, *state;
-      int64_t *steps, *versions;
-      Blob rb = Blob::Alloc<float>(n * t.width(), &rows);
-      Blob sb = Blob::Alloc<float>(m * t.state_width(), &state);
-      Blob stb = Blob::Alloc<int64_t>(m, &steps);
-      Blob vb = Blob::Alloc<int64_t>(m, &versions);
-      t.Gather(keys, n, rows);
-      t.GatherState(masked ? marked.data() : keys, m, state, steps, versions);
-      Reply(msg, {rb, sb, stb, vb}, "");
-      return true;
-    }
-    case kAssign: Reply(msg, {}, Assign(t, msg, 0)); return true;
-    case kSave: {
-      std::error_code ec;
-      std::filesystem::create_directories(msg.meta.path(), ec);
-      Reply(msg, {}, t.Save(msg.meta.path(), po_->rank(), po_->num_servers()));
-      return true;
-    }
-    case kLoad: Reply(msg, {}, t.Load(msg.meta.path())); return true;
-    case kClear: t.Reset(); Reply(msg, {}, ""); return true;
-    default: Reply(msg, {}, "table '" + name + "': unknown op " + std::to_string(op)); return true;
-  }
 }
 
 std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
@@ -335,50 +376,36 @@ std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
 
 std::string KVServer::Push(Entry& e, Message& msg) {
   TableShard& t = *e.shard;
-  const std::string& name = t.name();
-  std::string err;
-  TableShard::Push p;
-  if (t.dense()) {
-    p.n = t.rows() * t.width();
-    if (msg.data.empty()) p.n = 0;  // an empty BSP push: nothing to add this iteration
-    else err = Expect<float>(msg, 0, p.n, "gradient", name);
-    if (err.empty() && p.n) p.values = msg.data[0].as<float>();
-  } else {
-    p.n = NumKeys(msg);
-    if (p.n) {
-      err = Expect<float>(msg, 1, p.n * t.width(), "gradient", name);
-      if (err.empty() && msg.meta.has_counts()) err = Expect<int64_t>(msg, 2, p.n, "counts", name);
-      if (err.empty()) err = t.CheckKeys(msg.data[0].as<int64_t>(), p.n);
-      if (err.empty() && msg.meta.has_counts())
-        err = t.CheckVersionAdds(msg.data[0].as<int64_t>(), msg.data[2].as<int64_t>(), p.n, 1, "contribution count");
-      if (err.empty()) {
-        p.keys = msg.data[0].as<int64_t>();
-        p.values = msg.data[1].as<float>();
-        p.counts = msg.meta.has_counts() ? msg.data[2].as<int64_t>() : nullptr;
-      }
-    }
-  }
+  const std::string err = CheckPush(t, msg);
   if (!msg.meta.has_iteration() || !t.spec().bsp()) {
-    if (err.empty()) t.Apply({p}, msg.meta.lr());
+    if (err.empty()) t.Apply({Gradients(t, msg)}, msg.meta.lr());
     return err;
   }
+  const std::string late = Buffer(e, msg, err.empty());
+  return late.empty() ? err : late;
+}
+
+// ---- BSP: buffered pushes, applied an iteration at a time; reads that wait for them ----------
+
+std::string KVServer::Buffer(Entry& e, const Message& msg, bool valid) {
+  TableShard& t = *e.shard;
   const int64_t it = msg.meta.iteration();
   const int rank = po_->WorkerRank(msg.meta.sender());
   if (it <= t.applied)
-    return "table '" + name + "': push for iteration " + std::to_string(it) + " from worker " +
+    return "table '" + t.name() + "': push for iteration " + std::to_string(it) + " from worker " +
            std::to_string(rank) + " arrived after that iteration was applied";
   auto& slots = t.pending[it];
   slots.resize(po_->num_workers());
   if (slots[rank].meta.op() != 0)
-    return "table '" + name + "': worker " + std::to_string(rank) + " pushed twice for iteration " +
+    return "table '" + t.name() + "': worker " + std::to_string(rank) + " pushed twice for iteration " +
            std::to_string(it);
   // A rejected push still counts as this worker's (empty) message for the iteration, so the
   // other workers are not held up by one bad request.
   slots[rank].meta = msg.meta;
-  if (err.empty()) slots[rank].data = msg.data;
+  if (valid) slots[rank].data = msg.data;
   ++t.arrived[it];
   TryApply(e);
-  return err;
+  return "";
 }
 
 void KVServer::TryApply(Entry& e) {
@@ -388,27 +415,27 @@ void KVServer::TryApply(Entry& e) {
     auto it = t.pending.begin();
     if (t.arrived[it->first] < workers) return;
     std::vector<TableShard::Push> pushes;
-    for (const Message& m : it->second) {
-      TableShard::Push p;
-      if (t.dense()) {
-        p.n = m.data.empty() ? 0 : static_cast<int64_t>(m.data[0].count<float>());
-        p.values = p.n ? m.data[0].as<float>() : nullptr;
-      } else {
-        p.n = NumKeys(m);
-        if (p.n) {
-          p.keys = m.data[0].as<int64_t>();
-          p.values = m.data[1].as<float>();
-          p.counts = m.meta.has_counts() ? m.data[2].as<int64_t>() : nullptr;
-        }
-      }
-      pushes.push_back(p);
-    }
+    for (const Message& m : it->second) pushes.push_back(Gradients(t, m));
     // Every worker sends the same learning rate; rank 0's is the one used.
     t.Apply(pushes, it->second[0].meta.lr());
     t.applied = it->first;
     t.arrived.erase(it->first);
     t.pending.erase(it);
   }
+}
+
+bool KVServer::Servable(const TableShard& t, const Message& msg, int64_t iteration) const {
+  if (!msg.meta.has_iteration() || !t.spec().bsp() || t.pending.empty()) return true;
+  return t.pending.begin()->first > iteration - 1 - t.spec().staleness();
+}
+
+void KVServer::Admit(Entry& e, Message& msg) {
+  const int sender = msg.meta.sender();
+  const bool queued = std::any_of(e.deferred.begin(), e.deferred.end(),
+                                  [sender](const Deferred& d) { return d.msg.meta.sender() == sender; });
+  bool push_done = false;
+  if (queued || !SafeProcess(e, msg, &push_done)) e.deferred.push_back(Deferred{std::move(msg), push_done});
+  if (!e.deferred.empty()) ServeDeferred(e);
 }
 
 void KVServer::ServeDeferred(Entry& e) {

@@ -46,16 +46,35 @@ class KVServer {
     std::deque<Deferred> deferred;
   };
 
-  void Init(Message& msg);
-  // false: the request must wait (its pull half is not servable yet).
+  // Decodes the op and hands the request to its handler; false: the request must wait (a
+  // read whose iteration is not servable yet).
   bool Process(Entry& e, Message& msg, bool* push_done);
   bool SafeProcess(Entry& e, Message& msg, bool* push_done);  // errors become the reply
+
+  // One handler per operation; those returning bool return Process's answer.
+  void ServeStats(const Message& msg);
+  void ServeInit(Message& msg);
+  void ServePush(Entry& e, Message& msg);
+  bool ServePushPull(Entry& e, Message& msg, bool* push_done);
+  bool ServePull(const TableShard& t, const Message& msg, int64_t iteration);
+  bool ServePullStale(const TableShard& t, const Message& msg);
+  bool ServePullState(const TableShard& t, const Message& msg);
+  void ServeAdmin(TableShard& t, const Message& msg);  // save, load, clear
+
+  // Takes a push's gradients in (applied now, or buffered under BSP); "" or the error.
   std::string Push(Entry& e, Message& msg);
   // Writes the rows of the kAssign-shaped blobs starting at data[first]; "" or the error.
   std::string Assign(TableShard& t, const Message& msg, size_t first);
+
+  // BSP. Buffer keeps a push (its gradients only when `valid`) as its worker's message for its
+  // iteration; "" or why it cannot (late, or a second one).
+  std::string Buffer(Entry& e, const Message& msg, bool valid);
   void TryApply(Entry& e);
-  void ServeDeferred(Entry& e);
   bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;
+  // Processes the request now, or defers it behind its sender's deferred ones.
+  void Admit(Entry& e, Message& msg);
+  void ServeDeferred(Entry& e);
+
   // offset >= 0: the answer is one chunk of the part, its first key at `offset` (kv.h).
   void Reply(const Message& req, std::vector<Blob> data, const std::string& error, int64_t offset = -1,
              bool more = false);

@@ -400,7 +400,7 @@ class UcxVan : public Van {
 
   // Called with worker_mu_ held. UCX connects in the background, and a handshake still under
   // way when the peer closes reaches a listener being destroyed: UCX then crashes on its own
-  // thread, in ucp_cm_server_conn_request_cb (ps-lite/README.md). Nodes connect to their peers
+  // thread, in ucp_cm_server_conn_request_cb (docs/ps-lite-notes.md). Nodes connect to their peers
   // once, at start, and may send nothing on a connection until the end, so the handshake is
   // completed here (an endpoint flush), bounded by a deadline.
   void WaitConnected(Peer* peer) {

@@ -189,9 +189,6 @@ class Handle:
         return self._h.done()
 
 
-_NO_WRITE_BACK = (None,) * 5   # a push's write-back arrays, when it has none
-
-
 def _keys(keys):
     return np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
 
@@ -223,6 +220,8 @@ class Table:
         self.optimizer = optimizer
         self.state_width = _ps.optim_state_width(OPTIMIZERS[optimizer], self.width)  # state floats per row
         self.shape = tuple(shape) if shape is not None else (self.rows, self.width)
+        self._t = _ps.Table(name=name, rows=self.rows, width=self.width, dense=self.dense,
+                            state_width=self.state_width)
 
     def __repr__(self):
         kind = "dense" if self.dense else "embedding"
@@ -241,7 +240,7 @@ class Table:
         """Rows of `keys` -> (n, width) float32. With `iteration=t` (BSP table) the rows as they
         are after iteration t-1 was applied."""
         self._sparse()
-        return Handle(_ps.pull(self.name, self.rows, self.width, False, _keys(keys), _iter(iteration)))
+        return Handle(self._t.pull(keys=_keys(keys), iteration=_iter(iteration)))
 
     def push(self, keys, grads, iteration=None, lr=None, counts=None, write_back=None):
         """Sends gradients (n, width) of `keys`. Result: None. `counts`: per-key contributions
@@ -257,9 +256,9 @@ class Table:
     def _push(self, keys, grads, iteration, lr, counts, pull, write_back=None):
         self._sparse()
         c = None if counts is None else _keys(counts)
-        wb = self._assignment(*write_back) if write_back is not None else _NO_WRITE_BACK
-        return Handle(_ps.push(self.name, self.rows, self.width, False, _keys(keys), _f32(grads), c,
-                               _iter(iteration), _lr(lr), pull, self.state_width, *wb))
+        wb = None if write_back is None else self._assignment(*write_back)
+        return Handle(self._t.push(keys=_keys(keys), grads=_f32(grads), counts=c, iteration=_iter(iteration),
+                                   lr=_lr(lr), pull=pull, write_back=wb))
 
     def pull_stale(self, keys, versions, bound=0, iteration=None, with_state=False):
         """Rows whose server version exceeds the given local version by more than `bound`.
@@ -267,8 +266,8 @@ class Table:
         `with_state` also their optimizer state (m, state_width) and step counts (m,). With
         `iteration=t` (BSP table) it waits like a pull for t: versions as of iteration t-1."""
         self._sparse()
-        return Handle(_ps.pull_stale(self.name, self.rows, self.width, self.state_width, _keys(keys), _keys(versions),
-                                     int(bound), _iter(iteration), bool(with_state)))
+        return Handle(self._t.pull_stale(keys=_keys(keys), versions=_keys(versions), bound=int(bound),
+                                         iteration=_iter(iteration), with_state=bool(with_state)))
 
     def pull_with_state(self, keys, iteration=None, with_state=None):
         """Result: (rows (n, width), optimizer state (n, state_width), steps (n,), versions (n,)).
@@ -277,15 +276,14 @@ class Table:
         the rows are every key's."""
         self._sparse()
         mask = None if with_state is None else np.ascontiguousarray(with_state, dtype=np.uint8).reshape(-1)
-        return Handle(_ps.pull_with_state(self.name, self.rows, self.width, self.state_width, _keys(keys),
-                                          _iter(iteration), mask))
+        return Handle(self._t.pull_with_state(keys=_keys(keys), iteration=_iter(iteration), state_mask=mask))
 
     def assign(self, keys, values, state=None, steps=None, version_add=1):
         """Writes rows, their optimizer state (n, state_width) and step counts (owner-computes
         write-back) and adds `version_add` (scalar or per key) to their versions. Result: None."""
         self._sparse()
-        return Handle(_ps.assign(self.name, self.rows, self.width, self.state_width, *self._assignment(
-            keys, values, state, steps, version_add)))
+        k, v, s, st, va = self._assignment(keys, values, state, steps, version_add)
+        return Handle(self._t.assign(keys=k, values=v, state=s, steps=st, version_add=va))
 
     def _assignment(self, keys, values, state=None, steps=None, version_add=1):
         """The arrays of an assignment (assign, or a push's write-back), defaults filled in."""
@@ -300,20 +298,18 @@ class Table:
     def dense_pull(self, iteration=None):
         """The whole tensor, in its shape."""
         self._dense()
-        return Handle(_ps.pull(self.name, self.rows, self.width, True, _keys([]), _iter(iteration)),
-                      self._reshape)
+        return Handle(self._t.pull(iteration=_iter(iteration)), self._reshape)
 
     def dense_push(self, grad, iteration=None, lr=None):
         """Sends the gradient of the whole tensor (same BSP/ASP rules as push). Result: None."""
         self._dense()
-        return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
-                               _iter(iteration), _lr(lr), False, 0, *_NO_WRITE_BACK))
+        return Handle(self._t.push(grads=_f32(grad), iteration=_iter(iteration), lr=_lr(lr)))
 
     def dense_push_pull(self, grad, iteration=None, lr=None):
         """dense_push, then the tensor once this push's iteration is applied."""
         self._dense()
-        return Handle(_ps.push(self.name, self.rows, self.width, True, _keys([]), _f32(grad), None,
-                               _iter(iteration), _lr(lr), True, 0, *_NO_WRITE_BACK), self._reshape)
+        return Handle(self._t.push(grads=_f32(grad), iteration=_iter(iteration), lr=_lr(lr), pull=True),
+                      self._reshape)
 
     def _reshape(self, flat):
         return flat.reshape(self.shape)
@@ -323,16 +319,16 @@ class Table:
         """Every server writes its shard (values, optimizer state, steps, versions) to
         directory/<name>.shard<s>-of-<S>.bin (temp file + atomic rename). Call with no pushes
         in flight (e.g. after a barrier): buffered BSP pushes are not saved."""
-        return Handle(_ps.admin(self.name, self.rows, self.width, self.dense, "save", os.path.abspath(directory)))
+        return Handle(self._t.save(path=os.path.abspath(directory)))
 
     def load(self, directory):
         """Reads what save() wrote; the table must have the same shape, optimizer and server count."""
-        return Handle(_ps.admin(self.name, self.rows, self.width, self.dense, "load", os.path.abspath(directory)))
+        return Handle(self._t.load(path=os.path.abspath(directory)))
 
     def clear(self):
         """Back to the initializer's values; optimizer state, steps, versions and the BSP
         iteration counter are reset."""
-        return Handle(_ps.admin(self.name, self.rows, self.width, self.dense, "clear", ""))
+        return Handle(self._t.clear())
 
 
 class Client:
@@ -360,10 +356,10 @@ class Client:
             raise ValueError(f"unknown optimizer settings {sorted(unknown)}")
         c = dict(_OPTIM_DEFAULTS, **cfg)
         stream = _ps.name_stream(name) if stream is None else int(stream)
-        _ps.init_table(name, int(rows), int(width), bool(dense), INITIALIZERS[kind], float(a), float(b),
-                       int(seed), stream, OPTIMIZERS[opt], c["momentum"], c["beta1"], c["beta2"], c["eps"],
-                       c["l2reg"], c["weight_decay"], bool(bsp), int(staleness)).wait(timeout)
-        return Table(name, rows, width, opt, dense, _shape)
+        table = Table(name, rows, width, opt, dense, _shape)
+        table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed), stream=stream,
+                      optim_kind=OPTIMIZERS[opt], bsp=bool(bsp), staleness=int(staleness), **c).wait(timeout)
+        return table
 
     def init_dense(self, name, shape, init=("constant", 0.0), **kwargs):
         """A dense tensor of `shape`, split over servers by elements; same options as init_table."""
