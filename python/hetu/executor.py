@@ -172,7 +172,7 @@ class Executor:
             if node.is_placeholder:
                 raise ValueError(f"placeholder {node.name} of subgraph {self.state.subgraph!r} was not fed")
             return self.values[node.id]
-        if host_vals and getattr(node, "host_inputs", False):
+        if host_vals and node.host_inputs:
             inputs = [host_vals[x.id] if x.id in host_vals else vals[x.id] for x in node.inputs]
         else:
             inputs = [vals[x.id] for x in node.inputs]
@@ -360,7 +360,7 @@ class Executor:
         for cache in self.graph.caches.values():
             if hasattr(cache, "start_at"):
                 cache.start_at(self.state.iteration)
-        if getattr(self.graph, "scheduler", None) is not None:
+        if self.graph.scheduler is not None:
             self.graph.scheduler.start_at(self.state.iteration)
 
     def _check_checkpoint_shape(self, directory, meta):
@@ -409,9 +409,8 @@ class Executor:
 
     def barrier(self):
         """Every worker waits for all the others (nothing to wait for in one process)."""
-        comm = getattr(self.graph, "comm", None)
-        if comm is not None:
-            comm.barrier()
+        if self.graph.comm is not None:
+            self.graph.comm.barrier()
 
 
 def _check_unique_names(parameters):

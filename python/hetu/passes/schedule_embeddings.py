@@ -36,7 +36,7 @@ def schedule_embeddings(graph):
               file=sys.stderr)
     scheduler = Scheduler(sparse_loader.data, sparse_loader, graph.num_workers, graph.rank, sparse_loader.batch_size,
                           capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"),
-                          planner_threads=extra.get("planner_threads", 0), comm=getattr(graph, "comm", None),
+                          planner_threads=extra.get("planner_threads", 0), comm=graph.comm,
                           planners=extra.get("planners", "host"))
     graph.scheduler = scheduler
     if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
