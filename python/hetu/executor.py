@@ -263,8 +263,8 @@ class Executor:
             for p in self.graph.parameters:
                 if p.id in remote:
                     # The servers write their shards (values, optimizer state, versions).
-                    remote[p.id].table.save(os.path.join(tmp, "ps")).wait()
-                    clocks[p.name] = remote[p.id].clock
+                    remote[p.id].save(os.path.join(tmp, "ps"))
+                    clocks[p.name] = self._row_source(p.id).state()
                     continue
                 arrays[f"param/{p.name}"] = cuda.to_host(self.values[p.id])
                 if p.id in self.opt_states:
@@ -334,12 +334,13 @@ class Executor:
         if self.graph.rank == 0:
             for p in self.graph.parameters:
                 if p.id in remote:
-                    remote[p.id].table.load(os.path.join(directory, "ps")).wait()
+                    remote[p.id].load(os.path.join(directory, "ps"))
         self.barrier()   # every table is loaded before any worker reads one
         for p in self.graph.parameters:
             if p.id in remote:
-                # Pushes are tagged with the clock, which the servers' loaded tables continue.
-                remote[p.id].clock = meta["clocks"][p.name]
+                # Pushes are tagged with the clock, which the servers' loaded tables continue;
+                # the caches start empty (the checkpoint's were flushed to the servers).
+                self._row_source(p.id).restore(meta["clocks"][p.name], meta["iteration"])
                 if p.id in self.values:
                     self.values[p.id][...] = xp.asarray(np.asarray(remote[p.id].fetch()).reshape(p.shape))
                 continue
@@ -355,13 +356,13 @@ class Executor:
         for op, positions in zip(self.graph.dataloaders, meta.get("loaders", [])):
             for name, position in positions.items():
                 op.dataloaders[name].seek(position)
-        # The caches start empty (the checkpoint's were flushed to the servers); Herald's plans
-        # restart with them at the step reached.
-        for cache in self.graph.caches.values():
-            if hasattr(cache, "start_at"):
-                cache.start_at(self.state.iteration)
+        # Herald's plans restart with the caches at the step reached.
         if self.graph.scheduler is not None:
             self.graph.scheduler.start_at(self.state.iteration)
+
+    def _row_source(self, param_id):
+        """What a parameter on the servers is read through: its cache, else the servers."""
+        return self.graph.caches.get(param_id, self.graph.remote[param_id])
 
     def _check_checkpoint_shape(self, directory, meta):
         """The data path a checkpoint continues must be the one it was written by, with the same
