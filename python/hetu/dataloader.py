@@ -209,6 +209,18 @@ class DataloaderOp(Op):
     def compute(self, vals, state):
         return self.loader(state.subgraph).next_batch()
 
+    # Checkpoints: the batch each subgraph's loader reads next, and the global batches, which a
+    # resumed run must keep.
+    def state(self):
+        return {name: d.position for name, d in self.dataloaders.items()}
+
+    def restore(self, positions):
+        for name, position in positions.items():
+            self.dataloaders[name].seek(position)
+
+    def global_batches(self):
+        return {name: d.global_batch for name, d in self.dataloaders.items()}
+
     def gradient(self, g):
         return []
 
