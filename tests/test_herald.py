@@ -224,7 +224,7 @@ def _schedulers(sparse, workers, batch, capacity, allocator="greedy"):
     for rank in range(workers):
         loader = ht.Dataloader(sparse, batch, "train")
         loader.set_worker(rank, workers)
-        out.append(Scheduler(sparse, loader, workers, rank, batch, capacity, "lru", 2, allocator))
+        out.append(Scheduler(sparse, loader.batches, workers, rank, batch, capacity, "lru", 2, allocator))
     return out
 
 
@@ -366,7 +366,7 @@ def test_planning_thread_waits_name_the_iteration():
         thread.plan(2, 60.0)
     loader = ht.Dataloader(table, 4, "train")
     loader.set_worker(0, 2)
-    sched = Scheduler(table, loader, 2, 0, 4, 10, timeout=0.5)
+    sched = Scheduler(table, loader.batches, 2, 0, 4, 10, timeout=0.5)
     sched._thread.close()   # a planner that never answers
     with pytest.raises(RuntimeError, match="Herald scheduler failed.*stopped before the allocation of iteration 5"):
         sched.samples(5)
@@ -570,13 +570,13 @@ def test_bad_scheduler_settings_have_clear_messages():
     loader = ht.Dataloader(sparse, 8, "train")
     loader.set_worker(0, 2)
     with pytest.raises(ValueError, match="lookahead >= 1"):
-        Scheduler(sparse, loader, 2, 0, 8, 10, "lru", 0)
+        Scheduler(sparse, loader.batches, 2, 0, 8, 10, "lru", 0)
     with pytest.raises(ValueError, match="at least one row"):
-        Scheduler(sparse, loader, 2, 0, 8, 0, "lru", 2)
+        Scheduler(sparse, loader.batches, 2, 0, 8, 0, "lru", 2)
     short = ht.Dataloader(sparse[:10], 8, "train")
     short.set_worker(0, 2)
     with pytest.raises(ValueError, match="no global batch"):
-        Scheduler(sparse[:10], short, 2, 0, 8, 10, "lru", 2)
+        Scheduler(sparse[:10], short.batches, 2, 0, 8, 10, "lru", 2)
 
 
 @pytest.mark.parametrize("flags,message", [

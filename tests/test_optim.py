@@ -88,7 +88,7 @@ def test_rowwise_adagrad_steps_dense_tensors_exactly_as_adagrad():
         ex = ht.Executor([train_op], seed=0)
         for _ in range(STEPS):
             ex.run(feed_dict={ids: batch, feats: x, weights: wts})
-        return ex.parameters(), {p.name: ex.opt_states[p.id][0] for p in train_op.params}
+        return ex.parameters(), {p.name: ex.params.opt_states[p.id][0] for p in train_op.params}
 
     rowwise, rowwise_state = train(ht.optim.RowwiseAdaGradOptimizer(0.1, eps=1e-6, l2reg=0.01))
     adagrad, adagrad_state = train(ht.optim.AdaGradOptimizer(0.1, eps=1e-6, l2reg=0.01))

@@ -1,4 +1,9 @@
-"""The files of a checkpoint folder: written beside the old one, synced, checksummed, swapped in.
+"""Checkpoints: the files of a checkpoint folder (written beside the old one, synced, checksummed,
+swapped in), and an executor's save and load, which ask each stateful part for its state and
+give it back: local parameters with their optimizer state and running statistics
+(hetu.parameters), the tables on the servers through their RowSources (hetu.rows), the step
+and seed (RunState), the optimizer ops' step counts, the dataloaders' positions, and Herald's
+scheduler.
 
 A save writes a new folder `.tmp-NAME.XXXXXXXX` beside NAME, syncs every file, records each
 file's sha256 in meta.json (written last), then swaps by renames:
@@ -19,6 +24,8 @@ import re
 import shutil
 import signal
 import tempfile
+
+import numpy as np
 
 META = "meta.json"
 PREVIOUS = ".previous"
@@ -150,3 +157,129 @@ def verify(folder, meta, only=None):
         if sha256_of(path) != saved["sha256"]:
             raise ValueError(f"checkpoint file {path} is corrupt: its content differs from its sha256 in "
                              f"{os.path.join(folder, META)}")
+
+
+# --- an executor's checkpoint: each stateful part gives its state and takes it back ------------
+ARRAYS = "arrays.npz"
+SERVERS = "ps"   # the servers' shards of every table on them
+
+
+def save(executor, directory, run=None):
+    """Executor.save: every worker calls it at the same step. Pending cached updates are
+    flushed first (a collective push); then worker 0 has the servers write their shards and
+    writes the rest itself (local parameters are the same on every worker)."""
+    executor.flush()
+    executor.barrier()   # every worker's pushes are in, so the servers have applied them all
+    if executor.graph.rank == 0:
+        _write(executor, os.path.abspath(directory), run)
+    executor.barrier()   # no worker pushes again before the servers have written
+
+
+def _on_servers(graph):
+    """(parameter, what it is read through: its cache, else its RemoteTable / RemoteDense) of
+    every parameter on the servers."""
+    return [(p, graph.caches.get(p.id, graph.remote[p.id])) for p in graph.parameters if p.id in graph.remote]
+
+
+def _write(executor, directory, run):
+    graph = executor.graph
+    tmp = new_folder(directory)
+    try:
+        for p, _ in _on_servers(graph):
+            graph.remote[p.id].save(os.path.join(tmp, SERVERS))
+        np.savez(os.path.join(tmp, ARRAYS), **executor.params.state())
+        meta = {**executor.state.state(),
+                "optimizer_steps": {op.name: op.step_count for op in graph.optimizer_ops},
+                "workers": graph.num_workers, "servers": executor.num_servers(),
+                "clocks": {p.name: source.state() for p, source in _on_servers(graph)},
+                "tables": {p.name: list(p.shape) for p, _ in _on_servers(graph)},
+                "loaders": [op.state() for op in graph.dataloaders],
+                "global_batches": [op.global_batches() for op in graph.dataloaders],
+                "run": run}
+        seal(tmp, meta)
+        swap_in(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def info(directory):
+    """Executor.checkpoint_info: the meta.json of `directory`, or of the checkpoint before it
+    where a save was interrupted while replacing it (locate)."""
+    folder, _ = locate(directory)
+    if not os.path.exists(os.path.join(folder, ARRAYS)):
+        raise FileNotFoundError(f"{folder} is not a hetu checkpoint (no {ARRAYS})")
+    return read_meta(folder)
+
+
+def load(executor, directory):
+    """Executor.load: every file and the shape of the run are checked before anything changes."""
+    graph = executor.graph
+    directory, _ = locate(directory)
+    meta = info(directory)
+    # The servers' shards are checked by worker 0, the one that has the servers load them.
+    verify(directory, meta, only=None if graph.rank == 0 else ARRAYS)
+    if executor.state.iteration:
+        raise RuntimeError(f"load {directory}: this executor has trained {executor.state.iteration} steps; "
+                           f"load a checkpoint into a new one")
+    _check_shape(graph, directory, meta)
+    with np.load(os.path.join(directory, ARRAYS)) as data:
+        arrays = {key: data[key] for key in data.files}
+    for p, _ in _on_servers(graph):
+        if p.name not in meta.get("clocks", {}):
+            raise KeyError(f"checkpoint {directory} has no parameter {p.name} on the servers")
+    executor.params.check(arrays, f"checkpoint {directory}")
+
+    if graph.rank == 0:
+        for p, _ in _on_servers(graph):
+            graph.remote[p.id].load(os.path.join(directory, SERVERS))
+    executor.barrier()   # every table is loaded before any worker reads one
+    step = meta["iteration"]
+    for p, source in _on_servers(graph):
+        source.restore(meta["clocks"][p.name], step)
+    executor.params.restore(arrays)
+    executor.state.restore(meta)
+    for op in graph.optimizer_ops:
+        op.step_count = meta["optimizer_steps"].get(op.name, op.step_count)
+    for op, positions in zip(graph.dataloaders, meta.get("loaders", [])):
+        op.restore(positions)
+    if graph.scheduler is not None:
+        graph.scheduler.start_at(step)   # Herald's plans restart with the caches at the step reached
+
+
+def _check_shape(graph, directory, meta):
+    """The data path a checkpoint continues must be the one it was written by, with the same
+    global batches (DESIGN.md section 4), and its tables the graph's."""
+    loaders = meta.get("loaders", [])
+    names = [sorted(op.dataloaders) for op in graph.dataloaders]
+    if loaders and [sorted(p) for p in loaders] != names:
+        raise ValueError(f"checkpoint {directory} holds dataloaders {[sorted(p) for p in loaders]}, "
+                         f"the graph has {names}")
+    workers, saved_batches = meta.get("workers", 1), meta.get("global_batches")
+    if workers != graph.num_workers and saved_batches is None:
+        raise ValueError(f"checkpoint {directory} was written by {workers} worker(s), this run has "
+                         f"{graph.num_workers}, and it does not record its global batch: the training "
+                         f"could differ")
+    for op, saved in zip(graph.dataloaders, saved_batches or []):
+        for name, d in op.dataloaders.items():
+            if saved.get(name, d.global_batch) != d.global_batch:
+                raise ValueError(
+                    f"checkpoint {directory} was trained with a global batch of {saved[name]} ({workers} "
+                    f"worker(s) x {saved[name] // workers}) in dataloader {name!r}, this run's is "
+                    f"{d.global_batch} ({d.num_workers} worker(s) x {d.batch_size}): workers x batch size "
+                    f"must stay the same, or the training would differ")
+    for p, _ in _on_servers(graph):
+        saved = meta.get("tables", {}).get(p.name)
+        if saved is not None and tuple(saved) != tuple(p.shape):
+            raise ValueError(f"checkpoint {directory}: table {p.name} has shape {tuple(saved)}, the graph's "
+                             f"is {tuple(p.shape)}")
+
+
+def resumed_from(executor, directory):
+    """Executor.resumed_from: the step, and the cluster that wrote the checkpoint against this one."""
+    meta = info(directory)
+    tables = len(meta.get("tables", meta.get("clocks", {})))
+    return (f"resumed {directory} at step {meta['iteration']}: written by {meta.get('workers', 1)} worker(s) and "
+            f"{meta.get('servers', 0)} server(s), continued by {executor.graph.num_workers} and "
+            f"{executor.num_servers()}; every file's sha256 checked"
+            + (f", the servers' rows of {tables} table(s) counted as loaded" if tables else ""))

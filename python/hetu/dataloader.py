@@ -1,8 +1,10 @@
 """Dataloaders: batches of a (memory-mapped) array, prefetched in a background thread.
 
 Iteration t of an epoch reads global batch B_t = samples [t*W*b, (t+1)*W*b) of the epoch's
-order (seeded shuffle or the stored order); worker w of W takes slice w of it (DESIGN.md section 4).
-A scheduler may instead choose which samples of B_t each worker takes (`set_batch_plan`)."""
+order (seeded shuffle or the stored order): GlobalBatches. Which samples of B_t this worker
+takes is its SamplePlan's answer: slice w of it for worker w of W (WorkerSlice, DESIGN.md
+section 4), or the samples Herald's scheduler allocates (hetu.herald.Scheduler, which reads the
+GlobalBatches and hands the loader its plans: `set_plan`)."""
 import collections
 import concurrent.futures
 import functools
@@ -24,6 +26,48 @@ def _epoch_order(seed, epoch, n):
     return order
 
 
+class GlobalBatches:
+    """The sample indices of every global batch, counted over all epochs: what every worker,
+    and Herald's scheduler, read alike."""
+
+    def __init__(self, samples, size, shuffle, seed, partial_last):
+        self.samples, self.size, self.shuffle, self.seed = samples, size, shuffle, seed
+        # A last, partial batch only where one worker reads it all (drop_last=False).
+        self.batch_num = samples // size + (1 if partial_last and samples % size else 0)
+
+    def epoch_order(self, epoch):
+        return _epoch_order(self.seed, epoch, self.samples) if self.shuffle else None
+
+    def indices(self, step):
+        epoch, t = divmod(step, self.batch_num)
+        begin = t * self.size
+        idx = np.arange(begin, min(begin + self.size, self.samples), dtype=np.int64)
+        order = self.epoch_order(epoch)
+        return idx if order is None else order[idx]
+
+
+class SamplePlan:
+    """Which samples of each global batch this worker trains."""
+    # Whether samples() are always ascending and adjacent positions (a batch is then read as one
+    # block where the order is the stored one).
+    in_order = False
+
+    def samples(self, step):
+        """Positions within global batch `step` (an index array or a slice)."""
+        raise NotImplementedError
+
+
+class WorkerSlice(SamplePlan):
+    """Without a scheduler: worker `rank` takes slice `rank` of every global batch."""
+    in_order = True
+
+    def __init__(self, rank, batch_size):
+        self.slice = slice(rank * batch_size, (rank + 1) * batch_size)
+
+    def samples(self, step):
+        return self.slice
+
+
 class Dataloader:
     def __init__(self, data, batch_size, name="default", drop_last=True, shuffle=False, seed=0, prefetch=2,
                  check=None):
@@ -40,7 +84,7 @@ class Dataloader:
         self.prefetch = max(0, int(prefetch))
         self.check = check
         self.rank, self.num_workers = 0, 1
-        self.batch_plan = None
+        self.plan = WorkerSlice(0, self.batch_size)
         self.host_allocator = None   # set_host_allocator
         self._ring = {}
         self._cursor = 0
@@ -51,6 +95,8 @@ class Dataloader:
     def set_worker(self, rank, num_workers):
         """This process is worker `rank` of `num_workers`: it reads its slice of each global batch."""
         self.rank, self.num_workers = int(rank), int(num_workers)
+        if isinstance(self.plan, WorkerSlice):   # a scheduler's plan stays
+            self.plan = WorkerSlice(self.rank, self.batch_size)
         self._reset()
 
     def set_host_allocator(self, allocate):
@@ -72,9 +118,9 @@ class Dataloader:
             buf = self._ring[slot] = self.host_allocator(max(nbytes, 1))
         return buf[:nbytes].view(self.dtype).reshape(shape)
 
-    def set_batch_plan(self, plan):
-        """plan(t) -> the sample indices (within global batch t) this worker takes."""
-        self.batch_plan = plan
+    def set_plan(self, plan):
+        """The SamplePlan that says which samples of each global batch this worker takes."""
+        self.plan = plan
         self._reset()
 
     # --- shape and length --------------------------------------------------------------------
@@ -83,11 +129,13 @@ class Dataloader:
         return self.batch_size * self.num_workers
 
     @property
+    def batches(self):
+        return GlobalBatches(len(self.data), self.global_batch, self.shuffle, self.seed,
+                             partial_last=not self.drop_last and self.num_workers == 1)
+
+    @property
     def batch_num(self):
-        n = len(self.data) // self.global_batch
-        if not self.drop_last and self.num_workers == 1 and len(self.data) % self.global_batch:
-            n += 1
-        return n
+        return self.batches.batch_num
 
     @property
     def sample_shape(self):
@@ -99,28 +147,15 @@ class Dataloader:
 
     # --- batches -------------------------------------------------------------------------------
     def epoch_order(self, epoch):
-        if not self.shuffle:
-            return None
-        return _epoch_order(self.seed, epoch, len(self.data))
-
-    def global_indices(self, step):
-        """Sample indices of global batch `step` (counted over all epochs)."""
-        epoch, t = divmod(step, self.batch_num)
-        begin = t * self.global_batch
-        idx = np.arange(begin, min(begin + self.global_batch, len(self.data)), dtype=np.int64)
-        order = self.epoch_order(epoch)
-        return idx if order is None else order[idx]
+        return self.batches.epoch_order(epoch)
 
     def indices(self, step):
-        glob = self.global_indices(step)
-        if self.batch_plan is not None:
-            return glob[self.batch_plan(step)]
-        return glob[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return self.batches.indices(step)[self.plan.samples(step)]
 
     def load(self, step):
         idx = self.indices(step)
         out = self._host_batch(step, len(idx))
-        contiguous = not self.shuffle and self.batch_plan is None and len(idx) and idx[-1] - idx[0] + 1 == len(idx)
+        contiguous = not self.shuffle and self.plan.in_order and len(idx) and idx[-1] - idx[0] + 1 == len(idx)
         if out is not None:
             if contiguous:
                 out[...] = self.data[idx[0]:idx[-1] + 1]
@@ -208,6 +243,18 @@ class DataloaderOp(Op):
 
     def compute(self, vals, state):
         return self.loader(state.subgraph).next_batch()
+
+    # Checkpoints: the batch each subgraph's loader reads next, and the global batches, which a
+    # resumed run must keep.
+    def state(self):
+        return {name: d.position for name, d in self.dataloaders.items()}
+
+    def restore(self, positions):
+        for name, position in positions.items():
+            self.dataloaders[name].seek(position)
+
+    def global_batches(self):
+        return {name: d.global_batch for name, d in self.dataloaders.items()}
 
     def gradient(self, g):
         return []

@@ -3,18 +3,16 @@ list of hetu.passes) and runs one step of a subgraph at a time.
 
 Data path of one step: DataloaderOp (next batch) -> ops in topological order -> OptimizerOp
 (local update, or the PS / cache / Herald update that a distribution pass bound it to)."""
-import os
-import shutil
 import time
 
 import numpy as np
 
 from . import _C, checkpoint, cuda
 from .context import cpu
-from .dist.ps import RemoteDense
 from .graph import Variable
 from .ndarray import NDArray
 from .ops.embedding import IndexedSlices
+from .parameters import ParameterStore
 from .passes import run_passes
 from .passes.graph import Graph
 
@@ -63,20 +61,23 @@ class RunState:
         return buf
 
     def persistent(self, node, key, shape, fill):
-        store = self.executor.persistent
-        full = f"{node.name}/{key}"
-        if full not in store:
-            store[full] = self.xp.full(shape, fill, dtype=np.float32)
-        return store[full]
+        return self.executor.params.running(f"{node.name}/{key}", shape, fill)
 
     def param_value(self, param):
-        return self.executor.values[param.id]
+        return self.executor.params.values[param.id]
 
     def optimizer_state(self, param, optimizer, rowwise):
-        return self.executor.optimizer_state(param, optimizer, rowwise)
+        return self.executor.params.optimizer_state(param, optimizer, rowwise)
 
     def rng(self, node):
         return np.random.default_rng([self.executor.config.seed, _C.name_stream(node.name), self.iteration])
+
+    # The RNG streams and the step are all a checkpoint needs to continue: rng() derives the rest.
+    def state(self):
+        return {"seed": self.executor.config.seed, "iteration": self.iteration}
+
+    def restore(self, state):
+        self.iteration = state["iteration"]
 
 
 class Executor:
@@ -96,45 +97,7 @@ class Executor:
             self.device_step = DeviceStep(self.config.cuda_graph)
         elif self.config.cuda_graph:
             raise ValueError("cuda_graph=True needs a GPU context (ctx=ht.gpu(i))")
-        self.values = {}          # parameter id -> array
-        self.opt_states = {}      # parameter id -> (state, steps)
-        self.persistent = {}      # "op/key" -> array (batch norm running statistics)
-        self._init_parameters()
-
-    # --- set-up --------------------------------------------------------------------------------
-    def _init_parameters(self):
-        """Local parameters from their initializers (or values); parameters on the parameter
-        server are created there by bind_ps, and only dense ones get a local copy."""
-        xp = self.state.xp
-        remote = self.graph.remote
-        for p in self.graph.parameters:
-            if p.id in self.values:
-                continue
-            if p.id in remote:
-                if isinstance(remote[p.id], RemoteDense):
-                    value = np.array(remote[p.id].fetch(), dtype=np.float32).reshape(p.shape)
-                    self.values[p.id] = value if xp is np else xp.asarray(value)
-                continue
-            if p.value is not None:
-                value = np.array(p.value, dtype=np.float32)
-            else:
-                value = p.initializer.value(self.config.seed, _C.name_stream(p.name))
-            self.values[p.id] = value if xp is np else xp.asarray(value)
-
-    def optimizer_state(self, param, optimizer, rowwise):
-        """(state, step counts) of a parameter; row-wise for tables updated by sparse gradients."""
-        entry = self.opt_states.get(param.id)
-        if entry is None:
-            value = self.values[param.id]
-            xp = self.state.xp
-            if rowwise:
-                state = xp.zeros((value.shape[0], optimizer.state_width(value.shape[1])), dtype=np.float32)
-                steps = xp.zeros(value.shape[0], dtype=np.int64)
-            else:
-                state = xp.zeros(optimizer.state_width(value.size, dense=True), dtype=np.float32)
-                steps = xp.zeros(1, dtype=np.int64)
-            entry = self.opt_states[param.id] = (state, steps)
-        return entry
+        self.params = ParameterStore(self.graph, self.config.seed, self.state.xp)
 
     # --- running -------------------------------------------------------------------------------
     def run(self, name="default", feed_dict=None, convert_to_numpy_ret_vals=False, eval_node_list=None,
@@ -171,8 +134,8 @@ class Executor:
         if isinstance(node, Variable):
             if node.is_placeholder:
                 raise ValueError(f"placeholder {node.name} of subgraph {self.state.subgraph!r} was not fed")
-            return self.values[node.id]
-        if host_vals and getattr(node, "host_inputs", False):
+            return self.params.values[node.id]
+        if host_vals and node.host_inputs:
             inputs = [host_vals[x.id] if x.id in host_vals else vals[x.id] for x in node.inputs]
         else:
             inputs = [vals[x.id] for x in node.inputs]
@@ -228,76 +191,27 @@ class Executor:
     def parameters(self):
         """name -> NumPy copy of every parameter (tables on the parameter server are pulled as of
         the last completed step). With a bounded cache, every worker calls flush() first."""
-        out = {}
-        remote = self.graph.remote
-        for p in self.graph.parameters:
-            if p.id in remote:
-                out[p.name] = np.asarray(remote[p.id].fetch()).reshape(p.shape)
-            else:
-                out[p.name] = np.array(cuda.to_host(self.values[p.id]), copy=True)
-        return out
+        return self.params.snapshot()
 
-    # --- checkpoints ---------------------------------------------------------------------------
+    # --- checkpoints (hetu.checkpoint) ---------------------------------------------------------
     def save(self, directory, run=None):
         """A checkpoint from which load() continues the run exactly: parameters, optimizer state,
         running statistics, the step reached and the batch every dataloader reads next. `run`:
         anything of the caller's (e.g. its flags), returned by checkpoint_info().
 
-        Every worker calls it at the same step. Pending cached updates are flushed first (a
-        collective push); then worker 0 has the servers write their shards of the tables and
-        writes the rest itself (local parameters are the same on every worker), into a new folder
-        beside the old one, synced, checksummed and swapped in (hetu.checkpoint), so that a save
-        interrupted at any point leaves a complete checkpoint to resume from. The servers write on
-        their own hosts: across hosts, the folder must be on a shared file system."""
-        self.flush()
-        self.barrier()   # every worker's pushes are in, so the servers have applied them all
-        if self.graph.rank == 0:
-            self._write_checkpoint(os.path.abspath(directory), run)
-        self.barrier()   # no worker pushes again before the servers have written
-
-    def _write_checkpoint(self, directory, run):
-        tmp = checkpoint.new_folder(directory)
-        try:
-            arrays, clocks = {}, {}
-            remote = self.graph.remote
-            for p in self.graph.parameters:
-                if p.id in remote:
-                    # The servers write their shards (values, optimizer state, versions).
-                    remote[p.id].table.save(os.path.join(tmp, "ps")).wait()
-                    clocks[p.name] = remote[p.id].clock
-                    continue
-                arrays[f"param/{p.name}"] = cuda.to_host(self.values[p.id])
-                if p.id in self.opt_states:
-                    state, steps = self.opt_states[p.id]
-                    arrays[f"optstate/{p.name}"] = cuda.to_host(state)
-                    arrays[f"optsteps/{p.name}"] = cuda.to_host(steps)
-            for key, value in self.persistent.items():
-                arrays[f"persistent/{key}"] = cuda.to_host(value)
-            np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
-            meta = {"seed": self.config.seed, "iteration": self.state.iteration,
-                    "optimizer_steps": {op.name: op.step_count for op in self.graph.optimizer_ops},
-                    "workers": self.graph.num_workers, "servers": self._num_servers(), "clocks": clocks,
-                    "tables": {p.name: list(p.shape) for p in self.graph.parameters if p.id in remote},
-                    "loaders": [{name: d.position for name, d in op.dataloaders.items()}
-                                for op in self.graph.dataloaders],
-                    "global_batches": [{name: d.global_batch for name, d in op.dataloaders.items()}
-                                       for op in self.graph.dataloaders],
-                    "run": run}
-            checkpoint.seal(tmp, meta)
-            checkpoint.swap_in(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        Every worker calls it at the same step. Pending cached updates are flushed first; the
+        servers write their shards of the tables, worker 0 the rest, into a new folder beside the
+        old one, synced, checksummed and swapped in, so that a save interrupted at any point
+        leaves a complete checkpoint to resume from. The servers write on their own hosts: across
+        hosts, the folder must be on a shared file system."""
+        checkpoint.save(self, directory, run)
 
     @staticmethod
     def checkpoint_info(directory):
         """The checkpoint's meta.json (step reached, cluster shape, the `run` given to save()), of
         `directory` or, where a save was interrupted while replacing it, of the one before it
         (hetu.checkpoint.locate)."""
-        folder, _ = checkpoint.locate(directory)
-        if not os.path.exists(os.path.join(folder, "arrays.npz")):
-            raise FileNotFoundError(f"{folder} is not a hetu checkpoint (no arrays.npz)")
-        return checkpoint.read_meta(folder)
+        return checkpoint.info(directory)
 
     def load(self, directory):
         """Continues from a checkpoint of save(), into an executor of the same graph that has not
@@ -306,102 +220,14 @@ class Executor:
         the rows it now owns from the saved shards that hold them). Every worker calls it;
         everything is checked before anything is changed, and the servers check that the rows
         they loaded add up to their shards."""
-        directory, _ = checkpoint.locate(directory)
-        meta = self.checkpoint_info(directory)
-        # Every file is checked before anything is loaded; the servers' shards by worker 0,
-        # the one that has the servers load them.
-        checkpoint.verify(directory, meta, only=None if self.graph.rank == 0 else "arrays.npz")
-        if self.state.iteration:
-            raise RuntimeError(f"load {directory}: this executor has trained {self.state.iteration} steps; "
-                               f"load a checkpoint into a new one")
-        self._check_checkpoint_shape(directory, meta)
-        xp = self.state.xp
-        remote = self.graph.remote
-        with np.load(os.path.join(directory, "arrays.npz")) as data:
-            arrays = {key: data[key] for key in data.files}
-        for p in self.graph.parameters:
-            if p.id in remote:
-                if p.name not in meta.get("clocks", {}):
-                    raise KeyError(f"checkpoint {directory} has no parameter {p.name} on the servers")
-                continue
-            key = f"param/{p.name}"
-            if key not in arrays:
-                raise KeyError(f"checkpoint {directory} has no parameter {p.name}")
-            if arrays[key].shape != self.values[p.id].shape:
-                raise ValueError(f"checkpoint {directory}: {p.name} has shape {arrays[key].shape}, "
-                                 f"the graph expects {self.values[p.id].shape}")
-
-        if self.graph.rank == 0:
-            for p in self.graph.parameters:
-                if p.id in remote:
-                    remote[p.id].table.load(os.path.join(directory, "ps")).wait()
-        self.barrier()   # every table is loaded before any worker reads one
-        for p in self.graph.parameters:
-            if p.id in remote:
-                # Pushes are tagged with the clock, which the servers' loaded tables continue.
-                remote[p.id].clock = meta["clocks"][p.name]
-                if p.id in self.values:
-                    self.values[p.id][...] = xp.asarray(np.asarray(remote[p.id].fetch()).reshape(p.shape))
-                continue
-            self.values[p.id][...] = xp.asarray(arrays[f"param/{p.name}"])
-            if f"optstate/{p.name}" in arrays:
-                self.opt_states[p.id] = (xp.array(arrays[f"optstate/{p.name}"]), xp.array(arrays[f"optsteps/{p.name}"]))
-        for key, value in arrays.items():
-            if key.startswith("persistent/"):
-                self.persistent[key[len("persistent/"):]] = xp.asarray(value)
-        self.state.iteration = meta["iteration"]
-        for op in self.graph.optimizer_ops:
-            op.step_count = meta["optimizer_steps"].get(op.name, op.step_count)
-        for op, positions in zip(self.graph.dataloaders, meta.get("loaders", [])):
-            for name, position in positions.items():
-                op.dataloaders[name].seek(position)
-        # The caches start empty (the checkpoint's were flushed to the servers); Herald's plans
-        # restart with them at the step reached.
-        for cache in self.graph.caches.values():
-            if hasattr(cache, "start_at"):
-                cache.start_at(self.state.iteration)
-        if getattr(self.graph, "scheduler", None) is not None:
-            self.graph.scheduler.start_at(self.state.iteration)
-
-    def _check_checkpoint_shape(self, directory, meta):
-        """The data path a checkpoint continues must be the one it was written by, with the same
-        global batches (DESIGN.md section 4), and its tables the graph's."""
-        loaders = meta.get("loaders", [])
-        names = [sorted(op.dataloaders) for op in self.graph.dataloaders]
-        if loaders and [sorted(p) for p in loaders] != names:
-            raise ValueError(f"checkpoint {directory} holds dataloaders {[sorted(p) for p in loaders]}, "
-                             f"the graph has {names}")
-        workers, saved_batches = meta.get("workers", 1), meta.get("global_batches")
-        if workers != self.graph.num_workers and saved_batches is None:
-            raise ValueError(f"checkpoint {directory} was written by {workers} worker(s), this run has "
-                             f"{self.graph.num_workers}, and it does not record its global batch: the training "
-                             f"could differ")
-        for op, saved in zip(self.graph.dataloaders, saved_batches or []):
-            for name, d in op.dataloaders.items():
-                if saved.get(name, d.global_batch) != d.global_batch:
-                    raise ValueError(
-                        f"checkpoint {directory} was trained with a global batch of {saved[name]} ({workers} "
-                        f"worker(s) x {saved[name] // workers}) in dataloader {name!r}, this run's is "
-                        f"{d.global_batch} ({d.num_workers} worker(s) x {d.batch_size}): workers x batch size "
-                        f"must stay the same, or the training would differ")
-        remote = self.graph.remote
-        for p in self.graph.parameters:
-            saved = meta.get("tables", {}).get(p.name)
-            if p.id in remote and saved is not None and tuple(saved) != tuple(p.shape):
-                raise ValueError(f"checkpoint {directory}: table {p.name} has shape {tuple(saved)}, the graph's "
-                                 f"is {tuple(p.shape)}")
+        checkpoint.load(self, directory)
 
     def resumed_from(self, directory):
         """One line on what load() resumed: the step, and the cluster that wrote the checkpoint
         against this one."""
-        meta = self.checkpoint_info(directory)
-        tables = len(meta.get("tables", meta.get("clocks", {})))
-        return (f"resumed {directory} at step {meta['iteration']}: written by {meta.get('workers', 1)} worker(s) and "
-                f"{meta.get('servers', 0)} server(s), continued by {self.graph.num_workers} and "
-                f"{self._num_servers()}; every file's sha256 checked"
-                + (f", the servers' rows of {tables} table(s) counted as loaded" if tables else ""))
+        return checkpoint.resumed_from(self, directory)
 
-    def _num_servers(self):
+    def num_servers(self):
         if not self.graph.remote:
             return 0
         from . import ps
@@ -409,9 +235,8 @@ class Executor:
 
     def barrier(self):
         """Every worker waits for all the others (nothing to wait for in one process)."""
-        comm = getattr(self.graph, "comm", None)
-        if comm is not None:
-            comm.barrier()
+        if self.graph.comm is not None:
+            self.graph.comm.barrier()
 
 
 def _check_unique_names(parameters):

@@ -30,18 +30,19 @@ middle of the dense AllReduce (README), hence off by default."""
 import numpy as np
 
 from .. import _C
+from ..rows import RowSource
 from .counters import Counters
 
 
-class CachedTable:
-    """A worker's cache in front of one RemoteTable (hetu.dist.ps)."""
+class CachedTable(RowSource):
+    """A worker's cache in front of one RemoteTable (hetu.dist.ps): HET's RowSource."""
 
     def __init__(self, remote, policy, capacity, bound, optimizer, counters=None, pin_threshold=8):
         rows, width = remote.param.shape
         if capacity < 1:
             raise ValueError(f"cache for {remote.param.name}: capacity {capacity} rows; it must hold at least 1 row "
                              f"(raise --cache-limit-ratio)")
-        self.remote, self.bound, self.width = remote, int(bound), width
+        self.remote, self.param, self.bound, self.width = remote, remote.param, int(bound), width
         self.store = _C.RowCache(policy, int(min(capacity, rows)), width, self.bound, optimizer.config, pin_threshold)
         # Optimizer state travels with pulled rows only when the rule keeps any.
         self.with_state = self.store.state_width > 0
@@ -128,3 +129,14 @@ class CachedTable:
         if len(pending[0]):
             self._outbox.append(pending)
         self._flush_outbox(lr)
+
+    def read(self, uniq):
+        return self.remote.pull(uniq)
+
+    # A checkpoint is taken after a flush, which leaves nothing here that the servers lack: the
+    # table's clock is all there is, and a resumed cache starts empty.
+    def state(self):
+        return self.remote.state()
+
+    def restore(self, state, step):
+        self.remote.restore(state, step)

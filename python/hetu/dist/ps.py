@@ -10,6 +10,7 @@ import numpy as np
 from .. import _C, cuda
 from ..graph import Op
 from ..ops.embedding import DeviceRows, IndexedSlices, gather, unique_sum
+from ..rows import RowSource
 
 _started = False
 
@@ -58,21 +59,42 @@ def init_spec(param):
     return param.initializer.spec()
 
 
-class RemoteTable:
-    """An embedding table on the servers, as the executor sees it.
+class _OnServers:
+    """A parameter created on the servers. `clock` counts its pushes. Every worker pushes once
+    per training step and once per flush, in the same order, so the clocks agree across workers
+    and serve as the BSP iteration tags: a push carries the clock, a pull for clock c sees every
+    push before c applied."""
 
-    `clock` counts this table's pushes. Every worker pushes once per training step and once per
-    flush, in the same order, so the clocks agree across workers and serve as the BSP iteration
-    tags: a push carries the clock, a pull for clock c sees every push before c applied."""
+    def __init__(self, param, sync, table):
+        self.param, self.sync, self.table = param, sync, table
+        self.clock = 0
+
+    # Checkpoints (hetu.checkpoint): the servers write and read their shards; the clock, which
+    # the loaded tables continue, is recorded beside them.
+    def save(self, folder):
+        self.table.save(folder).wait()
+
+    def load(self, folder):
+        self.table.load(folder).wait()
+
+    def state(self):
+        return self.clock
+
+    def restore(self, state, step):
+        self.clock = state
+
+
+class RemoteTable(_OnServers, RowSource):
+    """An embedding table on the servers: the plain-PS RowSource, which pulls every row a step
+    reads and pushes every gradient row, and the table behind the caches."""
 
     def __init__(self, client, param, optimizer, seed, sync, counters):
         rows, width = param.shape
-        self.param, self.sync, self.counters = param, sync, counters
-        self.clock = 0
-        self.table = client.init_table(param.name, rows, width, init=init_spec(param), seed=seed,
-                                       stream=_C.name_stream(param.name),
-                                       optimizer=_server_rule(optimizer.rule()),
-                                       bsp=sync.synchronous, staleness=sync.staleness)
+        super().__init__(param, sync, client.init_table(param.name, rows, width, init=init_spec(param), seed=seed,
+                                                        stream=_C.name_stream(param.name),
+                                                        optimizer=_server_rule(optimizer.rule()),
+                                                        bsp=sync.synchronous, staleness=sync.staleness))
+        self.counters = counters
 
     def pull(self, keys):
         return self.table.pull(keys, iteration=self.sync.tag(self.clock)).wait()
@@ -90,7 +112,7 @@ class RemoteTable:
                         write_back=write_back).wait()
         self.clock += 1
 
-    # The uncached path of PSEmbeddingLookupOp and PSSparseUpdater.
+    # --- RowSource ---------------------------------------------------------------------------
     def lookup(self, uniq):
         width = self.param.shape[1]
         self.counters.add(rows_pulled=len(uniq), bytes_pulled=len(uniq) * (width * 4 + 8), misses=len(uniq))
@@ -101,6 +123,8 @@ class RemoteTable:
         self.counters.add(rows_pushed=len(uniq), bytes_pushed=len(uniq) * (width * 4 + 8))
         self.push(uniq, summed, lr)
 
+    read = pull
+
     def fetch(self, chunk=1 << 16):
         """The whole table (for checks and checkpoints) after every push so far."""
         rows = self.param.shape[0]
@@ -108,16 +132,14 @@ class RemoteTable:
                                for b in range(0, rows, chunk)])
 
 
-class RemoteDense:
+class RemoteDense(_OnServers):
     """A dense parameter on the servers; the worker keeps a copy that every step refreshes."""
 
     def __init__(self, client, param, optimizer, seed, sync):
-        self.param, self.sync = param, sync
-        self.clock = 0
-        self.table = client.init_dense(param.name, param.shape, init=init_spec(param), seed=seed,
-                                       stream=_C.name_stream(param.name),
-                                       optimizer=_server_rule(optimizer.rule(dense=True)),
-                                       bsp=sync.synchronous, staleness=sync.staleness)
+        super().__init__(param, sync, client.init_dense(param.name, param.shape, init=init_spec(param), seed=seed,
+                                                        stream=_C.name_stream(param.name),
+                                                        optimizer=_server_rule(optimizer.rule(dense=True)),
+                                                        bsp=sync.synchronous, staleness=sync.staleness))
 
     def fetch(self):
         return self.table.dense_pull(iteration=self.sync.tag(self.clock)).wait()
@@ -136,17 +158,16 @@ def _server_rule(rule):
 class PSEmbeddingLookupOp(Op):
     """table[ids] for a table on the servers, or, with `bags` (hetu.ops.embedding.Bags), the
     table's rows pooled per bag (-1: an empty slot, which reads nothing). Each distinct id is
-    fetched once, from the servers or through the worker's cache (`source`: a RemoteTable or a
-    CachedTable, both with lookup). On a GPU the ids are read on the host and the distinct rows,
+    fetched once from `source`, the table's RowSource (hetu.rows): the servers, or the worker's
+    cache in front of them. On a GPU the ids are read on the host and the distinct rows,
     with each id's position among them, reach the device in one pinned copy; the device expands
     them to the batch's rows or pools them."""
     capturable = False
     host_inputs = True
 
-    def __init__(self, ids, remote, bags=None, ctx=None):
+    def __init__(self, ids, source, bags=None, ctx=None):
         super().__init__(ids, ctx=ctx, name=None)
-        self.remote = remote
-        self.source = remote
+        self.source = source
         self.bags = bags
         self._to_device = None   # hetu.cuda.HostToDevice, on a GPU
 
@@ -154,7 +175,7 @@ class PSEmbeddingLookupOp(Op):
         return self._out_shape(tuple(s[0]))
 
     def _out_shape(self, ids_shape):
-        width = self.remote.param.shape[1]
+        width = self.source.param.shape[1]
         return self.bags.out_shape(ids_shape, width) if self.bags is not None else ids_shape + (width,)
 
     def compute(self, vals, state):
@@ -162,11 +183,11 @@ class PSEmbeddingLookupOp(Op):
         if ids.dtype != np.int64:
             raise TypeError(f"{self.name}: ids are {ids.dtype}, expected int64")
         flat = ids.reshape(-1)
-        rows = self.remote.param.shape[0]
+        rows = self.source.param.shape[0]
         lowest = -1 if self.bags is not None else 0
         if flat.size and (flat.min() < lowest or flat.max() >= rows):
             bad = int(flat.max() if flat.max() >= rows else flat.min())
-            raise IndexError(f"{self.name}: id {bad} outside the table {self.remote.param.name} of {rows} rows")
+            raise IndexError(f"{self.name}: id {bad} outside the table {self.source.param.name} of {rows} rows")
         if self.bags is not None:
             filled = flat >= 0
             uniq, inverse = np.unique(flat[filled], return_inverse=True)
@@ -179,9 +200,9 @@ class PSEmbeddingLookupOp(Op):
         if state.training:
             started = time.perf_counter()
             pulled = self.source.lookup(uniq)
-            self.remote.counters.add(pull_seconds=time.perf_counter() - started)
+            self.source.counters.add(pull_seconds=time.perf_counter() - started)
         else:
-            pulled = self.remote.pull(uniq)
+            pulled = self.source.read(uniq)
         width = pulled.shape[1]
         out = state.buffer(self, self._out_shape(ids.shape), np.float32)
         if state.xp is np:
@@ -199,12 +220,11 @@ class PSEmbeddingLookupOp(Op):
 
 
 class PSSparseUpdater:
-    """Sums this worker's rows per id (in sample order) and hands them to the table (a push) or
-    to the worker's cache in front of it."""
+    """Sums this worker's rows per id (in sample order) and hands them to the table's RowSource:
+    a push, or the worker's cache in front of the servers."""
 
-    def __init__(self, remote):
-        self.remote = remote
-        self.target = remote
+    def __init__(self, source):
+        self.source = source
         self._to_host = None   # hetu.cuda.DeviceToHost, on a GPU
 
     def update(self, state, param, grad, lr):
@@ -213,8 +233,8 @@ class PSSparseUpdater:
             uniq, summed = self._sum_on_device(grad)
         else:
             uniq, summed = unique_sum(grad.indices, grad.values)
-        self.target.update(uniq, summed, lr)
-        self.remote.counters.add(push_seconds=time.perf_counter() - started)
+        self.source.update(uniq, summed, lr)
+        self.source.counters.add(push_seconds=time.perf_counter() - started)
 
     def _sum_on_device(self, grad):
         """Sums the rows per id on the device and brings the distinct ids and their sums to the
@@ -222,7 +242,7 @@ class PSSparseUpdater:
         step's."""
         if self._to_host is None:
             self._to_host = cuda.DeviceToHost()
-        n, width = grad.values.shape[0], self.remote.param.shape[1]
+        n, width = grad.values.shape[0], self.source.param.shape[1]
         layout = cuda.Packed([((n,), np.int64), ((n, width), np.float32), ((1,), np.int64)])
         uniq, summed, count = self._to_host.device_views(layout)
         DeviceRows.sum_of(grad.indices, grad.values, out=(uniq, summed, count))
@@ -252,9 +272,9 @@ def route_through_caches(graph):
     param id -> CachedTable or HeraldTable), where the table has one."""
     for order in graph.topo.values():
         for node in order:
-            if isinstance(node, PSEmbeddingLookupOp) and node.remote.param.id in graph.caches:
-                node.source = graph.caches[node.remote.param.id]
+            if isinstance(node, PSEmbeddingLookupOp) and node.source.param.id in graph.caches:
+                node.source = graph.caches[node.source.param.id]
     for opt_op in graph.optimizer_ops:
         for updater in opt_op.updaters.values():
-            if isinstance(updater, PSSparseUpdater) and updater.remote.param.id in graph.caches:
-                updater.target = graph.caches[updater.remote.param.id]
+            if isinstance(updater, PSSparseUpdater) and updater.source.param.id in graph.caches:
+                updater.source = graph.caches[updater.source.param.id]

@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from .. import _C
+from ..dataloader import SamplePlan
 
 
 ALLOCATORS = ("colocate", "greedy", "none")
@@ -63,8 +64,12 @@ def host_workers(comm):
     return local, local.allgather(comm.rank)
 
 
-class Scheduler:
-    def __init__(self, sparse, loader, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
+class Scheduler(SamplePlan):
+    """Reads the global batches (hetu.dataloader.GlobalBatches) and hands out plans: to the
+    dataloader which samples this worker trains (SamplePlan.samples), to the HeraldTables which
+    rows move (plan)."""
+
+    def __init__(self, sparse, batches, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
                  allocator="colocate", pin_threshold=8, timeout=600.0, planner_threads=0, comm=None,
                  planners="host"):
         if lookahead < 1:
@@ -79,8 +84,8 @@ class Scheduler:
                              f"else one per worker planned for) or more")
         if planners not in PLANNERS:
             raise ValueError(f"unknown Herald planners {planners!r}: expected one of {', '.join(PLANNERS)}")
-        if loader.batch_num < 1:
-            raise ValueError(f"Herald: {len(loader.data)} samples make no global batch of "
+        if batches.batch_num < 1:
+            raise ValueError(f"Herald: {batches.samples} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
         # The planning thread gathers each global batch's ids itself, without the GIL: it needs
         # the whole id table as one int64 [samples, fields] array (a memory map is not copied).
@@ -88,7 +93,7 @@ class Scheduler:
         if sparse.dtype != np.int64 or sparse.ndim != 2:
             raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
                             f"{sparse.shape}")
-        self.loader, self.lookahead, self.timeout = loader, lookahead, timeout
+        self.batches, self.lookahead, self.timeout = batches, lookahead, timeout
         self.rank = rank
         # The workers that share this worker's planner: all of the host's (the first plans), or
         # this worker alone.
@@ -168,7 +173,7 @@ class Scheduler:
             return
         with self._lock:
             while self._submitted <= last:
-                self._thread.submit(self._submitted - self._first, self.loader.global_indices(self._submitted))
+                self._thread.submit(self._submitted - self._first, self.batches.indices(self._submitted))
                 self._submitted += 1
 
     def _answer(self, wait, t):

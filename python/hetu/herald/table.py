@@ -20,17 +20,21 @@ this worker sent before it."""
 import numpy as np
 
 from .. import _C
+from ..rows import RowSource
 
 
 class PlanMismatch(RuntimeError):
     """The real cache disagreed with the scheduler's model of it: the plan would be wrong."""
 
 
-class HeraldTable:
+class HeraldTable(RowSource):
+    """Herald's RowSource: a worker's cache of one RemoteTable (hetu.dist.ps), run by the plans
+    of `scheduler`."""
+
     def __init__(self, remote, scheduler, capacity, policy, optimizer, counters, primary=True, pin_threshold=8,
                  prefetch=False):
         rows, width = remote.param.shape
-        self.remote, self.scheduler, self.counters = remote, scheduler, counters
+        self.remote, self.param, self.scheduler, self.counters = remote, remote.param, scheduler, counters
         self.width = width
         self.primary = primary  # the table that records per-iteration scheduler figures
         # The rows themselves, their policy, valid and dirty flags: src/herald/plan_cache.h.
@@ -124,10 +128,19 @@ class HeraldTable:
         """A written-back row: key, values, optimizer state, step count and version increment."""
         return self.width * 4 + self.state_width * 4 + 16
 
-    def start_at(self, step):
-        """The next lookup is step `step` (a run resumed from a checkpoint; nothing cached yet)."""
+    def read(self, uniq):
+        return self.remote.pull(uniq)
+
+    def state(self):
+        """The table's clock: a checkpoint is taken after a flush, which leaves no dirty row."""
+        return self.remote.state()
+
+    def restore(self, state, step):
+        """The next lookup is step `step` of a resumed run, nothing cached yet (the scheduler
+        restarts its plans there too)."""
         if self._step is not None or self.t != 0:
             raise RuntimeError(f"{self.remote.param.name}: a resumed table must not have trained (at step {self.t})")
+        self.remote.restore(state, step)
         self.t = int(step)
 
     def flush(self, lr):

@@ -15,7 +15,6 @@ def distribute(graph):
     strategy = strategy_from_config(graph.config)
     graph.strategy = strategy
     if strategy is None:
-        graph.rank, graph.num_workers = 0, 1
         return graph
     comm = MPICommunicator()
     graph.comm, graph.rank, graph.num_workers = comm, comm.rank, comm.size

@@ -9,10 +9,16 @@ class Graph:
     def __init__(self, subgraphs, config):
         self.subgraphs = {name: list(nodes) for name, nodes in subgraphs.items()}
         self.config = config
-        self.ps_params = {}   # param id -> (param, optimizer op, sparse): bound to the parameter server
-        self.remote = {}      # param id -> RemoteTable / RemoteDense (bind_ps)
-        self.caches = {}      # param id -> CachedTable (bind_cache)
-        self.counters = Counters()
+        self.counters = Counters()   # this worker's embedding transmissions and step times
+        # What the passes find and bind, all declared here (the pass that sets each in brackets).
+        self.shapes = {}          # subgraph -> node id -> static shape or None (check_shapes)
+        self.strategy = None      # the DataParallel strategy; None in one process (distribute)
+        self.comm = None          # MPICommunicator between the workers; None in one process (distribute)
+        self.rank, self.num_workers = 0, 1   # this worker among the job's (distribute)
+        self.ps_params = {}       # param id -> (param, optimizer op, sparse): on the servers (distribute)
+        self.remote = {}          # param id -> RemoteTable / RemoteDense (bind_ps)
+        self.caches = {}          # param id -> the RowSource in front of its RemoteTable (bind_cache, Herald)
+        self.scheduler = None     # Herald's Scheduler (schedule_embeddings)
         self.refresh()
 
     def refresh(self):

@@ -34,9 +34,9 @@ def schedule_embeddings(graph):
     if graph.num_workers == 1:
         print("Herald with one worker: every row is stepped locally and the plan equals the cache alone",
               file=sys.stderr)
-    scheduler = Scheduler(sparse_loader.data, sparse_loader, graph.num_workers, graph.rank, sparse_loader.batch_size,
+    scheduler = Scheduler(sparse_loader.data, sparse_loader.batches, graph.num_workers, graph.rank, sparse_loader.batch_size,
                           capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"),
-                          planner_threads=extra.get("planner_threads", 0), comm=getattr(graph, "comm", None),
+                          planner_threads=extra.get("planner_threads", 0), comm=graph.comm,
                           planners=extra.get("planners", "host"))
     graph.scheduler = scheduler
     if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
@@ -44,7 +44,7 @@ def schedule_embeddings(graph):
               f"{', '.join(map(str, scheduler.host_ranks))} on {scheduler.planner_threads} thread(s)", file=sys.stderr)
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
-            loader_op.dataloaders["train"].set_batch_plan(scheduler.samples)
+            loader_op.dataloaders["train"].set_plan(scheduler)
     if protocol == "het":
         # Ablation "allocator only": Herald's allocation, the HET cache protocol (bind_cache).
         return graph
