@@ -199,7 +199,7 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
             print(f"{desc}: {len(losses)}/{iterations} iterations, loss {np.mean(losses[-20:]):.4f}, "
                   f"{rate:.1f} it/s, {(iterations - len(losses)) / rate:.0f} s to go", flush=True)
     pred, label, loss = np.concatenate(preds), np.concatenate(labels), float(np.mean(losses))
-    comm = getattr(executor.graph, "comm", None)
+    comm = executor.graph.comm
     if comm is not None and comm.size > 1:
         # The model's metrics, not this worker's: over every worker's predictions (a worker's
         # loss is its samples' mean, and every worker has as many).
@@ -412,7 +412,7 @@ def train(argv, herald):
                "iterations": total - first, "first_step": first, "seconds": elapsed,
                "counters": executor.counters.totals(),
                "samples_per_second": (total - first) * args.batch_size / elapsed, "final": history[-1]}
-    scheduler = getattr(executor.graph, "scheduler", None)
+    scheduler = executor.graph.scheduler
     if scheduler is not None:
         summary["planner"] = {"rank": executor.graph.rank, "host_ranks": scheduler.host_ranks,
                               "plans_here": scheduler.plans_here, "threads": scheduler.planner_threads}
