@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO
 from dist_harness import COMMON
-from ps_helpers import alive, cluster_fixture
+from ps_helpers import alive, cluster_fixture, zmq_job_dealer
 
 from hetu.checkpoint import STOP_POINTS
 from hetu.data import generate_synthetic, load_dataset
@@ -315,14 +315,12 @@ def test_frame_above_the_limit_is_refused_and_the_job_goes_on(cluster):
     ctx = zmq.Context()
     try:
         wait_port(port)
-        d = ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.LINGER, 2000)
-        d.connect(f"tcp://127.0.0.1:{port}")
+        # A member of the job (it holds the secret): past the handshake, its frames are read.
+        secret = c.base_env["HETU_JOB_SECRET"]
+        d = zmq_job_dealer(ctx, port, secret)
         d.send(b"x" * (2 * limit))            # one frame over the limit: refused unread
         d.close()
-        d = ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.LINGER, 2000)
-        d.connect(f"tcp://127.0.0.1:{port}")
+        d = zmq_job_dealer(ctx, port, secret)
         d.send_multipart([b"y" * 1000] * 3)   # small garbage: read, then dropped as malformed
         d.close()
     finally:

@@ -186,8 +186,12 @@ def test_forged_messages_and_strangers_are_refused(cluster, tmp_path, van):
     logs = c.logs()
     assert "forged death" not in logs and "libprotobuf" not in logs, logs
     for name in ("scheduler", "server0", "worker1"):
-        # The address is named unless the connection was gone before the van looked it up.
-        assert "refused a connection from " in c.log(name), c.log(name)
+        # Every target says it refused the outsider. The address is named unless the connection
+        # was gone before the van looked it up, or (UCX) the one line the rate limit let through
+        # was for a message without a hello, which carries no address.
+        refusals = ("refused a connection from ",) if van.startswith("zmq") else \
+            ("refused a connection from ", "dropped a message without a proof of this job's secret")
+        assert any(r in c.log(name) for r in refusals), c.log(name)
 
 
 @pytest.mark.timeout(120)
