@@ -29,6 +29,7 @@ run it on a quiet machine, and compare modes within one run.
 """
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -110,9 +111,9 @@ class PeakRss(threading.Thread):
     def run(self):
         while not self._done.is_set():
             for pid in descendants(self.root):
-                if pid not in self.roles:
-                    self.roles[pid] = role_of(pid)
-                role = self.roles[pid]
+                # Asked again until known: a worker is a shell until it execs the interpreter.
+                role = self.roles.get(pid) or role_of(pid)
+                self.roles[pid] = role
                 if role is None:
                     continue
                 try:
@@ -171,10 +172,22 @@ def checkpoint_rates(lines, kind):
     return [out[s] for s in sorted(out)]
 
 
+def row_bytes(width, optimizer, dtype):
+    """A row as a server or cache keeps it: values, optimizer state, step count and version."""
+    return width * DTYPE_BYTES[dtype] + STATE_FLOATS[optimizer](width) * 4 + META_BYTES
+
+
 def expected_server_bytes(rows, servers, width, optimizer, dtype):
-    """Per server: its rows (strided placement: r mod S) x (row, optimizer state, metadata)."""
-    per_row = width * DTYPE_BYTES[dtype] + STATE_FLOATS[optimizer](width) * 4 + META_BYTES
-    return [((rows - s + servers - 1) // servers) * per_row for s in range(servers)]
+    """Per server: its rows (strided placement: r mod S) x row_bytes."""
+    return [((rows - s + servers - 1) // servers) * row_bytes(width, optimizer, dtype) for s in range(servers)]
+
+
+def expected_worker_bytes(mode, rows, args):
+    """A worker's cache at full capacity (ceil(ratio x rows) rows, hetu.passes.bind_cache); plain
+    PS keeps no rows. The interpreter, the model and the batches come on top (a few hundred MB)."""
+    if mode == "PS":
+        return 0
+    return math.ceil(args.ratio * rows) * row_bytes(args.embedding_size, args.optimizer, args.dtype)
 
 
 def prepare(args):
@@ -236,6 +249,7 @@ def measure(mode, args, rows, work):
         "peak_rss": {"scheduler": peak.get("scheduler", 0), "servers": servers, "workers": workers},
         "server_expected_bytes": expected,
         "server_peak_over_expected": [p / e for p, e in zip(servers, expected)],
+        "worker_expected_bytes": expected_worker_bytes(mode, rows, args),
         "resume_peak_rss": {"servers": [rpeak.get(f"server {s}", 0) for s in range(args.servers)],
                             "workers": [rpeak.get(f"worker {w}", 0) for w in range(args.workers)]},
         "checkpoint_saved": checkpoint_rates(lines, "saved"), "checkpoint_loaded": checkpoint_rates(rlines, "loaded"),
@@ -254,16 +268,16 @@ def rates(pairs):
 def table(results):
     print("\n| mode | dtype | rows | table GiB | start-up s | samples/s | rows moved | MiB moved | "
           "max/mean rows served | peak RSS GiB: scheduler / servers / workers | server peak / expected | "
-          "server peak resuming GiB | ckpt write MB/s per server | ckpt load MB/s per server | "
+          "worker cache GiB (expected) | server peak resuming GiB | ckpt write MB/s per server | ckpt load MB/s per server | "
           "save / resume s (executor) |")
-    print("|---" * 15 + "|")
+    print("|---" * 16 + "|")
     for r in results:
         p, rp = r["peak_rss"], r["resume_peak_rss"]
         print(f"| {r['mode']} | {r['dtype']} | {r['rows']:,} | {gib(r['table_bytes'])} | "
               f"{r['startup_s']:.1f} | {r['samples_per_s']:,} | {r['rows_moved']:,} | {r['bytes_moved'] / 2**20:.0f} | "
               f"{r['served_max_mean']:.2f} | {gib(p['scheduler'])} / {' '.join(gib(x) for x in p['servers'])} / "
               f"{' '.join(gib(x) for x in p['workers'])} | "
-              f"{' '.join(f'{x:.2f}' for x in r['server_peak_over_expected'])} | "
+              f"{' '.join(f'{x:.2f}' for x in r['server_peak_over_expected'])} | {gib(r['worker_expected_bytes'])} | "
               f"{' '.join(gib(x) for x in rp['servers'])} | {rates(r['checkpoint_saved'])} | "
               f"{rates(r['checkpoint_loaded'])} | {r['save_s']:.1f} / {r['resume_s']:.1f} |", flush=True)
 
@@ -275,9 +289,11 @@ def main():
     p.add_argument("--scale", type=float, default=1.0, help="table cardinality; 1: Criteo Kaggle's 33,762,577 rows")
     p.add_argument("--mlperf", action="store_true",
                    help=f"--scale {MLPERF_SCALE} (202,575,462 rows, the size of MLPerf's Criteo 1TB tables). "
-                   "Memory at width 16, row-wise AdaGrad, S = 2: 84 bytes a row, 8.5 GB a server, 17 GB for the "
-                   "servers, 1-2 GB for the workers: about 19 GB; SGD: 16 GB for the servers. Only on a machine "
-                   "with that much free memory")
+                   "Memory at width 16, row-wise AdaGrad, S = 2: 84 bytes a row, 8.5 GB (7.9 GiB) a server, "
+                   "17 GB for the servers (their peak was 1.03-1.04x of this at 33.8M rows), under 1 GB for "
+                   "the workers: about 18-19 GB in all; SGD: 16 GB for the servers. Disk: 17 GB for the "
+                   "checkpoint under --work, written at the disk's rate (about 80 s at 110 MB/s a "
+                   "server). Only on a machine with that much free memory")
     p.add_argument("--rows", type=int, default=200000, help="samples of the generated data")
     p.add_argument("--data", default=None, help="folder of the generated data (default: under the temporary folder "
                    "of the system, kept for the next run)")
