@@ -250,6 +250,8 @@ def measure(mode, args, rows, work):
         "server_expected_bytes": expected,
         "server_peak_over_expected": [p / e for p, e in zip(servers, expected)],
         "worker_expected_bytes": expected_worker_bytes(mode, rows, args),
+        "worker_peak_over_expected": [p / expected_worker_bytes(mode, rows, args) if mode != "PS" else None
+                                      for p in workers],
         "resume_peak_rss": {"servers": [rpeak.get(f"server {s}", 0) for s in range(args.servers)],
                             "workers": [rpeak.get(f"worker {w}", 0) for w in range(args.workers)]},
         "checkpoint_saved": checkpoint_rates(lines, "saved"), "checkpoint_loaded": checkpoint_rates(rlines, "loaded"),
@@ -265,10 +267,17 @@ def rates(pairs):
     return " / ".join(f"{b / s / 1e6:.0f}" if s > 0 else "-" for b, s in pairs)
 
 
+def worker_column(r):
+    """A worker's expected cache bytes and its peak over them: the cache is a small part of a
+    worker, whose interpreter, model and batches it does not count."""
+    ratios = [x for x in r["worker_peak_over_expected"] if x is not None]
+    return gib(r["worker_expected_bytes"]) + (f" ({' '.join(f'{x:.1f}x' for x in ratios)})" if ratios else "")
+
+
 def table(results):
     print("\n| mode | dtype | rows | table GiB | start-up s | samples/s | rows moved | MiB moved | "
           "max/mean rows served | peak RSS GiB: scheduler / servers / workers | server peak / expected | "
-          "worker cache GiB (expected) | server peak resuming GiB | ckpt write MB/s per server | ckpt load MB/s per server | "
+          "worker cache GiB expected (peak / it) | server peak resuming GiB | ckpt write MB/s per server | ckpt load MB/s per server | "
           "save / resume s (executor) |")
     print("|---" * 16 + "|")
     for r in results:
@@ -277,7 +286,7 @@ def table(results):
               f"{r['startup_s']:.1f} | {r['samples_per_s']:,} | {r['rows_moved']:,} | {r['bytes_moved'] / 2**20:.0f} | "
               f"{r['served_max_mean']:.2f} | {gib(p['scheduler'])} / {' '.join(gib(x) for x in p['servers'])} / "
               f"{' '.join(gib(x) for x in p['workers'])} | "
-              f"{' '.join(f'{x:.2f}' for x in r['server_peak_over_expected'])} | {gib(r['worker_expected_bytes'])} | "
+              f"{' '.join(f'{x:.2f}' for x in r['server_peak_over_expected'])} | {worker_column(r)} | "
               f"{' '.join(gib(x) for x in rp['servers'])} | {rates(r['checkpoint_saved'])} | "
               f"{rates(r['checkpoint_loaded'])} | {r['save_s']:.1f} / {r['resume_s']:.1f} |", flush=True)
 
