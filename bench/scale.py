@@ -23,8 +23,9 @@ While each job runs, the scheduler's, servers' and workers' peak resident memory
     python bench/scale.py --mlperf                      # MLPerf's 202,575,462 rows: see --mlperf
 
 Memory: at the defaults (width 16, row-wise AdaGrad: 84 bytes a row) the servers hold 2.8 GB
-together, the workers about 0.5 GB each. The data is generated once into --data (200,000 samples:
-a minute or two, under 2 GiB). Every figure but the rows moved varies with the machine's load:
+together (1.03-1.04x that at peak), the workers 0.1-0.3 GB each; the checkpoint takes 2.8 GB of
+disk under --work while a mode runs. The data is generated once into --data (200,000 samples:
+about 20 s, 0.4 GB of memory). Every figure but the rows moved varies with the machine's load:
 run it on a quiet machine, and compare modes within one run.
 """
 import argparse
