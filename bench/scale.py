@@ -336,16 +336,18 @@ def main():
           f"{args.optimizer}; W = {args.workers}, S = {args.servers}, b = {args.batch}, {args.iterations} "
           f"iterations, cache ratio {args.ratio}", flush=True)
     results = []
-    for mode in args.modes:
-        results.append(measure(mode, args, rows, work))
-        table(results[-1:])
+    try:
+        for mode in args.modes:
+            results.append(measure(mode, args, rows, work))
+            table(results[-1:])
+    finally:   # a failed job leaves its checkpoint (GBs) otherwise
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
     table(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "results": results}, f, indent=1)
         print(f"written to {args.json}")
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
