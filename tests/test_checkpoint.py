@@ -2,6 +2,7 @@
 checkpoint trains the same parameters as one run straight through (DESIGN.md section 4)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,9 @@ def test_resumed_cluster_run_equals_the_single_process_reference(tmp_path, data_
                             "--checkpoint-every", "7"], 2, servers, 32)
     assert "resumed at step 20" in out
     assert "[worker 0] checkpoint at step 49 written to" in out and "[worker 1] checkpoint at" not in out
+    for s in range(servers):   # each server's own checkpoint rates, printed by worker 0
+        for kind in ("loaded", "saved"):
+            assert re.search(rf"\[worker 0\] server {s}: checkpoint {kind}, [1-9]\d* bytes in [\d.]+ s \(", out), out
     assert json.loads((ckpt / "meta.json").read_text())["iteration"] == 60
     assert_same_parameters(reference, got, exact_rows=False)
     if bitwise:

@@ -254,10 +254,31 @@ def check_resume(parser, args):
                          f"this run has {flag} {getattr(args, name)}")
 
 
+def checkpoint_stats(executor):
+    """Worker 0 of a job with servers: their checkpoint counters (cumulative), else None."""
+    return ht.ps.server_stats() if executor.graph.remote and executor.graph.rank == 0 else None
+
+
+def checkpoint_rate_lines(before, after, kind):
+    """One line per server on what it wrote ('saved') or read ('loaded') between two
+    checkpoint_stats(), timed by the server itself from opening its files to closing them."""
+    lines, verb = [], {"saved": "save", "loaded": "load"}[kind]
+    for i, (b, a) in enumerate(zip(before, after)):
+        size = a[f"checkpoint_{kind}_bytes"] - b[f"checkpoint_{kind}_bytes"]
+        seconds = a[f"checkpoint_{verb}_seconds"] - b[f"checkpoint_{verb}_seconds"]
+        rate = f"{size / seconds / 1e6:.0f} MB/s" if seconds > 0 else "-"
+        lines.append(f"server {i}: checkpoint {kind}, {size} bytes in {seconds:.3f} s ({rate})")
+    return lines
+
+
 def save_checkpoint(executor, args):
+    before, t0 = checkpoint_stats(executor), time.time()
     executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
     if executor.graph.rank == 0:
-        print(f"checkpoint at step {executor.state.iteration} written to {args.checkpoint}", flush=True)
+        print(f"checkpoint at step {executor.state.iteration} written to {args.checkpoint} "
+              f"in {time.time() - t0:.3f} s", flush=True)
+        if before is not None:
+            print("\n".join(checkpoint_rate_lines(before, checkpoint_stats(executor), "saved")), flush=True)
 
 
 def midway_checkpoints(executor, args, epoch_end):
@@ -297,12 +318,16 @@ def resume(executor, args):
         if note and executor.graph.rank == 0:
             print(f"--resume {args.resume}: {note}", flush=True)
         check_global_batch(executor, args, ht.Executor.checkpoint_info(folder))
+        before, t0 = checkpoint_stats(executor), time.time()
         executor.load(folder)
+        seconds = time.time() - t0
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:   # RuntimeError: a server's load
         raise SystemExit(f"--resume {args.resume}: {str(e).strip(chr(39))}") from None
     args.resumed_from = folder
     if executor.graph.rank == 0:
-        print(executor.resumed_from(folder), flush=True)
+        print(executor.resumed_from(folder) + f" in {seconds:.3f} s", flush=True)
+        if before is not None:
+            print("\n".join(checkpoint_rate_lines(before, checkpoint_stats(executor), "loaded")), flush=True)
     return executor.state.iteration
 
 

@@ -162,13 +162,20 @@ class Handle {
         py::list out;
         for (const Part& p : r.parts) {
           const Blob& b = p.response.data.at(0);
-          if (b.count<double>() != 4) throw std::runtime_error("server stats answer has the wrong size");
+          if (b.count<double>() != 10) throw std::runtime_error("server stats answer has the wrong size");
           const double* v = b.as<double>();
           py::dict d;
           d["requests"] = static_cast<int64_t>(v[0]);
           d["rows"] = static_cast<int64_t>(v[1]);
           d["bytes"] = static_cast<int64_t>(v[2]);
           d["busy_seconds"] = v[3];
+          // checkpoint files written and read, seconds from open to close (fsync included)
+          d["checkpoint_saves"] = static_cast<int64_t>(v[4]);
+          d["checkpoint_saved_bytes"] = static_cast<int64_t>(v[5]);
+          d["checkpoint_save_seconds"] = v[6];
+          d["checkpoint_loads"] = static_cast<int64_t>(v[7]);
+          d["checkpoint_loaded_bytes"] = static_cast<int64_t>(v[8]);
+          d["checkpoint_load_seconds"] = v[9];
           out.append(d);
         }
         return out;

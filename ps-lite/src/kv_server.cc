@@ -142,11 +142,18 @@ KVServer::Counters KVServer::counters() const {
 void KVServer::ServeStats(const Message& msg) {
   const Counters c = counters();
   double* out;
-  Blob b = Blob::Alloc<double>(4, &out);
+  Blob b = Blob::Alloc<double>(10, &out);
   out[0] = static_cast<double>(c.requests);
   out[1] = static_cast<double>(c.rows);
   out[2] = static_cast<double>(c.bytes);
   out[3] = c.busy_seconds;
+  const TableShard::CheckpointCounters k = TableShard::Checkpoints();  // the checkpoint rates
+  out[4] = static_cast<double>(k.saves);
+  out[5] = static_cast<double>(k.saved_bytes);
+  out[6] = k.save_seconds;
+  out[7] = static_cast<double>(k.loads);
+  out[8] = static_cast<double>(k.loaded_bytes);
+  out[9] = k.load_seconds;
   Reply(msg, {b}, "");
 }
 

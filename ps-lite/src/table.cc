@@ -1,7 +1,9 @@
 #include "table.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -100,17 +102,20 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
 
 void TableShard::Reset() {
   values_.Reset(rows_ * width(), 0.0f);
-  // Each row gets the values it has in the whole table, wherever it is placed.
-  if (slot_.stride == 1) {
-    hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), slot_.first,
-                         slot_.first + rows_, width(), values_.data());
-  } else {
-    for (int64_t i = 0; i < rows_; ++i) {
+  // Each row gets the values it has in the whole table, wherever it is placed. Drawing them is
+  // most of a large table's start-up (tens of ns an element), so the server's threads share it.
+  hetu::parallel_for(rows_, kParallelRows, [&](int64_t b, int64_t e) {
+    if (slot_.stride == 1) {
+      hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(),
+                           slot_.first + b, slot_.first + e, width(), values_.data() + b * width());
+      return;
+    }
+    for (int64_t i = b; i < e; ++i) {
       const int64_t row = placement_.Row(rank_, i);
       hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), row,
                            row + 1, width(), values_.data() + i * width());
     }
-  }
+  });
   state_.Reset(units_ * unit_state_width_, 0.0f);
   steps_.Reset(units_, 0);
   versions_.Reset(units_, 0);
@@ -273,7 +278,47 @@ std::string TableShard::FileName(const std::string& dir, int rank, int num_serve
   return dir + "/" + Sanitize(name_) + ".shard" + std::to_string(rank) + "-of-" + std::to_string(num_servers) + ".bin";
 }
 
+namespace {
+
+// Checkpoint counters of this process (TableShard::Checkpoints); a server saves and loads one
+// table at a time, the atomics only let a stats request read them from another thread.
+std::atomic<int64_t> g_saves{0}, g_saved_bytes{0}, g_loads{0}, g_loaded_bytes{0};
+std::atomic<double> g_save_seconds{0}, g_load_seconds{0};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Add(std::atomic<double>& total, double x) {
+  total.store(total.load(std::memory_order_relaxed) + x, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+TableShard::CheckpointCounters TableShard::Checkpoints() {
+  CheckpointCounters c;
+  c.saves = g_saves.load(std::memory_order_relaxed);
+  c.saved_bytes = g_saved_bytes.load(std::memory_order_relaxed);
+  c.save_seconds = g_save_seconds.load(std::memory_order_relaxed);
+  c.loads = g_loads.load(std::memory_order_relaxed);
+  c.loaded_bytes = g_loaded_bytes.load(std::memory_order_relaxed);
+  c.load_seconds = g_load_seconds.load(std::memory_order_relaxed);
+  return c;
+}
+
 std::string TableShard::Save(const std::string& dir, int rank, int num_servers) const {
+  const double start = Now();
+  int64_t bytes = 0;
+  std::string error = SaveFile(dir, rank, num_servers, &bytes);
+  if (error.empty()) {
+    g_saves.fetch_add(1, std::memory_order_relaxed);
+    g_saved_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    Add(g_save_seconds, Now() - start);
+  }
+  return error;
+}
+
+std::string TableShard::SaveFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const {
   const std::string path = FileName(dir, rank, num_servers);
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -288,7 +333,12 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
   h.unit_state_width = unit_state_width_;
   h.applied = applied;
   bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
-  auto put = [&](const void* p, size_t bytes) { ok = ok && (bytes == 0 || std::fwrite(p, bytes, 1, f) == 1); };
+  *bytes = sizeof(h);
+  // Written straight from the shard's arrays: a save needs no copy of the table.
+  auto put = [&](const void* p, size_t n) {
+    ok = ok && (n == 0 || std::fwrite(p, n, 1, f) == 1);
+    *bytes += static_cast<int64_t>(n);
+  };
   put(values_.data(), values_.size() * sizeof(float));
   put(state_.data(), state_.size() * sizeof(float));
   put(steps_.data(), steps_.size() * sizeof(int64_t));
@@ -313,7 +363,11 @@ struct SavedShard {
   }
 };
 
+// Bytes read by ReadAt in this thread: what a load counts as read.
+thread_local int64_t t_read_bytes = 0;
+
 bool ReadAt(FILE* f, long at, void* p, size_t bytes) {
+  t_read_bytes += static_cast<int64_t>(bytes);
   return bytes == 0 || (std::fseek(f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, f) == 1);
 }
 
@@ -367,130 +421,148 @@ int SavedServerCount(const std::string& dir, const std::string& prefix, std::str
 }  // namespace
 
 std::string TableShard::Load(const std::string& dir) {
+  const double start = Now();
+  int64_t bytes = 0;
+  std::string error = LoadFiles(dir, &bytes);
+  if (error.empty()) {
+    g_loads.fetch_add(1, std::memory_order_relaxed);
+    g_loaded_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    Add(g_load_seconds, Now() - start);
+  }
+  return error;
+}
+
+std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
   // The saved shards may come from another server count or placement: each file's header says
   // which rows it holds, and only the span of its slots that can hold rows of this shard is read.
+  // Two passes: the first checks every file and counts the rows it gives this shard, reading
+  // headers only; the second reads the rows into the shard's own arrays (no second table).
   const std::string prefix = Sanitize(name_) + ".shard";
   const std::string table = "table '" + name_ + "': ";
   std::string error;
   const int saved = SavedServerCount(dir, prefix, &error);
   if (!saved) return table + error;
   const int64_t w = width(), sw = unit_state_width_;
-  HugeArray<float> values, state;
-  HugeArray<int64_t> steps, versions;
-  values.Reset(values_.size(), 0.0f);
-  state.Reset(state_.size(), 0.0f);
-  steps.Reset(steps_.size(), 0);
-  versions.Reset(versions_.size(), 0);
-  int64_t covered = 0, loaded_applied = 0, dense_steps_from = -1;
-  for (int k = 0; k < saved; ++k) {
-    const std::string path = FileName(dir, k, saved);
-    SavedShard in;
-    in.f = std::fopen(path.c_str(), "rb");
-    if (!in.f) return table + "cannot read " + path + ": " + std::strerror(errno);
-    FileHeader h{};
-    bool ok = std::fread(&h, kHeaderBytesV1, 1, in.f) == 1;
-    const bool v1 = ok && std::memcmp(h.magic, kMagicV1, 8) == 0;
-    if (v1) {
-      h.placement = RowPlacement::kContiguous;
-      h.stride = 1;
-    } else {
-      ok = ok && std::memcmp(h.magic, kMagic, 8) == 0 &&
-           std::fread(&h.placement, sizeof(FileHeader) - kHeaderBytesV1, 1, in.f) == 1;
-    }
-    if (!ok) return table + path + " is not a saved shard";
-    if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
-      return table + path + " holds a table of " + std::to_string(h.rows) + " x " + std::to_string(h.width) +
-             (h.dense ? " (dense)" : "") + " stepped by optimizer " + std::to_string(h.optim_kind) + ", this one is " +
-             std::to_string(spec_.rows()) + " x " + std::to_string(w) + (dense() ? " (dense)" : "") +
-             " stepped by optimizer " + std::to_string(cfg_.kind);
-    if (h.placement != RowPlacement::kStrided && h.placement != RowPlacement::kContiguous)
-      return table + path + " names an unknown row placement " + std::to_string(h.placement);
-    const RowPlacement from =
-        RowPlacement::Of(static_cast<RowPlacement::Kind>(h.placement), dense(), spec_.rows(), saved);
-    FileHeader want{};
-    SavedRows(from, k, &want);
-    if (h.lo != want.lo || h.hi != want.hi || h.stride != want.stride)
-      return table + path + " holds rows [" + std::to_string(h.lo) + ", " + std::to_string(h.hi) + ") by " +
-             std::to_string(h.stride) + ", shard " + std::to_string(k) + " of " + std::to_string(saved) + " holds " +
-             from.Describe(k) + " (" + RowPlacement::Name(from.kind()) + " placement)";
-    // Where each section of the file starts (Save's order).
-    const int64_t saved_rows = from.Rows(k);
-    int64_t units, unit_width;
-    Units(dense(), saved_rows, w, &units, &unit_width);
-    const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
-    const long values_at = v1 ? kHeaderBytesV1 : sizeof(FileHeader);
-    const long state_at = values_at + saved_rows * w * float_bytes;
-    const long steps_at = state_at + units * hetu::optim::state_width(cfg_.kind, unit_width) * float_bytes;
-    const long versions_at = steps_at + units * int_bytes;
-    const long end = versions_at + units * int_bytes;
-    if (std::fseek(in.f, 0, SEEK_END) != 0) return table + "cannot seek in " + path;
-    const long size = std::ftell(in.f);
-    if (size < end)
-      return table + path + " is truncated: " + std::to_string(size) + " bytes of " + std::to_string(end);
-    if (size > end) return table + path + " has bytes after the shard's data (not written by a save)";
-    if (k > 0 && h.applied != loaded_applied)
-      return table + "the saved shards were applied up to different iterations (" + std::to_string(loaded_applied) +
-             " and " + std::to_string(h.applied) + " in " + path + ")";
-    loaded_applied = h.applied;
-    int64_t n = 0;
-    if (dense()) {
-      // Both contiguous: the overlap of two ranges. A dense shard's state is whole arrays of its
-      // range's floats (element-wise kinds only, KVServer::Init): copy the overlap of each array.
-      const int64_t a = std::max(slot_.first, h.lo), b = std::min(slot_.first + rows_, h.hi);
-      if (a >= b) continue;
-      n = b - a;
-      ok = ReadAt(in.f, values_at + (a - h.lo) * w * float_bytes, values.data() + (a - slot_.first) * w,
-                  n * w * float_bytes);
-      for (int64_t s = 0, arrays = hetu::optim::state_width(cfg_.kind, 1); s < arrays; ++s)
-        ok = ok && ReadAt(in.f, state_at + (s * unit_width + (a - h.lo) * w) * float_bytes,
-                          state.data() + s * unit_width_ + (a - slot_.first) * w, n * w * float_bytes);
-      int64_t step = 0, version = 0;
-      ok = ok && ReadAt(in.f, steps_at, &step, int_bytes) && ReadAt(in.f, versions_at, &version, int_bytes);
-      if (ok && dense_steps_from >= 0 && (step != steps[0] || version != versions[0]))
-        return table + "the saved shards of a dense table disagree on its step count (" + std::to_string(steps[0]) +
-               " and " + std::to_string(step) + " in " + path + ")";
-      steps[0] = step;
-      versions[0] = version;
-      dense_steps_from = k;
-    } else {
-      // Saved slots [ja, jb): those whose rows lie between this shard's first and last row.
-      int64_t ja = 0, jb = 0;
-      const int64_t first = from.First(k), stride = from.Stride();
-      if (rows_ > 0 && saved_rows > 0) {
-        const int64_t last = placement_.Row(rank_, rows_ - 1);
-        ja = slot_.first <= first ? 0 : (slot_.first - first + stride - 1) / stride;
-        jb = last < first ? 0 : std::min(saved_rows, (last - first) / stride + 1);
-      }
-      if (stride == slot_.stride) {  // slot for slot, or no row in common
-        if ((first - slot_.first) % stride != 0) jb = ja;
-        n = std::max<int64_t>(0, jb - ja);
+  t_read_bytes = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool copy = pass == 1;
+    int64_t covered = 0, loaded_applied = 0, dense_step = 0, dense_version = 0, dense_from = -1;
+    for (int k = 0; k < saved; ++k) {
+      const std::string path = FileName(dir, k, saved);
+      SavedShard in;
+      in.f = std::fopen(path.c_str(), "rb");
+      if (!in.f) return table + "cannot read " + path + ": " + std::strerror(errno);
+      FileHeader h{};
+      bool ok = std::fread(&h, kHeaderBytesV1, 1, in.f) == 1;
+      const bool v1 = ok && std::memcmp(h.magic, kMagicV1, 8) == 0;
+      if (v1) {
+        h.placement = RowPlacement::kContiguous;
+        h.stride = 1;
       } else {
-        for (int64_t j = ja; j < jb; ++j) n += placement_.Holds(rank_, from.Row(k, j));
+        ok = ok && std::memcmp(h.magic, kMagic, 8) == 0 &&
+             std::fread(&h.placement, sizeof(FileHeader) - kHeaderBytesV1, 1, in.f) == 1;
       }
-      if (n == 0) continue;
-      ok = CopySlots(in.f, values_at, w * float_bytes, from, k, ja, jb, placement_, rank_,
-                     reinterpret_cast<char*>(values.data())) &&
-           CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
-                     reinterpret_cast<char*>(state.data())) &&
-           CopySlots(in.f, steps_at, int_bytes, from, k, ja, jb, placement_, rank_,
-                     reinterpret_cast<char*>(steps.data())) &&
-           CopySlots(in.f, versions_at, int_bytes, from, k, ja, jb, placement_, rank_,
-                     reinterpret_cast<char*>(versions.data()));
+      if (!ok) return table + path + " is not a saved shard";
+      if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
+        return table + path + " holds a table of " + std::to_string(h.rows) + " x " + std::to_string(h.width) +
+               (h.dense ? " (dense)" : "") + " stepped by optimizer " + std::to_string(h.optim_kind) +
+               ", this one is " + std::to_string(spec_.rows()) + " x " + std::to_string(w) +
+               (dense() ? " (dense)" : "") + " stepped by optimizer " + std::to_string(cfg_.kind);
+      if (h.placement != RowPlacement::kStrided && h.placement != RowPlacement::kContiguous)
+        return table + path + " names an unknown row placement " + std::to_string(h.placement);
+      const RowPlacement from =
+          RowPlacement::Of(static_cast<RowPlacement::Kind>(h.placement), dense(), spec_.rows(), saved);
+      FileHeader want{};
+      SavedRows(from, k, &want);
+      if (h.lo != want.lo || h.hi != want.hi || h.stride != want.stride)
+        return table + path + " holds rows [" + std::to_string(h.lo) + ", " + std::to_string(h.hi) + ") by " +
+               std::to_string(h.stride) + ", shard " + std::to_string(k) + " of " + std::to_string(saved) +
+               " holds " + from.Describe(k) + " (" + RowPlacement::Name(from.kind()) + " placement)";
+      // Where each section of the file starts (Save's order).
+      const int64_t saved_rows = from.Rows(k);
+      int64_t units, unit_width;
+      Units(dense(), saved_rows, w, &units, &unit_width);
+      const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
+      const long values_at = v1 ? kHeaderBytesV1 : sizeof(FileHeader);
+      const long state_at = values_at + saved_rows * w * float_bytes;
+      const long steps_at = state_at + units * hetu::optim::state_width(cfg_.kind, unit_width) * float_bytes;
+      const long versions_at = steps_at + units * int_bytes;
+      const long end = versions_at + units * int_bytes;
+      if (std::fseek(in.f, 0, SEEK_END) != 0) return table + "cannot seek in " + path;
+      const long size = std::ftell(in.f);
+      if (size < end)
+        return table + path + " is truncated: " + std::to_string(size) + " bytes of " + std::to_string(end);
+      if (size > end) return table + path + " has bytes after the shard's data (not written by a save)";
+      if (k > 0 && h.applied != loaded_applied)
+        return table + "the saved shards were applied up to different iterations (" +
+               std::to_string(loaded_applied) + " and " + std::to_string(h.applied) + " in " + path + ")";
+      loaded_applied = h.applied;
+      int64_t n = 0;
+      if (dense()) {
+        // Both contiguous: the overlap of two ranges. A dense shard's state is whole arrays of
+        // its range's floats (element-wise kinds only, KVServer::Init): copy the overlap of each.
+        const int64_t a = std::max(slot_.first, h.lo), b = std::min(slot_.first + rows_, h.hi);
+        if (a >= b) continue;
+        n = b - a;
+        int64_t step = 0, version = 0;
+        ok = ReadAt(in.f, steps_at, &step, int_bytes) && ReadAt(in.f, versions_at, &version, int_bytes);
+        if (ok && dense_from >= 0 && (step != dense_step || version != dense_version))
+          return table + "the saved shards of a dense table disagree on its step count (" +
+                 std::to_string(dense_step) + " and " + std::to_string(step) + " in " + path + ")";
+        dense_step = step;
+        dense_version = version;
+        dense_from = k;
+        if (copy) {
+          ok = ok && ReadAt(in.f, values_at + (a - h.lo) * w * float_bytes, values_.data() + (a - slot_.first) * w,
+                            n * w * float_bytes);
+          for (int64_t s = 0, arrays = hetu::optim::state_width(cfg_.kind, 1); s < arrays; ++s)
+            ok = ok && ReadAt(in.f, state_at + (s * unit_width + (a - h.lo) * w) * float_bytes,
+                              state_.data() + s * unit_width_ + (a - slot_.first) * w, n * w * float_bytes);
+          steps_[0] = step;
+          versions_[0] = version;
+        }
+      } else {
+        // Saved slots [ja, jb): those whose rows lie between this shard's first and last row.
+        int64_t ja = 0, jb = 0;
+        const int64_t first = from.First(k), stride = from.Stride();
+        if (rows_ > 0 && saved_rows > 0) {
+          const int64_t last = placement_.Row(rank_, rows_ - 1);
+          ja = slot_.first <= first ? 0 : (slot_.first - first + stride - 1) / stride;
+          jb = last < first ? 0 : std::min(saved_rows, (last - first) / stride + 1);
+        }
+        if (stride == slot_.stride) {  // slot for slot, or no row in common
+          if ((first - slot_.first) % stride != 0) jb = ja;
+          n = std::max<int64_t>(0, jb - ja);
+        } else {
+          for (int64_t j = ja; j < jb; ++j) n += placement_.Holds(rank_, from.Row(k, j));
+        }
+        if (n == 0) continue;
+        if (copy)
+          ok = CopySlots(in.f, values_at, w * float_bytes, from, k, ja, jb, placement_, rank_,
+                         reinterpret_cast<char*>(values_.data())) &&
+               CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
+                         reinterpret_cast<char*>(state_.data())) &&
+               CopySlots(in.f, steps_at, int_bytes, from, k, ja, jb, placement_, rank_,
+                         reinterpret_cast<char*>(steps_.data())) &&
+               CopySlots(in.f, versions_at, int_bytes, from, k, ja, jb, placement_, rank_,
+                         reinterpret_cast<char*>(versions_.data()));
+      }
+      if (!ok) {
+        if (!copy) return table + "reading " + path + " failed";
+        Reset();  // some rows may be read already: never leave a half-loaded shard
+        return table + "reading " + path + " failed; the shard is back at its initial values";
+      }
+      covered += n;
     }
-    if (!ok) return table + "reading " + path + " failed";
-    covered += n;
+    // The saved shards partition the table's rows, so they must add up to this shard's.
+    if (covered != rows_)
+      return table + "the saved shards hold " + std::to_string(covered) + " of this shard's " +
+             std::to_string(rows_) + " rows";
+    if (copy) applied = loaded_applied;
   }
-  // The saved shards partition the table's rows, so they must add up to this shard's.
-  if (covered != rows_)
-    return table + "the saved shards hold " + std::to_string(covered) + " of this shard's " + std::to_string(rows_) +
-           " rows";
-  values_.Swap(values);
-  state_.Swap(state);
-  steps_.Swap(steps);
-  versions_.Swap(versions);
+  *bytes_read = t_read_bytes;
   pending.clear();
   arrived.clear();
-  applied = loaded_applied;
   return "";
 }
 
