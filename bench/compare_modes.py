@@ -5,7 +5,7 @@ same synthetic Criteo-shaped data with every mode, each as a real local cluster
 (python/runner.py: 1 server, W workers), and reports per mode: rows pulled and pushed (all
 workers), transmissions relative to plain PS and to HET, cache hit rate, samples/s, scheduler
 time and time waiting for the plan (as a share of the run). Ablations: "Herald greedy" (the
-cache-score allocator of DESIGN.md instead of the co-locating one), "plan only" (Herald with
+cache-score allocator of docs/design.md instead of the co-locating one), "plan only" (Herald with
 --allocator none) and "allocator only" (Herald's allocation with the HET protocol).
 Throughput is the median over --repeats runs, which take the modes in turn; transmissions are
 deterministic.

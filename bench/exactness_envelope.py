@@ -1,5 +1,5 @@
 """How far float32 rounding alone moves trained parameters: the envelope an equivalence test's
-bound must hold on every CPU (DESIGN.md section 4).
+bound must hold on every CPU (docs/design.md section 4).
 
 NumPy's OpenBLAS picks its GEMM kernel per CPU (DYNAMIC_ARCH); OPENBLAS_CORETYPE forces one. For
 every kernel this CPU can run, the script trains the single-process reference (batch W*b) and the

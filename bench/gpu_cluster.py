@@ -1,5 +1,5 @@
 """Herald's end-to-end speed-up where it exists: GPU workers in front of CPU parameter servers on
-shaped links (DESIGN.md section 12).
+shaped links (docs/design.md section 12).
 
 One machine plays the cluster: namespace hosts (hetu_tools.netns), host 0 runs the scheduler and
 the servers, hosts 1..W one worker each, every host's processes pinned to cores of their own (the

@@ -1,5 +1,5 @@
 """Runs run_hetu.py / run_laia.py single-process and as a real cluster (python/runner.py), and
-compares the trained parameters (DESIGN.md section 4)."""
+compares the trained parameters (docs/design.md section 4)."""
 import json
 import os
 import subprocess

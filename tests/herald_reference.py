@@ -1,4 +1,4 @@
-"""A plain NumPy model of Herald's planner (DESIGN.md section 7), written independently of the
+"""A plain NumPy model of Herald's planner (docs/design.md section 7), written independently of the
 C++ one (hetu._C.Planner) so tests can compare the two plan by plan. Slow, clear, test-only."""
 import numpy as np
 

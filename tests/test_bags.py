@@ -1,4 +1,4 @@
-"""Bags (multi-hot fields): ht.embedding_bag_op against a NumPy transcription of DESIGN.md
+"""Bags (multi-hot fields): ht.embedding_bag_op against a NumPy transcription of docs/design.md
 section 3, its numerical gradient, and a single-hot field as a bag of one."""
 import numpy as np
 import pytest

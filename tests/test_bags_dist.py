@@ -1,5 +1,5 @@
 """Bags through every mode: AllReduce, PS, the HET cache at bound 0 and Herald each equal the single-process
-run with the global batch (DESIGN.md section 4), parameter by parameter, on data whose bags hold
+run with the global batch (docs/design.md section 4), parameter by parameter, on data whose bags hold
 0, 1 and many ids with repeats; and the multi-hot Criteo shape trains in every mode."""
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """Checkpoints (--checkpoint / --resume): a run stopped after an epoch and resumed from its
-checkpoint trains the same parameters as one run straight through (DESIGN.md section 4)."""
+checkpoint trains the same parameters as one run straight through (docs/design.md section 4)."""
 import json
 import os
 import re

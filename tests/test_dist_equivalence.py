@@ -1,4 +1,4 @@
-"""A W-worker run equals the single-process run with batch W*b (DESIGN.md section 4), parameter
+"""A W-worker run equals the single-process run with batch W*b (docs/design.md section 4), parameter
 by parameter, in every aggregation mode."""
 import json
 

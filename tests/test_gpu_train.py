@@ -1,4 +1,4 @@
-"""Training on a GPU equals training on the CPU (DESIGN.md sections 4 and 12): single-process WDL
+"""Training on a GPU equals training on the CPU (docs/design.md sections 4 and 12): single-process WDL
 and NCF with SGD and Adam; HET and Herald with two workers sharing one GPU against the
 single-process reference; AllReduce over NCCL (one worker per GPU) and through host memory
 (workers sharing one); no device allocation after warm-up; CUDA graphs replay the eager step bit

@@ -1,4 +1,4 @@
-"""Herald: every run must equal the single-process reference row by row (DESIGN.md section 7);
+"""Herald: every run must equal the single-process reference row by row (docs/design.md section 7);
 every worker computes the same plan; the real caches hit exactly where the scheduler predicted
 (a HeraldTable raises PlanMismatch on the first disagreement, so a finished run proves it)."""
 import csv

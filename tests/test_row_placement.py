@@ -1,4 +1,4 @@
-"""Row placement (PS_ROW_PLACEMENT, DESIGN.md section 5): row r of an embedding table on server
+"""Row placement (PS_ROW_PLACEMENT, docs/design.md section 5): row r of an embedding table on server
 r mod S at local slot r div S (strided, the default), or contiguous ranges. Each test fails
 under a placement other than the one it names: servers serve, hold and save exactly their
 share of the rows, every row starts at the single-process table's value, and checkpoints move

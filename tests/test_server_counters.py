@@ -1,4 +1,4 @@
-"""What each server served (DESIGN.md section 7's counters, per server): one line per server at
+"""What each server served (docs/design.md section 7's counters, per server): one line per server at
 the job's end and, with --cache-perf, a CSV beside the workers'."""
 import csv
 import json

@@ -9,7 +9,7 @@ from .ops.math import sum_op
 
 class GradientSeedOp(Op):
     """d(loss)/d(loss): ones, times `scale`. Distribution passes set the scale so that summing
-    the workers' gradients gives the gradient of the global mean (DESIGN.md section 4)."""
+    the workers' gradients gives the gradient of the global mean (docs/design.md section 4)."""
 
     def __init__(self, loss):
         super().__init__(loss, ctx=loss.ctx)

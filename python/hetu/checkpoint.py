@@ -249,7 +249,7 @@ def load(executor, directory):
 
 def _check_shape(graph, directory, meta):
     """The data path a checkpoint continues must be the one it was written by, with the same
-    global batches (DESIGN.md section 4), and its tables the graph's."""
+    global batches (docs/design.md section 4), and its tables the graph's."""
     loaders = meta.get("loaders", [])
     names = [sorted(op.dataloaders) for op in graph.dataloaders]
     if loaders and [sorted(p) for p in loaders] != names:

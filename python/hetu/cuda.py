@@ -1,4 +1,4 @@
-"""GPU plumbing shared by the op families (DESIGN.md section 12): the project's own kernels
+"""GPU plumbing shared by the op families (docs/design.md section 12): the project's own kernels
 compiled once, the executor's stream, pinned host staging for the one host-to-device copy of a
 step's rows and the one device-to-host copy of its summed gradient, and checks that a kernel
 records on the device and the executor reads once per step.

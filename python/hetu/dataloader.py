@@ -2,7 +2,7 @@
 
 Iteration t of an epoch reads global batch B_t = samples [t*W*b, (t+1)*W*b) of the epoch's
 order (seeded shuffle or the stored order): GlobalBatches. Which samples of B_t this worker
-takes is its SamplePlan's answer: slice w of it for worker w of W (WorkerSlice, DESIGN.md
+takes is its SamplePlan's answer: slice w of it for worker w of W (WorkerSlice, docs/design.md
 section 4), or the samples Herald's scheduler allocates (hetu.herald.Scheduler, which reads the
 GlobalBatches and hands the loader its plans: `set_plan`)."""
 import collections

@@ -1,4 +1,4 @@
-"""One step of a subgraph on a GPU (DESIGN.md section 12), for the Executor.
+"""One step of a subgraph on a GPU (docs/design.md section 12), for the Executor.
 
 - The step's inputs reach the device without another host copy: dataloader batches are read
   into page-locked memory and each copied to a device buffer of its own; fed values go together

@@ -1,5 +1,5 @@
 """RowSource: where a worker's training step gets the rows of an embedding table on the parameter
-server, and where their gradients go. Three implement it, one per mode (DESIGN.md sections 5-7):
+server, and where their gradients go. Three implement it, one per mode (docs/design.md sections 5-7):
 
 - hetu.dist.ps.RemoteTable: plain PS, every row pulled and pushed each step;
 - hetu.cache.CachedTable: HET's cache and its versioned protocol;

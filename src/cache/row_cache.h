@@ -1,4 +1,4 @@
-// A worker's cached embedding rows (HET, DESIGN.md section 6): the replacement policy, and per
+// A worker's cached embedding rows (HET, docs/design.md section 6): the replacement policy, and per
 // slot the row's values, its optimizer state and step count (as pulled, then stepped locally by
 // the servers' rule), its local version and, with a staleness bound k > 0, the pending local
 // updates not yet pushed.

@@ -1,4 +1,4 @@
-"""HET-style embedding cache on each worker (DESIGN.md section 6), speaking HET's protocol as
+"""HET-style embedding cache on each worker (docs/design.md section 6), speaking HET's protocol as
 HET's own code does.
 
 The rows themselves live in hetu._C.RowCache (src/cache/row_cache.h): the replacement policy

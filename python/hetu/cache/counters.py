@@ -1,4 +1,4 @@
-"""Per-iteration transmission counters (DESIGN.md section 7): rows and bytes each way, cache
+"""Per-iteration transmission counters (docs/design.md section 7): rows and bytes each way, cache
 hits / misses / evictions / stale refreshes, rows whose pull was sent during the previous step
 (prefetched), scheduler time, time waiting for its plan, and where the training step's wall
 time goes: getting the embedding rows (pull_seconds), sending their gradients (push_seconds,

@@ -6,7 +6,7 @@ NUM_DENSE = 13
 NUM_FIELDS = 26
 DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 FIELD_NAMES = tuple(f"C{i}" for i in range(1, NUM_FIELDS + 1))
-# per-field distinct values of the full 45,840,617-row file (DESIGN.md section 9).
+# per-field distinct values of the full 45,840,617-row file (docs/design.md section 9).
 FIELD_SIZES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
                27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
 NUM_ROWS = 45_840_617

@@ -53,7 +53,7 @@ from .stats import rank_auc, top_rows_lookup_share
 CHUNK_ROWS = 1 << 17
 INTERACTION_DIM = 4
 MOVIELENS_1M_SIZES = (6040, 3706)
-# MLPerf DLRM-DCNv2 on Criteo 1TB (DESIGN.md section 9): rows and multi-hot size of each field
+# MLPerf DLRM-DCNv2 on Criteo 1TB (docs/design.md section 9): rows and multi-hot size of each field
 MLPERF_FIELD_SIZES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956,
                       405282, 10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000,
                       590152, 12973, 108, 36)

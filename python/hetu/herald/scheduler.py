@@ -1,4 +1,4 @@
-"""Herald's embedding scheduler (DESIGN.md section 7).
+"""Herald's embedding scheduler (docs/design.md section 7).
 
 Every worker runs the same Scheduler on the same sample stream and computes the same plan,
 `lookahead` iterations ahead, on a C++ thread of its own that never takes the GIL
@@ -8,7 +8,7 @@ src/herald/planner.cpp) keeps a model of every worker's cache (the CachePolicy t
 caches use, plus which cached rows are valid and which are dirty) and, per iteration:
 
 1. allocates the global batch, b samples per worker (src/herald/allocate.cpp). "greedy" is the
-   rule of DESIGN.md: score(s, w) = rows of sample s valid in w's cache, each sample to its
+   rule of docs/design.md: score(s, w) = rows of sample s valid in w's cache, each sample to its
    best-scoring worker with room. "colocate" (the default) places samples in the same order
    but on the worker where each adds the fewest row transmissions, which also counts rows that
    worker already reads this iteration (a row read by one worker only is stepped there and

@@ -1,4 +1,4 @@
-"""Embedding-cache binding (HET, DESIGN.md section 6): with a cache policy set, every embedding
+"""Embedding-cache binding (HET, docs/design.md section 6): with a cache policy set, every embedding
 table on the parameter server is read and updated through a per-worker cache of
 `cache_limit_ratio` x rows (or `cache_limit` rows) with staleness bound `cache_bound`."""
 import math

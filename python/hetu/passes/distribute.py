@@ -1,4 +1,4 @@
-"""Distribution pass: binds each trainable parameter to its aggregation (DESIGN.md section 4).
+"""Distribution pass: binds each trainable parameter to its aggregation (docs/design.md section 4).
 
 - every dataloader reads this worker's slice of each global batch;
 - every loss gradient is scaled by 1/W, so summing the workers' gradients gives the gradient of
