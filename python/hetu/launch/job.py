@@ -159,9 +159,14 @@ class Job:
 
     def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
         remote = any(not self.local[n.host] for n in self.cluster.nodes)
-        argv = mpirun_options(self.ssh.config if remote else None) + \
-            mpi_interface_options(self.cluster, self.root_uri, remote, self.log) + \
-            ["-x", SECRET_VAR] + self.cluster.mpirun_args   # -x: the name only; the value is in mpirun's env
+        # The cluster file's own MCA settings win: mpirun refuses a parameter given twice.
+        own = set(self.cluster.mpirun_args[i + 1] for i, a in enumerate(self.cluster.mpirun_args[:-1])
+                  if a == "--mca")
+        interfaces = mpi_interface_options(self.cluster, self.root_uri, remote, self.log)
+        interfaces = [x for i in range(0, len(interfaces), 3) if interfaces[i + 1] not in own
+                      for x in interfaces[i:i + 3]]
+        argv = mpirun_options(self.ssh.config if remote else None) + interfaces + \
+            self.cluster.mpirun_args
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
                   **env, "DMLC_ROLE": "worker"}
         contexts = []
@@ -171,7 +176,9 @@ class Job:
             assigns = [f"{k}={v}" for k, v in {**shared, **self.node_env(node),
                                                 **self.worker_env(node)}.items()]
             host = "localhost" if self.local[node.host] else node.host
-            contexts.append(["-np", str(node.workers), "--host", f"{host}:{node.workers}",
+            # -x: the secret's name only, its value is in mpirun's environment; given in every
+            # context, since Open MPI applies a -x before the first one to that context alone.
+            contexts.append(["-np", str(node.workers), "--host", f"{host}:{node.workers}", "-x", SECRET_VAR,
                              "env", *assigns, "/bin/sh", "-c", WORKER_SHIM, "hetu-worker",
                              *self.command])
             first = len(self.rank_host)
