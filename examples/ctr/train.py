@@ -243,15 +243,16 @@ def check_resume(parser, args):
     """--resume names a checkpoint of this run's model, data and batch: found before loading."""
     if not args.resume:
         return
+    # Not parser.error: the usage text would bury the line that says what is wrong with the checkpoint.
     try:
         saved = ht.Executor.checkpoint_info(args.resume).get("run") or {}
     except (FileNotFoundError, ValueError) as e:
-        parser.error(f"--resume {args.resume}: {e}")
+        parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: {e}\n")
     for name in SAME_FLAGS:
         if name in saved and saved[name] != getattr(args, name):
             flag = "--" + name.replace("_", "-")
-            parser.error(f"--resume {args.resume}: the checkpoint was trained with {flag} {saved[name]}, "
-                         f"this run has {flag} {getattr(args, name)}")
+            parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: the checkpoint was trained with "
+                           f"{flag} {saved[name]}, this run has {flag} {getattr(args, name)}\n")
 
 
 def checkpoint_stats(executor):
