@@ -1,6 +1,7 @@
 """Dead peers end the job with an error that names them (never a hang); garbage on the
 ports is dropped; rendezvous options (worker rank override, van type)."""
 import os
+import re
 import signal
 import socket
 import sys
@@ -285,3 +286,25 @@ def test_a_training_worker_whose_server_dies_ends_in_one_line(cluster, tmp_path)
     assert code == 1 and "Traceback" not in log, log[-3000:]
     last = log.strip().splitlines()[-1]
     assert last.startswith("error: ") and "server 0 (node" in last and "is dead: no heartbeat" in last, log[-3000:]
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_worker_names_itself_not_the_scheduler(cluster, tmp_path):
+    """A worker stopped past the heartbeat timeout is counted dead; once it runs again its own
+    line must say that it was stopped, not that the scheduler stopped answering."""
+    c = cluster(1, 2, heartbeat_timeout=2.0)
+    c.start_servers().start_workers(PULL_LOOP)
+    for w in range(2):
+        wait_for_file(str(tmp_path / f"worker{w}.ready"), 45, c)
+    c.kill("worker0", signal.SIGSTOP)
+    time.sleep(5)
+    c.kill("worker0", signal.SIGCONT)
+    codes = c.wait(["worker0", "worker1", "scheduler", "server0"], timeout=30)
+    assert codes["worker0"] == 3, c.logs()
+    log = c.log("worker0")
+    assert "scheduler (node 0" not in log, log
+    # Its rank is the scheduler's choice: the one the scheduler's own line calls dead.
+    dead = re.search(r"(worker \d \(node \d+ at [^)]*\)) is dead", c.log("scheduler"))
+    assert dead, c.log("scheduler")
+    assert f"{dead.group(1)} did not run for" in log or f"{dead.group(1)} was counted dead by the scheduler" in log, log
+    assert "stopped or starved" in log, log

@@ -178,6 +178,25 @@ def test_worker_stopping_alone_after_mpi_started_stops_the_job(tmp_path, failure
     assert f"worker 1: {reason}" in res.stderr.split("summary:")[1], res.stderr
 
 
+def test_summary_repeats_the_failed_workers_error_not_another_workers_info_line(tmp_path):
+    res = run_runner(["-w", "2", "-s", "0", *py("""
+        import sys, time
+        import numpy as np
+        from hetu.dist.comm import MPICommunicator
+        comm = MPICommunicator()
+        if comm.rank == 0:
+            print("Herald: worker 0 plans for this host's workers 0, 1 on 1 thread(s)", file=sys.stderr, flush=True)
+        else:
+            time.sleep(1)
+            raise ValueError("bad value at row 7")
+        comm.allreduce_sum(np.ones(4))
+    """)], tmp_path, timeout=60)
+    assert res.returncode != 0
+    summary = res.stderr.split("summary:")[1]
+    assert "worker 1: ValueError: bad value at row 7" in summary, res.stderr
+    assert "Herald" not in summary, summary
+
+
 def test_timeout_stops_the_job(tmp_path):
     res = run_runner(["-w", "1", "-s", "0", "--timeout", "2", *py("import time; time.sleep(60)")],
                      tmp_path)

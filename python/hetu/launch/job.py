@@ -1,5 +1,6 @@
 """One job: starts the scheduler, the servers and the workers, supervises them, stops them."""
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -23,6 +24,10 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 # Local variables that remote processes need to find the same interpreter and libraries.
 SECRET_VAR = "HETU_JOB_SECRET"
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+
+
+# A worker's line that reports an error (an exception, ps-lite's peer failures, a refusal).
+ERROR_LINE = re.compile(r"\b(\w*Error|\w*Exception|error|failed|dead|cannot|refused|timed out|lost)\b", re.I)
 
 
 class JobFailed(Exception):
@@ -307,6 +312,16 @@ class Job:
         except (OSError, ValueError):
             pass
 
+    def blames(self, rank: int, line: str) -> bool:
+        """Whether a worker's last stderr line is worth repeating as its error: the line of the
+        worker that failed first (unless a signal ended it: then it wrote no error), and any
+        line that reads as an error. Ranks stopped because another failed may have last written
+        an info line, which is no error of theirs."""
+        first = self.mpirun_report.failed_rank
+        if rank == first and not (self.mpirun_report.failed_status or "").startswith("killed"):
+            return True
+        return first is None or ERROR_LINE.search(line) is not None
+
     def summary(self):
         self.log("summary:")
         for p in self.procs:
@@ -324,7 +339,8 @@ class Job:
                 continue
             by_line: Dict[str, List[int]] = {}
             for rank, line in sorted(self.worker_last_stderr.items()):
-                by_line.setdefault(line.strip(), []).append(rank)
+                if self.blames(rank, line):
+                    by_line.setdefault(line.strip(), []).append(rank)
             for line, ranks in by_line.items():
                 self.log(f"      worker {','.join(map(str, ranks))}: {line}")
 
