@@ -38,6 +38,8 @@ FAKE_LAUNCHER = textwrap.dedent("""
         sys.exit(5)
     if mode == "hang":
         time.sleep(300)
+    if mode == "exit_early":
+        sys.exit(0)
     deadline = time.time() + 60
     n = int(os.environ["DMLC_NUM_WORKER"])
     while time.time() < deadline:
@@ -195,6 +197,19 @@ def test_summary_repeats_the_failed_workers_error_not_another_workers_info_line(
     summary = res.stderr.split("summary:")[1]
     assert "worker 1: ValueError: bad value at row 7" in summary, res.stderr
     assert "Herald" not in summary, summary
+
+
+def test_scheduler_and_servers_that_end_before_the_workers_fail_the_job(tmp_path):
+    t0 = time.monotonic()
+    res = run_runner(["-w", "2", "-s", "1", *py("import time; time.sleep(120)")], tmp_path,
+                     env=fake_launcher_env(tmp_path, "exit_early"), timeout=90)
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 40, "the job was not stopped"
+    error = [line for line in res.stderr.splitlines() if line.startswith("[heturun] error:")]
+    assert len(error) == 1 and " on localhost ended (exit 0) before the workers, which still ran 10 s later" \
+        in error[0], res.stderr
+    summary = res.stderr.split("summary:")[1]
+    assert "ended before the workers" in summary, summary
 
 
 def test_timeout_stops_the_job(tmp_path):

@@ -21,6 +21,9 @@ from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree
 from .ssh import Ssh, remote_command
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
+# The scheduler and servers end when every worker has finalized its node, which workers do as
+# they exit; workers still running this long after one of them ended were left without it.
+END_GRACE = 10.0
 # Local variables that remote processes need to find the same interpreter and libraries.
 SECRET_VAR = "HETU_JOB_SECRET"
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
@@ -261,9 +264,19 @@ class Job:
                 rc = p.poll()
                 if rc is not None and rc != 0:
                     raise JobFailed(self.describe_failure(p))
-            if mpirun.returncode == 0:
+            if mpirun.poll() == 0:
                 return
+            self.check_ended_early(mpirun)
             time.sleep(0.05)
+
+    def check_ended_early(self, mpirun: Proc):
+        """A scheduler or server that ended (even with 0) while the workers go on fails the job."""
+        for p in self.procs:
+            if p is not mpirun and p.returncode is not None and mpirun.poll() is None \
+                    and time.monotonic() - p.ended > END_GRACE:
+                p.ended_early = True
+                raise JobFailed(f"{p.label} on {p.host} ended ({describe_status(p.returncode)}) before the "
+                                f"workers, which still ran {END_GRACE:g} s later")
 
     def wait_shutdown(self):
         deadline = time.monotonic() + self.shutdown_timeout
@@ -331,6 +344,8 @@ class Job:
                 ("worker 0 (mpirun)" if n == 1 else f"workers 0-{n - 1} (mpirun)")
             self.log(f"  {label:<24} {p.host:<16} {describe_status(p.returncode):<20} "
                      f"{end - p.started:8.2f} s")
+            if p.ended_early:
+                self.log("      ended before the workers")
             if p.returncode in (None, 0):
                 continue
             if p.role != "workers":
