@@ -14,7 +14,7 @@ import time
 from typing import Dict, List, Optional
 
 from .cluster import Cluster, Node, is_local, resolve, root_address
-from .guard import LauncherGuard
+from .guard import MPIRUN_LABEL, LauncherGuard
 from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, mpi_interface_options, mpirun_options,
                      pump_mpirun)
 from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
@@ -222,7 +222,7 @@ class Job:
     def add_process(self, proc: Proc):
         self.procs.append(proc)
         if self.guard is not None:
-            self.guard.started(proc.popen.pid, proc.label if proc.role != "workers" else "mpirun (workers)")
+            self.guard.started(proc.popen.pid, proc.label if proc.role != "workers" else MPIRUN_LABEL)
 
     def describe_failure(self, proc: Proc) -> str:
         rc = proc.returncode
@@ -363,6 +363,7 @@ class Job:
         try:
             # First: from now on, a launcher that dies takes its job with it.
             self.guard = LauncherGuard(self.kill_grace, socket.gethostname(), f"HETU_JOB={self.job_mark}")
+            self.guard.owns(self.workdir)
             self.root_uri = root_address(self.cluster)
             env = self.base_env(self.free_port())
             self.start_parameter_servers(env)
