@@ -33,6 +33,29 @@ PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTH
 ERROR_LINE = re.compile(r"\b(\w*Error|\w*Exception|error|failed|dead|cannot|refused|timed out|lost)\b", re.I)
 
 
+CHECKPOINT_ROOT_VAR = "HETU_CHECKPOINT_ROOT"
+CHECKPOINT_FLAGS = ("--checkpoint", "--resume")
+
+
+def checkpoint_roots(command: List[str], cwd: str) -> List[str]:
+    """The folders the job's servers may save to and load from (ps-lite/README.md, Security):
+    HETU_CHECKPOINT_ROOT if set, else the folders holding the command's --checkpoint and
+    --resume (a checkpoint is written beside its old self, then swapped in); none: any."""
+    if os.environ.get(CHECKPOINT_ROOT_VAR):
+        return [os.environ[CHECKPOINT_ROOT_VAR]]
+    roots = []
+    for i, arg in enumerate(command):
+        flag, eq, value = arg.partition("=")
+        if flag not in CHECKPOINT_FLAGS:
+            continue
+        value = value if eq else (command[i + 1] if i + 1 < len(command) else "")
+        if value:
+            root = os.path.dirname(os.path.abspath(os.path.join(cwd, value)))
+            if root not in roots:
+                roots.append(root)
+    return roots
+
+
 class JobFailed(Exception):
     def __init__(self, message, code=EXIT_FAILED):
         super().__init__(message)
@@ -128,6 +151,9 @@ class Job:
         env = {**env, **self.node_env(node), "DMLC_ROLE": role}
         if role == "server":
             env["DMLC_SERVER_ID"] = str(rank)   # the rank its output is tagged with is its rank in the job
+            roots = checkpoint_roots(self.command, os.getcwd())
+            if roots:
+                env[CHECKPOINT_ROOT_VAR] = os.pathsep.join(roots)
             if node.server_threads:
                 env["HETU_NUM_THREADS"] = str(node.server_threads)   # the node's count wins over env:
         tag = role if rank is None else f"{role} {rank}"
