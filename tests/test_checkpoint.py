@@ -3,6 +3,7 @@ checkpoint trains the same parameters as one run straight through (docs/design.m
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,8 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
         proc = _run(data_home, "run_hetu.py", *ADAM, *args)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+        if "--resume" in args:   # the reason alone, without argparse's usage text before it
+            assert len(proc.stderr.strip().splitlines()) == 1 and "usage:" not in proc.stderr, proc.stderr
 
     proc = _run(data_home, "run_hetu.py", *ADAM, "--batch-size", "64", "--resume", str(ckpt))
     assert proc.returncode == 1 and "the checkpoint is at step 20, and --nepoch 1 of 20 iterations per epoch is " \
@@ -206,3 +209,35 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
     assert f"--resume {damaged}: checkpoint file {shard} is truncated: 1000 bytes" \
         in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_resume_of_an_interrupted_first_save_names_its_temporary_folder(tmp_path, data_home):
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *SGD, "--batch-size", "64",
+                           "--iters-per-epoch", "2", "--checkpoint", str(ckpt)], capture_output=True, text=True,
+                          env=dict(os.environ, HETU_DATA_HOME=data_home, HETU_CHECKPOINT_STOP_AT="written"),
+                          timeout=200)
+    assert proc.returncode == -9, proc.stdout + proc.stderr   # killed after writing, before the swap
+    [unfinished] = [p for p in os.listdir(tmp_path) if p.startswith(".tmp-ckpt.")]
+    proc = _run(data_home, "run_hetu.py", *SGD, "--batch-size", "64", "--resume", str(ckpt))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"--resume {ckpt}: {ckpt} is not a hetu checkpoint: its first save was interrupted before it was complete, " \
+           f"leaving only {tmp_path / unfinished}" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounts a small tmpfs: needs root")
+def test_a_save_that_runs_out_of_space_ends_in_one_line_and_leaves_nothing(tmp_path, data_home):
+    small = tmp_path / "small"
+    small.mkdir()
+    # A 512 KiB file system in a mount namespace of the run's own: the checkpoint (a few MB) cannot fit.
+    run = " ".join(map(shlex.quote, [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *SGD,
+                                     "--batch-size", "64", "--iters-per-epoch", "3", "--checkpoint", str(small / "ckpt")]))
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=512k tmpfs {shlex.quote(str(small))} "
+                           f"&& {{ {run}; rc=$?; ls -A {shlex.quote(str(small))}; exit $rc; }}"],
+                          capture_output=True, text=True, env=dict(os.environ, HETU_DATA_HOME=data_home), timeout=200)
+    if "mount" in proc.stderr and "epoch 0" not in proc.stdout:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip() == f"--checkpoint {small / 'ckpt'}: the save at step 3 failed: No space left on device", \
+        proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("epoch 0:"), proc.stdout   # `ls -A`: nothing was left behind

@@ -59,6 +59,8 @@ def local_cluster(workers, servers=1):
 WORKER_THAT_TRAINS_ON = textwrap.dedent("""
     import os, subprocess, time
     import hetu.ps as ps
+    from mpi4py import MPI
+    MPI.COMM_WORLD.allreduce(1)   # Open MPI's shared-memory segments exist from here on
     ps.start()
     if os.environ["DMLC_WORKER_ID"] == "0":   # a daemon outside the process tree (its parent exits)
         subprocess.run(["sh", "-c", "sleep 300 > /dev/null 2>&1 & echo $! > daemon.pid"], check=True)
@@ -73,7 +75,9 @@ WORKER_THAT_TRAINS_ON = textwrap.dedent("""
 @pytest.mark.timeout(120)
 def test_killed_launcher_takes_every_process_of_its_job_with_it(tmp_path):
     log = open(tmp_path / "launcher.log", "w")
-    env = dict(os.environ, OUT=str(tmp_path))
+    tmp = tmp_path / "tmp"   # the job's work folder and Open MPI's session folder go here
+    tmp.mkdir()
+    env = dict(os.environ, OUT=str(tmp_path), TMPDIR=str(tmp))
     launcher = subprocess.Popen([sys.executable, str(RUNNER), "-w", "2", "-s", "1", "--kill-grace", "3",
                                  sys.executable, "-c", WORKER_THAT_TRAINS_ON],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
@@ -88,6 +92,10 @@ def test_killed_launcher_takes_every_process_of_its_job_with_it(tmp_path):
         job = descendants(launcher.pid) + [daemon]
         worker_pids = [int(p.read_text()) for p in tmp_path.glob("started.*")]
         assert set(worker_pids) <= set(job) and len(job) >= 5, job   # guard, scheduler, server, mpirun, workers
+        segments = {line.split()[5] for pid in worker_pids for line in open(f"/proc/{pid}/maps")
+                    if len(line.split()) == 6 and line.split()[5].startswith("/dev/shm/vader_segment.")}
+        sessions = list(tmp.glob("ompi.*/pid.*"))
+        assert segments and sessions and list(tmp.glob("heturun-*")), (segments, list(tmp.rglob("*"))[:20])
         launcher.kill()
         killed = time.monotonic()
         launcher.wait()
@@ -95,6 +103,13 @@ def test_killed_launcher_takes_every_process_of_its_job_with_it(tmp_path):
             time.sleep(0.1)
         left = [p for p in job if alive(p)]
         assert not left, f"still running 10 s after the launcher died: {left}"
+        guard_deadline = time.monotonic() + 15
+        while (list(tmp.glob("heturun-*")) or any(map(os.path.exists, segments)) or any(s.exists() for s in sessions)) \
+                and time.monotonic() < guard_deadline:
+            time.sleep(0.1)
+        assert not list(tmp.glob("heturun-*")), "the launcher's work folder is left"
+        assert not [s for s in segments if os.path.exists(s)], "Open MPI's shared-memory segments are left"
+        assert not [s for s in sessions if s.exists()], "Open MPI's session folder is left"
         print(f"job ended {time.monotonic() - killed:.1f} s after the launcher was killed")
         text = (tmp_path / "launcher.log").read_text()
         assert f"the launcher (pid {launcher.pid} on " in text and "is gone; stopping its job: scheduler, " \

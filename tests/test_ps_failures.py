@@ -1,13 +1,16 @@
 """Dead peers end the job with an error that names them (never a hang); garbage on the
 ports is dropped; rendezvous options (worker rank override, van type)."""
 import os
+import re
 import signal
 import socket
+import sys
 import time
 
 import numpy as np
 import pytest
 
+from conftest import REPO
 from ps_helpers import VANS, cluster_fixture, zmq_job_dealer
 
 cluster = pytest.fixture(cluster_fixture)
@@ -262,3 +265,46 @@ def test_killed_scheduler_is_noticed_by_workers_and_servers(cluster, tmp_path):
     assert codes == {"server0": 1, "worker0": 3}, c.logs()
     for n in ("server0", "worker0"):
         assert "scheduler" in c.log(n) and "dead" in c.log(n), c.log(n)
+
+
+@pytest.mark.timeout(180)
+def test_a_training_worker_whose_server_dies_ends_in_one_line(cluster, tmp_path):
+    """A peer found dead by the heartbeats ends the training script with the line naming it, not
+    a traceback through the executor."""
+    c = cluster(1, 1, heartbeat_timeout=3.0)
+    c.start_servers()
+    c._spawn("worker0", [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress", "--rows", "20000",
+                         "--embedding-size", "8", "--comm", "PS", "--nepoch", "50", "--batch-size", "32"],
+             dict(c.base_env, DMLC_ROLE="worker", HETU_DATA_HOME=str(tmp_path / "data")))
+    deadline = time.time() + 120
+    while "epoch 0:" not in c.log("worker0"):
+        assert c.procs["worker0"][0].poll() is None and time.time() < deadline, c.logs()
+        time.sleep(0.2)
+    c.kill("server0")
+    code = c.wait(["worker0"], timeout=30)["worker0"]
+    log = c.log("worker0")
+    assert code == 1 and "Traceback" not in log, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "server 0 (node" in last and "is dead: no heartbeat" in last, log[-3000:]
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_worker_names_itself_not_the_scheduler(cluster, tmp_path):
+    """A worker stopped past the heartbeat timeout is counted dead; once it runs again its own
+    line must say that it was stopped, not that the scheduler stopped answering."""
+    c = cluster(1, 2, heartbeat_timeout=2.0)
+    c.start_servers().start_workers(PULL_LOOP)
+    for w in range(2):
+        wait_for_file(str(tmp_path / f"worker{w}.ready"), 45, c)
+    c.kill("worker0", signal.SIGSTOP)
+    time.sleep(5)
+    c.kill("worker0", signal.SIGCONT)
+    codes = c.wait(["worker0", "worker1", "scheduler", "server0"], timeout=30)
+    assert codes["worker0"] == 3, c.logs()
+    log = c.log("worker0")
+    assert "scheduler (node 0" not in log, log
+    # Its rank is the scheduler's choice: the one the scheduler's own line calls dead.
+    dead = re.search(r"(worker \d \(node \d+ at [^)]*\)) is dead", c.log("scheduler"))
+    assert dead, c.log("scheduler")
+    assert f"{dead.group(1)} did not run for" in log or f"{dead.group(1)} was counted dead by the scheduler" in log, log
+    assert "stopped or starved" in log, log

@@ -38,6 +38,8 @@ FAKE_LAUNCHER = textwrap.dedent("""
         sys.exit(5)
     if mode == "hang":
         time.sleep(300)
+    if mode == "exit_early":
+        sys.exit(0)
     deadline = time.time() + 60
     n = int(os.environ["DMLC_NUM_WORKER"])
     while time.time() < deadline:
@@ -176,6 +178,38 @@ def test_worker_stopping_alone_after_mpi_started_stops_the_job(tmp_path, failure
     assert time.monotonic() - t0 < 40, "the job was not stopped"
     assert "worker 1 on localhost failed (exit 1)" in res.stderr, res.stderr
     assert f"worker 1: {reason}" in res.stderr.split("summary:")[1], res.stderr
+
+
+def test_summary_repeats_the_failed_workers_error_not_another_workers_info_line(tmp_path):
+    res = run_runner(["-w", "2", "-s", "0", *py("""
+        import sys, time
+        import numpy as np
+        from hetu.dist.comm import MPICommunicator
+        comm = MPICommunicator()
+        if comm.rank == 0:
+            print("Herald: worker 0 plans for this host's workers 0, 1 on 1 thread(s)", file=sys.stderr, flush=True)
+        else:
+            time.sleep(1)
+            raise ValueError("bad value at row 7")
+        comm.allreduce_sum(np.ones(4))
+    """)], tmp_path, timeout=60)
+    assert res.returncode != 0
+    summary = res.stderr.split("summary:")[1]
+    assert "worker 1: ValueError: bad value at row 7" in summary, res.stderr
+    assert "Herald" not in summary, summary
+
+
+def test_scheduler_and_servers_that_end_before_the_workers_fail_the_job(tmp_path):
+    t0 = time.monotonic()
+    res = run_runner(["-w", "2", "-s", "1", *py("import time; time.sleep(120)")], tmp_path,
+                     env=fake_launcher_env(tmp_path, "exit_early"), timeout=90)
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 40, "the job was not stopped"
+    error = [line for line in res.stderr.splitlines() if line.startswith("[heturun] error:")]
+    assert len(error) == 1 and " on localhost ended (exit 0) before the workers, which still ran 10 s later" \
+        in error[0], res.stderr
+    summary = res.stderr.split("summary:")[1]
+    assert "ended before the workers" in summary, summary
 
 
 def test_timeout_stops_the_job(tmp_path):

@@ -296,3 +296,58 @@ def test_launcher_secret_stays_off_command_lines_and_the_job_listens_on_loopback
     # tool rendezvous (one IPv4, one IPv6), which Open MPI 4.1 opens on every address.
     wildcard = [l for l in probe["listen"] if not l.split()[3].startswith(("127.", "[::1]"))]
     assert len(wildcard) <= 2 and all('(("mpirun"' in l for l in wildcard), probe["listen"]
+
+
+CONFINED = """
+t = ps.client().init_table("emb", 40, 4, init=("normal", 0.0, 0.1), seed=7)
+results = {}
+for name in ("inside", "outside", "dotdot", "link", "load_outside", "load_inside"):
+    op = t.load if name.startswith("load") else t.save
+    try:
+        op(ARGS[name]).wait()
+        results[name] = "ok"
+    except RuntimeError as e:
+        results[name] = str(e)
+json.dump(results, open(OUT + ".json", "w"))
+ps.finalize()
+"""
+
+
+def test_servers_save_and_load_only_inside_the_jobs_checkpoint_folder(cluster, tmp_path):
+    root, outside = tmp_path / "checkpoints", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)   # a way out through a symbolic link
+    paths = {"inside": root / "ckpt" / "ps", "outside": outside / "ps", "dotdot": root / ".." / "elsewhere" / "x",
+             "link": root / "link" / "ps", "load_outside": outside / "ps", "load_inside": root / "ckpt" / "ps"}
+    c = cluster(1, 1, env={"HETU_CHECKPOINT_ROOT": str(root)})
+    c.run(CONFINED, args={k: str(v) for k, v in paths.items()})
+    results = json.loads((tmp_path / "worker0.json").read_text())
+    assert results["inside"] == "ok" and results["load_inside"] == "ok", results
+    for name, verb in (("outside", "save"), ("dotdot", "save"), ("link", "save"), ("load_outside", "load")):
+        assert f"table 'emb': {verb} of {os.path.abspath(paths[name])} refused: it is outside the job's checkpoint folder " \
+               f"(HETU_CHECKPOINT_ROOT: {root})" in results[name], (name, results[name])
+    assert os.listdir(outside) == [], "a refused save wrote into the folder"
+
+    # A job started by hand without the variable: any folder, as before.
+    c2 = cluster(1, 1)
+    c2.tmp = tmp_path / "free"
+    c2.tmp.mkdir()
+    c2.run(CONFINED, args={k: str(v) for k, v in paths.items()})
+    results = json.loads((c2.tmp / "worker0.json").read_text())
+    assert all(results[name] == "ok" for name in ("inside", "outside", "dotdot", "link", "load_inside")), results
+
+
+def test_the_launcher_gives_its_servers_the_folders_of_the_commands_checkpoints(tmp_path):
+    from test_runner import fake_launcher_env, run_runner
+    cmd = [sys.executable, "-c", "import os; open(os.path.join(os.environ['OUT'], 'done.' + "
+           "os.environ['DMLC_WORKER_ID']), 'w').close()", "--checkpoint", "runs/ckpt", "--resume=/data/old/ckpt"]
+    res = run_runner(["-w", "1", "-s", "1", *cmd], tmp_path, env=fake_launcher_env(tmp_path, "wait_workers"))
+    assert res.returncode == 0, res.stderr
+    [server] = [json.loads(p.read_text()) for p in tmp_path.glob("ps.server.*.json")]
+    assert server["HETU_CHECKPOINT_ROOT"] == f"{tmp_path}/runs:/data/old", server.get("HETU_CHECKPOINT_ROOT")
+    res = run_runner(["-w", "1", "-s", "1", *cmd], tmp_path, env={**fake_launcher_env(tmp_path, "wait_workers"),
+                                                                  "HETU_CHECKPOINT_ROOT": "/srv/ckpts"})
+    assert res.returncode == 0, res.stderr
+    servers = [json.loads(p.read_text()) for p in tmp_path.glob("ps.server.*.json")]
+    assert {s["HETU_CHECKPOINT_ROOT"] for s in servers} >= {"/srv/ckpts"}, servers

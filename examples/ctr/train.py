@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 import hetu as ht
 import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
-from hetu.data import load_dataset
+from hetu.data import BadBatch, load_dataset
 from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from models import MODELS, READS_BAGS, dataset_of
@@ -243,15 +243,16 @@ def check_resume(parser, args):
     """--resume names a checkpoint of this run's model, data and batch: found before loading."""
     if not args.resume:
         return
+    # Not parser.error: the usage text would bury the line that says what is wrong with the checkpoint.
     try:
         saved = ht.Executor.checkpoint_info(args.resume).get("run") or {}
     except (FileNotFoundError, ValueError) as e:
-        parser.error(f"--resume {args.resume}: {e}")
+        parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: {e}\n")
     for name in SAME_FLAGS:
         if name in saved and saved[name] != getattr(args, name):
             flag = "--" + name.replace("_", "-")
-            parser.error(f"--resume {args.resume}: the checkpoint was trained with {flag} {saved[name]}, "
-                         f"this run has {flag} {getattr(args, name)}")
+            parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: the checkpoint was trained with "
+                           f"{flag} {saved[name]}, this run has {flag} {getattr(args, name)}\n")
 
 
 def checkpoint_stats(executor):
@@ -273,7 +274,14 @@ def checkpoint_rate_lines(before, after, kind):
 
 def save_checkpoint(executor, args):
     before, t0 = checkpoint_stats(executor), time.time()
-    executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
+    try:
+        executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
+    except ht.ps.JobFailed:
+        raise
+    except (OSError, RuntimeError) as e:   # RuntimeError: a server's own write failed (its message names it)
+        # The folder being written is removed (checkpoint._write); the last complete one stays.
+        raise SystemExit(f"--checkpoint {args.checkpoint}: the save at step {executor.state.iteration} failed: "
+                         f"{e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
     if executor.graph.rank == 0:
         print(f"checkpoint at step {executor.state.iteration} written to {args.checkpoint} "
               f"in {time.time() - t0:.3f} s", flush=True)
@@ -364,9 +372,16 @@ def device_of(args):
     return ctx
 
 
+# Errors whose message says all there is to say: a bad entry in the data, a dead or lost peer.
+ONE_LINE_ERRORS = (BadBatch, ht.ps.JobFailed)
+
+
 def main(argv=None, herald=False):
     try:
-        return train(argv, herald)
+        try:
+            return train(argv, herald)
+        except ONE_LINE_ERRORS as e:
+            raise SystemExit(f"error: {e}") from None
     except SystemExit as stop:
         exit_at_once_if_mpi_started(stop)
         raise

@@ -1,6 +1,7 @@
 #include "kv_server.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -342,14 +343,48 @@ bool KVServer::ServePullState(const TableShard& t, const Message& msg) {
   return true;
 }
 
+KVServer::KVServer(Postoffice* po) : po_(po) {
+  const char* roots = std::getenv("HETU_CHECKPOINT_ROOT");
+  std::string all = roots ? roots : "";
+  for (size_t start = 0; start <= all.size();) {
+    size_t end = all.find(':', start);
+    if (end == std::string::npos) end = all.size();
+    const std::string root = all.substr(start, end - start);
+    std::error_code ec;
+    if (!root.empty()) checkpoint_roots_.push_back(std::filesystem::weakly_canonical(root, ec).string());
+    start = end + 1;
+  }
+}
+
+std::string KVServer::Unconfined(const TableShard& t, const char* what, const std::string& path) const {
+  namespace fs = std::filesystem;
+  if (checkpoint_roots_.empty()) return "";
+  std::error_code ec;
+  // Symbolic links and ".." resolved first: the folder actually written or read is compared.
+  const fs::path real = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  std::string roots;
+  for (const auto& root : checkpoint_roots_) {
+    const fs::path r(root);
+    if (!ec && std::mismatch(r.begin(), r.end(), real.begin(), real.end()).first == r.end()) return "";
+    roots += (roots.empty() ? "" : ", ") + root;
+  }
+  return "table '" + t.name() + "': " + what + " of " + path + " refused: it is outside the job's checkpoint " +
+         "folder (HETU_CHECKPOINT_ROOT: " + roots + ")";
+}
+
 void KVServer::ServeAdmin(TableShard& t, const Message& msg) {
   switch (msg.meta.op()) {
     case kSave: {
+      const std::string refused = Unconfined(t, "save", msg.meta.path());
+      if (!refused.empty()) return Reply(msg, {}, refused);
       std::error_code ec;
       std::filesystem::create_directories(msg.meta.path(), ec);
       return Reply(msg, {}, t.Save(msg.meta.path(), po_->rank(), po_->num_servers()));
     }
-    case kLoad: return Reply(msg, {}, t.Load(msg.meta.path()));
+    case kLoad: {
+      const std::string refused = Unconfined(t, "load", msg.meta.path());
+      return Reply(msg, {}, refused.empty() ? t.Load(msg.meta.path()) : refused);
+    }
     default: t.Reset(); return Reply(msg, {}, "");  // kClear
   }
 }

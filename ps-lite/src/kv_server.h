@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kv.h"
 #include "message.h"
@@ -21,7 +22,7 @@ namespace ps {
 
 class KVServer {
  public:
-  explicit KVServer(Postoffice* po) : po_(po) {}
+  explicit KVServer(Postoffice* po);
   void Handle(Message& msg);
   // Requests whose work grows only with their own size (row operations), which the
   // Postoffice may handle on its receive thread; init, save, load and clear go through the
@@ -60,6 +61,9 @@ class KVServer {
   bool ServePullStale(const TableShard& t, const Message& msg);
   bool ServePullState(const TableShard& t, const Message& msg);
   void ServeAdmin(TableShard& t, const Message& msg);  // save, load, clear
+  // Why a save or load of `path` is refused: outside every folder of HETU_CHECKPOINT_ROOT (the
+  // launcher sets it from the command's --checkpoint/--resume); empty where allowed or unset.
+  std::string Unconfined(const TableShard& t, const char* what, const std::string& path) const;
 
   // Takes a push's gradients in (applied now, or buffered under BSP); "" or the error.
   std::string Push(Entry& e, Message& msg);
@@ -83,6 +87,7 @@ class KVServer {
   bool ReadKeys(const TableShard& t, const Message& msg, int64_t n, const int64_t** keys, std::string error = "");
 
   Postoffice* po_;
+  std::vector<std::string> checkpoint_roots_;  // canonical; empty: any path (a job started by hand)
   std::map<std::string, Entry> tables_;
   // Written by the one thread handling data at a time (postoffice.h), read from others.
   std::atomic<int64_t> requests_{0}, rows_{0}, bytes_{0};

@@ -319,7 +319,18 @@ void Postoffice::HandleControl(Message& msg) {
       EndJob("");
       break;
     }
-    case kNodeDead: Fail(msg.meta.error()); EndJob(msg.meta.error()); break;
+    case kNodeDead: {
+      std::string why = msg.meta.error();
+      // The scheduler names this very node: it was silent, so it was stopped or starved; its
+      // own heartbeat check would otherwise blame the scheduler, whose answers it did not read.
+      const std::string self = Describe(my_id_) + " is dead: ";
+      if (why.compare(0, self.size(), self) == 0)
+        why = Describe(my_id_) + " was counted dead by the scheduler (" + why.substr(self.size()) +
+              "): this process did not run (stopped or starved) and sent no heartbeat";
+      Fail(why);
+      EndJob(why);
+      break;
+    }
     default: PS_VLOG(1) << "ignored control " << msg.meta.control() << " from node " << msg.meta.sender();
   }
 }
@@ -356,13 +367,24 @@ void Postoffice::Barrier(int group, double timeout_s) {
 
 void Postoffice::HeartbeatLoop() {
   const double interval = std::min(1.0, std::max(0.05, cfg_.heartbeat_timeout / 5));
+  double last_tick = NowSeconds();
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_) {
     cv_.wait_for(lk, std::chrono::duration<double>(interval));
     if (stopping_ || ended_) break;
     lk.unlock();
+    const double now = NowSeconds(), paused = now - last_tick;
+    last_tick = now;
     if (scheduler_) {
       scheduler_->CheckHeartbeats();
+    } else if (paused > cfg_.heartbeat_timeout) {
+      // This loop itself did not run (SIGSTOP, a starved host): the scheduler's answers were
+      // not missing, this node's heartbeats were, and the scheduler counts it dead.
+      std::string why = Describe(my_id_) + " did not run for " + std::to_string(paused) +
+                        " s (stopped or starved) and sent no heartbeat, past PS_HEARTBEAT_TIMEOUT=" +
+                        std::to_string(cfg_.heartbeat_timeout) + ": the scheduler counts it dead";
+      Fail(why);
+      EndJob(why);
     } else {
       Message msg;
       msg.meta.set_control(kHeartbeat);

@@ -124,6 +124,13 @@ def locate(directory):
     if not os.path.exists(directory) and os.path.exists(os.path.join(previous, META)):
         return previous, (f"{directory} is missing (a save was interrupted while replacing it): "
                           f"using the checkpoint before it, {previous}")
+    if not os.path.exists(directory) and not os.path.exists(previous):
+        # A first save killed before its swap leaves only its temporary folder, which is incomplete.
+        unfinished = sorted(_temporaries(directory)) if os.path.isdir(os.path.dirname(directory)) else []
+        if unfinished:
+            raise FileNotFoundError(f"{directory} is not a hetu checkpoint: its first save was interrupted before "
+                                    f"it was complete, leaving only {unfinished[-1]} (unusable; the next save "
+                                    f"removes it)")
     raise FileNotFoundError(f"{directory} is not a hetu checkpoint (no {META})")
 
 

@@ -12,6 +12,11 @@ from .synthetic import parse_synthetic_name
 PREPARED_NAMES = ("criteo", "avazu", "movielens")
 
 
+class BadBatch(ValueError):
+    """A batch holds an entry its dataset cannot have (DatasetPart.checker): the message names the
+    file, row, column and value, which is all a user needs; no traceback adds to it."""
+
+
 @dataclass(frozen=True)
 class DatasetMeta:
     name: str
@@ -160,8 +165,8 @@ class DatasetPart:
                 r, c = (int(i) for i in np.argwhere(bad)[0])
                 name = f" ({names[c]})" if c < len(names) else ""
                 value = batch[r, c].item()
-                raise ValueError(f"{where}, row {self.first_row + int(rows[r])}, column {c}{name}: "
-                                 f"{value!r} is {describe(value, c)}")
+                raise BadBatch(f"{where}, row {self.first_row + int(rows[r])}, column {c}{name}: "
+                               f"{value!r} is {describe(value, c)}")
         return check
 
     def batches(self, batch_size, drop_last=False):

@@ -9,14 +9,20 @@ guard says so, naming it, and stops every process the launcher started, with the
 as the launcher's teardown would, and every local process whose environment carries the job's
 HETU_JOB mark (a daemon a worker left behind). Processes on other hosts follow: a remote
 scheduler or server ends with its ssh session (see ssh.remote_command), remote workers with
-mpirun.
+mpirun. Then it removes what the job left on this host: the launcher's work folder ("workdir
+PATH"), and Open MPI's session folder of the job's mpirun ($TMPDIR/ompi.HOST.UID/pid.PID) and
+its shared-memory segments (/dev/shm/vader_segment.HOST.UID.JOBID.RANK, those of the job id in
+the session folder's contact.txt, and any a process of the job had mapped).
 
     python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE JOB_MARK
 """
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -46,6 +52,10 @@ class LauncherGuard:
     def started(self, pid: int, label: str):
         self._send(f"start {pid} {label}")
 
+    def owns(self, path: str):
+        """A folder of the job's, removed if the launcher is lost."""
+        self._send(f"workdir {path}")
+
     def close(self):
         """The launcher has stopped its job itself: the guard exits without touching anything."""
         self._send("end")
@@ -56,18 +66,81 @@ class LauncherGuard:
             self.popen.kill()
 
 
-def read_launcher(stream) -> Tuple[List[Tuple[int, Optional[str], str]], bool]:
-    """The processes the launcher reported, until its pipe closes; and whether it said "end"."""
+def read_launcher(stream, folders=None) -> Tuple[List[Tuple[int, Optional[str], str]], bool]:
+    """The processes the launcher reported, until its pipe closes; and whether it said "end".
+    The folders it reported ("workdir PATH") are added to `folders`."""
     started = []
     for raw in stream:
-        words = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
+        line = raw.decode(errors="replace").rstrip("\n")
+        words = line.split(" ", 2)
         if words[0] == "end":
             return started, True
         if words[0] == "start" and len(words) == 3 and words[1].isdigit():
             pid = int(words[1])
             # The start time tells this process from a later one that reuses its pid.
             started.append((pid, proc_starttime(pid), words[2]))
+        if words[0] == "workdir" and folders is not None:
+            folders.append(line[len("workdir "):])
     return started, False
+
+
+MPIRUN_LABEL = "mpirun (workers)"
+SHM = "/dev/shm"
+
+
+def mpi_session_folders(mpirun_pids: List[int]) -> List[str]:
+    """Open MPI 4's session folders of these mpirun processes: TMPDIR/ompi.HOST.UID/pid.PID."""
+    base = tempfile.gettempdir()   # TMPDIR, TEMP, TMP, else /tmp: where Open MPI puts them too
+    return [f for pid in mpirun_pids for f in glob.glob(os.path.join(base, f"ompi.*.{os.getuid()}", f"pid.{pid}"))]
+
+
+def mpi_job_families(sessions: List[str]) -> List[int]:
+    """The job families of the session folders' mpirun: contact.txt begins "JOBID.VPID;"."""
+    families = []
+    for folder in sessions:
+        try:
+            with open(os.path.join(folder, "contact.txt")) as f:
+                families.append(int(f.read().split(".", 1)[0]) >> 16)
+        except (OSError, ValueError):
+            continue
+    return families
+
+
+def mapped_segments(pids) -> List[str]:
+    """The /dev/shm files these processes have mapped (Open MPI's shared-memory segments)."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)   # address, perms, offset, dev, inode[, path]
+                    if len(fields) == 6 and fields[5].startswith(SHM + "/vader_segment."):
+                        found.add(fields[5].strip())
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def family_segments(families: List[int]) -> List[str]:
+    """/dev/shm/vader_segment.HOST.UID.JOBID.RANK of these job families (JOBID in hex)."""
+    out = []
+    for path in glob.glob(os.path.join(SHM, "vader_segment.*")):
+        try:
+            if int(path.rsplit(".", 2)[1], 16) >> 16 in families:
+                out.append(path)
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def remove_leftovers(folders: List[str], sessions: List[str], segments: List[str]):
+    for folder in folders + sessions:
+        shutil.rmtree(folder, ignore_errors=True)
+    for path in segments:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def stop_job(started, grace: float, job_mark: str):
@@ -78,6 +151,10 @@ def stop_job(started, grace: float, job_mark: str):
     marked = [pid for pid in processes_with_env(job_mark) if pid != os.getpid()]
     tree: Dict[int, Optional[str]] = {pid: proc_starttime(pid) for pid in pids + marked}
     tree.update(snapshot_tree(pids + marked))
+    # Read while the job runs: what names its Open MPI files.
+    sessions = mpi_session_folders([pid for pid, _, label in started if label == MPIRUN_LABEL])
+    segments = mapped_segments(tree)
+    families = mpi_job_families(sessions)
     for pid in pids:
         signal_group(pid, signal.SIGTERM)
     kill_snapshot({pid: tree[pid] for pid in marked}, signal.SIGTERM)
@@ -87,12 +164,17 @@ def stop_job(started, grace: float, job_mark: str):
     for pid in pids:
         signal_group(pid, signal.SIGKILL)
     kill_snapshot(tree, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(is_running(p, s) for p, s in tree.items()):
+        time.sleep(0.05)   # a file is removed once no process of the job writes it again
+    return sessions, segments + family_segments(families)
 
 
 def main(argv=None):
     launcher_pid, host, grace, job_mark = (argv or sys.argv[1:])[:4]
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the launcher's to handle
-    started, finished = read_launcher(sys.stdin.buffer)
+    folders: List[str] = []
+    started, finished = read_launcher(sys.stdin.buffer, folders)
     if finished:
         return 0
     labels = [label for _, _, label in started]
@@ -101,7 +183,8 @@ def main(argv=None):
               f"{', '.join(labels) or 'nothing was started'}", file=sys.stderr, flush=True)
     except OSError:
         pass   # the launcher's stderr may have gone with it; the job is stopped all the same
-    stop_job(started, float(grace), job_mark)
+    sessions, segments = stop_job(started, float(grace), job_mark)
+    remove_leftovers(folders, sessions, segments)
     return 1
 
 

@@ -1,5 +1,6 @@
 """One job: starts the scheduler, the servers and the workers, supervises them, stops them."""
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -13,16 +14,46 @@ import time
 from typing import Dict, List, Optional
 
 from .cluster import Cluster, Node, is_local, resolve, root_address
-from .guard import LauncherGuard
+from .guard import MPIRUN_LABEL, LauncherGuard
 from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, mpi_interface_options, mpirun_options,
                      pump_mpirun)
 from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
 from .ssh import Ssh, remote_command
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
+# The scheduler and servers end when every worker has finalized its node, which workers do as
+# they exit; workers still running this long after one of them ended were left without it.
+END_GRACE = 10.0
 # Local variables that remote processes need to find the same interpreter and libraries.
 SECRET_VAR = "HETU_JOB_SECRET"
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+
+
+# A worker's line that reports an error (an exception, ps-lite's peer failures, a refusal).
+ERROR_LINE = re.compile(r"\b(\w*Error|\w*Exception|error|failed|dead|cannot|refused|timed out|lost)\b", re.I)
+
+
+CHECKPOINT_ROOT_VAR = "HETU_CHECKPOINT_ROOT"
+CHECKPOINT_FLAGS = ("--checkpoint", "--resume")
+
+
+def checkpoint_roots(command: List[str], cwd: str) -> List[str]:
+    """The folders the job's servers may save to and load from (ps-lite/README.md, Security):
+    HETU_CHECKPOINT_ROOT if set, else the folders holding the command's --checkpoint and
+    --resume (a checkpoint is written beside its old self, then swapped in); none: any."""
+    if os.environ.get(CHECKPOINT_ROOT_VAR):
+        return [os.environ[CHECKPOINT_ROOT_VAR]]
+    roots = []
+    for i, arg in enumerate(command):
+        flag, eq, value = arg.partition("=")
+        if flag not in CHECKPOINT_FLAGS:
+            continue
+        value = value if eq else (command[i + 1] if i + 1 < len(command) else "")
+        if value:
+            root = os.path.dirname(os.path.abspath(os.path.join(cwd, value)))
+            if root not in roots:
+                roots.append(root)
+    return roots
 
 
 class JobFailed(Exception):
@@ -120,6 +151,9 @@ class Job:
         env = {**env, **self.node_env(node), "DMLC_ROLE": role}
         if role == "server":
             env["DMLC_SERVER_ID"] = str(rank)   # the rank its output is tagged with is its rank in the job
+            roots = checkpoint_roots(self.command, os.getcwd())
+            if roots:
+                env[CHECKPOINT_ROOT_VAR] = os.pathsep.join(roots)
             if node.server_threads:
                 env["HETU_NUM_THREADS"] = str(node.server_threads)   # the node's count wins over env:
         tag = role if rank is None else f"{role} {rank}"
@@ -221,7 +255,7 @@ class Job:
     def add_process(self, proc: Proc):
         self.procs.append(proc)
         if self.guard is not None:
-            self.guard.started(proc.popen.pid, proc.label if proc.role != "workers" else "mpirun (workers)")
+            self.guard.started(proc.popen.pid, proc.label if proc.role != "workers" else MPIRUN_LABEL)
 
     def describe_failure(self, proc: Proc) -> str:
         rc = proc.returncode
@@ -263,9 +297,19 @@ class Job:
                 rc = p.poll()
                 if rc is not None and rc != 0:
                     raise JobFailed(self.describe_failure(p))
-            if mpirun.returncode == 0:
+            if mpirun.poll() == 0:
                 return
+            self.check_ended_early(mpirun)
             time.sleep(0.05)
+
+    def check_ended_early(self, mpirun: Proc):
+        """A scheduler or server that ended (even with 0) while the workers go on fails the job."""
+        for p in self.procs:
+            if p is not mpirun and p.returncode is not None and mpirun.poll() is None \
+                    and time.monotonic() - p.ended > END_GRACE:
+                p.ended_early = True
+                raise JobFailed(f"{p.label} on {p.host} ended ({describe_status(p.returncode)}) before the "
+                                f"workers, which still ran {END_GRACE:g} s later")
 
     def wait_shutdown(self):
         deadline = time.monotonic() + self.shutdown_timeout
@@ -314,6 +358,16 @@ class Job:
         except (OSError, ValueError):
             pass
 
+    def blames(self, rank: int, line: str) -> bool:
+        """Whether a worker's last stderr line is worth repeating as its error: the line of the
+        worker that failed first (unless a signal ended it: then it wrote no error), and any
+        line that reads as an error. Ranks stopped because another failed may have last written
+        an info line, which is no error of theirs."""
+        first = self.mpirun_report.failed_rank
+        if rank == first and not (self.mpirun_report.failed_status or "").startswith("killed"):
+            return True
+        return first is None or ERROR_LINE.search(line) is not None
+
     def summary(self):
         self.log("summary:")
         for p in self.procs:
@@ -323,6 +377,8 @@ class Job:
                 ("worker 0 (mpirun)" if n == 1 else f"workers 0-{n - 1} (mpirun)")
             self.log(f"  {label:<24} {p.host:<16} {describe_status(p.returncode):<20} "
                      f"{end - p.started:8.2f} s")
+            if p.ended_early:
+                self.log("      ended before the workers")
             if p.returncode in (None, 0):
                 continue
             if p.role != "workers":
@@ -331,7 +387,8 @@ class Job:
                 continue
             by_line: Dict[str, List[int]] = {}
             for rank, line in sorted(self.worker_last_stderr.items()):
-                by_line.setdefault(line.strip(), []).append(rank)
+                if self.blames(rank, line):
+                    by_line.setdefault(line.strip(), []).append(rank)
             for line, ranks in by_line.items():
                 self.log(f"      worker {','.join(map(str, ranks))}: {line}")
 
@@ -339,6 +396,7 @@ class Job:
         try:
             # First: from now on, a launcher that dies takes its job with it.
             self.guard = LauncherGuard(self.kill_grace, socket.gethostname(), f"HETU_JOB={self.job_mark}")
+            self.guard.owns(self.workdir)
             self.root_uri = root_address(self.cluster)
             env = self.base_env(self.free_port())
             self.start_parameter_servers(env)

@@ -122,6 +122,7 @@ class Proc:
     threads: List[threading.Thread] = field(default_factory=list)
     # The summary repeats it: a long log's tail may no longer show why this process failed.
     last_stderr: str = ""
+    ended_early: bool = False   # a scheduler or server that ended while the workers ran
 
     @property
     def label(self) -> str:

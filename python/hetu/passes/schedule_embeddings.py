@@ -41,7 +41,7 @@ def schedule_embeddings(graph):
     graph.scheduler = scheduler
     if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
         print(f"Herald: worker {graph.rank} plans for this host's workers "
-              f"{', '.join(map(str, scheduler.host_ranks))} on {scheduler.planner_threads} thread(s)", file=sys.stderr)
+              f"{', '.join(map(str, scheduler.host_ranks))} on {scheduler.planner_threads} thread(s)", flush=True)
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
             loader_op.dataloaders["train"].set_plan(scheduler)

@@ -53,7 +53,7 @@ __all__ = [
     "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
     "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
     "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
-    "server_stats", "own_server_stats", "served_line", "write_server_stats",
+    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed",
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
@@ -168,7 +168,26 @@ def num_servers():
 
 def barrier(group="workers", timeout=600.0):
     """Blocks until every node of `group` ('workers', 'servers' or 'all') has called barrier."""
-    _ps.barrier(_GROUPS[group], float(timeout))
+    with _job_failure():
+        _ps.barrier(_GROUPS[group], float(timeout))
+
+
+class JobFailed(RuntimeError):
+    """The job is over for this node: a peer is dead or lost (no heartbeat, a lost connection) or
+    the scheduler ended the job. The message names the node; where the call was is of no use."""
+
+
+class _job_failure:
+    """Turns the RuntimeError of an operation into JobFailed when this node's job has failed."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, _traceback):
+        if kind is not None and issubclass(kind, RuntimeError) and not isinstance(value, JobFailed) \
+                and _ps.failure():
+            raise JobFailed(str(value)) from None
+        return False
 
 
 # ---- operations ------------------------------------------------------------------------
@@ -182,7 +201,8 @@ class Handle:
         self._h, self._post = h, post
 
     def wait(self, timeout=None):
-        r = self._h.wait(timeout)
+        with _job_failure():
+            r = self._h.wait(timeout)
         return self._post(r) if self._post else r
 
     def done(self):
