@@ -90,17 +90,18 @@ constexpr int32_t kSharedAnyway = 4;
 
 // Pairwise trades: a sample at worker a that would save rows at b changes places with one at b
 // that would save rows at a, when the two moves together save rows. Loads are unchanged.
-// Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples
-// (narrow counts keep more of the rows in the CPU's caches).
-template <typename Count>
+// Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples;
+// Mask: the type of a row's worker masks, wide enough for the workers. (Narrow types keep more of
+// the rows in the CPU's caches: the sweeps read a row's masks at random for every sample.)
+template <typename Count, typename Mask>
 class Trader {
  public:
   Trader(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers, int32_t* assignment,
          Pool* pool)
       : samples_(samples), n_(samples.samples()), W_(num_workers),
-        everyone_(AllWorkers(num_workers)), assign_(assignment), pool_(pool),
+        everyone_(static_cast<Mask>(AllWorkers(num_workers))), assign_(assignment), pool_(pool),
         num_rows_(num_rows), count_(num_rows * num_workers, 0), row_(num_rows) {
-    for (int64_t r = 0; r < num_rows; ++r) row_[r].valid = valid[r];
+    for (int64_t r = 0; r < num_rows; ++r) row_[r].valid = static_cast<Mask>(valid[r]);
     // By worker: each task counts the samples of its own workers, and sets a worker's bits as its
     // counts reach 1 and 2 (each task its own workers' bits, so OR and AND give the same masks in
     // any order; with a pool they are atomic, as tasks share the masks' words).
@@ -109,7 +110,7 @@ class Trader {
       for (int64_t s = 0; s < n_; ++s) {
         const int w = assign_[s];
         if (w < first || w >= last) continue;
-        const uint64_t bit = Bit(w);
+        const Mask bit = static_cast<Mask>(Bit(w));
         for (const int32_t* r = Begin(s); r != End(s); ++r) {
           RowReaders& row = row_[*r];
           const int64_t c = ++CountOf(*r, w);
@@ -197,7 +198,7 @@ class Trader {
     int same = 0;  // the part of the saving that does not depend on the destination
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
-      const uint64_t rest = row.readers & ~(row.once & Bit(from));
+      const Mask rest = row.readers & ~(row.once & MaskBit(from));
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
       // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
       if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
@@ -213,9 +214,9 @@ class Trader {
     int saving = 0;
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
-      const uint64_t rest = row.readers & ~(row.once & Bit(from));
+      const Mask rest = row.readers & ~(row.once & MaskBit(from));
       if (rest == everyone_) continue;
-      saving += RowCost(row.readers, row.valid) - RowCost(rest | Bit(to), row.valid);
+      saving += RowCost(row.readers, row.valid) - RowCost(rest | MaskBit(to), row.valid);
     }
     return saving;
   }
@@ -231,18 +232,19 @@ class Trader {
     assign_[s] = to;
   }
 
-  static void SetBits(uint64_t* mask, uint64_t bits, bool atomic) {
+  static Mask MaskBit(int w) { return static_cast<Mask>(Bit(w)); }
+  static void SetBits(Mask* mask, Mask bits, bool atomic) {
     if (atomic) {
       __atomic_fetch_or(mask, bits, __ATOMIC_RELAXED);
     } else {
       *mask |= bits;
     }
   }
-  static void ClearBits(uint64_t* mask, uint64_t bits, bool atomic) {
+  static void ClearBits(Mask* mask, Mask bits, bool atomic) {
     if (atomic) {
-      __atomic_fetch_and(mask, ~bits, __ATOMIC_RELAXED);
+      __atomic_fetch_and(mask, static_cast<Mask>(~bits), __ATOMIC_RELAXED);
     } else {
-      *mask &= ~bits;
+      *mask &= static_cast<Mask>(~bits);
     }
   }
 
@@ -250,14 +252,15 @@ class Trader {
   void Recount(int64_t r, int w) {
     const int64_t c = CountOf(r, w);
     RowReaders& row = row_[r];
-    row.readers = (row.readers & ~Bit(w)) | (c > 0 ? Bit(w) : 0);
-    row.once = (row.once & ~Bit(w)) | (c == 1 ? Bit(w) : 0);
+    const Mask bit = MaskBit(w);
+    row.readers = static_cast<Mask>((row.readers & ~bit) | (c > 0 ? bit : 0));
+    row.once = static_cast<Mask>((row.once & ~bit) | (c == 1 ? bit : 0));
   }
 
   const SampleRows& samples_;
   int64_t n_;
   int W_;
-  uint64_t everyone_;
+  Mask everyone_;
   int32_t* assign_;
   Pool* pool_;
   int64_t num_rows_;
@@ -267,8 +270,9 @@ class Trader {
   Count& CountOf(int64_t r, int w) { return count_[r * W_ + w]; }
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
   // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
-  struct RowReaders {
-    uint64_t readers = 0, once = 0, valid = 0;
+  // (Padded to a power of two below 8-byte masks, so that no row straddles two cache lines.)
+  struct alignas(sizeof(Mask) < 8 ? 4 * sizeof(Mask) : 8) RowReaders {
+    Mask readers = 0, once = 0, valid = 0;
   };
   std::vector<RowReaders> row_;
 };
@@ -343,21 +347,25 @@ double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace
-
-void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers,
-                      int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool, double* seconds,
-                      std::vector<uint64_t>* readers_out) {
-  const auto start = std::chrono::steady_clock::now();
+// ColocateAllocate's placement: each sample, strongest cache preference first, to the worker with
+// room where it adds the fewest rows. Mask: a type of at least W bits.
+template <typename Mask>
+void Place(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker,
+           int64_t iteration, int32_t* assignment, Pool* pool) {
   const int64_t n = samples.samples();
-  const int W = num_workers;
-  const uint64_t everyone = AllWorkers(W);
-  std::vector<uint64_t> readers(num_rows, 0);
+  const Mask everyone = static_cast<Mask>(AllWorkers(W));
+  // Per row, the workers that read it so far and those holding a valid copy, side by side and as
+  // narrow as the workers allow: each sample reads both of each of its rows, at random.
+  struct Row {
+    Mask readers, valid;
+  };
+  std::vector<Row> row(num_rows);
+  for (int64_t r = 0; r < num_rows; ++r) row[r] = Row{0, static_cast<Mask>(valid[r])};
   {
     std::vector<int32_t> samples_reading(num_rows, 0);
     for (const int32_t r : samples.rows) ++samples_reading[r];
     for (int64_t r = 0; r < num_rows; ++r)
-      if (samples_reading[r] > kSharedAnyway) readers[r] = everyone;
+      if (samples_reading[r] > kSharedAnyway) row[r].readers = everyone;
   }
   // Each sample's best cache score, counted in a row of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
@@ -365,7 +373,8 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     std::vector<int32_t> score(W);
     for (int64_t s = begin; s < end; ++s) {
       std::fill(score.begin(), score.end(), 0);
-      AddCacheScores(samples, valid, s, score.data());
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
+        for (uint64_t m = row[*r].valid; m; m &= m - 1) ++score[__builtin_ctzll(m)];
       best[s] = *std::max_element(score.begin(), score.end());
     }
   });
@@ -375,9 +384,9 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const int64_t block = pool && pool->threads() > 1 ? kPlaceBlock : 1;
   std::vector<int32_t> block_added(std::min(n, block) * W);
   // Blocks of several samples only: the placement (position in order) that last changed
-  // readers[r], and readers[r] as the block of that placement started.
+  // row[r].readers, and its value as the block of that placement started.
   std::vector<int64_t> changed(block > 1 ? num_rows : 0, -1);
-  std::vector<uint64_t> before(block > 1 ? num_rows : 0);
+  std::vector<Mask> before(block > 1 ? num_rows : 0);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t j1 = std::min(n, j0 + block);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
@@ -387,8 +396,8 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
         int32_t every = 0;
         const int64_t s = order[j0 + j];
         for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-          const uint64_t m = readers[*r];
-          if (m != everyone) AddAdded(m, valid[*r], 1, &every, a);  // else: the same wherever the sample goes
+          const Row& x = row[*r];
+          if (x.readers != everyone) AddAdded(x.readers, x.valid, 1, &every, a);  // else: the same wherever the sample goes
         }
         AddToEach(every, W, a);
       }
@@ -400,8 +409,8 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
         int32_t every = 0;
         for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
           if (changed[*r] < j0) continue;
-          AddAdded(before[*r], valid[*r], -1, &every, added);
-          AddAdded(readers[*r], valid[*r], 1, &every, added);
+          AddAdded(before[*r], row[*r].valid, -1, &every, added);
+          AddAdded(row[*r].readers, row[*r].valid, 1, &every, added);
         }
         AddToEach(every, W, added);
       }
@@ -410,32 +419,60 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
       assignment[s] = chosen;
       ++load[chosen];
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-        const uint64_t now = readers[*r] | Bit(chosen);
-        if (now == readers[*r]) continue;
+        Mask& readers = row[*r].readers;
+        const Mask now = static_cast<Mask>(readers | Bit(chosen));
+        if (now == readers) continue;
         if (block > 1) {
-          if (changed[*r] < j0) before[*r] = readers[*r];
+          if (changed[*r] < j0) before[*r] = readers;
           changed[*r] = j;
         }
-        readers[*r] = now;
+        readers = now;
       }
     }
   }
-  const auto placed = std::chrono::steady_clock::now();
-  if (seconds) seconds[0] += Since(start);
-  auto trade = [&](auto&& trader) {
-    for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
-      if (trader.Sweep() == 0) break;
-    if (readers_out) {
-      readers_out->resize(num_rows);
-      trader.Readers(readers_out->data());
-    }
-  };
-  if (n <= std::numeric_limits<uint16_t>::max()) {
-    trade(Trader<uint16_t>(samples, valid, num_rows, W, assignment, pool));
-  } else {
-    trade(Trader<int32_t>(samples, valid, num_rows, W, assignment, pool));
+}
+
+// ColocateAllocate's trades, then the readers under the assignment made.
+template <typename T>
+void Trade(T&& trader, int64_t num_rows, std::vector<uint64_t>* readers_out) {
+  for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
+    if (trader.Sweep() == 0) break;
+  if (readers_out) {
+    readers_out->resize(num_rows);
+    trader.Readers(readers_out->data());
   }
-  if (seconds) seconds[1] += Since(placed);
+}
+
+}  // namespace
+
+void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers,
+                      int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool, double* seconds,
+                      std::vector<uint64_t>* readers_out) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t n = samples.samples();
+  const int W = num_workers;
+  // Rows' worker masks as narrow as the workers allow.
+  auto allocate = [&](auto mask) {
+    using Mask = decltype(mask);
+    Place<Mask>(samples, valid, num_rows, W, per_worker, iteration, assignment, pool);
+    const auto placed = std::chrono::steady_clock::now();
+    if (seconds) seconds[0] += Since(start);
+    if (n <= std::numeric_limits<uint16_t>::max()) {
+      Trade(Trader<uint16_t, Mask>(samples, valid, num_rows, W, assignment, pool), num_rows, readers_out);
+    } else {
+      Trade(Trader<int32_t, Mask>(samples, valid, num_rows, W, assignment, pool), num_rows, readers_out);
+    }
+    if (seconds) seconds[1] += Since(placed);
+  };
+  if (W <= 8) {
+    allocate(uint8_t());
+  } else if (W <= 16) {
+    allocate(uint16_t());
+  } else if (W <= 32) {
+    allocate(uint32_t());
+  } else {
+    allocate(uint64_t());
+  }
 }
 
 std::vector<uint64_t> Readers(const SampleRows& samples, int64_t num_rows, const int32_t* assignment) {
