@@ -21,7 +21,7 @@ void ParallelFor(Pool* pool, int64_t n, int64_t min_chunk, Fn fn) {
 
 // A global batch's samples as the rows they read: sample s reads rows[begin[s] .. begin[s + 1]),
 // each an index into the batch's distinct rows, and each once: a row that several of a sample's
-// fields or bags name belongs to the sample once (DESIGN.md section 3).
+// fields or bags name belongs to the sample once (docs/design.md section 3).
 struct SampleRows {
   std::vector<int32_t> rows;
   std::vector<int64_t> begin{0};
@@ -41,7 +41,7 @@ struct SampleRows {
 // deterministic: every worker computes the same assignment.
 
 // valid[r]: one bit per worker whose cache holds a valid copy of row r. Returns the cache scores
-// [n, num_workers]: score(s, w) = rows of sample s valid in worker w's cache (DESIGN.md section 7).
+// [n, num_workers]: score(s, w) = rows of sample s valid in worker w's cache (docs/design.md section 7).
 std::vector<int32_t> CacheScores(const SampleRows& samples, const uint64_t* valid, int num_workers,
                                  Pool* pool = nullptr);
 

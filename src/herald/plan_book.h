@@ -1,4 +1,4 @@
-// Where one worker's allocations and finished plans wait to be taken (DESIGN.md section 7): the
+// Where one worker's allocations and finished plans wait to be taken (docs/design.md section 7): the
 // planning thread of its own planner, or of its host's planner (plan_link.h), puts them here as
 // iterations are planned; the training and loader threads take them, waiting with a timeout.
 #pragma once

@@ -1,4 +1,4 @@
-// A worker's cached embedding rows under Herald's plan (DESIGN.md section 7): the replacement
+// A worker's cached embedding rows under Herald's plan (docs/design.md section 7): the replacement
 // policy (the CachePolicy the scheduler models, so predicted hits are actual hits), and per slot
 // the row's values, optimizer state and step count, whether the copy is valid (equal to the
 // servers' row) and whether it is dirty (stepped here, not yet written back).

@@ -1,4 +1,4 @@
-// One Herald planner per host (DESIGN.md section 7). The host's first worker plans for every
+// One Herald planner per host (docs/design.md section 7). The host's first worker plans for every
 // worker of the host (Planner with all their ranks) and sends each of the others its samples and
 // plan of every iteration over a Unix stream socket; they receive them on a thread of their own
 // into a PlanBook, so that a host plans once per iteration, not once per worker.

@@ -1,5 +1,5 @@
 // Herald's planner: one iteration at a time, the allocation of a global batch to workers and
-// the exact communication plans of the workers it plans for (DESIGN.md section 7): one worker's,
+// the exact communication plans of the workers it plans for (docs/design.md section 7): one worker's,
 // or every worker's of a host (plan_link.h sends them theirs).
 //
 // Every host (or every worker) runs an identical Planner on the same sample stream, so all

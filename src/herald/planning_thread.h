@@ -1,4 +1,4 @@
-// Herald's planner on a thread of its own, some iterations ahead of training (DESIGN.md
+// Herald's planner on a thread of its own, some iterations ahead of training (docs/design.md
 // section 7). The training side hands it the sample positions of each global batch (Submit) and
 // takes this worker's samples and finished plans (Samples, Plan). The thread gathers each batch's
 // ids from the id table and plans it without ever entering Python, so planning costs the
