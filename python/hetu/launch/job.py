@@ -193,14 +193,8 @@ class Job:
 
     def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
         remote = any(not self.local[n.host] for n in self.cluster.nodes)
-        # The cluster file's own MCA settings win: mpirun refuses a parameter given twice.
-        own = set(self.cluster.mpirun_args[i + 1] for i, a in enumerate(self.cluster.mpirun_args[:-1])
-                  if a == "--mca")
-        interfaces = mpi_interface_options(self.cluster, self.root_uri, remote, self.log)
-        interfaces = [x for i in range(0, len(interfaces), 3) if interfaces[i + 1] not in own
-                      for x in interfaces[i:i + 3]]
-        argv = mpirun_options(self.ssh.config if remote else None) + interfaces + \
-            self.cluster.mpirun_args
+        argv = mpirun_options(self.ssh.config if remote else None) + \
+            mpi_interface_options(self.cluster, self.root_uri, remote, self.log) + self.cluster.mpirun_args
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
                   **env, "DMLC_ROLE": "worker"}
         contexts = []

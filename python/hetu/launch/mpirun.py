@@ -47,7 +47,10 @@ def mpi_interface_options(cluster, root_uri: str, remote: bool, log=None) -> Lis
                 "(set 'interface' on the cluster's nodes)")
         return []
     value = ",".join(nets)
-    return ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
+    # The cluster file's own MCA settings win: mpirun refuses a parameter given twice.
+    given = {name for flag, name in zip(cluster.mpirun_args, cluster.mpirun_args[1:]) if flag == "--mca"}
+    return [x for name in ("btl_tcp_if_include", "oob_tcp_if_include") if name not in given
+            for x in ("--mca", name, value)]
 
 
 def local_network(address: str) -> Optional[str]:
