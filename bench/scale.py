@@ -43,9 +43,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_modes import MODES, ROOT, worker_summaries  # noqa: E402
 
-# Optimizer state floats per row, as the servers keep them (hetu::optim::state_width).
-STATE_FLOATS = {"sgd": lambda w: 0, "momentum": lambda w: w, "adagrad": lambda w: w,
-                "rowwise_adagrad": lambda w: 1, "adam": lambda w: 2 * w}
+import hetu.ps as ps  # noqa: E402
+from hetu import _ps  # noqa: E402
+from hetu.launch.processes import descendants  # noqa: E402
+
+# run_hetu.py's optimizers; their state floats per row are the servers' (hetu::optim::state_width)
+OPTIMIZER_NAMES = ("adagrad", "adam", "momentum", "rowwise_adagrad", "sgd")
 META_BYTES = 16          # per row on a server: an int64 step count and an int64 version
 DTYPE_BYTES = {"fp32": 4}
 MLPERF_SCALE = 6         # --shape criteo --scale 6: 202,575,462 rows, MLPerf's Criteo 1TB tables
@@ -56,27 +59,6 @@ FIRST_STEP = re.compile(r"\[worker 0\] \S+: \d+ embedding rows x \d+")
 EPOCH = re.compile(r"\[worker (\d+)\] epoch \d+: .*\([\d.]+ it/s, (\d+) samples/s\)")
 SAVED_IN = re.compile(r"\[worker 0\] checkpoint at step \d+ written to .* in ([\d.]+) s")
 RESUMED_IN = re.compile(r"\[worker 0\] resumed .* in ([\d.]+) s$")
-
-
-def descendants(root):
-    """Pids of every process below `root` (from /proc/*/stat)."""
-    children = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def role_of(pid):
@@ -175,7 +157,7 @@ def checkpoint_rates(lines, kind):
 
 def row_bytes(width, optimizer, dtype):
     """A row as a server or cache keeps it: values, optimizer state, step count and version."""
-    return width * DTYPE_BYTES[dtype] + STATE_FLOATS[optimizer](width) * 4 + META_BYTES
+    return width * DTYPE_BYTES[dtype] + _ps.optim_state_width(ps.OPTIMIZERS[optimizer], width) * 4 + META_BYTES
 
 
 def expected_server_bytes(rows, servers, width, optimizer, dtype):
@@ -313,7 +295,7 @@ def main():
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--embedding-size", type=int, default=16)
-    p.add_argument("--optimizer", default="rowwise_adagrad", choices=sorted(STATE_FLOATS))
+    p.add_argument("--optimizer", default="rowwise_adagrad", choices=OPTIMIZER_NAMES)
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_BYTES), help="row storage type (fp32 for now)")
     p.add_argument("--ratio", type=float, default=0.01, help="--cache-limit-ratio of HET and Herald")
     p.add_argument("--sample-interval", type=float, default=0.5, help="seconds between RSS samples")
