@@ -2,7 +2,6 @@
 
 #include <sys/stat.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -10,6 +9,7 @@
 #include <stdexcept>
 
 #include "logging.h"
+#include "postoffice.h"  // NowSeconds
 
 namespace ps {
 namespace auth {
@@ -44,11 +44,6 @@ void Block(uint32_t h[8], const unsigned char* p) {
     k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
   }
   h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
-}
-
-double Now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -122,7 +117,7 @@ void WarnUnauthenticated(const char* van) {
 }
 
 bool RateLimit::Allow(long* suppressed) {
-  const double now = Now();
+  const double now = NowSeconds();
   double last = last_.load();
   if (now - last < interval_s_ || !last_.compare_exchange_strong(last, now)) {
     ++held_;
