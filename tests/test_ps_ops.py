@@ -20,7 +20,8 @@ r, W = ps.rank(), ps.num_workers()
 assert W == ARGS["workers"]
 c = ps.client()
 opt = (ARGS["opt"], ARGS["kw"])
-emb = c.init_table("emb", ARGS["rows"], ARGS["width"], init=("normal", 0.0, 0.1), seed=7, optimizer=opt)
+emb = c.init_table("emb", ARGS["rows"], ARGS["width"], init=("normal", 0.0, 0.1), seed=7, optimizer=opt,
+                   storage=ARGS["storage"])
 dense = c.init_dense("dense", (3, 5), init=("uniform", -1.0, 1.0), seed=7, optimizer=(ARGS["dense_opt"], ARGS["kw"]))
 everything = np.arange(ARGS["rows"])
 delay = np.random.default_rng(r + 99)
@@ -49,15 +50,20 @@ ps.finalize()
 """
 
 
-def model(workers, opt, kw):
+STORAGE = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
+def model(workers, opt, kw, storage="fp32"):
     """The server's computation, in NumPy + hetu._C: per iteration, sum each row's gradients in
-    worker-rank order, one optimizer step per touched row."""
-    cfg = optim_config(opt, **kw)
+    worker-rank order, one optimizer step per touched row. A 16-bit table is a float32 one whose
+    values are rounded to its type: at the start, and by every step."""
+    cfg = optim_config(opt, storage=STORAGE[storage], **kw)
     dense_cfg = optim_config(DENSE_RULE.get(opt, opt), **kw)
     ns = {"np": np}
     exec(BATCH_CODE, ns)
     table = np.empty((ROWS, WIDTH), np.float32)
     _C.init_fill(2, 0.0, 0.1, 7, _C.name_stream("emb"), 0, table)
+    _C.round_to_storage(table, STORAGE[storage])
     state = np.zeros((ROWS, _C.optim_state_width(cfg.kind, WIDTH)), np.float32)
     steps = np.zeros(ROWS, np.int64)
     versions = np.zeros(ROWS, np.int64)
@@ -94,15 +100,29 @@ def test_bsp_training_matches_numpy_bit_for_bit(cluster, tmp_path, servers, work
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("storage,servers,workers,opt", [
+    ("bf16", 1, 1, "sgd"), ("bf16", 3, 1, "adagrad"), ("bf16", 1, 4, "momentum"), ("bf16", 3, 4, "adam"),
+    ("bf16", 2, 4, "adamw"), ("bf16", 3, 2, "nesterov"), ("bf16", 2, 3, "rowwise_adagrad"),
+    ("fp16", 2, 3, "sgd"), ("fp16", 3, 2, "adam"), ("fp16", 2, 2, "rowwise_adagrad")])
+def test_16bit_tables_train_as_rounded_float32_bit_for_bit(cluster, tmp_path, storage, servers, workers, opt):
+    """Rows stored and moved in 16 bits: every pull equals a float32 model whose rows are rounded
+    to the type after each step. Tiny chunks send every pull's answer in many messages."""
+    check_bsp_training(cluster(servers, workers, env={"PS_CHUNK_BYTES": "40"}), tmp_path, workers, opt, storage)
+    history = model(workers, opt, OPT_KW[opt], storage)[0]
+    unrounded = model(workers, opt, OPT_KW[opt])[0]
+    assert not np.array_equal(history, unrounded)   # the type changes what training computes
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("van", VANS)
 def test_bsp_training_over_each_van(cluster, tmp_path, van):
     check_bsp_training(cluster(3, 4, env={"DMLC_PS_VAN_TYPE": van}), tmp_path, 4, "adam")
 
 
-def check_bsp_training(c, tmp_path, workers, opt):
+def check_bsp_training(c, tmp_path, workers, opt, storage="fp32"):
     c.run(TRAIN, dict(rows=ROWS, width=WIDTH, iters=ITERS, opt=opt, dense_opt=DENSE_RULE.get(opt, opt), kw=OPT_KW[opt],
-                      workers=workers), timeout=90)
-    history, dhistory, table, state, steps, versions = model(workers, opt, OPT_KW[opt])
+                      workers=workers, storage=storage), timeout=90)
+    history, dhistory, table, state, steps, versions = model(workers, opt, OPT_KW[opt], storage)
     for w in range(workers):
         got = np.load(tmp_path / f"worker{w}.npz")
         for t in range(ITERS):

@@ -57,10 +57,10 @@ def test_each_server_serves_and_saves_its_share_of_the_rows(cluster, tmp_path, p
     served = [len(h) + sum(1 for k in range(10) if k in h) for h in held]
     env = {} if placement == "strided" else {"PS_ROW_PLACEMENT": placement}
     cluster(3, 1, env=env).run(SHARE, dict(rows=R, width=WD, served=served, dir=str(tmp_path / "ckpt")))
-    # A saved shard: 88 bytes of header, then per row its values, Adam's state, step and version.
+    # A saved shard: 96 bytes of header, then per row its values, Adam's state, step and version.
     for s in range(3):
         size = os.path.getsize(tmp_path / "ckpt" / f"emb.shard{s}-of-3.bin")
-        assert size == 88 + len(held[s]) * (WD * 4 + 2 * WD * 4 + 16), (s, size)
+        assert size == 96 + len(held[s]) * (WD * 4 + 2 * WD * 4 + 16), (s, size)
 
 
 SAVE = """
@@ -92,14 +92,16 @@ ps.finalize()
 """
 
 
-def as_version_1(folder, rows, servers):
-    """Rewrites a contiguous save as the files written before rows could be strided: magic
-    HETUPS01, the header without its last two fields (placement, stride)."""
+def as_older_version(folder, servers, version):
+    """Rewrites a save of float32 rows as an older version wrote it: version 2 (before rows had a
+    storage type) without the header's last field (storage), version 1 (a contiguous save, before
+    rows could be strided) without its last three (placement, stride, storage)."""
     for s in range(servers):
-        path = folder / f"emb.shard{s}-of-{servers}.bin"
-        data = path.read_bytes()
-        assert data[:8] == b"HETUPS02"
-        path.write_bytes(b"HETUPS01" + data[8:72] + data[88:])
+        for table in ("emb", "dense"):
+            path = folder / f"{table}.shard{s}-of-{servers}.bin"
+            data = path.read_bytes()
+            assert data[:8] == b"HETUPS03" and data[88:96] == bytes(8)   # storage 0: float32
+            path.write_bytes(b"HETUPS0%d" % version + data[8:72 if version == 1 else 88] + data[96:])
 
 
 @pytest.mark.timeout(120)
@@ -111,6 +113,7 @@ def as_version_1(folder, rows, servers):
     (("contiguous", 2), ("strided", 4)),
     (("contiguous", 3), ("contiguous", 2)),
     (("version 1", 2), ("strided", 3)),
+    (("version 2", 3), ("contiguous", 2)),
 ])
 def test_a_checkpoint_loads_under_another_server_count_and_placement(tmp_path, saved, loaded):
     rows = 41  # a multiple of no server count: shards of different sizes
@@ -119,15 +122,15 @@ def test_a_checkpoint_loads_under_another_server_count_and_placement(tmp_path, s
     for (placement, servers), code in [(saved, SAVE), (loaded, LOAD)]:
         folder = tmp_path / ("save" if code is SAVE else "load")  # each job's logs and outputs
         folder.mkdir()
-        env = {"PS_ROW_PLACEMENT": "contiguous" if placement != "strided" else "strided"}
+        env = {"PS_ROW_PLACEMENT": "strided" if placement in ("strided", "version 2") else "contiguous"}
         c = Cluster(folder, servers, 1, env=env)
         jobs.append(c)
         try:
             c.run(code, args)
         finally:
             c.close()
-        if placement == "version 1":
-            as_version_1(tmp_path / "ckpt", rows, servers)
+        if placement.startswith("version"):
+            as_older_version(tmp_path / "ckpt", servers, int(placement[-1]))
     a, b = (np.load(c.tmp / "worker0.npz") for c in jobs)
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:   # rows, optimizer state, steps, versions; the dense tensor

@@ -20,11 +20,11 @@ from hetu.dist.comm import exit_at_once_if_mpi_started
 from models import MODELS, READS_BAGS, dataset_of
 
 OPTIMIZERS = {
-    "sgd": lambda lr: ht.optim.SGDOptimizer(learning_rate=lr),
-    "momentum": lambda lr: ht.optim.MomentumOptimizer(learning_rate=lr),
-    "adagrad": lambda lr: ht.optim.AdaGradOptimizer(learning_rate=lr),
-    "rowwise_adagrad": lambda lr: ht.optim.RowwiseAdaGradOptimizer(learning_rate=lr),
-    "adam": lambda lr: ht.optim.AdamOptimizer(learning_rate=lr),
+    "sgd": ht.optim.SGDOptimizer,
+    "momentum": ht.optim.MomentumOptimizer,
+    "adagrad": ht.optim.AdaGradOptimizer,
+    "rowwise_adagrad": ht.optim.RowwiseAdaGradOptimizer,
+    "adam": ht.optim.AdamOptimizer,
 }
 
 
@@ -69,6 +69,9 @@ def build_parser(herald):
     p.add_argument("--csv-dir", default="csv", help="folder for --cache-perf files")
     p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
     p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=0.01)
+    p.add_argument("--embedding-dtype", default="fp32", choices=sorted(ht.optim.EMBEDDING_DTYPES),
+                   help="type embedding rows are stored and moved in; steps compute in fp32 and round to it, "
+                        "optimizer state stays fp32")
     p.add_argument("--dataset", default="synthetic", help="dataset name or prepared folder (default: synthetic)")
     p.add_argument("--data-dir", default=None, help="a prepared dataset folder (overrides --dataset)")
     p.add_argument("--rows", type=POSITIVE_INT, default=None, help="synthetic data: number of samples")
@@ -212,6 +215,9 @@ def check_outputs(parser, args):
     """The files a run writes at its end must be writable before it trains, not found out after."""
     if args.cuda_graph and not args.gpu:
         parser.error("--cuda-graph needs --gpu")
+    if args.gpu and args.embedding_dtype != "fp32" and args.comm in (None, "AllReduce"):
+        parser.error(f"--embedding-dtype {args.embedding_dtype} with --gpu needs the tables on the parameter server "
+                     f"(--comm PS or Hybrid): a table on the GPU is stepped in fp32 only")
     if args.checkpoint_every and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint DIR")
     for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint)):
@@ -231,7 +237,8 @@ def check_outputs(parser, args):
 # What a resumed run must share with the run that wrote its checkpoint: the model, the data and
 # the global batch (workers x --batch-size, checked in resume(): the cluster may change shape).
 # The learning rate and the scheduler's settings may change.
-RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "comm", "dataset", "data_dir", "rows", "scale")
+RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "embedding_dtype", "comm", "dataset", "data_dir",
+                "rows", "scale")
 SAME_FLAGS = tuple(name for name in RESUME_FLAGS if name != "batch_size")
 
 
@@ -399,7 +406,8 @@ def train(argv, herald):
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
     loss, prediction, y_, train_op = MODELS[args.model](
         dense_input, sparse_input, y_, num_embeddings=meta.num_embeddings, embedding_size=args.embedding_size,
-        optimizer=OPTIMIZERS[args.optimizer](args.learning_rate), **field_layout(args, meta))
+        optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype),
+        **field_layout(args, meta))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
                            ctx=ctx, seed=args.seed, cuda_graph=args.cuda_graph, **options)
     check_batches(executor, data, args)

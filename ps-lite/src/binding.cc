@@ -106,6 +106,15 @@ void ScatterMarked(const Request& r, const std::vector<uint8_t>& marked, const s
   }
 }
 
+// Rows as the table moves them -> float32 rows (widened exactly; common/storage.h). `raw` holds
+// n x w elements of `storage` (float32 or 16-bit, gathered with Gathered<uint16_t>).
+py::array Widened(const py::array& raw, int storage, py::ssize_t n, py::ssize_t w) {
+  if (storage == hetu::storage::kF32) return raw;
+  py::array_t<float> out({n, w});
+  hetu::storage::widen_row(storage, raw.data(), out.mutable_data(), n * w);
+  return out;
+}
+
 class Handle {
  public:
   Handle(std::shared_ptr<Request> req, py::list keep, int kind) : req_(std::move(req)), keep_(std::move(keep)), kind_(kind) {}
@@ -151,11 +160,16 @@ class Handle {
       case kRows: {
         bool chunked = false;
         for (const Part& p : r.parts) chunked = chunked || p.chunked;
-        if (!chunked) return Gathered<float>(r, 0, w, {n, w});
+        if (!chunked) return Rows(r, 0);
         // Chunked parts are in r.rows already; the others are copied in.
+        if (r.storage == hetu::storage::kF32) {
+          for (const Part& p : r.parts)
+            if (!p.chunked) Scatter<float>(p, 0, w, reinterpret_cast<float*>(r.rows_data));
+          return WrapBlob<float>(r.rows, {n, w});
+        }
         for (const Part& p : r.parts)
-          if (!p.chunked) Scatter<float>(p, 0, w, r.rows_data);
-        return WrapBlob<float>(r.rows, {n, w});
+          if (!p.chunked) Scatter<uint16_t>(p, 0, w, reinterpret_cast<uint16_t*>(r.rows_data));
+        return Widened(WrapBlob<uint16_t>(r.rows, {n, w}), r.storage, n, w);
       }
       case kDenseRows: return Gathered<float>(r, 0, 1, {n});
       case kServerStats: {  // one dict per server, in rank order (the parts' order)
@@ -181,7 +195,7 @@ class Handle {
         return out;
       }
       case kState: {
-        py::array rows = Gathered<float>(r, 0, w, {n, w});
+        py::array rows = Rows(r, 0);
         py::array state = Gathered<float>(r, 1, r.state_width, {n, static_cast<py::ssize_t>(r.state_width)});
         py::array steps = Gathered<int64_t>(r, 2, 1, {n});
         py::array versions = Gathered<int64_t>(r, 3, 1, {n});
@@ -195,7 +209,7 @@ class Handle {
           m += marked_[i] ? 1 : 0;
         }
         const py::ssize_t sw = static_cast<py::ssize_t>(r.state_width);
-        py::array rows = Gathered<float>(r, 0, w, {n, w});
+        py::array rows = Rows(r, 0);
         py::array_t<float> state({m, sw});
         py::array_t<int64_t> steps(m), versions(m);
         ScatterMarked<float>(r, marked_, before, 1, sw, state.mutable_data());
@@ -215,7 +229,7 @@ class Handle {
             hits.emplace_back(p.at(local), &p, static_cast<int64_t>(i));
           }
           const size_t m = idx.count<int64_t>(), sw = r.state_width;
-          if (p.response.data.at(1).size != m * w * sizeof(float) || p.response.data.at(2).size != m * sizeof(int64_t) ||
+          if (p.response.data.at(1).size != m * r.row_bytes || p.response.data.at(2).size != m * sizeof(int64_t) ||
               (kind_ == kStaleState && (p.response.data.at(3).size != m * sw * sizeof(float) ||
                                         p.response.data.at(4).size != m * sizeof(int64_t))))
             throw std::runtime_error("server answer has the wrong size");
@@ -230,7 +244,7 @@ class Handle {
           const std::vector<Blob>& got = part->response.data;
           pos.mutable_data()[i] = g;
           versions.mutable_data()[i] = got[2].as<int64_t>()[j];
-          std::copy(got[1].as<float>() + j * w, got[1].as<float>() + (j + 1) * w, rows.mutable_data() + i * w);
+          hetu::storage::widen_row(r.storage, got[1].data + j * r.row_bytes, rows.mutable_data() + i * w, w);
           if (kind_ != kStaleState) continue;
           std::copy(got[3].as<float>() + j * sw, got[3].as<float>() + (j + 1) * sw, state.mutable_data() + i * sw);
           steps.mutable_data()[i] = got[4].as<int64_t>()[j];
@@ -240,6 +254,13 @@ class Handle {
       }
       default: return py::none();
     }
+  }
+
+  // Blob `bi` of every part: the request's rows, as float32.
+  py::array Rows(Request& r, size_t bi) {
+    const py::ssize_t n = r.num_keys, w = r.width;
+    if (r.storage == hetu::storage::kF32) return Gathered<float>(r, bi, w, {n, w});
+    return Widened(Gathered<uint16_t>(r, bi, w, {n, w}), r.storage, n, w);
   }
 
   std::shared_ptr<Request> req_;
@@ -270,12 +291,17 @@ class RemoteTable {
   // A push's write-back: keys, rows, optimizer state, steps and version increments.
   using WriteBackArrays = std::tuple<Arr<int64_t>, Arr<float>, Arr<float>, Arr<int64_t>, Arr<int64_t>>;
 
-  RemoteTable(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t state_width) {
+  RemoteTable(const std::string& name, int64_t rows, int64_t width, bool dense, int64_t state_width,
+              const std::string& storage) {
     t_.name = name;
     t_.rows = rows;
     t_.width = width;
     t_.dense = dense;
     t_.state_width = state_width;
+    t_.storage = hetu::storage::parse(storage);
+    if (t_.storage < 0) throw py::value_error("table '" + name + "': storage '" + storage + "': expected fp32, bf16 or fp16");
+    if (dense && t_.storage != hetu::storage::kF32)
+      throw py::value_error("table '" + name + "': a dense tensor is stored as fp32, not " + storage);
   }
 
   Handle Init(int init_kind, double init_a, double init_b, uint64_t seed, uint64_t stream, int optim_kind,
@@ -299,6 +325,7 @@ class RemoteTable {
     spec.set_weight_decay(weight_decay);
     spec.set_bsp(bsp);
     spec.set_staleness(staleness);
+    spec.set_storage(t_.storage);
     return Handle(Send([&](KVWorker& w) { return w.Init(t_.name, spec); }), py::list(), kNothing);
   }
 
@@ -331,7 +358,9 @@ class RemoteTable {
                            py::object(wb_version_add)})
         keep.append(o);
       wb.keys = wb_keys.data();
-      wb.values = wb_values.data();
+      py::array stored = Stored(wb_values);
+      keep.append(stored);
+      wb.values = stored.data();
       wb.state = wb_state.data();
       wb.steps = wb_steps.data();
       wb.version_add = wb_version_add.data();
@@ -387,7 +416,10 @@ class RemoteTable {
     for (py::object o : {py::object(keys), py::object(values), py::object(state), py::object(steps), py::object(version_add)})
       keep.append(o);
     const int64_t *k = keys.data(), *st = steps.data(), *va = version_add.data();
-    const float *v = values.data(), *s = state.data();
+    py::array stored = Stored(values);
+    keep.append(stored);
+    const void* v = stored.data();
+    const float* s = state.data();
     auto req = Send([&](KVWorker& w) { return w.Assign(t_, k, n, v, s, st, va); });
     return Handle(req, keep, kNothing);
   }
@@ -398,6 +430,15 @@ class RemoteTable {
   }
 
  private:
+  // float32 rows as the table moves them: rounded to its storage type (what a 16-bit table's rows
+  // already are, so nothing changes for them but the bytes).
+  py::array Stored(const Arr<float>& values) const {
+    if (t_.storage == hetu::storage::kF32) return values;
+    py::array_t<uint16_t> out(values.size());
+    hetu::storage::narrow_row(t_.storage, values.data(), out.mutable_data(), values.size());
+    return out;
+  }
+
   // How many keys a row operation sends: an embedding table needs them, a dense one takes none.
   int64_t Keys(const std::optional<Arr<int64_t>>& keys) const {
     if (t_.dense) return 0;
@@ -530,7 +571,7 @@ PYBIND11_MODULE(_ps, m) {
           if (keys.data()[i] < 0 || keys.data()[i] >= rows || (i && keys.data()[i] <= keys.data()[i - 1]))
             throw py::value_error("step_rows_with: keys must be distinct rows in increasing order");
         const StepLoopFn step = StepLoopOf(variant);
-        const StepRowsView view{values.mutable_data(), state.mutable_data(), steps.mutable_data(),
+        const StepRowsView view{values.mutable_data(), hetu::storage::kF32, state.mutable_data(), steps.mutable_data(),
                                 versions.mutable_data(), ps::SlotIndex{}, width, state_width};
         step(cfg, lr, view, keys.data(), 0, keys.size(), grads.data(), nullptr);
       });
@@ -545,8 +586,10 @@ PYBIND11_MODULE(_ps, m) {
   py::class_<RemoteTable>(m, "Table",
                           "A table on the servers as a worker names it. Every operation takes keywords and returns a "
                           "Handle; keys are int64, values float32; iteration -1: no synchronisation.")
-      .def(py::init<const std::string&, int64_t, int64_t, bool, int64_t>(), py::kw_only(), py::arg("name"),
-           py::arg("rows"), py::arg("width"), py::arg("dense") = false, py::arg("state_width") = 0)
+      .def(py::init<const std::string&, int64_t, int64_t, bool, int64_t, const std::string&>(), py::kw_only(),
+           py::arg("name"), py::arg("rows"), py::arg("width"), py::arg("dense") = false, py::arg("state_width") = 0,
+           py::arg("storage") = "fp32",
+           "storage: the type its rows are stored and moved in (fp32, bf16, fp16); they come and go as float32")
       .def("init", &RemoteTable::Init, py::kw_only(), py::arg("init_kind"), py::arg("init_a"), py::arg("init_b"),
            py::arg("seed"), py::arg("stream"), py::arg("optim_kind"), py::arg("momentum"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("l2reg"), py::arg("weight_decay"), py::arg("bsp"),

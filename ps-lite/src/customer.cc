@@ -11,17 +11,18 @@ namespace {
 
 // Copies a chunk of a part's rows into the request's rows; "" or what is wrong with it.
 std::string TakeChunk(Request& req, const Part& part, const Message& msg) {
-  const int64_t w = req.width, off = msg.meta.offset();
-  const size_t row_bytes = static_cast<size_t>(w) * sizeof(float);
+  const int64_t off = msg.meta.offset();
+  const size_t row_bytes = static_cast<size_t>(req.row_bytes);
   if (!req.rows_data || msg.data.size() != 1 || row_bytes == 0 || msg.data[0].size % row_bytes != 0)
     return "server answer has the wrong size";
   const int64_t m = static_cast<int64_t>(msg.data[0].size / row_bytes);
   if (off < 0 || off + m > part.size()) return "server answer has the wrong size";
   const char* src = msg.data[0].data;
   if (part.contiguous) {
-    std::memcpy(req.rows_data + (part.begin + off) * w, src, m * row_bytes);
+    std::memcpy(req.rows_data + (part.begin + off) * row_bytes, src, m * row_bytes);
   } else {
-    for (int64_t i = 0; i < m; ++i) std::memcpy(req.rows_data + part.pos[off + i] * w, src + i * row_bytes, row_bytes);
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(req.rows_data + part.pos[off + i] * row_bytes, src + i * row_bytes, row_bytes);
   }
   return "";
 }

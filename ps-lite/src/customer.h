@@ -46,17 +46,19 @@ struct Request {
   std::string what;  // "pull of table 'emb'": how errors name the request
   int op = 0;
   int64_t num_keys = 0, width = 0, state_width = 0;
+  int storage = 0;        // the type rows move in (hetu::storage::Type)
+  int64_t row_bytes = 0;  // a row as the table stores and moves it (TableRef::row_bytes)
   std::vector<Part> parts;
   std::mutex mu;
   std::condition_variable cv;
   int remaining = 0;
   std::string error;
   bool abandoned = false;  // the job failed: the missing answers will never come
-  // A pull whose answers may come in chunks: num_keys x width floats, filled as chunks arrive
-  // (on the receive thread, while the van takes in the next), so the result needs no copy
-  // once the last one is in.
+  // A pull whose answers may come in chunks: num_keys rows of row_bytes, filled as chunks
+  // arrive (on the receive thread, while the van takes in the next), so the result needs no
+  // copy once the last one is in.
   Blob rows;
-  float* rows_data = nullptr;
+  char* rows_data = nullptr;
   bool finished() {
     std::lock_guard<std::mutex> lk(mu);
     return remaining == 0 || !error.empty();

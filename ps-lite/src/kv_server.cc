@@ -38,6 +38,16 @@ std::string Expect(const Message& msg, size_t i, int64_t n, const char* what, co
   return "";
 }
 
+// Blob i must hold n rows as the table stores them; "" or the error.
+std::string RowBytes(const Message& msg, size_t i, int64_t n, const TableShard& t) {
+  if (msg.data.size() <= i) return "table '" + t.name() + "': request has no rows";
+  if (msg.data[i].size != static_cast<size_t>(n * t.row_bytes()))
+    return "table '" + t.name() + "': rows have " + std::to_string(msg.data[i].size) + " bytes, expected " +
+           std::to_string(n) + " rows of " + std::to_string(t.width()) + " " + hetu::storage::name(t.storage()) +
+           " (" + std::to_string(n * t.row_bytes()) + " bytes)";
+  return "";
+}
+
 int64_t DataBytes(const std::vector<Blob>& data) {
   int64_t bytes = 0;
   for (const Blob& b : data) bytes += static_cast<int64_t>(b.size);
@@ -205,12 +215,19 @@ void KVServer::ServeInit(Message& msg) {
                               ", width " + std::to_string(spec.width()) + ")");
   if (spec.placement() != RowPlacement::kStrided && spec.placement() != RowPlacement::kContiguous)
     return Reply(msg, {}, "table '" + name + "': unknown row placement " + std::to_string(spec.placement()));
+  if (spec.storage() < 0 || spec.storage() >= hetu::storage::kNumTypes ||
+      (spec.dense() && spec.storage() != hetu::storage::kF32))
+    return Reply(msg, {}, "table '" + name + "': storage type " + std::to_string(spec.storage()) +
+                              (spec.dense() ? " for a dense tensor (dense tensors are fp32)" : " is unknown"));
   if (spec.dense() && hetu::optim::rowwise(spec.optim_kind()))
     return Reply(msg, {}, "table '" + name + "': a row-wise optimizer steps embedding rows; a dense tensor takes its "
                               "element-wise dense rule");
   auto it = tables_.find(name);
   if (it != tables_.end()) {
     const auto& old = it->second.shard->spec();
+    if (old.storage() != spec.storage())
+      return Reply(msg, {}, "table '" + name + "' already exists with " + hetu::storage::name(old.storage()) +
+                                " rows, not " + hetu::storage::name(spec.storage()));
     if (old.rows() != spec.rows() || old.width() != spec.width() || old.dense() != spec.dense())
       return Reply(msg, {}, "table '" + name + "' already exists with shape " + std::to_string(old.rows()) + "x" +
                                 std::to_string(old.width()) + (old.dense() ? " (dense)" : "") + ", not " +
@@ -264,13 +281,14 @@ bool KVServer::ServePushPull(Entry& e, Message& msg, bool* push_done) {
 
 bool KVServer::ServePull(const TableShard& t, const Message& msg, int64_t iteration) {
   if (!Servable(t, msg, iteration)) return false;
-  float* out;
   if (t.dense()) {
+    float* out;
     Blob rows = Blob::Alloc<float>(t.rows() * t.width(), &out);
     t.GatherDense(out);
     Reply(msg, {rows}, "");
     return true;
   }
+  char* out;  // rows as stored: row_bytes() each
   const int64_t n = NumKeys(msg);
   const int64_t* keys;
   if (!ReadKeys(t, msg, n, &keys)) return true;
@@ -279,13 +297,13 @@ bool KVServer::ServePull(const TableShard& t, const Message& msg, int64_t iterat
     // A chunk at a time: the van sends one while the next is gathered.
     for (int64_t off = 0; off < n; off += chunk) {
       const int64_t m = std::min(chunk, n - off);
-      Blob rows = Blob::Alloc<float>(m * t.width(), &out);
+      Blob rows = Blob::Alloc<char>(m * t.row_bytes(), &out);
       t.Gather(keys + off, m, out);
       Reply(msg, {rows}, "", off, off + m < n);
     }
     return true;
   }
-  Blob rows = Blob::Alloc<float>(n * t.width(), &out);
+  Blob rows = Blob::Alloc<char>(n * t.row_bytes(), &out);
   t.Gather(keys, n, out);
   Reply(msg, {rows}, "");
   return true;
@@ -300,9 +318,9 @@ bool KVServer::ServePullStale(const TableShard& t, const Message& msg) {
   const int64_t m = static_cast<int64_t>(idx.size());
   std::vector<int64_t> stale(m);
   for (int64_t i = 0; i < m; ++i) stale[i] = keys[idx[i]];
-  float* rows;
+  char* rows;
   int64_t* versions;
-  Blob rb = Blob::Alloc<float>(m * t.width(), &rows);
+  Blob rb = Blob::Alloc<char>(m * t.row_bytes(), &rows);
   Blob vb = Blob::Alloc<int64_t>(m, &versions);
   t.Gather(stale.data(), m, rows);
   std::vector<Blob> reply = {Blob::FromVector(std::move(idx)), rb, vb};
@@ -331,9 +349,10 @@ bool KVServer::ServePullState(const TableShard& t, const Message& msg) {
     for (int64_t i = 0; i < n; ++i)
       if (msg.data[1].as<uint8_t>()[i]) marked.push_back(keys[i]);
   const int64_t m = masked ? static_cast<int64_t>(marked.size()) : n;
-  float *rows, *state;
+  char* rows;
+  float* state;
   int64_t *steps, *versions;
-  Blob rb = Blob::Alloc<float>(n * t.width(), &rows);
+  Blob rb = Blob::Alloc<char>(n * t.row_bytes(), &rows);
   Blob sb = Blob::Alloc<float>(m * t.state_width(), &state);
   Blob stb = Blob::Alloc<int64_t>(m, &steps);
   Blob vb = Blob::Alloc<int64_t>(m, &versions);
@@ -403,7 +422,7 @@ bool KVServer::ReadKeys(const TableShard& t, const Message& msg, int64_t n, cons
 std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
   const std::string& name = t.name();
   const int64_t n = msg.data.size() > first ? static_cast<int64_t>(msg.data[first].count<int64_t>()) : 0;
-  std::string err = Expect<float>(msg, first + 1, n * t.width(), "rows", name);
+  std::string err = RowBytes(msg, first + 1, n, t);
   if (err.empty()) err = Expect<float>(msg, first + 2, n * t.state_width(), "optimizer state", name);
   if (err.empty()) err = Expect<int64_t>(msg, first + 3, n, "steps", name);
   if (err.empty()) err = Expect<int64_t>(msg, first + 4, n, "version increments", name);
@@ -411,7 +430,7 @@ std::string KVServer::Assign(TableShard& t, const Message& msg, size_t first) {
   if (err.empty()) err = t.CheckKeys(keys, n);
   if (err.empty()) err = t.CheckVersionAdds(keys, msg.data[first + 4].as<int64_t>(), n, 0, "version increment");
   if (err.empty())
-    t.Assign(keys, n, msg.data[first + 1].as<float>(), msg.data[first + 2].as<float>(),
+    t.Assign(keys, n, msg.data[first + 1].data, msg.data[first + 2].as<float>(),
              msg.data[first + 3].as<int64_t>(), msg.data[first + 4].as<int64_t>());
   return err;
 }

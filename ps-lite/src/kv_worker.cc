@@ -25,9 +25,9 @@ KVWorker::KVWorker(Postoffice* po, Customer* customer)
   chunk_bytes_ = env ? std::atoll(env) : (int64_t(512) << 10);
 }
 
-int64_t KVWorker::ChunkRows(const TableRef& t) const {
-  if (chunk_bytes_ <= 0 || t.dense || t.width <= 0) return 0;
-  return std::max<int64_t>(1, chunk_bytes_ / (t.width * static_cast<int64_t>(sizeof(float))));
+int64_t KVWorker::ChunkRows(const TableRef& t, int64_t row_bytes) const {
+  if (chunk_bytes_ <= 0 || t.dense || row_bytes <= 0) return 0;
+  return std::max<int64_t>(1, chunk_bytes_ / row_bytes);
 }
 
 std::shared_ptr<Request> KVWorker::NewRequest(const TableRef& t, int op) {
@@ -36,6 +36,8 @@ std::shared_ptr<Request> KVWorker::NewRequest(const TableRef& t, int op) {
   req->op = op;
   req->width = t.width;
   req->state_width = t.state_width;
+  req->storage = t.storage;
+  req->row_bytes = t.row_bytes();
   return req;
 }
 
@@ -146,7 +148,7 @@ std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t
   // (same steps, same versions): the server steps one chunk while the next is on its way. Only
   // a push the servers will take whole is cut (keys of the table, counts of at least 1), so that
   // a bad one is still refused whole by the server that finds it.
-  int64_t chunk = op == kPush && !bsp && !write_back ? ChunkRows(t) : 0;
+  int64_t chunk = op == kPush && !bsp && !write_back ? ChunkRows(t, t.width * 4) : 0;  // float32 gradients
   if (chunk > 0 && (n <= chunk || !StrictlyIncreasing(keys, n) || keys[0] < 0 || keys[n - 1] >= t.rows)) chunk = 0;
   for (int64_t i = 0; chunk > 0 && counts && i < n; ++i)
     if (counts[i] < 1) chunk = 0;
@@ -171,7 +173,7 @@ std::shared_ptr<Request> KVWorker::Push(const TableRef& t, int op, const int64_t
     if (!wb) return;
     m.meta.set_has_write_back(true);
     m.data.push_back(SliceOf(*wb, write_back->keys, 1));
-    m.data.push_back(SliceOf(*wb, write_back->values, t.width));
+    m.data.push_back(SliceOf(*wb, static_cast<const char*>(write_back->values), t.row_bytes()));
     m.data.push_back(SliceOf(*wb, write_back->state, t.state_width));
     m.data.push_back(SliceOf(*wb, write_back->steps, 1));
     m.data.push_back(SliceOf(*wb, write_back->version_add, 1));
@@ -186,8 +188,8 @@ std::shared_ptr<Request> KVWorker::Pull(const TableRef& t, const int64_t* keys, 
   // Many rows from several servers: their answers are copied into one result anyway, so they
   // come in chunks, each copied in as it arrives while the servers gather the next ones. (From
   // one server the answer becomes the result as it is, without a copy.)
-  const int64_t chunk = ChunkRows(t);
-  if (chunk > 0 && n > chunk && req->parts.size() > 1) req->rows = Blob::Alloc<float>(n * t.width, &req->rows_data);
+  const int64_t chunk = ChunkRows(t, t.row_bytes());
+  if (chunk > 0 && n > chunk && req->parts.size() > 1) req->rows = Blob::Alloc<char>(n * t.row_bytes(), &req->rows_data);
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_has_iteration(iteration >= 0);
     m.meta.set_iteration(iteration);
@@ -229,13 +231,13 @@ std::shared_ptr<Request> KVWorker::PullState(const TableRef& t, const int64_t* k
   return req;
 }
 
-std::shared_ptr<Request> KVWorker::Assign(const TableRef& t, const int64_t* keys, int64_t n, const float* values,
+std::shared_ptr<Request> KVWorker::Assign(const TableRef& t, const int64_t* keys, int64_t n, const void* values,
                                           const float* state, const int64_t* steps, const int64_t* version_add) {
   auto req = NewRequest(t, kAssign);
   Partition(t, keys, n, false, req.get());
   Send(req, t.name, [&](Message& m, const Part& p) {
     m.data.push_back(SliceOf(p, keys, 1));
-    m.data.push_back(SliceOf(p, values, t.width));
+    m.data.push_back(SliceOf(p, static_cast<const char*>(values), t.row_bytes()));
     m.data.push_back(SliceOf(p, state, t.state_width));
     m.data.push_back(SliceOf(p, steps, 1));
     m.data.push_back(SliceOf(p, version_add, 1));

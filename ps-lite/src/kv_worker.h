@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "common/storage.h"
 #include "customer.h"
 #include "kv.h"
 #include "postoffice.h"
@@ -14,12 +15,12 @@
 
 namespace ps {
 
-// Rows a worker writes back to the servers (values, optimizer state, step counts, version
-// increments), sent with its push (Herald's owner-computed rows).
+// Rows a worker writes back to the servers (values in the table's storage type, optimizer
+// state, step counts, version increments), sent with its push (Herald's owner-computed rows).
 struct WriteBack {
   const int64_t* keys = nullptr;
   int64_t n = 0;
-  const float* values = nullptr;
+  const void* values = nullptr;
   const float* state = nullptr;
   const int64_t* steps = nullptr;
   const int64_t* version_add = nullptr;
@@ -29,6 +30,8 @@ struct TableRef {
   std::string name;
   int64_t rows = 0, width = 0, state_width = 0;  // state_width: optimizer state floats per row
   bool dense = false;
+  int storage = hetu::storage::kF32;  // the type rows are stored and moved in (gradients: float32)
+  int64_t row_bytes() const { return width * hetu::storage::bytes(storage); }
 };
 
 class KVWorker {
@@ -50,7 +53,7 @@ class KVWorker {
   // with_state (optional, a byte per key): state, steps and versions only for the keys marked 1.
   std::shared_ptr<Request> PullState(const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration = -1,
                                      const uint8_t* with_state = nullptr);
-  std::shared_ptr<Request> Assign(const TableRef& t, const int64_t* keys, int64_t n, const float* values,
+  std::shared_ptr<Request> Assign(const TableRef& t, const int64_t* keys, int64_t n, const void* values,
                                   const float* state, const int64_t* steps, const int64_t* version_add);
   // kSave, kLoad (path) or kClear, on every server.
   std::shared_ptr<Request> Admin(const TableRef& t, int op, const std::string& path);
@@ -66,8 +69,8 @@ class KVWorker {
   // a part of more keys goes as several messages of at most that many (kv.h).
   void Send(const std::shared_ptr<Request>& req, const std::string& table,
             const std::function<void(Message&, const Part&)>& fill, int64_t chunk_rows = 0);
-  // Rows per chunk of a sparse pull's answer or push of table t (0: no chunks).
-  int64_t ChunkRows(const TableRef& t) const;
+  // Rows per chunk of a sparse pull's answer or push of table t, `row_bytes` a row (0: no chunks).
+  int64_t ChunkRows(const TableRef& t, int64_t row_bytes) const;
 
   Postoffice* po_;
   Customer* customer_;

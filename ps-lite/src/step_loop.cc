@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <vector>
 
 namespace ps {
 namespace {
@@ -14,21 +15,30 @@ constexpr int64_t kAhead = 8;  // rows are scattered: start loading one this far
 inline __attribute__((always_inline)) void StepBody(const hetu::optim::Config& cfg, float lr, const StepRowsView& t,
                                                     const int64_t* keys, int64_t b, int64_t e, const float* grads,
                                                     const int64_t* counts) {
-  const int64_t w = t.width, sw = t.state_width;
+  const int64_t w = t.width, sw = t.state_width, row_bytes = w * hetu::storage::bytes(t.storage);
+  char* const values = static_cast<char*>(t.values);
+  std::vector<float> wide(t.storage == hetu::storage::kF32 ? 0 : w);  // a 16-bit row, widened
   hetu::optim::BiasCache bias;
   for (int64_t i = b; i < e; ++i) {
     if (i + kAhead < e) {  // to be written: prefetch for writing
       const int64_t q = t.slot(keys[i + kAhead]);
-      const char* row = reinterpret_cast<const char*>(t.values + q * w);
-      for (int64_t k = 0; k < w * 4; k += 64) __builtin_prefetch(row + k, 1);
+      const char* row = values + q * row_bytes;
+      for (int64_t k = 0; k < row_bytes; k += 64) __builtin_prefetch(row + k, 1);
       const char* st = reinterpret_cast<const char*>(t.state + q * sw);
       for (int64_t k = 0; k < sw * 4; k += 64) __builtin_prefetch(st + k, 1);
       __builtin_prefetch(t.steps + q, 1);
       __builtin_prefetch(t.versions + q, 1);
     }
     const int64_t r = t.slot(keys[i]);
-    hetu::optim::step_row(cfg, lr, t.values + r * w, sw ? t.state + r * sw : nullptr, t.steps + r, grads + i * w, w,
-                          &bias);
+    float* state = sw ? t.state + r * sw : nullptr;
+    if (wide.empty()) {
+      hetu::optim::step_row(cfg, lr, reinterpret_cast<float*>(values + r * row_bytes), state, t.steps + r,
+                            grads + i * w, w, &bias);
+    } else {  // step_row rounds to the storage type, so narrowing back is exact
+      hetu::storage::widen_row(t.storage, values + r * row_bytes, wide.data(), w);
+      hetu::optim::step_row(cfg, lr, wide.data(), state, t.steps + r, grads + i * w, w, &bias);
+      hetu::storage::narrow_row(t.storage, wide.data(), values + r * row_bytes, w);
+    }
     t.versions[r] += counts ? counts[i] : 1;
   }
 }

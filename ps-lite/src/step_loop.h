@@ -15,10 +15,12 @@
 
 namespace ps {
 
-// Rows of a shard: the row at slot r has its values at values[r * width], its state at
-// state[r * state_width]; row k sits at slot slot(k).
+// Rows of a shard: the row at slot r has its values at values[r * width] (elements of
+// hetu::storage::Type `storage`), its state at state[r * state_width]; row k sits at slot
+// slot(k). A 16-bit row is widened, stepped in float32 and rounded back (common/storage.h).
 struct StepRowsView {
-  float* values;
+  void* values;
+  int storage;
   float* state;
   int64_t* steps;
   int64_t* versions;

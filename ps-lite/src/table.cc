@@ -21,17 +21,21 @@
 namespace ps {
 namespace {
 
-// A saved shard: this header, then its rows' values, optimizer state, steps and versions, each
-// in slot order. The shard holds rows lo, lo + stride, ... below hi. Version 1 files (written
-// before rows could be strided) end the header after `applied` and hold contiguous ranges.
+// A saved shard: this header, then its rows' values (in the table's storage type), optimizer
+// state, steps and versions, each in slot order. The shard holds rows lo, lo + stride, ... below
+// hi. Version 1 files (written before rows could be strided) end the header after `applied` and
+// hold contiguous ranges; versions 1 and 2 end it before `storage` and hold float32 rows.
 struct FileHeader {
   char magic[8];
   int64_t rows, width, dense, lo, hi, optim_kind, unit_state_width, applied;
   int64_t placement, stride;  // version 2 on: RowPlacement::Kind and its stride
+  int64_t storage;            // version 3 on: hetu::storage::Type of the rows
 };
-const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '2'};
+const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '3'};
+const char kMagicV2[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '2'};
 const char kMagicV1[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
 constexpr size_t kHeaderBytesV1 = offsetof(FileHeader, placement);
+constexpr size_t kHeaderBytesV2 = offsetof(FileHeader, storage);
 
 // What a save by server `server` under `placement` writes as lo, hi and stride.
 void SavedRows(const RowPlacement& placement, int server, FileHeader* h) {
@@ -77,6 +81,7 @@ void HugeArray<T>::Reset(size_t n, T fill) {
   std::fill(p_, p_ + n_, fill);
 }
 
+template class HugeArray<char>;
 template class HugeArray<float>;
 template class HugeArray<int64_t>;
 
@@ -95,25 +100,37 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
   cfg_.eps = spec.eps();
   cfg_.l2reg = spec.l2reg();
   cfg_.weight_decay = spec.weight_decay();
+  storage_ = spec.dense() ? hetu::storage::kF32 : spec.storage();
+  cfg_.storage = storage_;
+  row_bytes_ = width() * hetu::storage::bytes(storage_);
   Units(dense(), rows_, width(), &units_, &unit_width_);
   unit_state_width_ = hetu::optim::state_width(cfg_.kind, unit_width_);
   Reset();
 }
 
 void TableShard::Reset() {
-  values_.Reset(rows_ * width(), 0.0f);
-  // Each row gets the values it has in the whole table, wherever it is placed. Drawing them is
-  // most of a large table's start-up (tens of ns an element), so the server's threads share it.
+  values_.Reset(rows_ * row_bytes_, 0);
+  // Each row gets the values it has in the whole table, wherever it is placed, rounded to the
+  // storage type. Drawing them is most of a large table's start-up (tens of ns an element), so
+  // the server's threads share it; 16-bit rows are drawn through a small float32 buffer.
+  const int64_t w = width();
   hetu::parallel_for(rows_, kParallelRows, [&](int64_t b, int64_t e) {
-    if (slot_.stride == 1) {
-      hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(),
-                           slot_.first + b, slot_.first + e, width(), values_.data() + b * width());
-      return;
-    }
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t row = placement_.Row(rank_, i);
-      hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), row,
-                           row + 1, width(), values_.data() + i * width());
+    std::vector<float> wide(storage_ == hetu::storage::kF32 ? 0 : std::min<int64_t>(e - b, kParallelRows) * w);
+    for (int64_t i0 = b; i0 < e;) {
+      const int64_t i1 = wide.empty() ? e : std::min(e, i0 + kParallelRows);
+      float* out = wide.empty() ? reinterpret_cast<float*>(values_.data()) + i0 * w : wide.data();
+      if (slot_.stride == 1) {
+        hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(),
+                             slot_.first + i0, slot_.first + i1, w, out);
+      } else {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t row = placement_.Row(rank_, i);
+          hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), row,
+                               row + 1, w, out + (i - i0) * w);
+        }
+      }
+      if (!wide.empty()) hetu::storage::narrow_row(storage_, out, values_.data() + i0 * row_bytes_, (i1 - i0) * w);
+      i0 = i1;
     }
   });
   state_.Reset(units_ * unit_state_width_, 0.0f);
@@ -157,7 +174,7 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
         for (int64_t j = 0; j < p.n; ++j) sum[j] += p.values[j];
     }
     if (contributions == 0) return;
-    hetu::optim::step_row(cfg_, lr, values_.data(), state_.data(), &steps_[0], sum.data(), unit_width_);
+    hetu::optim::step_row(cfg_, lr, dense_values(), state_.data(), &steps_[0], sum.data(), unit_width_);
     versions_[0] += contributions;
     return;
   }
@@ -226,24 +243,25 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
 void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts,
                           float lr) {
   static const StepLoopFn step = StepLoopOf(SimdVariant());  // HETU_SIMD, checked when the server starts
-  const StepRowsView rows{values_.data(), state_.data(), steps_.data(), versions_.data(), slot_, width(),
-                          unit_state_width_};
+  const StepRowsView rows{values_.data(), storage_, state_.data(), steps_.data(), versions_.data(),
+                          slot_,          width(),  unit_state_width_};
   step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
 
-void TableShard::Gather(const int64_t* keys, int64_t n, float* out) const {
-  const int64_t w = width();
+void TableShard::Gather(const int64_t* keys, int64_t n, void* out) const {
+  const int64_t rb = row_bytes_;
+  char* o = static_cast<char*>(out);
   // Large gathers are bound by memory latency; a second thread keeps more misses in flight
   // while the transport has nothing to send yet.
   hetu::parallel_for(n, kParallelRows, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (i + kAhead < e) Prefetch(slot_(keys[i + kAhead]));
-      std::memcpy(out + i * w, &values_[slot_(keys[i]) * w], w * sizeof(float));
+      std::memcpy(o + i * rb, &values_[slot_(keys[i]) * rb], rb);
     }
   });
 }
 
-void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size() * sizeof(float)); }
+void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size()); }
 
 std::vector<int64_t> TableShard::Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const {
   std::vector<int64_t> idx;
@@ -262,12 +280,13 @@ void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64
   }
 }
 
-void TableShard::Assign(const int64_t* keys, int64_t n, const float* values, const float* state, const int64_t* steps,
+void TableShard::Assign(const int64_t* keys, int64_t n, const void* values, const float* state, const int64_t* steps,
                         const int64_t* version_add) {
-  const int64_t w = width(), sw = unit_state_width_;
+  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  const char* v = static_cast<const char*>(values);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = slot_(keys[i]);
-    std::memcpy(&values_[r * w], values + i * w, w * sizeof(float));
+    std::memcpy(&values_[r * rb], v + i * rb, rb);
     if (sw) std::memcpy(&state_[r * sw], state + i * sw, sw * sizeof(float));
     steps_[r] = steps[i];
     versions_[r] += version_add[i];
@@ -332,6 +351,7 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
   h.optim_kind = cfg_.kind;
   h.unit_state_width = unit_state_width_;
   h.applied = applied;
+  h.storage = storage_;
   bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
   *bytes = sizeof(h);
   // Written straight from the shard's arrays: a save needs no copy of the table.
@@ -339,7 +359,7 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
     ok = ok && (n == 0 || std::fwrite(p, n, 1, f) == 1);
     *bytes += static_cast<int64_t>(n);
   };
-  put(values_.data(), values_.size() * sizeof(float));
+  put(values_.data(), values_.size());
   put(state_.data(), state_.size() * sizeof(float));
   put(steps_.data(), steps_.size() * sizeof(int64_t));
   put(versions_.data(), versions_.size() * sizeof(int64_t));
@@ -371,15 +391,32 @@ bool ReadAt(FILE* f, long at, void* p, size_t bytes) {
   return bytes == 0 || (std::fseek(f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, f) == 1);
 }
 
+// Rows saved in another storage type than the table's: each slot's `width` elements are
+// widened from `from` and rounded to `to` on the way in.
+struct Recode {
+  int from, to;
+  int64_t width;
+};
+
+void RecodeSlot(const Recode& rc, const char* src, char* dst) {
+  for (int64_t i = 0; i < rc.width; ++i) {
+    float x;
+    hetu::storage::widen_row(rc.from, src + i * hetu::storage::bytes(rc.from), &x, 1);
+    hetu::storage::narrow_row(rc.to, &x, dst + i * hetu::storage::bytes(rc.to), 1);
+  }
+}
+
 // Copies slots [ja, jb) of one section of saved shard k (placed by `from`, `slot_bytes` per
 // slot, starting at `at`) to the slots of `dest` where server `rank` under `to` keeps the same
-// rows, skipping the rows it does not hold. One read when the slots map one to one (same
-// stride), else through a bounded buffer, so memory does not grow with the table.
+// rows, skipping the rows it does not hold (and recoding them, with `recode`). One read when
+// the slots map one to one (same stride, same type), else through a bounded buffer, so memory
+// does not grow with the table.
 bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, int k, int64_t ja, int64_t jb,
-               const RowPlacement& to, int rank, char* dest) {
+               const RowPlacement& to, int rank, char* dest, const Recode* recode = nullptr) {
   if (slot_bytes == 0 || ja >= jb) return true;
   const SlotIndex slot = to.Slots(rank);
-  if (from.Stride() == to.Stride())
+  const size_t dest_bytes = recode ? recode->width * hetu::storage::bytes(recode->to) : slot_bytes;
+  if (from.Stride() == to.Stride() && !recode)
     return ReadAt(f, at + ja * slot_bytes, dest + slot(from.Row(k, ja)) * slot_bytes, (jb - ja) * slot_bytes);
   const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / static_cast<int64_t>(slot_bytes));
   std::vector<char> buffer(std::min(chunk, jb - ja) * slot_bytes);
@@ -388,7 +425,9 @@ bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, in
     if (!ReadAt(f, at + j0 * slot_bytes, buffer.data(), m * slot_bytes)) return false;
     for (int64_t j = 0; j < m; ++j) {
       const int64_t row = from.Row(k, j0 + j);
-      if (to.Holds(rank, row)) std::memcpy(dest + slot(row) * slot_bytes, buffer.data() + j * slot_bytes, slot_bytes);
+      if (!to.Holds(rank, row)) continue;
+      if (recode) RecodeSlot(*recode, buffer.data() + j * slot_bytes, dest + slot(row) * dest_bytes);
+      else std::memcpy(dest + slot(row) * slot_bytes, buffer.data() + j * slot_bytes, slot_bytes);
     }
   }
   return true;
@@ -455,14 +494,19 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
       FileHeader h{};
       bool ok = std::fread(&h, kHeaderBytesV1, 1, in.f) == 1;
       const bool v1 = ok && std::memcmp(h.magic, kMagicV1, 8) == 0;
+      const bool v2 = ok && std::memcmp(h.magic, kMagicV2, 8) == 0;
+      const size_t header_bytes = v1 ? kHeaderBytesV1 : v2 ? kHeaderBytesV2 : sizeof(FileHeader);
       if (v1) {
         h.placement = RowPlacement::kContiguous;
         h.stride = 1;
       } else {
-        ok = ok && std::memcmp(h.magic, kMagic, 8) == 0 &&
-             std::fread(&h.placement, sizeof(FileHeader) - kHeaderBytesV1, 1, in.f) == 1;
+        ok = ok && (v2 || std::memcmp(h.magic, kMagic, 8) == 0) &&
+             std::fread(&h.placement, header_bytes - kHeaderBytesV1, 1, in.f) == 1;
       }
+      if (v1 || v2) h.storage = hetu::storage::kF32;
       if (!ok) return table + path + " is not a saved shard";
+      if (h.storage < 0 || h.storage >= hetu::storage::kNumTypes || (h.dense && h.storage != hetu::storage::kF32))
+        return table + path + " names an unknown storage type " + std::to_string(h.storage);
       if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
         return table + path + " holds a table of " + std::to_string(h.rows) + " x " + std::to_string(h.width) +
                (h.dense ? " (dense)" : "") + " stepped by optimizer " + std::to_string(h.optim_kind) +
@@ -483,8 +527,9 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
       int64_t units, unit_width;
       Units(dense(), saved_rows, w, &units, &unit_width);
       const long float_bytes = sizeof(float), int_bytes = sizeof(int64_t);
-      const long values_at = v1 ? kHeaderBytesV1 : sizeof(FileHeader);
-      const long state_at = values_at + saved_rows * w * float_bytes;
+      const long saved_row_bytes = w * hetu::storage::bytes(static_cast<int>(h.storage));
+      const long values_at = static_cast<long>(header_bytes);
+      const long state_at = values_at + saved_rows * saved_row_bytes;
       const long steps_at = state_at + units * hetu::optim::state_width(cfg_.kind, unit_width) * float_bytes;
       const long versions_at = steps_at + units * int_bytes;
       const long end = versions_at + units * int_bytes;
@@ -513,7 +558,7 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
         dense_version = version;
         dense_from = k;
         if (copy) {
-          ok = ok && ReadAt(in.f, values_at + (a - h.lo) * w * float_bytes, values_.data() + (a - slot_.first) * w,
+          ok = ok && ReadAt(in.f, values_at + (a - h.lo) * w * float_bytes, dense_values() + (a - slot_.first) * w,
                             n * w * float_bytes);
           for (int64_t s = 0, arrays = hetu::optim::state_width(cfg_.kind, 1); s < arrays; ++s)
             ok = ok && ReadAt(in.f, state_at + (s * unit_width + (a - h.lo) * w) * float_bytes,
@@ -537,9 +582,10 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
           for (int64_t j = ja; j < jb; ++j) n += placement_.Holds(rank_, from.Row(k, j));
         }
         if (n == 0) continue;
+        const Recode recode{static_cast<int>(h.storage), storage_, w};
         if (copy)
-          ok = CopySlots(in.f, values_at, w * float_bytes, from, k, ja, jb, placement_, rank_,
-                         reinterpret_cast<char*>(values_.data())) &&
+          ok = CopySlots(in.f, values_at, saved_row_bytes, from, k, ja, jb, placement_, rank_, values_.data(),
+                         h.storage == storage_ ? nullptr : &recode) &&
                CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
                          reinterpret_cast<char*>(state_.data())) &&
                CopySlots(in.f, steps_at, int_bytes, from, k, ja, jb, placement_, rank_,

@@ -1,6 +1,8 @@
-// One server's shard of a table: the rows of a rows x width float32 matrix that the table's
-// RowPlacement gives this server, at their local slots, with the optimizer state, step count
-// and version of each row. A dense tensor is a table too, but its shard is stepped as one unit
+// One server's shard of a table: the rows of a rows x width matrix that the table's
+// RowPlacement gives this server, at their local slots, with the optimizer state (float32), step
+// count and version of each row. An embedding table's rows are stored in its storage type
+// (common/storage.h: float32, bfloat16 or half), and move in it: Gather and Assign copy rows as
+// they are stored, and only a step widens them. A dense tensor is a table too, but its shard is stepped as one unit
 // (one step count, one version), exactly like a local dense update of the same elements.
 //
 // The server handles data messages one at a time (postoffice.h), so the shard needs no locks.
@@ -53,6 +55,8 @@ class TableShard {
   // Optimizer state floats per row (sparse tables).
   int64_t state_width() const { return hetu::optim::state_width(cfg_.kind, width()); }
   int64_t rows() const { return rows_; }  // rows held here
+  int storage() const { return storage_; }  // hetu::storage::Type of the rows (float32 when dense)
+  int64_t row_bytes() const { return row_bytes_; }  // bytes of a stored (and moved) row
 
   // "" if every key is a row of this shard, else an error naming the table and the key.
   std::string CheckKeys(const int64_t* keys, int64_t n) const;
@@ -72,13 +76,14 @@ class TableShard {
   };
   void Apply(const std::vector<Push>& pushes, float lr);
 
-  void Gather(const int64_t* keys, int64_t n, float* out) const;
+  // Rows as stored: row_bytes() each.
+  void Gather(const int64_t* keys, int64_t n, void* out) const;
   void GatherDense(float* out) const;
   // Rows whose version is more than `bound` ahead of the worker's: positions into keys.
   std::vector<int64_t> Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const;
   void GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const;
   int64_t Version(int64_t key) const { return versions_[Unit(key)]; }
-  void Assign(const int64_t* keys, int64_t n, const float* values, const float* state, const int64_t* steps,
+  void Assign(const int64_t* keys, int64_t n, const void* values, const float* state, const int64_t* steps,
               const int64_t* version_add);
 
   // Back to the initializer's values, zero optimizer state, steps, versions.
@@ -114,8 +119,8 @@ class TableShard {
   static constexpr int64_t kAhead = 8;
   static constexpr int64_t kParallelRows = 4096;  // below this a thread costs more than it saves
   void Prefetch(int64_t r) const {
-    const char* row = reinterpret_cast<const char*>(values_.data() + r * width());
-    for (int64_t b = 0; b < width() * 4; b += 64) __builtin_prefetch(row + b);
+    const char* row = values_.data() + r * row_bytes_;
+    for (int64_t b = 0; b < row_bytes_; b += 64) __builtin_prefetch(row + b);
   }
   // One optimizer step of the rows keys[b..e) (distinct, of this shard) with grads[i * width].
   void StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts, float lr);
@@ -128,7 +133,11 @@ class TableShard {
   SlotIndex slot_;  // where each of this shard's rows sits
   int64_t rows_, unit_width_, units_;
   int64_t unit_state_width_;  // optimizer state floats per unit
-  HugeArray<float> values_, state_;
+  int storage_;                // hetu::storage::Type of values_
+  int64_t row_bytes_;          // width() elements of that type
+  float* dense_values() { return reinterpret_cast<float*>(values_.data()); }  // a dense shard's float32
+  HugeArray<char> values_;     // rows in slot order, row_bytes_ each
+  HugeArray<float> state_;
   HugeArray<int64_t> steps_, versions_;
 };
 

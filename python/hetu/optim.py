@@ -10,6 +10,9 @@ from .lr import as_scheduler
 from .ops.embedding import IndexedSlices, unique_sum
 
 SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM, ADAMW, ROWWISE_ADAGRAD = range(7)
+# The types embedding rows may be stored in (src/common/storage.h): each step computes in float32
+# and rounds the row to its type; optimizer state stays float32.
+EMBEDDING_DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 KIND_NAMES = {SGD: "sgd", MOMENTUM: "momentum", NESTEROV: "nesterov", ADAGRAD: "adagrad", ADAM: "adam",
               ADAMW: "adamw", ROWWISE_ADAGRAD: "rowwise_adagrad"}
 
@@ -29,10 +32,14 @@ class Optimizer:
     # tensors are stepped by this element-wise kind instead, with the same settings.
     dense_kind = None
 
-    def __init__(self, learning_rate=0.01, l2reg=0.0, **rule):
+    def __init__(self, learning_rate=0.01, l2reg=0.0, embedding_dtype="fp32", **rule):
+        if embedding_dtype not in EMBEDDING_DTYPES:
+            raise ValueError(f"embedding_dtype {embedding_dtype!r}: expected one of {sorted(EMBEDDING_DTYPES)}")
         self.lr = as_scheduler(learning_rate)
+        self.embedding_dtype = embedding_dtype
         self.config = _config(self.kind, l2reg, rule)   # embedding rows
-        self.dense_config = self.config if self.dense_kind is None else _config(self.dense_kind, l2reg, rule)
+        self.config.storage = EMBEDDING_DTYPES[embedding_dtype]
+        self.dense_config = _config(self.kind if self.dense_kind is None else self.dense_kind, l2reg, rule)
         self.l2reg = l2reg
 
     def state_width(self, width, dense=False):
@@ -46,6 +53,11 @@ class Optimizer:
         c = self.dense_config if dense else self.config
         return {"kind": KIND_NAMES[c.kind], "momentum": c.momentum, "beta1": c.beta1, "beta2": c.beta2,
                 "eps": c.eps, "l2reg": c.l2reg, "weight_decay": c.weight_decay}
+
+    def round_rows(self, table):
+        """An embedding table's values rounded, in place, to the type its rows are stored in (what
+        a table starts as: its initializer's values, rounded)."""
+        _C.round_to_storage(table, self.config.storage)
 
     def minimize(self, loss, var_list=None):
         """The train op: computes gradients of `loss` and steps every trainable parameter."""
@@ -69,6 +81,10 @@ class Optimizer:
         """One step for the rows of `table` named by a sparse gradient (ids may repeat)."""
         summed = unique_sum(grad.indices, grad.values)
         if cuda.is_device_array(table):
+            if self.config.storage:
+                raise NotImplementedError(f"embedding_dtype {self.embedding_dtype!r}: a table on the GPU is stepped "
+                                          f"in fp32 only; keep --embedding-dtype fp32, or put the tables on the "
+                                          f"parameter server (--comm PS or Hybrid), where they may be 16-bit")
             _gpu_step(self.config, lr, table, state, steps, summed.summed, summed.uniq, summed.count,
                       summed.summed.shape[0], table.shape[1], guard)
             return
@@ -78,21 +94,21 @@ class Optimizer:
 class SGDOptimizer(Optimizer):
     kind = SGD
 
-    def __init__(self, learning_rate=0.01, l2reg=0.0):
-        super().__init__(learning_rate, l2reg)
+    def __init__(self, learning_rate=0.01, l2reg=0.0, embedding_dtype="fp32"):
+        super().__init__(learning_rate, l2reg, embedding_dtype)
 
 
 class MomentumOptimizer(Optimizer):
-    def __init__(self, learning_rate=0.01, momentum=0.9, nesterov=False, l2reg=0.0):
+    def __init__(self, learning_rate=0.01, momentum=0.9, nesterov=False, l2reg=0.0, embedding_dtype="fp32"):
         self.kind = NESTEROV if nesterov else MOMENTUM
-        super().__init__(learning_rate, l2reg, momentum=momentum)
+        super().__init__(learning_rate, l2reg, embedding_dtype, momentum=momentum)
 
 
 class AdaGradOptimizer(Optimizer):
     kind = ADAGRAD
 
-    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0):
-        super().__init__(learning_rate, l2reg, eps=eps)
+    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0, embedding_dtype="fp32"):
+        super().__init__(learning_rate, l2reg, embedding_dtype, eps=eps)
 
 
 class RowwiseAdaGradOptimizer(Optimizer):
@@ -102,22 +118,24 @@ class RowwiseAdaGradOptimizer(Optimizer):
     kind = ROWWISE_ADAGRAD
     dense_kind = ADAGRAD
 
-    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0):
-        super().__init__(learning_rate, l2reg, eps=eps)
+    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0, embedding_dtype="fp32"):
+        super().__init__(learning_rate, l2reg, embedding_dtype, eps=eps)
 
 
 class AdamOptimizer(Optimizer):
     kind = ADAM
 
-    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, l2reg=0.0):
-        super().__init__(learning_rate, l2reg, beta1=beta1, beta2=beta2, eps=epsilon)
+    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, l2reg=0.0, embedding_dtype="fp32"):
+        super().__init__(learning_rate, l2reg, embedding_dtype, beta1=beta1, beta2=beta2, eps=epsilon)
 
 
 class AdamWOptimizer(Optimizer):
     kind = ADAMW
 
-    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0.01):
-        super().__init__(learning_rate, 0.0, beta1=beta1, beta2=beta2, eps=epsilon, weight_decay=weight_decay)
+    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0.01,
+                 embedding_dtype="fp32"):
+        super().__init__(learning_rate, 0.0, embedding_dtype, beta1=beta1, beta2=beta2, eps=epsilon,
+                         weight_decay=weight_decay)
 
 
 def _all_finite(x):

@@ -28,6 +28,8 @@ class ParameterStore:
                 value = np.array(p.value, dtype=np.float32)
             else:
                 value = p.initializer.value(self.seed, _C.name_stream(p.name))
+            if p.id in self.graph.row_stepped:   # an embedding table: rounded to its rows' type
+                self.graph.row_stepped[p.id].round_rows(value)
             self.values[p.id] = value if self.xp is np else self.xp.asarray(value)
 
     def optimizer_state(self, param, optimizer, rowwise):

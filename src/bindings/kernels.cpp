@@ -131,6 +131,15 @@ void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state
   hetu::kernels::apply_dense(cfg, lr, wp, sp, tp, grad.data(), size);
 }
 
+void round_to_storage(Array<float> values, int storage) {
+  if (storage < 0 || storage >= hetu::storage::kNumTypes)
+    throw std::invalid_argument("round_to_storage: storage " + std::to_string(storage) + " is not a storage type");
+  float* v = mutable_data(values, "values");
+  const int64_t n = values.size();
+  py::gil_scoped_release nogil;
+  hetu::storage::round_row(storage, v, n);
+}
+
 void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin,
                Array<float> out) {
   const int64_t rows = out.ndim() >= 1 ? out.shape(0) : 1;
@@ -151,7 +160,8 @@ void bind_kernels(py::module_& m) {
       .def_readwrite("beta2", &Config::beta2)
       .def_readwrite("eps", &Config::eps)
       .def_readwrite("l2reg", &Config::l2reg)
-      .def_readwrite("weight_decay", &Config::weight_decay);
+      .def_readwrite("weight_decay", &Config::weight_decay)
+      .def_readwrite("storage", &Config::storage, "the rows' storage type: 0 fp32, 1 bf16, 2 fp16");
   m.def("optim_state_width", &hetu::optim::state_width, "floats of optimizer state beside a row of `width` floats",
         py::arg("kind"), py::arg("width"));
 
@@ -164,6 +174,8 @@ void bind_kernels(py::module_& m) {
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
+  m.def("round_to_storage", &round_to_storage, py::arg("values"), py::arg("storage"),
+        "values (float32, in place) rounded to nearest even in storage type 0 fp32, 1 bf16, 2 fp16");
   m.def("init_fill", &init_fill, "rows [row_begin, row_begin + len(out)) of a counter-based initializer");
   m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
   m.def("num_threads", &hetu::num_threads);

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/storage.h"
+
 namespace hetu {
 namespace optim {
 
@@ -24,6 +26,9 @@ struct Config {
   float eps = 1e-7f;          // AdaGrad, Adam, AdamW, row-wise AdaGrad
   float l2reg = 0.0f;         // added to the gradient: g + l2reg * w (all kinds but AdamW)
   float weight_decay = 0.0f;  // AdamW's decoupled decay
+  // The rows' storage type (hetu::storage::Type): a step computes in float32 and rounds the row
+  // to it. Embedding rows only; dense tensors are float32.
+  int storage = storage::kF32;
 };
 
 // Whether the kind's state belongs to the row as a whole rather than to its elements. Such a
@@ -123,6 +128,7 @@ inline void step_row(const Config& c, float lr, float* w, float* state, int64_t*
       break;
     }
   }
+  storage::round_row(c.storage, w, width);
 }
 
 }  // namespace optim

@@ -79,7 +79,7 @@ class CachedTable(RowSource):
         served = int(np.count_nonzero(hit)) - refreshed
         # Each key sent: itself and its local version. Each row back: its position, values and
         # version, and with state its optimizer state and step count.
-        row_bytes = (self.width + self.store.state_width) * 4 + (24 if self.with_state else 16)
+        row_bytes = self.remote.row_bytes + self.store.state_width * 4 + (24 if self.with_state else 16)
         self.counters.add(rows_pulled=len(pos), bytes_pulled=len(pos) * row_bytes + len(uniq) * 16,
                           hits=served, misses=len(uniq) - served, evictions=evictions,
                           stale_refreshes=refreshed, rows_prefetched=len(pos) if prefetched else 0)
@@ -113,7 +113,7 @@ class CachedTable(RowSource):
             keys, grads, counts = np.empty(0, np.int64), np.empty((0, self.width), np.float32), None
         self._outbox = []
         self.remote.push(keys, grads, lr, counts)
-        self.counters.add(rows_pushed=len(keys), bytes_pushed=len(keys) * (self.width * 4 + 8))
+        self.counters.add(rows_pushed=len(keys), bytes_pushed=len(keys) * (self.remote.grad_bytes + 8))
 
     def flush(self, lr):
         """Pushes every pending local update (before validation, a checkpoint or the end). With

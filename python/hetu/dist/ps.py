@@ -93,8 +93,11 @@ class RemoteTable(_OnServers, RowSource):
         super().__init__(param, sync, client.init_table(param.name, rows, width, init=init_spec(param), seed=seed,
                                                         stream=_C.name_stream(param.name),
                                                         optimizer=_server_rule(optimizer.rule()),
-                                                        bsp=sync.synchronous, staleness=sync.staleness))
+                                                        bsp=sync.synchronous, staleness=sync.staleness,
+                                                        storage=optimizer.embedding_dtype))
         self.counters = counters
+        # Bytes of a row as it moves (its storage type); gradients always move as float32.
+        self.row_bytes, self.grad_bytes = self.table.row_bytes, width * 4
 
     def pull(self, keys):
         return self.table.pull(keys, iteration=self.sync.tag(self.clock)).wait()
@@ -114,13 +117,11 @@ class RemoteTable(_OnServers, RowSource):
 
     # --- RowSource ---------------------------------------------------------------------------
     def lookup(self, uniq):
-        width = self.param.shape[1]
-        self.counters.add(rows_pulled=len(uniq), bytes_pulled=len(uniq) * (width * 4 + 8), misses=len(uniq))
+        self.counters.add(rows_pulled=len(uniq), bytes_pulled=len(uniq) * (self.row_bytes + 8), misses=len(uniq))
         return self.pull(uniq)
 
     def update(self, uniq, summed, lr):
-        width = self.param.shape[1]
-        self.counters.add(rows_pushed=len(uniq), bytes_pushed=len(uniq) * (width * 4 + 8))
+        self.counters.add(rows_pushed=len(uniq), bytes_pushed=len(uniq) * (self.grad_bytes + 8))
         self.push(uniq, summed, lr)
 
     read = pull

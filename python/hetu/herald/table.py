@@ -74,8 +74,8 @@ class HeraldTable(RowSource):
         pulled = len(fetch.pulled)
         owned = int(np.count_nonzero(fetch.with_state))
         self.counters.add(rows_pulled=pulled,
-                          bytes_pulled=owned * (self.width * 4 + self.state_width * 4 + 24) +
-                          (pulled - owned) * (self.width * 4 + 8),
+                          bytes_pulled=owned * (self.remote.row_bytes + self.state_width * 4 + 24) +
+                          (pulled - owned) * (self.remote.row_bytes + 8),
                           hits=served, misses=n - served, evictions=evictions,
                           rows_prefetched=pulled if prefetched else 0)
         if self.primary:
@@ -117,7 +117,7 @@ class HeraldTable(RowSource):
                          write_back=(wb_keys, wb_vals, wb_state, wb_steps, 1) if len(wb_keys) else None)
         pushed = int(np.count_nonzero(shared))
         self.counters.add(rows_pushed=pushed + len(wb_keys),
-                          bytes_pushed=pushed * (self.width * 4 + 8) + len(wb_keys) * self._row_bytes())
+                          bytes_pushed=pushed * (self.remote.grad_bytes + 8) + len(wb_keys) * self._row_bytes())
         self._step = None
         self.t += 1
         if self.prefetch:
@@ -126,7 +126,7 @@ class HeraldTable(RowSource):
 
     def _row_bytes(self):
         """A written-back row: key, values, optimizer state, step count and version increment."""
-        return self.width * 4 + self.state_width * 4 + 16
+        return self.remote.row_bytes + self.state_width * 4 + 16
 
     def read(self, uniq):
         return self.remote.pull(uniq)

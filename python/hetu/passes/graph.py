@@ -36,6 +36,9 @@ class Graph:
                     self.dataloaders.append(node)
                 elif isinstance(node, OptimizerOp):
                     self.optimizer_ops.append(node)
+        # Embedding tables (stepped row by row) -> their optimizer, which rounds them to their rows' type.
+        self.row_stepped = {p.id: op.optimizer for op in self.optimizer_ops
+                            for p, g in zip(op.params, op.inputs[1:]) if getattr(g, "produces_sparse", False)}
         # Tables on the parameter server stay parameters of the graph after their lookups were
         # rewritten to pulls.
         for param, _, _ in self.ps_params.values():

@@ -58,6 +58,7 @@ __all__ = [
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
 OPTIMIZERS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5, "rowwise_adagrad": 6}
+STORAGE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # row storage types, bytes per element
 _OPTIM_DEFAULTS = dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0)
 _GROUPS = {"workers": _ps.WORKERS, "servers": _ps.SERVERS, "all": _ps.ALL}
 
@@ -235,17 +236,20 @@ class Table:
     """A table on the servers. Embedding tables use the row operations; dense tensors (made by
     :meth:`Client.init_dense`) use ``dense_pull``/``dense_push``/``dense_push_pull``."""
 
-    def __init__(self, name, rows, width, optimizer="sgd", dense=False, shape=None):
+    def __init__(self, name, rows, width, optimizer="sgd", dense=False, shape=None, storage="fp32"):
         self.name, self.rows, self.width, self.dense = name, int(rows), int(width), bool(dense)
-        self.optimizer = optimizer
+        self.optimizer, self.storage = optimizer, storage
         self.state_width = _ps.optim_state_width(OPTIMIZERS[optimizer], self.width)  # state floats per row
         self.shape = tuple(shape) if shape is not None else (self.rows, self.width)
         self._t = _ps.Table(name=name, rows=self.rows, width=self.width, dense=self.dense,
-                            state_width=self.state_width)
+                            state_width=self.state_width, storage=storage)
+        # bytes of a row as the servers store and send it (rows come and go here as float32)
+        self.row_bytes = self.width * STORAGE_BYTES[storage]
 
     def __repr__(self):
         kind = "dense" if self.dense else "embedding"
-        return f"Table({self.name!r}, {kind}, shape={self.shape}, optimizer={self.optimizer!r})"
+        return (f"Table({self.name!r}, {kind}, shape={self.shape}, optimizer={self.optimizer!r}, "
+                f"storage={self.storage!r})")
 
     def _sparse(self):
         if self.dense:
@@ -355,7 +359,8 @@ class Client:
     """A worker's entry point to the tables (get it with :func:`client`)."""
 
     def init_table(self, name, rows, width, init=("normal", 0.0, 0.01), seed=0, stream=None,
-                   optimizer=("sgd", {}), bsp=True, staleness=0, dense=False, timeout=None, _shape=None):
+                   optimizer=("sgd", {}), bsp=True, staleness=0, dense=False, storage="fp32", timeout=None,
+                   _shape=None):
         """Creates the table on every server (idempotent for the same shape; an error for a
         different one) and returns its :class:`Table`. Blocks until all servers answered.
 
@@ -368,6 +373,9 @@ class Client:
             beta2, eps, l2reg, weight_decay). lr comes with each push.
         bsp: buffer iteration-tagged pushes and apply each iteration once (see module doc);
             staleness k > 0 lets a pull for t proceed once t-1-k is applied (SSP).
+        storage: 'fp32' | 'bf16' | 'fp16', the type the rows are stored and moved in (embedding
+            tables; docs/design.md section 5). Rows come and go as float32: a pull widens them,
+            an assign rounds them; every step computes in float32 and rounds the row to it.
         """
         kind, a, b = (tuple(init) + (0.0, 0.0))[:3]
         opt, cfg = (optimizer, {}) if isinstance(optimizer, str) else optimizer
@@ -376,7 +384,9 @@ class Client:
             raise ValueError(f"unknown optimizer settings {sorted(unknown)}")
         c = dict(_OPTIM_DEFAULTS, **cfg)
         stream = _ps.name_stream(name) if stream is None else int(stream)
-        table = Table(name, rows, width, opt, dense, _shape)
+        if storage not in STORAGE_BYTES:
+            raise ValueError(f"table {name!r}: storage {storage!r}: expected one of {sorted(STORAGE_BYTES)}")
+        table = Table(name, rows, width, opt, dense, _shape, storage)
         table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed), stream=stream,
                       optim_kind=OPTIMIZERS[opt], bsp=bool(bsp), staleness=int(staleness), **c).wait(timeout)
         return table
@@ -387,9 +397,9 @@ class Client:
         size = int(np.prod(shape))
         return self.init_table(name, size, 1, init=init, dense=True, _shape=shape, **kwargs)
 
-    def table(self, name, rows, width, optimizer="sgd", dense=False):
+    def table(self, name, rows, width, optimizer="sgd", dense=False, storage="fp32"):
         """A handle to a table some other worker initialises (no server call)."""
-        return Table(name, rows, width, optimizer, dense)
+        return Table(name, rows, width, optimizer, dense, storage=storage)
 
 
 _client = None
