@@ -7,9 +7,10 @@ checkpoint (--checkpoint), then a second job resumes it (--resume) and trains a 
 While each job runs, the scheduler's, servers' and workers' peak resident memory (VmHWM of
 /proc/PID/status) is sampled from outside every --sample-interval seconds. Per mode it reports:
 
-- table bytes (rows x width x bytes per element; the storage type column is fp32 for now);
+- table bytes (rows x width x bytes per element of --dtype, the rows' storage type);
 - peak RSS per role, and for the servers peak RSS / expected, where expected is the server's
-  rows x (width x 4 + optimizer state floats x 4 + 16 bytes of step count and version);
+  rows x (width x bytes per element + optimizer state floats x 4 + 16 bytes of step count and
+  version);
 - start-up (launch to the line worker 0 prints just before its first step) and samples/s of
   all workers (their epoch lines, so the checkpoint is not counted in it);
 - rows and bytes moved (the workers' summaries, as --cache-perf writes them), and the max / mean
@@ -50,7 +51,7 @@ from hetu.launch.processes import descendants  # noqa: E402
 # run_hetu.py's optimizers; their state floats per row are the servers' (hetu::optim::state_width)
 OPTIMIZER_NAMES = ("adagrad", "adam", "momentum", "rowwise_adagrad", "sgd")
 META_BYTES = 16          # per row on a server: an int64 step count and an int64 version
-DTYPE_BYTES = {"fp32": 4}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # --embedding-dtype: a server's row element
 MLPERF_SCALE = 6         # --shape criteo --scale 6: 202,575,462 rows, MLPerf's Criteo 1TB tables
 
 SERVED = re.compile(r"\] server (\d+): (\d+) requests, (\d+) rows, (\d+) bytes served, ([\d.]+) s busy$")
@@ -170,7 +171,8 @@ def expected_worker_bytes(mode, rows, args):
     PS keeps no rows. The interpreter, the model and the batches come on top (a few hundred MB)."""
     if mode == "PS":
         return 0
-    return math.ceil(args.ratio * rows) * row_bytes(args.embedding_size, args.optimizer, args.dtype)
+    # The caches keep rows as float32 whatever the storage type (their values rounded to it).
+    return math.ceil(args.ratio * rows) * row_bytes(args.embedding_size, args.optimizer, "fp32")
 
 
 def prepare(args):
@@ -191,7 +193,7 @@ def mode_flags(mode, args, csv_dir):
             os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0", "--model", args.model,
             "--data-dir", os.path.abspath(args.data), "--batch-size", str(args.batch),
             "--embedding-size", str(args.embedding_size), "--optimizer", args.optimizer,
-            "--cache-limit-ratio", str(args.ratio), "--iters-per-epoch", str(args.iterations), "--no-progress",
+            "--embedding-dtype", args.dtype, "--cache-limit-ratio", str(args.ratio), "--iters-per-epoch", str(args.iterations), "--no-progress",
             "--cache-perf", "--csv-dir", csv_dir]
 
 
@@ -296,7 +298,7 @@ def main():
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--embedding-size", type=int, default=16)
     p.add_argument("--optimizer", default="rowwise_adagrad", choices=OPTIMIZER_NAMES)
-    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_BYTES), help="row storage type (fp32 for now)")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_BYTES), help="--embedding-dtype: the type rows are stored and moved in")
     p.add_argument("--ratio", type=float, default=0.01, help="--cache-limit-ratio of HET and Herald")
     p.add_argument("--sample-interval", type=float, default=0.5, help="seconds between RSS samples")
     p.add_argument("--timeout", type=int, default=1800, help="seconds a job may take")
