@@ -9,7 +9,7 @@ While each job runs, the scheduler's, servers' and workers' peak resident memory
 
 - table bytes (rows x width x bytes per element of --dtype, the rows' storage type);
 - peak RSS per role, and for the servers peak RSS / expected, where expected is the server's
-  rows x (width x bytes per element + optimizer state floats x 4 + 16 bytes of step count and
+  rows x (width x bytes per element + optimizer state floats x 4 + 8 bytes of step count and
   version);
 - start-up (launch to the line worker 0 prints just before its first step) and samples/s of
   all workers (their epoch lines, so the checkpoint is not counted in it);
@@ -50,7 +50,9 @@ from hetu.launch.processes import descendants  # noqa: E402
 
 # run_hetu.py's optimizers; their state floats per row are the servers' (hetu::optim::state_width)
 OPTIMIZER_NAMES = ("adagrad", "adam", "momentum", "rowwise_adagrad", "sgd")
-META_BYTES = 16          # per row on a server: an int64 step count and an int64 version
+# per row on a server: a step count and a version, 32 bits each until one could pass 2^31 - 1
+# (ps-lite/src/shard_arrays.h), as in every run here
+META_BYTES = 8
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # --embedding-dtype: a server's row element
 MLPERF_SCALE = 6         # --shape criteo --scale 6: 202,575,462 rows, MLPerf's Criteo 1TB tables
 

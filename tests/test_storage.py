@@ -262,3 +262,44 @@ def test_a_table_on_the_gpu_and_a_resume_in_another_type_are_refused(tmp_path, d
                              env=env)
     assert resumed.returncode == 2, resumed.stderr
     assert "trained with --embedding-dtype bf16, this run has --embedding-dtype fp32" in resumed.stderr, resumed.stderr
+
+
+# --- per-row metadata: 32-bit step counts and versions until one could pass 2^31 - 1 -------------
+
+COUNTERS = """
+import hetu.ps as ps
+c = ps.client()
+R, Wd, TOP = 64, 4, 2 ** 31 - 1
+t = c.init_table("emb", R, Wd, init=("normal", 0.0, 0.1), seed=1, optimizer=("adam", {}), bsp=False)
+every = np.arange(R)
+def counts():
+    _, _, steps, versions = t.pull_with_state(every).wait()
+    return steps, versions
+# Counts that fit 32 bits, up to the top: they stay 32 bits.
+t.assign([3], np.ones((1, Wd)), steps=[TOP - 1], version_add=[TOP - 1]).wait()
+steps, versions = counts()
+assert steps[3] == TOP - 1 and versions[3] == TOP - 1 and steps[4] == versions[4] == 0
+t.save(ARGS["dir"] + "/narrow").wait()
+# Pushes that could pass 2^31 - 1: the server widens first, and counts on exactly.
+t.push([3], np.ones((1, Wd)), lr=0.01, counts=[5]).wait()
+t.push([3, 4], np.ones((2, Wd)), lr=0.01, counts=[1, 2 ** 33]).wait()
+steps, versions = counts()
+assert steps[3] == TOP + 1 and versions[3] == TOP + 5, (steps[3], versions[3])
+assert steps[4] == 1 and versions[4] == 2 ** 33 and steps[5] == versions[5] == 0
+t.save(ARGS["dir"] + "/wide").wait()
+# A fresh table loads either checkpoint; 64-bit counts widen it.
+for folder, want in [("narrow", (TOP - 1, TOP - 1, 0)), ("wide", (TOP + 1, TOP + 5, 2 ** 33))]:
+    t.clear().wait()
+    t.load(ARGS["dir"] + "/" + folder).wait()
+    steps, versions = counts()
+    assert (steps[3], versions[3], versions[4]) == want, (folder, steps[3], versions[3], versions[4])
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_step_counts_and_versions_widen_to_64_bits_before_one_passes_2_to_the_31(cluster, tmp_path):
+    c = cluster(1, 1)
+    c.run(COUNTERS, dict(dir=str(tmp_path)))
+    log = c.logs()
+    assert log.count("step counts and versions are 64 bits from now on") == 2, log   # the push, then a load

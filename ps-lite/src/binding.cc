@@ -571,9 +571,18 @@ PYBIND11_MODULE(_ps, m) {
           if (keys.data()[i] < 0 || keys.data()[i] >= rows || (i && keys.data()[i] <= keys.data()[i - 1]))
             throw py::value_error("step_rows_with: keys must be distinct rows in increasing order");
         const StepLoopFn step = StepLoopOf(variant);
-        const StepRowsView view{values.mutable_data(), hetu::storage::kF32, state.mutable_data(), steps.mutable_data(),
-                                versions.mutable_data(), ps::SlotIndex{}, width, state_width};
+        UnitCounters counters;
+        counters.Reset(rows);
+        for (int64_t r = 0; r < rows; ++r) counters.Load(r, steps.data()[r], versions.data()[r]);
+        counters.Rebound();
+        counters.Reserve(1, 1);
+        const StepRowsView view{values.mutable_data(), hetu::storage::kF32, state.mutable_data(), &counters,
+                                ps::SlotIndex{}, width, state_width};
         step(cfg, lr, view, keys.data(), 0, keys.size(), grads.data(), nullptr);
+        for (int64_t r = 0; r < rows; ++r) {
+          steps.mutable_data()[r] = counters.step(r);
+          versions.mutable_data()[r] = counters.version(r);
+        }
       });
   ps::RegisterRawBench(m);
 

@@ -26,20 +26,21 @@ inline __attribute__((always_inline)) void StepBody(const hetu::optim::Config& c
       for (int64_t k = 0; k < row_bytes; k += 64) __builtin_prefetch(row + k, 1);
       const char* st = reinterpret_cast<const char*>(t.state + q * sw);
       for (int64_t k = 0; k < sw * 4; k += 64) __builtin_prefetch(st + k, 1);
-      __builtin_prefetch(t.steps + q, 1);
-      __builtin_prefetch(t.versions + q, 1);
+      t.counters->Prefetch(q);
     }
     const int64_t r = t.slot(keys[i]);
     float* state = sw ? t.state + r * sw : nullptr;
-    if (wide.empty()) {
-      hetu::optim::step_row(cfg, lr, reinterpret_cast<float*>(values + r * row_bytes), state, t.steps + r,
-                            grads + i * w, w, &bias);
-    } else {  // step_row rounds to the storage type, so narrowing back is exact
-      hetu::storage::widen_row(t.storage, values + r * row_bytes, wide.data(), w);
-      hetu::optim::step_row(cfg, lr, wide.data(), state, t.steps + r, grads + i * w, w, &bias);
-      hetu::storage::narrow_row(t.storage, wide.data(), values + r * row_bytes, w);
-    }
-    t.versions[r] += counts ? counts[i] : 1;
+    char* row = values + r * row_bytes;
+    t.counters->Stepped(r, counts ? counts[i] : 1, [&](int64_t* step) {
+      if (wide.empty()) {
+        hetu::optim::step_row(cfg, lr, reinterpret_cast<float*>(row), state, step, grads + i * w, w, &bias);
+        return;
+      }
+      // step_row rounds to the storage type, so narrowing back is exact
+      hetu::storage::widen_row(t.storage, row, wide.data(), w);
+      hetu::optim::step_row(cfg, lr, wide.data(), state, step, grads + i * w, w, &bias);
+      hetu::storage::narrow_row(t.storage, wide.data(), row, w);
+    });
   }
 }
 

@@ -12,18 +12,19 @@
 
 #include "common/optim_rules.h"
 #include "row_placement.h"
+#include "shard_arrays.h"
 
 namespace ps {
 
 // Rows of a shard: the row at slot r has its values at values[r * width] (elements of
 // hetu::storage::Type `storage`), its state at state[r * state_width]; row k sits at slot
-// slot(k). A 16-bit row is widened, stepped in float32 and rounded back (common/storage.h).
+// slot(k), its step count and version in counters. A 16-bit row is widened, stepped in float32
+// and rounded back (common/storage.h).
 struct StepRowsView {
   void* values;
   int storage;
   float* state;
-  int64_t* steps;
-  int64_t* versions;
+  UnitCounters* counters;
   SlotIndex slot;
   int64_t width, state_width;
 };

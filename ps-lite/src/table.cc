@@ -16,6 +16,7 @@
 
 #include "common/parallel.h"
 #include "common/rng.h"
+#include "logging.h"
 #include "step_loop.h"
 
 namespace ps {
@@ -82,6 +83,7 @@ void HugeArray<T>::Reset(size_t n, T fill) {
 }
 
 template class HugeArray<char>;
+template class HugeArray<int32_t>;
 template class HugeArray<float>;
 template class HugeArray<int64_t>;
 
@@ -134,8 +136,7 @@ void TableShard::Reset() {
     }
   });
   state_.Reset(units_ * unit_state_width_, 0.0f);
-  steps_.Reset(units_, 0);
-  versions_.Reset(units_, 0);
+  counters_.Reset(units_);
   pending.clear();
   arrived.clear();
   applied = -1;
@@ -174,8 +175,10 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
         for (int64_t j = 0; j < p.n; ++j) sum[j] += p.values[j];
     }
     if (contributions == 0) return;
-    hetu::optim::step_row(cfg_, lr, dense_values(), state_.data(), &steps_[0], sum.data(), unit_width_);
-    versions_[0] += contributions;
+    ReserveCounters(contributions);
+    counters_.Stepped(0, contributions, [&](int64_t* step) {
+      hetu::optim::step_row(cfg_, lr, dense_values(), state_.data(), step, sum.data(), unit_width_);
+    });
     return;
   }
   // One push of strictly increasing keys (what a worker's deduplicated batch is): nothing to
@@ -185,6 +188,9 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
     bool increasing = true;
     for (int64_t i = 1; i < p.n && increasing; ++i) increasing = p.keys[i - 1] < p.keys[i];
     if (increasing) {  // distinct rows: threads can step disjoint runs of them
+      int64_t most = 1;
+      for (int64_t i = 0; p.counts && i < p.n; ++i) most = std::max(most, p.counts[i]);
+      ReserveCounters(most);
       hetu::parallel_for(p.n, kParallelRows,
                          [&](int64_t b, int64_t e) { StepRows(p.keys, b, e, p.values, p.counts, lr); });
       return;
@@ -237,14 +243,20 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
     }
     grads = sum.data();
   }
+  ReserveCounters(add.empty() ? 0 : *std::max_element(add.begin(), add.end()));
   StepRows(order.data(), 0, static_cast<int64_t>(order.size()), grads, add.data(), lr);
+}
+
+void TableShard::ReserveCounters(int64_t version_add, int64_t steps, bool set_steps) {
+  if (counters_.Reserve(steps, version_add, set_steps))
+    PS_VLOG(0) << "table '" << name_ << "', server " << rank_
+               << ": step counts and versions are 64 bits from now on (one could pass 2^31 - 1)";
 }
 
 void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts,
                           float lr) {
   static const StepLoopFn step = StepLoopOf(SimdVariant());  // HETU_SIMD, checked when the server starts
-  const StepRowsView rows{values_.data(), storage_, state_.data(), steps_.data(), versions_.data(),
-                          slot_,          width(),  unit_state_width_};
+  const StepRowsView rows{values_.data(), storage_, state_.data(), &counters_, slot_, width(), unit_state_width_};
   step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
 
@@ -266,7 +278,7 @@ void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data()
 std::vector<int64_t> TableShard::Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const {
   std::vector<int64_t> idx;
   for (int64_t i = 0; i < n; ++i)
-    if (versions_[Unit(keys[i])] - versions[i] > bound) idx.push_back(i);
+    if (counters_.version(Unit(keys[i])) - versions[i] > bound) idx.push_back(i);
   return idx;
 }
 
@@ -275,8 +287,8 @@ void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = slot_(keys[i]);
     if (sw) std::memcpy(state + i * sw, &state_[r * sw], sw * sizeof(float));
-    steps[i] = steps_[r];
-    versions[i] = versions_[r];
+    steps[i] = counters_.step(r);
+    versions[i] = counters_.version(r);
   }
 }
 
@@ -284,12 +296,17 @@ void TableShard::Assign(const int64_t* keys, int64_t n, const void* values, cons
                         const int64_t* version_add) {
   const int64_t rb = row_bytes_, sw = unit_state_width_;
   const char* v = static_cast<const char*>(values);
+  int64_t most_steps = 0, most_add = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    most_steps = std::max(most_steps, steps[i]);
+    most_add = std::max(most_add, version_add[i]);
+  }
+  ReserveCounters(most_add, most_steps, true);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = slot_(keys[i]);
     std::memcpy(&values_[r * rb], v + i * rb, rb);
     if (sw) std::memcpy(&state_[r * sw], state + i * sw, sw * sizeof(float));
-    steps_[r] = steps[i];
-    versions_[r] += version_add[i];
+    counters_.Assign(r, steps[i], version_add[i]);
   }
 }
 
@@ -361,8 +378,15 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
   };
   put(values_.data(), values_.size());
   put(state_.data(), state_.size() * sizeof(float));
-  put(steps_.data(), steps_.size() * sizeof(int64_t));
-  put(versions_.data(), versions_.size() * sizeof(int64_t));
+  // Step counts, then versions, as int64 whatever their width here (through a bounded buffer).
+  std::vector<int64_t> counts(std::min<int64_t>(units_, int64_t(1) << 19));
+  for (int section = 0; section < 2; ++section) {
+    for (int64_t u0 = 0; u0 < units_ && ok; u0 += static_cast<int64_t>(counts.size())) {
+      const int64_t m = std::min<int64_t>(counts.size(), units_ - u0);
+      for (int64_t j = 0; j < m; ++j) counts[j] = section == 0 ? counters_.step(u0 + j) : counters_.version(u0 + j);
+      put(counts.data(), m * sizeof(int64_t));
+    }
+  }
   ok = (std::fflush(f) == 0) && ok;
   ok = (fsync(fileno(f)) == 0) && ok;  // on disk before the checkpoint that lists it is
   ok = (std::fclose(f) == 0) && ok;
@@ -433,6 +457,26 @@ bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, in
   return true;
 }
 
+// The step counts and versions of slots [ja, jb) of saved shard k (int64 sections at steps_at
+// and versions_at) into `counters` at the slots where server `rank` under `to` keeps the same
+// rows, through bounded buffers; counters that do not fit 32 bits widen them.
+bool CopyCounters(FILE* f, long steps_at, long versions_at, const RowPlacement& from, int k, int64_t ja, int64_t jb,
+                  const RowPlacement& to, int rank, UnitCounters* counters) {
+  const SlotIndex slot = to.Slots(rank);
+  const int64_t chunk = int64_t(1) << 18;
+  std::vector<int64_t> steps(std::min(chunk, std::max<int64_t>(jb - ja, 0))), versions(steps.size());
+  for (int64_t j0 = ja; j0 < jb; j0 += chunk) {
+    const int64_t m = std::min(chunk, jb - j0);
+    if (!ReadAt(f, steps_at + j0 * 8, steps.data(), m * 8) || !ReadAt(f, versions_at + j0 * 8, versions.data(), m * 8))
+      return false;
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t row = from.Row(k, j0 + j);
+      if (to.Holds(rank, row)) counters->Load(slot(row), steps[j], versions[j]);
+    }
+  }
+  return true;
+}
+
 // The server count a table's saved shards were written with: every NAME.shardK-of-N.bin in
 // `dir` must name the same N. 0 with `error` set when there is none or they disagree.
 int SavedServerCount(const std::string& dir, const std::string& prefix, std::string* error) {
@@ -482,6 +526,7 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
   const int saved = SavedServerCount(dir, prefix, &error);
   if (!saved) return table + error;
   const int64_t w = width(), sw = unit_state_width_;
+  const bool was_wide = counters_.wide();
   t_read_bytes = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const bool copy = pass == 1;
@@ -563,8 +608,7 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
           for (int64_t s = 0, arrays = hetu::optim::state_width(cfg_.kind, 1); s < arrays; ++s)
             ok = ok && ReadAt(in.f, state_at + (s * unit_width + (a - h.lo) * w) * float_bytes,
                               state_.data() + s * unit_width_ + (a - slot_.first) * w, n * w * float_bytes);
-          steps_[0] = step;
-          versions_[0] = version;
+          counters_.Load(0, step, version);
         }
       } else {
         // Saved slots [ja, jb): those whose rows lie between this shard's first and last row.
@@ -588,10 +632,7 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
                          h.storage == storage_ ? nullptr : &recode) &&
                CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
                          reinterpret_cast<char*>(state_.data())) &&
-               CopySlots(in.f, steps_at, int_bytes, from, k, ja, jb, placement_, rank_,
-                         reinterpret_cast<char*>(steps_.data())) &&
-               CopySlots(in.f, versions_at, int_bytes, from, k, ja, jb, placement_, rank_,
-                         reinterpret_cast<char*>(versions_.data()));
+               CopyCounters(in.f, steps_at, versions_at, from, k, ja, jb, placement_, rank_, &counters_);
       }
       if (!ok) {
         if (!copy) return table + "reading " + path + " failed";
@@ -604,7 +645,13 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
     if (covered != rows_)
       return table + "the saved shards hold " + std::to_string(covered) + " of this shard's " +
              std::to_string(rows_) + " rows";
-    if (copy) applied = loaded_applied;
+    if (copy) {
+      applied = loaded_applied;
+      counters_.Rebound();
+      if (!was_wide && counters_.wide())
+        PS_VLOG(0) << "table '" << name_ << "', server " << rank_
+                   << ": step counts and versions are 64 bits from now on (the checkpoint holds counts past 2^31 - 1)";
+    }
   }
   *bytes_read = t_read_bytes;
   pending.clear();

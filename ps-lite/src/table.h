@@ -15,34 +15,9 @@
 #include "common/optim_rules.h"
 #include "message.h"
 #include "row_placement.h"
+#include "shard_arrays.h"
 
 namespace ps {
-
-// Table storage: rows are read at random, so with 4 KiB pages nearly every row of a large
-// gather is a TLB miss. Anonymous memory advised for transparent huge pages avoids that.
-template <typename T>
-class HugeArray {
- public:
-  HugeArray() = default;
-  ~HugeArray();
-  HugeArray(const HugeArray&) = delete;
-  HugeArray& operator=(const HugeArray&) = delete;
-  void Reset(size_t n, T fill);  // n elements, all `fill`
-  void Swap(HugeArray& o) {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    std::swap(bytes_, o.bytes_);
-  }
-  T* data() { return p_; }
-  const T* data() const { return p_; }
-  size_t size() const { return n_; }
-  T& operator[](size_t i) { return p_[i]; }
-  const T& operator[](size_t i) const { return p_[i]; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0, bytes_ = 0;
-};
 
 class TableShard {
  public:
@@ -82,7 +57,8 @@ class TableShard {
   // Rows whose version is more than `bound` ahead of the worker's: positions into keys.
   std::vector<int64_t> Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const;
   void GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const;
-  int64_t Version(int64_t key) const { return versions_[Unit(key)]; }
+  int64_t Version(int64_t key) const { return counters_.version(Unit(key)); }
+  bool wide_counters() const { return counters_.wide(); }  // steps and versions in 64 bits
   void Assign(const int64_t* keys, int64_t n, const void* values, const float* state, const int64_t* steps,
               const int64_t* version_add);
 
@@ -124,6 +100,9 @@ class TableShard {
   }
   // One optimizer step of the rows keys[b..e) (distinct, of this shard) with grads[i * width].
   void StepRows(const int64_t* keys, int64_t b, int64_t e, const float* grads, const int64_t* counts, float lr);
+  // Before an update adding at most `version_add` to a version and `steps` to a step count (with
+  // `set_steps`: setting them to at most that): 64-bit counters if a count could pass 2^31 - 1.
+  void ReserveCounters(int64_t version_add, int64_t steps = 1, bool set_steps = false);
 
   std::string name_;
   pb::TableSpec spec_;
@@ -138,7 +117,7 @@ class TableShard {
   float* dense_values() { return reinterpret_cast<float*>(values_.data()); }  // a dense shard's float32
   HugeArray<char> values_;     // rows in slot order, row_bytes_ each
   HugeArray<float> state_;
-  HugeArray<int64_t> steps_, versions_;
+  UnitCounters counters_;      // every unit's step count and version
 };
 
 }  // namespace ps
