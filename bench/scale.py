@@ -173,8 +173,7 @@ def expected_worker_bytes(mode, rows, args):
     PS keeps no rows. The interpreter, the model and the batches come on top (a few hundred MB)."""
     if mode == "PS":
         return 0
-    # The caches keep rows as float32 whatever the storage type (their values rounded to it).
-    return math.ceil(args.ratio * rows) * row_bytes(args.embedding_size, args.optimizer, "fp32")
+    return math.ceil(args.ratio * rows) * row_bytes(args.embedding_size, args.optimizer, args.dtype)
 
 
 def prepare(args):

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/kernels.h"
+#include "common/parallel.h"
 
 namespace hetu {
 namespace cache {
@@ -16,10 +16,10 @@ RowCache::RowCache(PolicyKind kind, int64_t capacity, int64_t width, int64_t bou
       width_(width),
       bound_(bound),
       optimizer_(optimizer),
-      state_width_(optim::state_width(optimizer.kind, width)) {
+      state_width_(optim::state_width(optimizer.kind, width)),
+      values_(optimizer.storage, capacity, width) {
   if (width < 1) throw std::invalid_argument("RowCache: width must be at least 1, got " + std::to_string(width));
   if (bound < 0) throw std::invalid_argument("RowCache: bound must not be negative, got " + std::to_string(bound));
-  values_.assign(capacity * width, 0.0f);
   version_.assign(capacity, kNeverVersion);
   opt_state_.assign(capacity * state_width_, 0.0f);
   opt_steps_.assign(capacity, 0);
@@ -77,7 +77,7 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
     std::memcpy(out + i * width_, rows + j * width_, row_bytes);
     const int64_t s = policy_.SlotOf(keys[i]);
     if (s < 0) continue;  // bypasses the cache this step
-    std::memcpy(&values_[s * width_], rows + j * width_, row_bytes);
+    values_.Put(s, rows + j * width_);
     version_[s] = versions[j];
     if (state && sw) std::memcpy(&opt_state_[s * sw], state + j * sw, sw * sizeof(float));
     if (steps) opt_steps_[s] = steps[j];
@@ -86,7 +86,7 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
     if (returned[i]) continue;
     const int64_t s = policy_.SlotOf(keys[i]);
     if (s < 0 || version_[s] == kNeverVersion) return i;  // the pull must have returned it
-    std::memcpy(out + i * width_, &values_[s * width_], row_bytes);
+    values_.Get(s, out + i * width_);
   }
   return -1;
 }
@@ -111,8 +111,17 @@ PushRows RowCache::Step(const int64_t* keys, const float* summed, int64_t n, flo
     grads_cached.insert(grads_cached.end(), g, g + width_);
   }
   // The local copy takes the step now, by the servers' rule, with its state cached beside it.
-  kernels::apply_rows(optimizer_, lr, values_.data(), opt_state_.data(), opt_steps_.data(), width_, slots.data(),
-                      grads_cached.data(), static_cast<int64_t>(slots.size()));
+  const int64_t sw = state_width_;
+  parallel_for(static_cast<int64_t>(slots.size()), 256, [&](int64_t b, int64_t e) {
+    std::vector<float> row(width_);
+    for (int64_t j = b; j < e; ++j) {
+      const int64_t s = slots[j];
+      values_.Get(s, row.data());
+      optim::step_row(optimizer_, lr, row.data(), sw ? &opt_state_[s * sw] : nullptr, &opt_steps_[s],
+                      &grads_cached[j * width_], width_);
+      values_.Put(s, row.data());
+    }
+  });
   if (bound_ == 0) {
     // Pushed now with one contribution each; the servers' version of a row that no other
     // worker updated this iteration ends equal to this one, and the next read is a hit.
@@ -157,7 +166,7 @@ bool RowCache::Row(int64_t key, float* values, float* state, int64_t* steps, int
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t s = policy_.SlotOf(key);
   if (s < 0) return false;
-  std::memcpy(values, &values_[s * width_], width_ * sizeof(float));
+  values_.Get(s, values);
   const int64_t sw = state_width();
   std::memcpy(state, &opt_state_[s * sw], sw * sizeof(float));
   *steps = opt_steps_[s];

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/policy.h"
+#include "cache/stored_rows.h"
 #include "common/optim_rules.h"
 
 namespace hetu {
@@ -80,7 +81,7 @@ class RowCache {
   const int64_t width_, bound_;
   const optim::Config optimizer_;
   const int64_t state_width_;  // optimizer state floats per row
-  std::vector<float> values_;        // [capacity, width]
+  StoredRows values_;                // [capacity, width], in the table's storage type
   std::vector<int64_t> version_;     // [capacity]
   std::vector<float> opt_state_;     // [capacity, state_width]
   std::vector<int64_t> opt_steps_;   // [capacity]

@@ -21,7 +21,8 @@ int64_t Find(const std::vector<int64_t>& keys, int64_t key) {
 PlanCache::PlanCache(cache::PolicyKind kind, int64_t capacity, int64_t width, const optim::Config& optimizer,
                      int64_t pin_threshold)
     : policy_(kind, capacity, pin_threshold), width_(width), state_width_(optim::state_width(optimizer.kind, width)),
-      optimizer_(optimizer), values_(capacity * width), state_(capacity * state_width_), steps_(capacity, 0),
+      optimizer_(optimizer), values_(optimizer.storage, capacity, width), state_(capacity * state_width_),
+      steps_(capacity, 0),
       valid_(capacity, 0), dirty_(capacity, 0) {}
 
 void PlanCache::Append(RowsOut* out, int64_t key, const float* values, const float* state, int64_t steps) const {
@@ -29,6 +30,12 @@ void PlanCache::Append(RowsOut* out, int64_t key, const float* values, const flo
   out->values.insert(out->values.end(), values, values + width_);
   out->state.insert(out->state.end(), state, state + state_width_);
   out->steps.push_back(steps);
+}
+
+void PlanCache::AppendSlot(RowsOut* out, int64_t key, int64_t slot) const {
+  std::vector<float> row(width_);
+  values_.Get(slot, row.data());
+  Append(out, key, row.data(), &state_[slot * state_width_], steps_[slot]);
 }
 
 std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan_hit, const uint8_t* plan_pull,
@@ -45,8 +52,7 @@ std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan
   evicted_ = RowsOut();
   for (size_t e : order) {
     const int64_t slot = r.evicted_slots[e];
-    if (dirty_[slot])
-      Append(&evicted_, r.evicted_keys[e], &values_[slot * width_], &state_[slot * state_width_], steps_[slot]);
+    if (dirty_[slot]) AppendSlot(&evicted_, r.evicted_keys[e], slot);
     valid_[slot] = dirty_[slot] = 0;
   }
   *evictions = static_cast<int64_t>(r.evicted_keys.size());
@@ -59,7 +65,7 @@ std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan
     const bool valid = slot >= 0 && r.hit[i] && valid_[slot];
     wrong += valid == (plan_pull[i] != 0);
     if (valid) {
-      std::memcpy(vals + i * width_, &values_[slot * width_], width_ * sizeof(float));
+      values_.Get(slot, vals + i * width_);
       std::memcpy(state + i * state_width_, &state_[slot * state_width_], state_width_ * sizeof(float));
       steps[i] = steps_[slot];
       ++from_cache;
@@ -87,7 +93,7 @@ std::string PlanCache::Finish(const int64_t* keys, int64_t n, const uint8_t* own
       optim::step_row(optimizer_, lr, vals + i * width_, state_width_ ? state + i * state_width_ : nullptr, steps + i,
                       summed + i * width_, width_);
       if (slot < 0) continue;
-      std::memcpy(&values_[slot * width_], vals + i * width_, width_ * sizeof(float));
+      values_.Put(slot, vals + i * width_);
       std::memcpy(&state_[slot * state_width_], state + i * state_width_, state_width_ * sizeof(float));
       steps_[slot] = steps[i];
       valid_[slot] = dirty_[slot] = 1;
@@ -118,7 +124,7 @@ std::string PlanCache::Finish(const int64_t* keys, int64_t n, const uint8_t* own
     }
     const int64_t slot = policy_.SlotOf(key);
     if (slot >= 0 && dirty_[slot]) {  // a clean row (already flushed) needs nothing
-      Append(out, key, &values_[slot * width_], &state_[slot * state_width_], steps_[slot]);
+      AppendSlot(out, key, slot);
       dirty_[slot] = 0;
     }
   }
@@ -135,7 +141,7 @@ RowsOut PlanCache::Drain() {
   std::sort(rows.begin(), rows.end());
   RowsOut out;
   for (const auto& [key, slot] : rows) {
-    Append(&out, key, &values_[slot * width_], &state_[slot * state_width_], steps_[slot]);
+    AppendSlot(&out, key, slot);
     dirty_[slot] = 0;
   }
   return out;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/policy.h"
+#include "cache/stored_rows.h"
 #include "common/optim_rules.h"
 
 namespace hetu {
@@ -54,11 +55,13 @@ class PlanCache {
 
  private:
   void Append(RowsOut* out, int64_t key, const float* values, const float* state, int64_t steps) const;
+  void AppendSlot(RowsOut* out, int64_t key, int64_t slot) const;  // a cached row, widened
 
   cache::CachePolicy policy_;
   const int64_t width_, state_width_;
   const optim::Config optimizer_;
-  std::vector<float> values_, state_;
+  cache::StoredRows values_;  // in the table's storage type
+  std::vector<float> state_;
   std::vector<int64_t> steps_;
   std::vector<uint8_t> valid_, dirty_;
 
