@@ -58,6 +58,7 @@ def mode_command(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):
             *flags, "--bsp", "0", "--model", args.model, "--batch-size", str(batch),
             "--embedding-size", str(args.embedding_size), "--cache-limit-ratio", str(ratio),
             "--iters-per-epoch", str(args.iterations), *data_flags(args), "--no-progress",
+            "--embedding-dtype", getattr(args, "embedding_dtype", "fp32"),
             "--cache-perf", "--csv-dir", csv_dir]
 
 
@@ -126,6 +127,8 @@ def main():
     p.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
     p.add_argument("--model", default="wdl_criteo")
     p.add_argument("--embedding-size", type=int, default=128)
+    p.add_argument("--embedding-dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="the type embedding rows are stored and moved in")
     p.add_argument("--iterations", type=int, default=40)
     add_data_arguments(p, rows=500000)
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; samples/s is the median")

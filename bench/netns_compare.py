@@ -10,6 +10,7 @@ Needs root, iproute2, openssh-server and mpirun (hetu_tools.netns); prints why o
 
     python bench/netns_compare.py                                    # W=2, 1 and 10 Gbit/s
     python bench/netns_compare.py --workers 2 4 --rates 1gbit 10gbit --repeats 3
+    python bench/netns_compare.py --rates 1gbit --embedding-dtypes fp32 bf16   # rows in 32 and 16 bits
 """
 import argparse
 import os
@@ -23,7 +24,8 @@ import compare_modes  # noqa: E402  (run_mode, aggregate: one run of a mode, and
 from hetu_tools.netns import NamespaceHosts, NetnsUnavailable, shape, unshape  # noqa: E402
 
 def run_on_hosts(hosts, workers, rate, args):
-    """{mode: [aggregate per repeat]} with every link shaped to `rate` (None: unshaped veth)."""
+    """{mode: [aggregate per repeat]} with every link shaped to `rate` (None: unshaped veth), rows
+    in args.embedding_dtype."""
     rate = None if rate == "none" else rate
     for h in hosts:
         if rate:
@@ -52,6 +54,8 @@ def main():
     p.add_argument("--ratio", type=float, default=0.1, help="cache size as a share of each table's rows")
     p.add_argument("--model", default="wdl_criteo")
     p.add_argument("--embedding-size", type=int, default=128)
+    p.add_argument("--embedding-dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16", "fp16"],
+                   help="the types embedding rows are stored and moved in: each is a row of the table")
     p.add_argument("--iterations", type=int, default=30)
     compare_modes.add_data_arguments(p, rows=200000)
     p.add_argument("--repeats", type=int, default=3)
@@ -60,7 +64,7 @@ def main():
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args()
 
-    header = (f"{'W':>2} {'link':>7}  {'mode':<19}{'rows moved':>11}{'MB moved':>9}{'samples/s':>11}{'runs (samples/s)':>28}"
+    header = (f"{'W':>2} {'link':>7} {'rows':>5}  {'mode':<19}{'rows moved':>11}{'MB moved':>9}{'samples/s':>11}{'runs (samples/s)':>28}"
               f"{'vs PS':>7}{'vs HET':>7}")
     print(f"W workers, b={args.batch}, embedding {args.embedding_size}, cache ratio {args.ratio}, "
           f"{args.iterations} iterations, median of {args.repeats}")
@@ -70,21 +74,24 @@ def main():
         try:
             with NamespaceHosts(workers + 1) as hosts:
                 for rate in args.rates:
-                    report(workers, None if rate == "none" else rate, run_on_hosts(hosts, workers, rate, args))
+                    for dtype in args.embedding_dtypes:
+                        args.embedding_dtype = dtype
+                        report(workers, None if rate == "none" else rate, dtype,
+                               run_on_hosts(hosts, workers, rate, args))
         except NetnsUnavailable as e:
             sys.exit(f"cannot make or shape namespace hosts here: {e}")
 
 
-def report(workers, rate, res):
+def report(workers, rate, dtype, res):
     speed = {m: statistics.median(r["samples_per_s"] for r in res[m]) for m in res}
     for m in res:
         runs = " ".join(f"{r['samples_per_s']:.0f}" for r in res[m])
         ratio = lambda ref: speed[m] / speed[ref] if ref in speed else float("nan")
-        print(f"{workers:>2} {rate or 'veth':>7}  {m:<19}{res[m][0]['rows']:>11}{res[m][0]['bytes'] / 1e6:>9.1f}{speed[m]:>11.0f}"
+        print(f"{workers:>2} {rate or 'veth':>7} {dtype:>5}  {m:<19}{res[m][0]['rows']:>11}{res[m][0]['bytes'] / 1e6:>9.1f}{speed[m]:>11.0f}"
               f"{runs:>28}{ratio('PS'):>7.2f}{ratio('HET'):>7.2f}", flush=True)
     if "Herald" in res and "HET" in res:
         het, herald = res["HET"][0], res["Herald"][0]
-        print(f"{'':>12}Herald vs HET: {1 - herald['rows'] / het['rows']:.1%} fewer rows "
+        print(f"{'':>18}Herald vs HET: {1 - herald['rows'] / het['rows']:.1%} fewer rows "
               f"({herald['bytes'] / 1e6:.1f} against {het['bytes'] / 1e6:.1f} MB), "
               f"{speed['Herald'] / speed['HET']:.2f}x samples/s", flush=True)
 
