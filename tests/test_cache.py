@@ -193,6 +193,7 @@ table = ps.client().init_table("emb", R, WIDTH, init=("uniform", -1, 1), seed=5,
 class Remote:
     '''The versioned pull and the iteration-tagged push of hetu.dist.ps.RemoteTable.'''
     param = types.SimpleNamespace(shape=(R, WIDTH), name="emb")
+    row_bytes = grad_bytes = WIDTH * 4   # fp32 rows and gradients on the wire
     clock = 0
 
     def pull_stale(self, keys, versions, bound, with_state=False):

@@ -41,7 +41,11 @@ Conventions
   write-back) of iteration t visible to every pull of t+1, send it before the push of t.
 * A row's version counts gradient contributions applied to it: by default one per distinct
   key per push (duplicates within one push are summed, in order, and count once); ``counts``
-  gives per-key contributions instead.
+  gives per-key contributions instead. Servers keep versions and step counts in 32 bits until
+  one could pass 2^31 - 1, then in 64; the counts are the same either way.
+* ``init_table(..., storage="bf16"|"fp16")``: the servers store the rows, and send them, in 16
+  bits. Rows still come and go here as float32 (widened exactly; rounded to nearest even on the
+  way out), gradients and optimizer state stay float32, and every step rounds the row.
 """
 import os
 
@@ -53,7 +57,7 @@ __all__ = [
     "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
     "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
     "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
-    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed",
+    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed", "STORAGE_BYTES",
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
