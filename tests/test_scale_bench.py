@@ -10,27 +10,30 @@ from conftest import REPO
 
 
 @pytest.mark.timeout(400)
-def test_scale_bench_reads_every_figure_of_a_small_run(tmp_path):
+@pytest.mark.parametrize("dtype,element", [("fp32", 4), ("bf16", 2)])
+def test_scale_bench_reads_every_figure_of_a_small_run(tmp_path, dtype, element):
     out = tmp_path / "scale.json"
     p = subprocess.run([sys.executable, str(REPO / "bench/scale.py"), "--scale", "0.01", "--rows", "4000",
                         "--iterations", "4", "--batch", "64", "--modes", "PS", "Herald", "--data",
                         str(tmp_path / "data"), "--work", str(tmp_path / "work"), "--json", str(out),
-                        "--sample-interval", "0.1", "--timeout", "300"],
+                        "--sample-interval", "0.1", "--timeout", "300", "--dtype", dtype],
                        capture_output=True, text=True, timeout=390)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert [r["mode"] for r in results] == ["PS", "Herald"]
     rows = results[0]["rows"]
     for r in results:
-        # Each server's shard: an 88-byte header, then its rows x (16 floats, 1 accumulator, step, version).
+        # Each server's shard: a 96-byte header, then its rows x (16 elements of the type, 1
+        # accumulator, an int64 step and version); in memory the step and version are 32 bits each.
         shard_rows = [(rows - s + 1) // 2 for s in range(2)]
-        assert [b for b, _ in r["checkpoint_saved"]] == [88 + n * (64 + 4 + 16) for n in shard_rows], r
-        assert [b for b, _ in r["checkpoint_loaded"]] == [n * (64 + 4 + 16) for n in shard_rows], r
-        assert r["server_expected_bytes"] == [n * (64 + 4 + 16) for n in shard_rows]
+        row = 16 * element + 4
+        assert [b for b, _ in r["checkpoint_saved"]] == [96 + n * (row + 16) for n in shard_rows], r
+        assert [b for b, _ in r["checkpoint_loaded"]] == [n * (row + 16) for n in shard_rows], r
+        assert r["server_expected_bytes"] == [n * (row + 8) for n in shard_rows]
         peaks = r["peak_rss"]
         assert peaks["scheduler"] > 0 and all(x > 0 for x in peaks["servers"] + peaks["workers"]), peaks
         assert all(x > 0 for x in r["resume_peak_rss"]["servers"]), r
         assert r["startup_s"] > 0 and r["samples_per_s"] > 0 and r["rows_moved"] > 0 and r["bytes_moved"] > 0
         assert len(r["served_rows"]) == 2 and r["served_max_mean"] >= 1.0
-    assert "| PS | fp32 |" in p.stdout and "| Herald | fp32 |" in p.stdout
+    assert f"| PS | {dtype} |" in p.stdout and f"| Herald | {dtype} |" in p.stdout
     assert not os.path.exists(tmp_path / "work" / "PS"), "the checkpoints are left behind"
