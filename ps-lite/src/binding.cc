@@ -106,10 +106,9 @@ void ScatterMarked(const Request& r, const std::vector<uint8_t>& marked, const s
   }
 }
 
-// Rows as the table moves them -> float32 rows (widened exactly; common/storage.h). `raw` holds
-// n x w elements of `storage` (float32 or 16-bit, gathered with Gathered<uint16_t>).
+// 16-bit rows as the table moves them -> float32 rows (widened exactly; common/storage.h). `raw`
+// holds n x w elements of `storage` (gathered with Gathered<uint16_t>).
 py::array Widened(const py::array& raw, int storage, py::ssize_t n, py::ssize_t w) {
-  if (storage == hetu::storage::kF32) return raw;
   py::array_t<float> out({n, w});
   hetu::storage::widen_row(storage, raw.data(), out.mutable_data(), n * w);
   return out;
@@ -424,6 +423,8 @@ class RemoteTable {
     return Handle(req, keep, kNothing);
   }
 
+  int64_t RowBytes() const { return t_.row_bytes(); }
+
   // kSave, kLoad or kClear on every server.
   Handle Admin(int op, const std::string& path) {
     return Handle(Send([&](KVWorker& w) { return w.Admin(t_, op, path); }), py::list(), kNothing);
@@ -599,6 +600,7 @@ PYBIND11_MODULE(_ps, m) {
            py::arg("name"), py::arg("rows"), py::arg("width"), py::arg("dense") = false, py::arg("state_width") = 0,
            py::arg("storage") = "fp32",
            "storage: the type its rows are stored and moved in (fp32, bf16, fp16); they come and go as float32")
+      .def_property_readonly("row_bytes", &RemoteTable::RowBytes, "bytes of a row as the servers store and send it")
       .def("init", &RemoteTable::Init, py::kw_only(), py::arg("init_kind"), py::arg("init_a"), py::arg("init_b"),
            py::arg("seed"), py::arg("stream"), py::arg("optim_kind"), py::arg("momentum"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("l2reg"), py::arg("weight_decay"), py::arg("bsp"),

@@ -422,12 +422,10 @@ struct Recode {
   int64_t width;
 };
 
-void RecodeSlot(const Recode& rc, const char* src, char* dst) {
-  for (int64_t i = 0; i < rc.width; ++i) {
-    float x;
-    hetu::storage::widen_row(rc.from, src + i * hetu::storage::bytes(rc.from), &x, 1);
-    hetu::storage::narrow_row(rc.to, &x, dst + i * hetu::storage::bytes(rc.to), 1);
-  }
+void RecodeSlot(const Recode& rc, const char* src, char* dst, std::vector<float>* wide) {
+  wide->resize(rc.width);
+  hetu::storage::widen_row(rc.from, src, wide->data(), rc.width);
+  hetu::storage::narrow_row(rc.to, wide->data(), dst, rc.width);
 }
 
 // Copies slots [ja, jb) of one section of saved shard k (placed by `from`, `slot_bytes` per
@@ -444,13 +442,14 @@ bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, in
     return ReadAt(f, at + ja * slot_bytes, dest + slot(from.Row(k, ja)) * slot_bytes, (jb - ja) * slot_bytes);
   const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / static_cast<int64_t>(slot_bytes));
   std::vector<char> buffer(std::min(chunk, jb - ja) * slot_bytes);
+  std::vector<float> wide;  // a recoded row
   for (int64_t j0 = ja; j0 < jb; j0 += chunk) {
     const int64_t m = std::min(chunk, jb - j0);
     if (!ReadAt(f, at + j0 * slot_bytes, buffer.data(), m * slot_bytes)) return false;
     for (int64_t j = 0; j < m; ++j) {
       const int64_t row = from.Row(k, j0 + j);
       if (!to.Holds(rank, row)) continue;
-      if (recode) RecodeSlot(*recode, buffer.data() + j * slot_bytes, dest + slot(row) * dest_bytes);
+      if (recode) RecodeSlot(*recode, buffer.data() + j * slot_bytes, dest + slot(row) * dest_bytes, &wide);
       else std::memcpy(dest + slot(row) * slot_bytes, buffer.data() + j * slot_bytes, slot_bytes);
     }
   }

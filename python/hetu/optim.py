@@ -12,7 +12,7 @@ from .ops.embedding import IndexedSlices, unique_sum
 SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM, ADAMW, ROWWISE_ADAGRAD = range(7)
 # The types embedding rows may be stored in (src/common/storage.h): each step computes in float32
 # and rounds the row to its type; optimizer state stays float32.
-EMBEDDING_DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+EMBEDDING_DTYPES = {name: code for code, name in enumerate(_C.STORAGE_TYPES)}   # "fp32": 0, "bf16": 1, "fp16": 2
 KIND_NAMES = {SGD: "sgd", MOMENTUM: "momentum", NESTEROV: "nesterov", ADAGRAD: "adagrad", ADAM: "adam",
               ADAMW: "adamw", ROWWISE_ADAGRAD: "rowwise_adagrad"}
 

@@ -174,6 +174,9 @@ void bind_kernels(py::module_& m) {
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
+  m.attr("STORAGE_TYPES") = std::vector<std::string>{hetu::storage::name(hetu::storage::kF32),
+                                                     hetu::storage::name(hetu::storage::kBF16),
+                                                     hetu::storage::name(hetu::storage::kF16)};
   m.def("round_to_storage", &round_to_storage, py::arg("values"), py::arg("storage"),
         "values (float32, in place) rounded to nearest even in storage type 0 fp32, 1 bf16, 2 fp16");
   m.def("init_fill", &init_fill, "rows [row_begin, row_begin + len(out)) of a counter-based initializer");

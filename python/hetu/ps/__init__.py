@@ -57,12 +57,11 @@ __all__ = [
     "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
     "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
     "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
-    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed", "STORAGE_BYTES",
+    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed",
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
 OPTIMIZERS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5, "rowwise_adagrad": 6}
-STORAGE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # row storage types, bytes per element
 _OPTIM_DEFAULTS = dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0)
 _GROUPS = {"workers": _ps.WORKERS, "servers": _ps.SERVERS, "all": _ps.ALL}
 
@@ -248,7 +247,7 @@ class Table:
         self._t = _ps.Table(name=name, rows=self.rows, width=self.width, dense=self.dense,
                             state_width=self.state_width, storage=storage)
         # bytes of a row as the servers store and send it (rows come and go here as float32)
-        self.row_bytes = self.width * STORAGE_BYTES[storage]
+        self.row_bytes = self._t.row_bytes
 
     def __repr__(self):
         kind = "dense" if self.dense else "embedding"
@@ -388,8 +387,6 @@ class Client:
             raise ValueError(f"unknown optimizer settings {sorted(unknown)}")
         c = dict(_OPTIM_DEFAULTS, **cfg)
         stream = _ps.name_stream(name) if stream is None else int(stream)
-        if storage not in STORAGE_BYTES:
-            raise ValueError(f"table {name!r}: storage {storage!r}: expected one of {sorted(STORAGE_BYTES)}")
         table = Table(name, rows, width, opt, dense, _shape, storage)
         table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed), stream=stream,
                       optim_kind=OPTIMIZERS[opt], bsp=bool(bsp), staleness=int(staleness), **c).wait(timeout)
