@@ -527,19 +527,51 @@ def test_colocating_allocation_moves_fewer_rows_than_the_alternatives(workers, b
         assert estimate["colocate"] < 0.95 * min(estimate["greedy"], estimate["slices"]), estimate
 
 
-@pytest.mark.parametrize("workers,batch,digest", [
-    (2, 64, "106f42ce0b89d40c"), (8, 256, "6a23435267acd329"), (12, 100, "639f18eff0133c07"),
-    (16, 256, "e8fd19f34954f9f1"), (33, 40, "cae44c5ec2b52851"), (64, 16, "7ff9449cadf1cd55"),
-    (2, 33000, "98dbdbb449cc7831")])  # the last: more samples than 16-bit counts hold
-def test_colocating_allocation_is_unchanged(workers, batch, digest):
+@pytest.mark.parametrize("workers,batch,every_row,default", [
+    (2, 64, "106f42ce0b89d40c", "106f42ce0b89d40c"), (8, 256, "6a23435267acd329", "fe8d38f459ee8565"),
+    (12, 100, "639f18eff0133c07", "85ada057201758bf"), (16, 256, "e8fd19f34954f9f1", "ffb843b8b0cd70ac"),
+    (33, 40, "cae44c5ec2b52851", "850514a33208ff37"), (64, 16, "7ff9449cadf1cd55", "7ff9449cadf1cd55"),
+    (2, 33000, "98dbdbb449cc7831", "aa85de370d15c4dc")])  # the last: more samples than 16-bit counts hold
+def test_colocating_allocation_is_unchanged(workers, batch, every_row, default, monkeypatch):
     """The colocating allocator's answers, pinned: a faster allocator must allocate exactly as
-    before (a different allocation is a new option, measured, never a silent change)."""
-    rng = np.random.default_rng(workers * 7 + batch)
-    h = hashlib.sha256()
-    for t in range(3):
-        rows, valid = _zipf_batch(rng, workers, batch)
-        h.update(_C.colocate_allocate(rows, valid, workers, batch, t).astype(np.int32).tobytes())
-    assert h.hexdigest()[:16] == digest
+    before (a different allocation is a new option, measured, never a silent change). With
+    HETU_PLANNER_TRADE_SHARED=0 the trades score every row, as the allocator did before rows read
+    by many samples per worker were left out of them (the default, 4)."""
+    for setting, digest in (("0", every_row), (None, default)):
+        if setting is None:
+            monkeypatch.delenv("HETU_PLANNER_TRADE_SHARED", raising=False)
+        else:
+            monkeypatch.setenv("HETU_PLANNER_TRADE_SHARED", setting)
+        rng = np.random.default_rng(workers * 7 + batch)
+        h = hashlib.sha256()
+        for t in range(3):
+            rows, valid = _zipf_batch(rng, workers, batch)
+            h.update(_C.colocate_allocate(rows, valid, workers, batch, t).astype(np.int32).tobytes())
+        assert h.hexdigest()[:16] == digest, f"HETU_PLANNER_TRADE_SHARED={setting}"
+
+
+@pytest.mark.parametrize("workers,batch", [(8, 256), (16, 256), (33, 40)])
+def test_trades_without_heavy_rows_move_as_few_rows(workers, batch, monkeypatch):
+    """Leaving the rows that many samples per worker read out of the trades changes allocations
+    (the pins above) but not what they cost: estimated rows within 1% of trades over every row,
+    and more than the default changes when every row is heavy enough to leave out."""
+    estimates = {}
+    for setting in ("0", "4", "1"):
+        monkeypatch.setenv("HETU_PLANNER_TRADE_SHARED", setting)
+        rng = np.random.default_rng(workers * 7 + batch)
+        estimates[setting] = sum(
+            _C.estimated_rows(rows, valid, workers, _C.colocate_allocate(rows, valid, workers, batch, t))
+            for t, (rows, valid) in enumerate(_zipf_batch(rng, workers, batch) for _ in range(3)))
+    assert estimates["4"] <= 1.01 * estimates["0"], estimates
+    assert estimates["1"] != estimates["0"], estimates  # the setting reaches the allocator
+
+
+def test_trade_setting_must_be_a_count(monkeypatch):
+    rows, valid = _zipf_batch(np.random.default_rng(0), 4, 64)
+    for bad in ("four", "-1", "4x"):
+        monkeypatch.setenv("HETU_PLANNER_TRADE_SHARED", bad)
+        with pytest.raises(ValueError, match=f"HETU_PLANNER_TRADE_SHARED={bad}: expected a count"):
+            _C.colocate_allocate(rows, valid, 4, 64, 0)
 
 
 def test_colocating_allocation_separates_communities_with_a_cold_cache():

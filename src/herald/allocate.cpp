@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "herald/worker_mask.h"
 
@@ -23,9 +26,15 @@ int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int n
                        int64_t sample, int64_t iteration) {
   int w = static_cast<int>((sample + iteration) % num_workers);
   int chosen = -1;
+  int64_t best_cost = 0, best_load = 0;
   for (int k = 0; k < num_workers; ++k, w = w + 1 == num_workers ? 0 : w + 1) {
     if (load[w] >= per_worker) continue;
-    if (chosen < 0 || cost(w) < cost(chosen) || (cost(w) == cost(chosen) && load[w] < load[chosen])) chosen = w;
+    const int64_t c = cost(w), l = load[w];
+    // Selects rather than branches: which worker wins is as good as random.
+    const bool better = chosen < 0 || c < best_cost || (c == best_cost && l < best_load);
+    chosen = better ? w : chosen;
+    best_cost = better ? c : best_cost;
+    best_load = better ? l : best_load;
   }
   return chosen;
 }
@@ -67,21 +76,51 @@ inline AddedCost Added(uint64_t m, uint64_t v) {
   return {1, 1};
 }
 
-// Adds sign * (RowCost(m | Bit(w), v) - RowCost(m, v)) to added[w] + *every for every worker w.
-// What a worker outside m and v would add goes to *every once (the caller adds it to each worker
-// after the last row); the workers in m or v are corrected here. A row then costs as many steps
-// as the workers that read or hold it, not one per worker.
-inline void AddAdded(uint64_t m, uint64_t v, int sign, int32_t* every, int32_t* added) {
-  const AddedCost c = Added(m, v);
-  const int outside = sign * (c.k1 + c.k2);
-  *every += outside;
-  for (uint64_t in = m; in; in &= in - 1) added[__builtin_ctzll(in)] -= outside;
-  for (uint64_t held = v & ~m; held; held &= held - 1) added[__builtin_ctzll(held)] -= sign * c.k2;
-}
+// Per-worker sums as vector lanes, one per worker, four to a 16-byte vector (GCC and Clang
+// vector extensions: SSE2 on any x86-64, NEON on ARM): each of a sample's rows adds to the lanes of
+// the workers in or out of its masks with a few whole-vector operations, where a loop over a
+// mask's bits mispredicts at nearly every row. Integer sums: the same on every CPU. Lanes past
+// the cluster's workers are never read.
+typedef int32_t Quad __attribute__((vector_size(16)));
+constexpr Quad NibbleLanes(int b) { return Quad{-(b & 1), -(b >> 1 & 1), -(b >> 2 & 1), -(b >> 3 & 1)}; }
+// kNibble[b]: -1 in lane i where bit i of b is set.
+constexpr Quad kNibble[16] = {NibbleLanes(0),  NibbleLanes(1),  NibbleLanes(2),  NibbleLanes(3),
+                              NibbleLanes(4),  NibbleLanes(5),  NibbleLanes(6),  NibbleLanes(7),
+                              NibbleLanes(8),  NibbleLanes(9),  NibbleLanes(10), NibbleLanes(11),
+                              NibbleLanes(12), NibbleLanes(13), NibbleLanes(14), NibbleLanes(15)};
 
-inline void AddToEach(int32_t every, int num_workers, int32_t* added) {
-  for (int w = 0; w < num_workers; ++w) added[w] += every;
-}
+template <typename Mask>
+struct WorkerLanes {
+  static constexpr int kQuads = 2 * sizeof(Mask);
+  Quad q[kQuads] = {};
+
+  // -1 in lane w where worker w is in m, else 0.
+  static WorkerLanes In(Mask m) {
+    WorkerLanes out;
+    for (int c = 0; c < kQuads; ++c) out.q[c] = kNibble[m >> (4 * c) & 15];
+    return out;
+  }
+  // Lane w: RowCost(m | Bit(w), v) - RowCost(m, v), what worker w would add to the row's cost by
+  // reading it (0 for the workers in m).
+  static WorkerLanes Added(Mask m, Mask v) {
+    const AddedCost c = herald::Added(m, v);
+    WorkerLanes out;
+    for (int k = 0; k < kQuads; ++k) {
+      const int shift = 4 * k;
+      out.q[k] = kNibble[~m >> shift & 15] & (c.k1 + (kNibble[~v >> shift & 15] & c.k2));
+    }
+    return out;
+  }
+  WorkerLanes& operator+=(const WorkerLanes& o) {
+    for (int c = 0; c < kQuads; ++c) q[c] += o.q[c];
+    return *this;
+  }
+  WorkerLanes& operator-=(const WorkerLanes& o) {
+    for (int c = 0; c < kQuads; ++c) q[c] -= o.q[c];
+    return *this;
+  }
+  int32_t operator[](int w) const { return q[w >> 2][w & 3]; }
+};
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
 // the allocation; counted as read by all from the start, it does not pull every later sample
@@ -194,17 +233,17 @@ class Trader {
   // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker).
   void Savings(int64_t s, int32_t* out) const {
     const int from = assign_[s];
-    std::fill(out, out + W_, 0);
     int same = 0;  // the part of the saving that does not depend on the destination
+    Lanes added{};
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
       const Mask rest = row.readers & ~(row.once & MaskBit(from));
       if (rest == everyone_) continue;  // read by every worker whatever this sample does
       // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
       if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
-      AddAdded(rest, row.valid, -1, &same, out);
+      added += Lanes::Added(rest, row.valid);
     }
-    AddToEach(same, W_, out);
+    for (int to = 0; to < W_; ++to) out[to] = same - added[to];
     out[from] = 0;
   }
 
@@ -232,6 +271,7 @@ class Trader {
     assign_[s] = to;
   }
 
+  using Lanes = WorkerLanes<Mask>;
   static Mask MaskBit(int w) { return static_cast<Mask>(Bit(w)); }
   static void SetBits(Mask* mask, Mask bits, bool atomic) {
     if (atomic) {
@@ -350,8 +390,9 @@ double Since(std::chrono::steady_clock::time_point start) {
 // ColocateAllocate's placement: each sample, strongest cache preference first, to the worker with
 // room where it adds the fewest rows. Mask: a type of at least W bits.
 template <typename Mask>
-void Place(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker,
-           int64_t iteration, int32_t* assignment, Pool* pool) {
+void Place(const SampleRows& samples, const std::vector<int32_t>& samples_reading,
+           const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker, int64_t iteration,
+           int32_t* assignment, Pool* pool) {
   const int64_t n = samples.samples();
   const Mask everyone = static_cast<Mask>(AllWorkers(W));
   // Per row, the workers that read it so far and those holding a valid copy, side by side and as
@@ -361,28 +402,25 @@ void Place(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, i
   };
   std::vector<Row> row(num_rows);
   for (int64_t r = 0; r < num_rows; ++r) row[r] = Row{0, static_cast<Mask>(valid[r])};
-  {
-    std::vector<int32_t> samples_reading(num_rows, 0);
-    for (const int32_t r : samples.rows) ++samples_reading[r];
-    for (int64_t r = 0; r < num_rows; ++r)
-      if (samples_reading[r] > kSharedAnyway) row[r].readers = everyone;
-  }
-  // Each sample's best cache score, counted in a row of its own rather than a [n, W] table.
+  for (int64_t r = 0; r < num_rows; ++r)
+    if (samples_reading[r] > kSharedAnyway) row[r].readers = everyone;
+  using Lanes = WorkerLanes<Mask>;
+  // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
   ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> score(W);
     for (int64_t s = begin; s < end; ++s) {
-      std::fill(score.begin(), score.end(), 0);
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
-        for (uint64_t m = row[*r].valid; m; m &= m - 1) ++score[__builtin_ctzll(m)];
-      best[s] = *std::max_element(score.begin(), score.end());
+      Lanes score{};
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) score -= Lanes::In(row[*r].valid);
+      int32_t top = score[0];
+      for (int w = 1; w < W; ++w) top = std::max(top, score[w]);
+      best[s] = top;
     }
   });
   const std::vector<int64_t> order = StrongestFirst(best);
   std::vector<int64_t> load(W, 0);
   // On one thread each sample is its own block: its costs are computed as it is placed.
   const int64_t block = pool && pool->threads() > 1 ? kPlaceBlock : 1;
-  std::vector<int32_t> block_added(std::min(n, block) * W);
+  std::vector<Lanes> block_added(std::min(n, block));
   // Blocks of several samples only: the placement (position in order) that last changed
   // row[r].readers, and its value as the block of that placement started.
   std::vector<int64_t> changed(block > 1 ? num_rows : 0, -1);
@@ -391,28 +429,24 @@ void Place(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, i
     const int64_t j1 = std::min(n, j0 + block);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
-        int32_t* a = &block_added[j * W];
-        std::fill(a, a + W, 0);
-        int32_t every = 0;
+        Lanes a{};
         const int64_t s = order[j0 + j];
         for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
           const Row& x = row[*r];
-          if (x.readers != everyone) AddAdded(x.readers, x.valid, 1, &every, a);  // else: the same wherever the sample goes
+          if (x.readers != everyone) a += Lanes::Added(x.readers, x.valid);  // else: the same wherever the sample goes
         }
-        AddToEach(every, W, a);
+        block_added[j] = a;
       }
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
-      int32_t* added = &block_added[(j - j0) * W];
+      Lanes& added = block_added[j - j0];
       if (block > 1) {
-        int32_t every = 0;
         for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
           if (changed[*r] < j0) continue;
-          AddAdded(before[*r], row[*r].valid, -1, &every, added);
-          AddAdded(row[*r].readers, row[*r].valid, 1, &every, added);
+          if (before[*r] != everyone) added -= Lanes::Added(before[*r], row[*r].valid);
+          if (row[*r].readers != everyone) added += Lanes::Added(row[*r].readers, row[*r].valid);
         }
-        AddToEach(every, W, added);
       }
       const int chosen =
           BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
@@ -434,13 +468,45 @@ void Place(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, i
 
 // ColocateAllocate's trades, then the readers under the assignment made.
 template <typename T>
-void Trade(T&& trader, int64_t num_rows, std::vector<uint64_t>* readers_out) {
+void Trade(T&& trader) {
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
     if (trader.Sweep() == 0) break;
-  if (readers_out) {
-    readers_out->resize(num_rows);
-    trader.Readers(readers_out->data());
+}
+
+// The trades leave out the rows that more than this many samples per worker of the global batch
+// read (4 W samples at the default of 4): such a row is read by every worker, or nearly, before and
+// after any trade, yet it would be scored at every sample that reads it, and these are most of a
+// batch's (sample, row) pairs. HETU_PLANNER_TRADE_SHARED sets it; 0 trades over every row (the
+// allocation of earlier versions; docs/results.md compares the two).
+int64_t TradeShared(int num_workers) {
+  int64_t per_worker = 4;
+  if (const char* env = std::getenv("HETU_PLANNER_TRADE_SHARED")) {
+    char* end = nullptr;
+    per_worker = std::strtoll(env, &end, 10);
+    if (end == env || *end != '\0' || per_worker < 0)
+      throw std::invalid_argument(std::string("HETU_PLANNER_TRADE_SHARED=") + env +
+                                  ": expected a count of samples per worker (0: trade over every row)");
   }
+  if (per_worker == 0 || per_worker > std::numeric_limits<int32_t>::max() / num_workers)
+    return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(kSharedAnyway, per_worker * num_workers);
+}
+
+// Each sample's rows that at most `most` samples of the batch read.
+SampleRows LightRows(const SampleRows& samples, const std::vector<int32_t>& samples_reading, int64_t most) {
+  SampleRows light;
+  light.rows.resize(samples.rows.size());
+  light.begin.resize(samples.begin.size());
+  int64_t kept = 0;
+  for (int64_t s = 0; s < samples.samples(); ++s) {
+    for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+      light.rows[kept] = *r;  // kept or overwritten by the next: no branch to mispredict
+      kept += samples_reading[*r] <= most;
+    }
+    light.begin[s + 1] = kept;
+  }
+  light.rows.resize(kept);
+  return light;
 }
 
 }  // namespace
@@ -452,16 +518,20 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const int64_t n = samples.samples();
   const int W = num_workers;
   // Rows' worker masks as narrow as the workers allow.
+  std::vector<int32_t> samples_reading(num_rows, 0);
+  for (const int32_t r : samples.rows) ++samples_reading[r];
+  const SampleRows light = LightRows(samples, samples_reading, TradeShared(W));
   auto allocate = [&](auto mask) {
     using Mask = decltype(mask);
-    Place<Mask>(samples, valid, num_rows, W, per_worker, iteration, assignment, pool);
+    Place<Mask>(samples, samples_reading, valid, num_rows, W, per_worker, iteration, assignment, pool);
     const auto placed = std::chrono::steady_clock::now();
     if (seconds) seconds[0] += Since(start);
     if (n <= std::numeric_limits<uint16_t>::max()) {
-      Trade(Trader<uint16_t, Mask>(samples, valid, num_rows, W, assignment, pool), num_rows, readers_out);
+      Trade(Trader<uint16_t, Mask>(light, valid, num_rows, W, assignment, pool));
     } else {
-      Trade(Trader<int32_t, Mask>(samples, valid, num_rows, W, assignment, pool), num_rows, readers_out);
+      Trade(Trader<int32_t, Mask>(light, valid, num_rows, W, assignment, pool));
     }
+    if (readers_out) *readers_out = Readers(samples, num_rows, assignment);
     if (seconds) seconds[1] += Since(placed);
   };
   if (W <= 8) {

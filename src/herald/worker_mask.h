@@ -3,15 +3,16 @@
 #pragma once
 #include <cstdint>
 
+#include "common/popcount.h"
+
 namespace hetu {
 namespace herald {
 
 inline uint64_t Bit(int w) { return uint64_t(1) << w; }
 inline uint64_t AllWorkers(int num_workers) { return num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1; }
 
-// Workers in a mask. The portable build has no popcnt instruction, and the library call in its
-// place took a fifth of an offline planner run's CPU: clusters of up to 8 workers take the table,
-// larger masks a branch-free bit count.
+// Workers in a mask: clusters of up to 8 workers take the table, larger masks a branch-free bit
+// count (common/popcount.h).
 struct SmallPopCount {
   uint8_t of[256];
   constexpr SmallPopCount() : of() {
@@ -20,12 +21,6 @@ struct SmallPopCount {
   }
 };
 inline constexpr SmallPopCount kSmallPopCount;
-inline int PopCount(uint64_t x) {
-  x = x - ((x >> 1) & 0x5555555555555555ULL);
-  x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
-  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
-  return static_cast<int>((x * 0x0101010101010101ULL) >> 56);
-}
 inline int Workers(uint64_t mask) { return mask < 256 ? kSmallPopCount.of[mask] : PopCount(mask); }
 
 }  // namespace herald

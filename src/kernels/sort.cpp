@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "common/popcount.h"
+
 namespace hetu {
 namespace kernels {
 
@@ -90,9 +92,10 @@ namespace {
 // Parts of [0, n) for the parallel sort: part p is [n * p / parts, n * (p + 1) / parts).
 int64_t PartBegin(int64_t n, int p, int parts) { return n * p / parts; }
 
-// Ids are numbered through a table over their range when the range is below this many times
-// their number (a table entry is 4 bytes where the sort moves 16 a pass per id).
-constexpr uint64_t kDenseRangePerId = 4;
+// Ids are numbered through a bitmap over their range when the range is below this many times
+// their number (the bitmap and its words' first indices are then at most 3/4 of a byte an id,
+// where the sort moves 16 bytes a pass per id).
+constexpr uint64_t kDenseRangePerId = 8;
 
 }  // namespace
 
@@ -123,44 +126,69 @@ void sorted_unique_parallel(const int64_t* ids, int64_t n, Pool* pool, SortScrat
   };
   std::vector<int64_t> lows(parts), highs(parts);
   each_part(n, [&](int p, int64_t b, int64_t e) {
-    int64_t lo = ids[b], hi = ids[b];
-    for (int64_t i = b + 1; i < e; ++i) {
-      lo = std::min(lo, ids[i]);
-      hi = std::max(hi, ids[i]);
+    // Four of each, so that the comparisons of neighbouring ids do not wait on one another.
+    int64_t lo[4], hi[4];
+    std::fill(lo, lo + 4, ids[b]);
+    std::fill(hi, hi + 4, ids[b]);
+    int64_t i = b;
+    for (; i + 4 <= e; i += 4)
+      for (int k = 0; k < 4; ++k) {
+        lo[k] = std::min(lo[k], ids[i + k]);
+        hi[k] = std::max(hi[k], ids[i + k]);
+      }
+    for (; i < e; ++i) {
+      lo[0] = std::min(lo[0], ids[i]);
+      hi[0] = std::max(hi[0], ids[i]);
     }
-    lows[p] = lo;
-    highs[p] = hi;
+    lows[p] = *std::min_element(lo, lo + 4);
+    highs[p] = *std::max_element(hi, hi + 4);
   });
   const int64_t lo = *std::min_element(lows.begin(), lows.end());
   const int64_t hi = *std::max_element(highs.begin(), highs.end());
   const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
   if (range < kDenseRangePerId * static_cast<uint64_t>(n)) {
-    // rank[id - lo]: 1 where the id occurs (every part stores the same 1, so the parts' stores
-    // may race harmlessly), then the id's index among the distinct ids.
-    scratch->dense_rank.assign(range + 1, 0);
-    int32_t* const rank = scratch->dense_rank.data();
-    each_part(n, [&](int, int64_t first, int64_t end) {
-      for (int64_t i = first; i < end; ++i) __atomic_store_n(&rank[ids[i] - lo], 1, __ATOMIC_RELAXED);
+    // One bit per id of the range where the id occurs (set atomically: parts share words), each
+    // word's first index among the distinct ids, then an id's index is its word's first plus the
+    // set bits below it. Bitmap and indices are a few bytes per 64 ids: they stay in the CPU's
+    // first-level cache, where a table of an index per id of the range would not.
+    const int64_t words = static_cast<int64_t>(range / 64) + 1;
+    scratch->present.assign(words, 0);
+    scratch->first.resize(words);
+    uint64_t* const present = scratch->present.data();
+    int32_t* const first = scratch->first.data();
+    const bool shared = pool != nullptr;
+    each_part(n, [&](int, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t d = static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo);
+        const uint64_t bit = uint64_t(1) << (d & 63);
+        if (shared) {
+          __atomic_fetch_or(&present[d >> 6], bit, __ATOMIC_RELAXED);
+        } else {
+          present[d >> 6] |= bit;
+        }
+      }
     });
-    std::vector<int64_t> starts(parts + 1, 0);  // distinct ids before each part of the range
-    each_part(static_cast<int64_t>(range) + 1, [&](int p, int64_t first, int64_t end) {
-      int64_t present = 0;
-      for (int64_t d = first; d < end; ++d) present += rank[d];
-      starts[p + 1] = present;
+    std::vector<int64_t> starts(parts + 1, 0);  // distinct ids before each part of the words
+    each_part(words, [&](int p, int64_t begin, int64_t end) {
+      int64_t count = 0;
+      for (int64_t w = begin; w < end; ++w) count += PopCount(present[w]);
+      starts[p + 1] = count;
     });
     for (int p = 0; p < parts; ++p) starts[p + 1] += starts[p];
     keys->resize(starts[parts]);
     int64_t* k = keys->data();
-    each_part(static_cast<int64_t>(range) + 1, [&](int p, int64_t first, int64_t end) {
+    each_part(words, [&](int p, int64_t begin, int64_t end) {
       int64_t u = starts[p];
-      for (int64_t d = first; d < end; ++d) {
-        if (!rank[d]) continue;
-        k[u] = lo + d;
-        rank[d] = static_cast<int32_t>(u++);
+      for (int64_t w = begin; w < end; ++w) {
+        first[w] = static_cast<int32_t>(u);
+        for (uint64_t bits = present[w]; bits; bits &= bits - 1) k[u++] = lo + 64 * w + __builtin_ctzll(bits);
       }
     });
-    each_part(n, [&](int, int64_t first, int64_t end) {
-      for (int64_t i = first; i < end; ++i) inverse[i] = rank[ids[i] - lo];
+    each_part(n, [&](int, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t d = static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo);
+        inverse[i] = first[d >> 6] + PopCount(present[d >> 6] & ((uint64_t(1) << (d & 63)) - 1));
+      }
     });
     return;
   }

@@ -24,11 +24,12 @@ const SortedIds& sort_ids(const int64_t* ids, int64_t n);
 // The distinct ids, ascending. With `inverse` (n entries), also each id's position in `out`.
 void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int32_t* inverse = nullptr);
 
-// What sorted_unique_parallel keeps between calls: the radix sort's words, and the table over a
-// dense range of ids.
+// What sorted_unique_parallel keeps between calls: the radix sort's words, and the bitmap over a
+// dense range of ids with each of its words' first index.
 struct SortScratch {
   std::vector<uint64_t> a, b;
-  std::vector<int32_t> dense_rank;
+  std::vector<uint64_t> present;
+  std::vector<int32_t> first;
 };
 
 // sorted_unique (inverse required) on `pool`'s threads, or on this one without a pool: the same
