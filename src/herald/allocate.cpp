@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -119,7 +120,8 @@ struct WorkerLanes {
     for (int c = 0; c < kQuads; ++c) q[c] -= o.q[c];
     return *this;
   }
-  int32_t operator[](int w) const { return q[w >> 2][w & 3]; }
+  // Lane w to out[w], every lane (out holds 8 * sizeof(Mask)).
+  void Store(int32_t* out) const { std::memcpy(out, q, sizeof q); }
 };
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
@@ -180,7 +182,7 @@ class Trader {
     const int parts = pool_ ? static_cast<int>(std::clamp<int64_t>(n_ / kMinSamples, 1, pool_->threads())) : 1;
     std::vector<Wants> found(parts, Wants(W_ * W_));
     ParallelFor(parts > 1 ? pool_ : nullptr, parts, 1, [&](int64_t first, int64_t last) {
-      std::vector<int32_t> saving(W_);
+      std::vector<int32_t> saving(8 * sizeof(Mask));  // Savings stores every lane
       for (int64_t p = first; p < last; ++p) {
         for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
           Savings(s, saving.data());
@@ -230,7 +232,8 @@ class Trader {
   const int32_t* Begin(int64_t s) const { return samples_.Begin(s); }
   const int32_t* End(int64_t s) const { return samples_.End(s); }
 
-  // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker).
+  // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker); out
+  // holds a lane per bit of Mask.
   void Savings(int64_t s, int32_t* out) const {
     const int from = assign_[s];
     int same = 0;  // the part of the saving that does not depend on the destination
@@ -243,7 +246,8 @@ class Trader {
       if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
       added += Lanes::Added(rest, row.valid);
     }
-    for (int to = 0; to < W_; ++to) out[to] = same - added[to];
+    added.Store(out);
+    for (int to = 0; to < W_; ++to) out[to] = same - out[to];
     out[from] = 0;
   }
 
@@ -390,7 +394,9 @@ double Since(std::chrono::steady_clock::time_point start) {
 // ColocateAllocate's placement: each sample, strongest cache preference first, to the worker with
 // room where it adds the fewest rows. Mask: a type of at least W bits.
 template <typename Mask>
-void Place(const SampleRows& samples, const std::vector<int32_t>& samples_reading,
+// shared: each sample's rows that at most kSharedAnyway samples read (the others are read by all
+// from the start, and stay so).
+void Place(const SampleRows& samples, const SampleRows& shared, const std::vector<int32_t>& samples_reading,
            const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker, int64_t iteration,
            int32_t* assignment, Pool* pool) {
   const int64_t n = samples.samples();
@@ -411,9 +417,9 @@ void Place(const SampleRows& samples, const std::vector<int32_t>& samples_readin
     for (int64_t s = begin; s < end; ++s) {
       Lanes score{};
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) score -= Lanes::In(row[*r].valid);
-      int32_t top = score[0];
-      for (int w = 1; w < W; ++w) top = std::max(top, score[w]);
-      best[s] = top;
+      int32_t lanes[8 * sizeof(Mask)];
+      score.Store(lanes);
+      best[s] = *std::max_element(lanes, lanes + W);
     }
   });
   const std::vector<int64_t> order = StrongestFirst(best);
@@ -431,7 +437,7 @@ void Place(const SampleRows& samples, const std::vector<int32_t>& samples_readin
       for (int64_t j = begin; j < end; ++j) {
         Lanes a{};
         const int64_t s = order[j0 + j];
-        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+        for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
           const Row& x = row[*r];
           if (x.readers != everyone) a += Lanes::Added(x.readers, x.valid);  // else: the same wherever the sample goes
         }
@@ -442,17 +448,18 @@ void Place(const SampleRows& samples, const std::vector<int32_t>& samples_readin
       const int64_t s = order[j];
       Lanes& added = block_added[j - j0];
       if (block > 1) {
-        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+        for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
           if (changed[*r] < j0) continue;
           if (before[*r] != everyone) added -= Lanes::Added(before[*r], row[*r].valid);
           if (row[*r].readers != everyone) added += Lanes::Added(row[*r].readers, row[*r].valid);
         }
       }
-      const int chosen =
-          BestWorkerWithRoom([&](int w) { return added[w]; }, load, W, per_worker, s, iteration);
+      int32_t cost[8 * sizeof(Mask)];
+      added.Store(cost);
+      const int chosen = BestWorkerWithRoom([&](int w) { return cost[w]; }, load, W, per_worker, s, iteration);
       assignment[s] = chosen;
       ++load[chosen];
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+      for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
         Mask& readers = row[*r].readers;
         const Mask now = static_cast<Mask>(readers | Bit(chosen));
         if (now == readers) continue;
@@ -520,10 +527,12 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   // Rows' worker masks as narrow as the workers allow.
   std::vector<int32_t> samples_reading(num_rows, 0);
   for (const int32_t r : samples.rows) ++samples_reading[r];
+  // The rows the trades score, and among them those the placement scores.
   const SampleRows light = LightRows(samples, samples_reading, TradeShared(W));
+  const SampleRows lightest = LightRows(light, samples_reading, kSharedAnyway);
   auto allocate = [&](auto mask) {
     using Mask = decltype(mask);
-    Place<Mask>(samples, samples_reading, valid, num_rows, W, per_worker, iteration, assignment, pool);
+    Place<Mask>(samples, lightest, samples_reading, valid, num_rows, W, per_worker, iteration, assignment, pool);
     const auto placed = std::chrono::steady_clock::now();
     if (seconds) seconds[0] += Since(start);
     if (n <= std::numeric_limits<uint16_t>::max()) {
