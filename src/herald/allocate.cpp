@@ -328,19 +328,23 @@ constexpr int kTradeSweeps = 2;
 SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width, int64_t num_rows, int32_t empty,
                                  int32_t shift) {
   SampleRows out;
-  out.rows.reserve(n * width);
-  out.begin.reserve(n + 1);
-  std::vector<int64_t> last_sample(num_rows, -1);  // the sample that last took each row
+  out.rows.resize(n * width);
+  out.begin.resize(n + 1);
+  out.reading.assign(num_rows, 0);
+  std::vector<int32_t> last_sample(num_rows, -1);  // the sample that last took each row
+  int64_t taken = 0;
   for (int64_t s = 0; s < n; ++s) {
     for (const int32_t* v = slots + s * width; v != slots + (s + 1) * width; ++v) {
       if (*v == empty) continue;
       const int32_t r = *v - shift;
       if (last_sample[r] == s) continue;
-      last_sample[r] = s;
-      out.rows.push_back(r);
+      last_sample[r] = static_cast<int32_t>(s);
+      out.rows[taken++] = r;
+      ++out.reading[r];
     }
-    out.begin.push_back(static_cast<int64_t>(out.rows.size()));
+    out.begin[s + 1] = taken;
   }
+  out.rows.resize(taken);
   return out;
 }
 
@@ -525,8 +529,7 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const int64_t n = samples.samples();
   const int W = num_workers;
   // Rows' worker masks as narrow as the workers allow.
-  std::vector<int32_t> samples_reading(num_rows, 0);
-  for (const int32_t r : samples.rows) ++samples_reading[r];
+  const std::vector<int32_t>& samples_reading = samples.reading;
   // The rows the trades score, and among them those the placement scores.
   const SampleRows light = LightRows(samples, samples_reading, TradeShared(W));
   const SampleRows lightest = LightRows(light, samples_reading, kSharedAnyway);

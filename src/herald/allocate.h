@@ -25,6 +25,7 @@ void ParallelFor(Pool* pool, int64_t n, int64_t min_chunk, Fn fn) {
 struct SampleRows {
   std::vector<int32_t> rows;
   std::vector<int64_t> begin{0};
+  std::vector<int32_t> reading;  // per distinct row: the samples that read it
 
   int64_t samples() const { return static_cast<int64_t>(begin.size()) - 1; }
   const int32_t* Begin(int64_t s) const { return rows.data() + begin[s]; }
