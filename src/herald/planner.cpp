@@ -70,25 +70,38 @@ Planner::Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, ca
   models_.reserve(num_workers);
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
   valid_by_key_.resize(shards_);
-  changes_.resize(static_cast<size_t>(num_workers) * shards_);
+  evicted_.resize(static_cast<size_t>(num_workers) * shards_);
   if (threads_ > 1) pool_ = std::make_unique<Pool>(threads_);
 }
 
 Planner::Planner(const Planner& o)
     : W_(o.W_), ranks_(o.ranks_), kept_(o.kept_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_), shards_(o.shards_),
       pool_(o.threads_ > 1 ? std::make_unique<Pool>(o.threads_) : nullptr), next_(o.next_), models_(o.models_),
-      valid_by_key_(o.valid_by_key_), changes_(o.changes_), has_pending_(o.has_pending_), pending_(o.pending_),
+      valid_by_key_(o.valid_by_key_), evicted_(o.evicted_), has_pending_(o.has_pending_), pending_(o.pending_),
       profile_(o.profile_) {}
 
-void Planner::SetValid(int w, int64_t slot, int64_t key, bool valid) {
+void Planner::Evicted(int w, int64_t slot, int64_t key) {
   CacheModel& m = models_[w];
-  if (m.valid[slot] == valid) return;
-  m.valid[slot] = valid;
+  if (!m.valid[slot]) return;
+  m.valid[slot] = 0;
   if (shards_ == 1) {  // one thread: workers are planned one after another, the masks follow at once
-    ApplyChange(&valid_by_key_[ShardOf(key)], w, MaskChange{key, valid});
+    ClearValid(&valid_by_key_[0], w, key);
     return;
   }
-  changes_[static_cast<size_t>(w) * shards_ + ShardOf(key)].push_back(MaskChange{key, valid});
+  evicted_[static_cast<size_t>(w) * shards_ + ShardOf(key)].push_back(key);
+}
+
+void Planner::SetMasks(FlatMap<uint64_t>* masks, const BatchRows& batch, const std::vector<int32_t>& rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i + kLookAhead < rows.size()) masks->Prefetch(batch.keys[rows[i + kLookAhead]]);
+    const int64_t key = batch.keys[rows[i]];
+    const uint64_t after = batch.after[rows[i]];
+    if (after) {
+      *masks->Insert(key, 0).first = after;
+    } else {
+      masks->Erase(key);
+    }
+  }
 }
 
 
@@ -122,11 +135,11 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   profile_.readers += std::chrono::duration<double>(std::chrono::steady_clock::now() - allocated).count();
 }
 
-int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan) {
+int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan, uint64_t* after) {
   CacheModel& m = models_[w];
   const uint64_t me = Bit(w);
   const size_t num_rows = batch.keys.size();
-  for (int sh = 0; sh < shards_; ++sh) changes_[static_cast<size_t>(w) * shards_ + sh].clear();
+  for (int sh = 0; sh < shards_; ++sh) evicted_[static_cast<size_t>(w) * shards_ + sh].clear();
 
   // One pass over the batch's rows: w's own (ascending), those it held valid before the
   // iteration that another worker reads (written back if dirty), and those it held valid and
@@ -161,7 +174,7 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
     const int64_t slot = r.evicted_slots[e];
     if (m.dirty[slot]) writeback.push_back(r.evicted_keys[e]);
-    SetValid(w, slot, r.evicted_keys[e], false);
+    Evicted(w, slot, r.evicted_keys[e]);
     m.dirty[slot] = 0;
   }
   std::vector<uint8_t> pull(k.size()), owner(k.size());
@@ -171,8 +184,9 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
     pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
     if (slot >= 0) {
       // A row stepped by several workers changes on the servers: the copy is stale after t.
-      SetValid(w, slot, k[i], owner[i]);
+      m.valid[slot] = owner[i];
       m.dirty[slot] = owner[i];
+      if (owner[i]) after[rows[i]] = me;
     } else if (owner[i]) {
       writeback.push_back(k[i]);  // stepped here but not cached: its new value must reach the servers
     }
@@ -193,7 +207,7 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
       break;
     }
     if (plan) invalidate.push_back(key);
-    SetValid(w, slot, key, false);
+    m.valid[slot] = 0;
   }
 
   if (plan) {
@@ -256,13 +270,15 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   lap = std::chrono::steady_clock::now();
 
   // Every worker's model and plan, one task per worker.
+  batch.after.assign(num_rows, 0);
   std::vector<WorkerPlan> plans(ranks_.size());
   std::vector<int64_t> broken(W_, -1);
   std::vector<std::exception_ptr> errors(W_);
   ParallelFor(pool, W_, 1, [&](int64_t first, int64_t end) {
     for (int64_t w = first; w < end; ++w) {
       try {
-        broken[w] = PlanWorker(static_cast<int>(w), batch, iteration, kept_[w] >= 0 ? &plans[kept_[w]] : nullptr);
+        broken[w] = PlanWorker(static_cast<int>(w), batch, iteration, kept_[w] >= 0 ? &plans[kept_[w]] : nullptr,
+                               batch.after.data());
       } catch (...) {
         errors[w] = std::current_exception();
       }
@@ -279,15 +295,24 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
                            " that another worker updates");
   profile_.workers += Since(&lap);
 
-  // The valid masks, shard by shard: each shard takes the workers' changes in worker order. (A
-  // mask is the OR of its workers' bits, so the order of changes to different workers' bits
-  // does not matter; one worker's are taken in the order made.)
-  if (shards_ > 1) {
+  // The valid masks: each row whose mask the iteration changed takes its new mask whole, after the
+  // bits of the copies evicted are cleared (a row of the batch that a worker evicted is among
+  // those: its evicting worker's bit was in its mask and cannot be after it). With several
+  // threads, shard by shard.
+  std::vector<int32_t> changed;
+  for (int64_t r = 0; r < num_rows; ++r)
+    if (batch.valid[r] != batch.after[r]) changed.push_back(static_cast<int32_t>(r));
+  if (shards_ == 1) {
+    SetMasks(&valid_by_key_[0], batch, changed);  // the evictions were cleared as they came
+  } else {
+    std::vector<std::vector<int32_t>> by_shard(shards_);
+    for (const int32_t r : changed) by_shard[ShardOf(batch.keys[r])].push_back(r);
     ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
-      for (int64_t sh = first; sh < end; ++sh)
+      for (int64_t sh = first; sh < end; ++sh) {
         for (int w = 0; w < W_; ++w)
-          for (const MaskChange& c : changes_[static_cast<size_t>(w) * shards_ + sh])
-            ApplyChange(&valid_by_key_[sh], w, c);
+          for (const int64_t key : evicted_[static_cast<size_t>(w) * shards_ + sh]) ClearValid(&valid_by_key_[sh], w, key);
+        SetMasks(&valid_by_key_[sh], batch, by_shard[sh]);
+      }
     });
   }
   profile_.masks += Since(&lap);

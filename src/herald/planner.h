@@ -106,17 +106,14 @@ class Planner {
 
   // One global batch as the planner sees it. keys: its distinct rows, ascending; samples: each
   // sample's rows as indices into keys; valid: per distinct row, one bit per worker whose cached
-  // copy is valid before the iteration; readers: one bit per worker that reads it (once allocated).
+  // copy is valid before the iteration; readers: one bit per worker that reads it (once
+  // allocated); after: the valid bits after the iteration (once planned). A row read by several
+  // workers is stepped on the servers and valid nowhere after it; one read by one worker is valid
+  // there alone, if it caches the row.
   struct BatchRows {
     std::vector<int64_t> keys;
     SampleRows samples;
-    std::vector<uint64_t> valid, readers;
-  };
-
-  // A change of worker w's valid bit for key, applied to the masks once every worker is planned.
-  struct MaskChange {
-    int64_t key;
-    bool valid;
+    std::vector<uint64_t> valid, readers, after;
   };
   // The valid masks are kept in 64 shards with several threads, in one map with one (a single
   // table is kinder to the TLB).
@@ -125,23 +122,22 @@ class Planner {
   }
   // Worker w's part of an iteration: its write-backs of t-1 (rows another worker reads now),
   // its cache model through this batch, its plan (written to `plan` if w is a kept rank, else
-  // null) and its stale copies. Touches models_[w], changes_[w] and w's plans alone. Returns the
-  // position (in the batch's rows) of a dirty row another worker updates, or -1.
-  int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan);
+  // null) and its stale copies. Touches models_[w], evicted_[w], w's plans and the entries of
+  // after[] of the rows w alone reads, and no others. Returns the position (in the batch's rows)
+  // of a dirty row another worker updates, or -1.
+  int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan, uint64_t* after);
 
   // The allocation, and batch->readers under it.
   void Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign);
-  // valid[slot] of worker w's model (the slot holding, or until now holding, `key`), the change
-  // queued for valid_by_key_ (made at once with one thread).
-  void SetValid(int w, int64_t slot, int64_t key, bool valid);
-  static void ApplyChange(FlatMap<uint64_t>* masks, int w, const MaskChange& c) {
-    const uint64_t bit = uint64_t(1) << w;
-    if (c.valid) {
-      *masks->Insert(c.key, 0).first |= bit;
-    } else if ((*masks->Find(c.key) &= ~bit) == 0) {
-      masks->Erase(c.key);
-    }
+  // Worker w evicted `key` from `slot`: the copy is gone, and w's bit leaves the key's valid mask
+  // (at once with one thread, else queued in evicted_ for the masks' stage). The masks of the
+  // batch's rows are set whole after every worker is planned (SetMasks).
+  void Evicted(int w, int64_t slot, int64_t key);
+  static void ClearValid(FlatMap<uint64_t>* masks, int w, int64_t key) {
+    if ((*masks->Find(key) &= ~(uint64_t(1) << w)) == 0) masks->Erase(key);
   }
+  // The valid masks of the batch's rows whose mask changed (in `rows`), set to batch.after.
+  static void SetMasks(FlatMap<uint64_t>* masks, const BatchRows& batch, const std::vector<int32_t>& rows);
 
   int W_;
   std::vector<int> ranks_;
@@ -160,8 +156,8 @@ class Planner {
   // (allocation scores, invalidation) where the models alone would need one per worker. Sharded
   // by key, so that the changes of an iteration are applied shard by shard in parallel.
   std::vector<FlatMap<uint64_t>> valid_by_key_;
-  // changes_[w * shards_ + shard]: worker w's changes this iteration, in the order made.
-  std::vector<std::vector<MaskChange>> changes_;
+  // evicted_[w * shards_ + shard]: the keys whose valid copies worker w evicted this iteration.
+  std::vector<std::vector<int64_t>> evicted_;
   bool has_pending_ = false;
   std::vector<WorkerPlan> pending_;  // per kept rank: the plan of the last iteration, not final yet
   PlanProfile profile_;
