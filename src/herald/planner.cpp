@@ -135,23 +135,41 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   profile_.readers += std::chrono::duration<double>(std::chrono::steady_clock::now() - allocated).count();
 }
 
+void Planner::SplitByWorker(BatchRows* batch, Pool* pool) const {
+  const int64_t num_rows = static_cast<int64_t>(batch->keys.size());
+  batch->parts = pool ? pool->threads() : 1;
+  batch->by_worker.assign(static_cast<size_t>(batch->parts) * W_, {});
+  // A row costs a step per worker that reads or holds it, not one per worker.
+  ParallelFor(pool, batch->parts, 1, [&](int64_t first, int64_t end) {
+    for (int64_t p = first; p < end; ++p) {
+      BatchRows::WorkerRows* lists = &batch->by_worker[p * W_];
+      for (int64_t r = num_rows * p / batch->parts; r < num_rows * (p + 1) / batch->parts; ++r) {
+        const uint64_t valid = batch->valid[r], readers = batch->readers[r];
+        for (uint64_t m = valid | readers; m; m &= m - 1) {
+          const int w = __builtin_ctzll(m);
+          const uint64_t me = Bit(w);
+          if (readers & me) lists[w].reads.push_back(static_cast<int32_t>(r));
+          if (!(valid & me)) continue;
+          if (readers & ~me) lists[w].shared_held.push_back(static_cast<int32_t>(r));
+          if (!(readers & me)) lists[w].held_elsewhere.push_back(static_cast<int32_t>(r));
+        }
+      }
+    }
+  });
+}
+
 int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan, uint64_t* after) {
   CacheModel& m = models_[w];
   const uint64_t me = Bit(w);
-  const size_t num_rows = batch.keys.size();
   for (int sh = 0; sh < shards_; ++sh) evicted_[static_cast<size_t>(w) * shards_ + sh].clear();
 
-  // One pass over the batch's rows: w's own (ascending), those it held valid before the
-  // iteration that another worker reads (written back if dirty), and those it held valid and
-  // does not read (stale if another worker updates them).
+  // w's rows (BatchRows::WorkerRows), the parts' lists end to end.
   std::vector<int32_t> rows, shared_held, held_elsewhere;
-  for (size_t r = 0; r < num_rows; ++r) {
-    const uint64_t valid = batch.valid[r], readers = batch.readers[r];
-    if (!((valid | readers) & me)) continue;
-    if (readers & me) rows.push_back(static_cast<int32_t>(r));
-    if (!(valid & me)) continue;
-    if (readers & ~me) shared_held.push_back(static_cast<int32_t>(r));
-    if (!(readers & me)) held_elsewhere.push_back(static_cast<int32_t>(r));
+  for (int p = 0; p < batch.parts; ++p) {
+    const BatchRows::WorkerRows& part = batch.by_worker[static_cast<size_t>(p) * W_ + w];
+    rows.insert(rows.end(), part.reads.begin(), part.reads.end());
+    shared_held.insert(shared_held.end(), part.shared_held.begin(), part.shared_held.end());
+    held_elsewhere.insert(held_elsewhere.end(), part.held_elsewhere.begin(), part.held_elsewhere.end());
   }
 
   // The end of t-1: w writes back its dirty rows that another worker reads at t. (Dirty rows
@@ -270,6 +288,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   lap = std::chrono::steady_clock::now();
 
   // Every worker's model and plan, one task per worker.
+  SplitByWorker(&batch, pool);
   batch.after.assign(num_rows, 0);
   std::vector<WorkerPlan> plans(ranks_.size());
   std::vector<int64_t> broken(W_, -1);

@@ -114,7 +114,18 @@ class Planner {
     std::vector<int64_t> keys;
     SampleRows samples;
     std::vector<uint64_t> valid, readers, after;
+    // A worker's rows, each list ascending: those it reads, those it held valid before the
+    // iteration that another worker reads (written back if dirty), and those it held valid and
+    // does not read (stale if another worker updates them). Found for every worker in one pass
+    // over the rows, a part of them per thread: [part * W + w].
+    struct WorkerRows {
+      std::vector<int32_t> reads, shared_held, held_elsewhere;
+    };
+    std::vector<WorkerRows> by_worker;
+    int parts = 1;
   };
+  // batch->by_worker from its valid masks and readers.
+  void SplitByWorker(BatchRows* batch, Pool* pool) const;
   // The valid masks are kept in 64 shards with several threads, in one map with one (a single
   // table is kinder to the TLB).
   int ShardOf(int64_t key) const {
