@@ -21,6 +21,8 @@ bench checks that their plans are identical.
     python bench/planner_offline.py --dataset DIR --order stored   # a prepared dataset, as stored
     python bench/planner_offline.py --workers 2 4 8 16 --batch 256 1024 4096 --ratios 0.1 \
         --allocators colocate --iterations 3 --rows 300000 --threads 1 2 4 8
+    python bench/planner_offline.py --workers 8 16 --batch 1024 --ratios 0.1 \
+        --allocators colocate@0 colocate --iterations 40 --rows 700000   # trades over every row, and not
 
 With --host-workers H, what planning costs a host of H workers (fewer if W is smaller) per
 iteration: each worker running a planner of its own (H plans, CPU ms from the 1-thread planners
@@ -29,6 +31,8 @@ above) against one planner for the host (hetu._C.Planner with the host's ranks, 
 iteration at each thread count. The host planner's answers must equal the workers' own.
 """
 import argparse
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -76,6 +80,28 @@ def global_batches(sparse, order, workers, batch, iterations):
 
 
 PROFILE_STAGES = ("ids", "scores", "trades", "readers", "workers", "masks")
+
+
+@contextlib.contextmanager
+def allocator_setting(spec):
+    """An --allocators entry: a planner allocator, or colocate@N, colocate with the trades leaving
+    out the rows more than N samples per worker read (HETU_PLANNER_TRADE_SHARED=N, read at every
+    allocation; 0: trades over every row). Yields the allocator's name."""
+    name, _, setting = spec.partition("@")
+    if not setting:
+        yield name
+        return
+    if name != "colocate" or not setting.isdigit():
+        raise SystemExit(f"--allocators {spec}: expected colocate@N, N a count of samples per worker (0: every row)")
+    before = os.environ.get("HETU_PLANNER_TRADE_SHARED")
+    os.environ["HETU_PLANNER_TRADE_SHARED"] = setting
+    try:
+        yield name
+    finally:
+        if before is None:
+            del os.environ["HETU_PLANNER_TRADE_SHARED"]
+        else:
+            os.environ["HETU_PLANNER_TRADE_SHARED"] = before
 
 
 def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,), keep_ranks=0):
@@ -146,7 +172,9 @@ def main():
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--batch", type=int, nargs="+", default=[256, 1024], help="per-worker batch")
     p.add_argument("--ratios", type=float, nargs="+", default=[0.05, 0.1, 0.2])
-    p.add_argument("--allocators", nargs="+", default=["none", "greedy", "colocate"])
+    p.add_argument("--allocators", nargs="+", default=["none", "greedy", "colocate"],
+                   help="none, greedy, colocate, or colocate@N: colocate with its trades leaving out rows read by "
+                        "more than N samples per worker (default 4; colocate@0 trades over every row, as before)")
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--rows", type=int, default=200000, help="synthetic samples")
     p.add_argument("--seed", type=int, default=0, help="sample order (the shuffle's seed)")
@@ -207,8 +235,12 @@ def main():
                 columns = ""
                 for allocator in args.allocators:
                     capacity = int(ratio * table_rows)
-                    rows, per_plan, cpu, distinct, kept, profile = herald_rows(
-                        sparse, order, workers, batch, capacity, allocator, args.iterations, threads, keep_ranks=host)
+                    with allocator_setting(allocator) as name:
+                        rows, per_plan, cpu, distinct, kept, profile = herald_rows(
+                            sparse, order, workers, batch, capacity, name, args.iterations, threads, keep_ranks=host)
+                        if host:
+                            host_seconds, host_cpu = host_planner_cost(sparse, order, workers, batch, capacity, name,
+                                                                       args.iterations, threads, kept)
                     profiles.append((workers, batch, ratio, allocator, profile))
                     columns += f"{rows / het:>18.3f}"
                     if not many:
@@ -219,8 +251,6 @@ def main():
                                 f"{per_plan[1] / per_plan[t]:>6.2f}x" if t > 1 else "")
                         columns += f"{1e3 * cpu[threads[-1]]:>9.2f}"
                     if host:
-                        host_seconds, host_cpu = host_planner_cost(sparse, order, workers, batch, capacity, allocator,
-                                                                   args.iterations, threads, kept)
                         columns += (f"{len(kept):>3}{1e3 * len(kept) * cpu[1]:>9.2f}{1e3 * host_cpu:>9.2f}"
                                     + "".join(f"{1e3 * host_seconds[t]:>9.2f}" for t in threads))
                 print(line + (f"{distinct:>10,.0f}" if many else "") + columns, flush=True)
@@ -233,13 +263,13 @@ def print_profiles(profiles):
     valid masks; scores: allocation scores and placement; trades: colocate's pairwise trades;
     readers: who reads each row, outside colocate; workers: every worker's cache model and plan;
     masks: the valid masks updated) and in all."""
-    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>9}" + "".join(
+    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>11}" + "".join(
         f"{s:>9}" for s in PROFILE_STAGES + ("total",))
     print(f"\nms per plan by stage, 1 thread (PlanProfile)")
     print(header)
     print("-" * len(header))
     for workers, batch, ratio, allocator, profile in profiles:
-        print(f"{workers:>2} {batch:>5} {ratio:>5} {allocator:>9}" + "".join(
+        print(f"{workers:>2} {batch:>5} {ratio:>5} {allocator:>11}" + "".join(
             f"{1e3 * profile[s]:>9.2f}" for s in PROFILE_STAGES + ("total",)), flush=True)
 
 
