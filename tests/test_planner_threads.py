@@ -112,3 +112,18 @@ def test_planner_profile_accounts_for_its_plans():
     assert prof["plans"] == 3
     parts = sum(prof[k] for k in ("ids", "scores", "trades", "readers", "workers", "masks"))
     assert 0 < parts <= prof["total"] * 1.001
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_plans_do_not_depend_on_how_the_ids_are_numbered(threads):
+    """A batch's distinct ids are numbered through a bitmap of their range when it is dense, by a
+    radix sort when it is not: ids spread 1,000 times wider plan the same, their keys scaled."""
+    workers, batch, steps = 8, 512, 4
+    ids = _batches(11, workers, batch, 16, 5000, steps)
+    dense = _run(ids, workers, batch, 3000, "lru", "colocate", threads, steps, range(workers))
+    spread = _run(ids * 1000, workers, batch, 3000, "lru", "colocate", threads, steps, range(workers))
+    assert len(dense) == len(spread)
+    for (name, t, d), (_, _, s) in zip(dense, spread):
+        if name in ("keys", "invalidate", "writeback"):
+            s = s // 1000
+        np.testing.assert_array_equal(s, d, err_msg=f"{name} at iteration {t}")

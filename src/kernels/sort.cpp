@@ -147,27 +147,29 @@ void sorted_unique_parallel(const int64_t* ids, int64_t n, Pool* pool, SortScrat
   const int64_t hi = *std::max_element(highs.begin(), highs.end());
   const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
   if (range < kDenseRangePerId * static_cast<uint64_t>(n)) {
-    // One bit per id of the range where the id occurs (set atomically: parts share words), each
-    // word's first index among the distinct ids, then an id's index is its word's first plus the
-    // set bits below it. Bitmap and indices are a few bytes per 64 ids: they stay in the CPU's
-    // first-level cache, where a table of an index per id of the range would not.
+    // One bit per id of the range where the id occurs (each part sets its own bitmap, which are
+    // then ORed: parts writing one would pass its lines back and forth), each word's first index
+    // among the distinct ids, then an id's index is its word's first plus the set bits below it.
+    // Bitmap and indices are a few bytes per 64 ids: they stay in the CPU's first-level cache,
+    // where a table of an index per id of the range would not.
     const int64_t words = static_cast<int64_t>(range / 64) + 1;
-    scratch->present.assign(words, 0);
+    scratch->present.assign(static_cast<size_t>(words) * parts, 0);
     scratch->first.resize(words);
     uint64_t* const present = scratch->present.data();
     int32_t* const first = scratch->first.data();
-    const bool shared = pool != nullptr;
-    each_part(n, [&](int, int64_t begin, int64_t end) {
+    each_part(n, [&](int p, int64_t begin, int64_t end) {
+      uint64_t* const mine = present + static_cast<size_t>(words) * p;
       for (int64_t i = begin; i < end; ++i) {
         const uint64_t d = static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo);
-        const uint64_t bit = uint64_t(1) << (d & 63);
-        if (shared) {
-          __atomic_fetch_or(&present[d >> 6], bit, __ATOMIC_RELAXED);
-        } else {
-          present[d >> 6] |= bit;
-        }
+        mine[d >> 6] |= uint64_t(1) << (d & 63);
       }
     });
+    if (parts > 1) {
+      each_part(words, [&](int, int64_t begin, int64_t end) {
+        for (int p = 1; p < parts; ++p)
+          for (int64_t w = begin; w < end; ++w) present[w] |= present[static_cast<size_t>(words) * p + w];
+      });
+    }
     std::vector<int64_t> starts(parts + 1, 0);  // distinct ids before each part of the words
     each_part(words, [&](int p, int64_t begin, int64_t end) {
       int64_t count = 0;
