@@ -185,7 +185,7 @@ class Trader {
       std::vector<int32_t> saving(8 * sizeof(Mask));  // Savings stores every lane
       for (int64_t p = first; p < last; ++p) {
         for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
-          Savings(s, saving.data());
+          if (!Savings(s, saving.data())) continue;
           const int a = assign_[s];
           for (int to = 0; to < W_; ++to)
             if (saving[to] > 0) found[p][a * W_ + to].emplace_back(-saving[to], s);
@@ -194,9 +194,11 @@ class Trader {
     });
     Wants wants = std::move(found[0]);
     ParallelFor(pool_, W_ * W_, W_, [&](int64_t first, int64_t last) {
+      std::vector<std::pair<int, int64_t>> sorted;
+      std::vector<int64_t> start;
       for (int64_t i = first; i < last; ++i) {
         for (int p = 1; p < parts; ++p) wants[i].insert(wants[i].end(), found[p][i].begin(), found[p][i].end());
-        std::sort(wants[i].begin(), wants[i].end());
+        SortBySaving(&wants[i], &sorted, &start);
       }
     });
     int64_t trades = 0;
@@ -229,12 +231,27 @@ class Trader {
   }
 
  private:
+  // A list of (-saving, sample) with the samples ascending, sorted by (-saving, sample): a stable
+  // counting sort by saving, savings being a few rows.
+  static void SortBySaving(std::vector<std::pair<int, int64_t>>* list, std::vector<std::pair<int, int64_t>>* sorted,
+                           std::vector<int64_t>* start) {
+    if (list->size() < 2) return;
+    int most = 0;
+    for (const auto& e : *list) most = std::max(most, -e.first);
+    start->assign(most + 2, 0);  // (*start)[most - saving]: where that saving's entries begin
+    for (const auto& e : *list) ++(*start)[most + e.first + 1];
+    for (size_t k = 1; k < start->size(); ++k) (*start)[k] += (*start)[k - 1];
+    sorted->resize(list->size());
+    for (const auto& e : *list) (*sorted)[(*start)[most + e.first]++] = e;
+    list->swap(*sorted);
+  }
+
   const int32_t* Begin(int64_t s) const { return samples_.Begin(s); }
   const int32_t* End(int64_t s) const { return samples_.End(s); }
 
   // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker); out
-  // holds a lane per bit of Mask.
-  void Savings(int64_t s, int32_t* out) const {
+  // holds a lane per bit of Mask. False, with out left as it was, where no move saves rows.
+  bool Savings(int64_t s, int32_t* out) const {
     const int from = assign_[s];
     int same = 0;  // the part of the saving that does not depend on the destination
     Lanes added{};
@@ -246,9 +263,13 @@ class Trader {
       if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
       added += Lanes::Added(rest, row.valid);
     }
+    // A move adds cost everywhere but where the rows the sample alone reads at its worker leave it
+    // (`same`): without their saving, none saves rows.
+    if (same <= 0) return false;
     added.Store(out);
     for (int to = 0; to < W_; ++to) out[to] = same - out[to];
     out[from] = 0;
+    return true;
   }
 
   // Savings(s)[to] alone.
