@@ -97,6 +97,20 @@ def test_hetu_gpus_is_exported_per_host():
     assert gpus == [["HETU_GPUS=4"], ["HETU_GPUS=1"], []]
 
 
+def test_settings_every_process_shares_reach_every_host(monkeypatch):
+    """Row placement and the allocator's trades are the launcher's, on every host."""
+    monkeypatch.setenv("PS_ROW_PLACEMENT", "contiguous")
+    monkeypatch.setenv("HETU_PLANNER_TRADE_SHARED", "0")
+    cluster = Cluster(nodes=[Node("localhost", workers=1, chief=True), Node("192.0.2.10", workers=1)])
+    job = Job(cluster, ["python", "train.py"], None, 60.0, 5.0, False)
+    try:
+        job.root_uri = "10.0.0.1"
+        env = job.base_env(9000)
+    finally:
+        shutil.rmtree(job.workdir, ignore_errors=True)
+    assert env["PS_ROW_PLACEMENT"] == "contiguous" and env["HETU_PLANNER_TRADE_SHARED"] == "0"
+
+
 # --------------------------------------------------------------------------- real jobs
 
 REPORT_DEVICE = py("""

@@ -27,6 +27,9 @@ END_GRACE = 10.0
 # Local variables that remote processes need to find the same interpreter and libraries.
 SECRET_VAR = "HETU_JOB_SECRET"
 PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+# Settings every process must share, on whichever host it runs: how keys split over the servers,
+# and how Herald's colocating allocator trades (each planner computes the allocation on its own).
+AGREED_ENV = ("PS_ROW_PLACEMENT", "HETU_PLANNER_TRADE_SHARED")
 
 
 # A worker's line that reports an error (an exception, ps-lite's peer failures, a refusal).
@@ -97,9 +100,7 @@ class Job:
                    DMLC_PS_VAN_TYPE=self.cluster.van,
                    PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"), PYTHONUNBUFFERED="1",
                    HETU_JOB=self.job_mark)
-        # Every worker must split keys as the others do, on whichever host it runs.
-        if "PS_ROW_PLACEMENT" in os.environ:
-            env["PS_ROW_PLACEMENT"] = os.environ["PS_ROW_PLACEMENT"]
+        env.update({k: os.environ[k] for k in AGREED_ENV if k in os.environ})
         return env
 
     def node_env(self, node: Node) -> Dict[str, str]:
