@@ -40,8 +40,9 @@ int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int n
   return chosen;
 }
 
-// Samples with the strongest cache preference (highest best score, best[s]) choose first, ties
-// in sample order: a stable counting sort by descending best score.
+// Samples with the strongest cache preference (highest best score, best[s] >= 0) choose first,
+// ties in sample order: a stable counting sort by descending best score. (The trades order their
+// candidates by saving with it too.)
 std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
   const int64_t n = static_cast<int64_t>(best.size());
   const int32_t top = n ? *std::max_element(best.begin(), best.end()) : 0;
@@ -166,13 +167,6 @@ class Trader {
     });
   }
 
-  // Who reads each row under the assignment as it stands: one bit per worker.
-  void Readers(uint64_t* out) const {
-    ParallelFor(pool_, static_cast<int64_t>(row_.size()), 16 * kMinSamples, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) out[r] = row_[r].readers;
-    });
-  }
-
   // Returns the number of trades made.
   int64_t Sweep() {
     // wants[a * W + b]: samples at a that would save rows at b (against the assignment as the
@@ -194,11 +188,9 @@ class Trader {
     });
     Wants wants = std::move(found[0]);
     ParallelFor(pool_, W_ * W_, W_, [&](int64_t first, int64_t last) {
-      std::vector<std::pair<int, int64_t>> sorted;
-      std::vector<int64_t> start;
       for (int64_t i = first; i < last; ++i) {
         for (int p = 1; p < parts; ++p) wants[i].insert(wants[i].end(), found[p][i].begin(), found[p][i].end());
-        SortBySaving(&wants[i], &sorted, &start);
+        SortBySaving(&wants[i]);
       }
     });
     int64_t trades = 0;
@@ -231,19 +223,16 @@ class Trader {
   }
 
  private:
-  // A list of (-saving, sample) with the samples ascending, sorted by (-saving, sample): a stable
-  // counting sort by saving, savings being a few rows.
-  static void SortBySaving(std::vector<std::pair<int, int64_t>>* list, std::vector<std::pair<int, int64_t>>* sorted,
-                           std::vector<int64_t>* start) {
+  // A list of (-saving, sample) with the samples ascending, sorted by (-saving, sample): the
+  // placement's stable counting sort, savings being a few rows.
+  static void SortBySaving(std::vector<std::pair<int, int64_t>>* list) {
     if (list->size() < 2) return;
-    int most = 0;
-    for (const auto& e : *list) most = std::max(most, -e.first);
-    start->assign(most + 2, 0);  // (*start)[most - saving]: where that saving's entries begin
-    for (const auto& e : *list) ++(*start)[most + e.first + 1];
-    for (size_t k = 1; k < start->size(); ++k) (*start)[k] += (*start)[k - 1];
-    sorted->resize(list->size());
-    for (const auto& e : *list) (*sorted)[(*start)[most + e.first]++] = e;
-    list->swap(*sorted);
+    std::vector<int32_t> saving(list->size());
+    for (size_t i = 0; i < list->size(); ++i) saving[i] = -(*list)[i].first;
+    std::vector<std::pair<int, int64_t>> sorted(list->size());
+    const std::vector<int64_t> order = StrongestFirst(saving);
+    for (size_t i = 0; i < order.size(); ++i) sorted[i] = (*list)[order[i]];
+    list->swap(sorted);
   }
 
   const int32_t* Begin(int64_t s) const { return samples_.Begin(s); }
@@ -418,12 +407,11 @@ double Since(std::chrono::steady_clock::time_point start) {
 
 // ColocateAllocate's placement: each sample, strongest cache preference first, to the worker with
 // room where it adds the fewest rows. Mask: a type of at least W bits.
-template <typename Mask>
 // shared: each sample's rows that at most kSharedAnyway samples read (the others are read by all
 // from the start, and stay so).
-void Place(const SampleRows& samples, const SampleRows& shared, const std::vector<int32_t>& samples_reading,
-           const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker, int64_t iteration,
-           int32_t* assignment, Pool* pool) {
+template <typename Mask>
+void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* valid, int64_t num_rows, int W,
+           int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool) {
   const int64_t n = samples.samples();
   const Mask everyone = static_cast<Mask>(AllWorkers(W));
   // Per row, the workers that read it so far and those holding a valid copy, side by side and as
@@ -434,7 +422,7 @@ void Place(const SampleRows& samples, const SampleRows& shared, const std::vecto
   std::vector<Row> row(num_rows);
   for (int64_t r = 0; r < num_rows; ++r) row[r] = Row{0, static_cast<Mask>(valid[r])};
   for (int64_t r = 0; r < num_rows; ++r)
-    if (samples_reading[r] > kSharedAnyway) row[r].readers = everyone;
+    if (samples.reading[r] > kSharedAnyway) row[r].readers = everyone;
   using Lanes = WorkerLanes<Mask>;
   // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
@@ -498,7 +486,7 @@ void Place(const SampleRows& samples, const SampleRows& shared, const std::vecto
   }
 }
 
-// ColocateAllocate's trades, then the readers under the assignment made.
+// ColocateAllocate's trades.
 template <typename T>
 void Trade(T&& trader) {
   for (int sweep = 0; sweep < kTradeSweeps; ++sweep)
@@ -524,7 +512,8 @@ int64_t TradeShared(int num_workers) {
   return std::max<int64_t>(kSharedAnyway, per_worker * num_workers);
 }
 
-// Each sample's rows that at most `most` samples of the batch read.
+// Each sample's rows that at most `most` samples of the batch read (samples_reading: the batch's
+// counts, SampleRows::reading, which a list made here does not carry).
 SampleRows LightRows(const SampleRows& samples, const std::vector<int32_t>& samples_reading, int64_t most) {
   SampleRows light;
   light.rows.resize(samples.rows.size());
@@ -550,13 +539,12 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const int64_t n = samples.samples();
   const int W = num_workers;
   // Rows' worker masks as narrow as the workers allow.
-  const std::vector<int32_t>& samples_reading = samples.reading;
   // The rows the trades score, and among them those the placement scores.
-  const SampleRows light = LightRows(samples, samples_reading, TradeShared(W));
-  const SampleRows lightest = LightRows(light, samples_reading, kSharedAnyway);
+  const SampleRows light = LightRows(samples, samples.reading, TradeShared(W));
+  const SampleRows lightest = LightRows(light, samples.reading, kSharedAnyway);
   auto allocate = [&](auto mask) {
     using Mask = decltype(mask);
-    Place<Mask>(samples, lightest, samples_reading, valid, num_rows, W, per_worker, iteration, assignment, pool);
+    Place<Mask>(samples, lightest, valid, num_rows, W, per_worker, iteration, assignment, pool);
     const auto placed = std::chrono::steady_clock::now();
     if (seconds) seconds[0] += Since(start);
     if (n <= std::numeric_limits<uint16_t>::max()) {

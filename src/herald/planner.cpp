@@ -163,14 +163,21 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   const uint64_t me = Bit(w);
   for (int sh = 0; sh < shards_; ++sh) evicted_[static_cast<size_t>(w) * shards_ + sh].clear();
 
-  // w's rows (BatchRows::WorkerRows), the parts' lists end to end.
-  std::vector<int32_t> rows, shared_held, held_elsewhere;
-  for (int p = 0; p < batch.parts; ++p) {
-    const BatchRows::WorkerRows& part = batch.by_worker[static_cast<size_t>(p) * W_ + w];
-    rows.insert(rows.end(), part.reads.begin(), part.reads.end());
-    shared_held.insert(shared_held.end(), part.shared_held.begin(), part.shared_held.end());
-    held_elsewhere.insert(held_elsewhere.end(), part.held_elsewhere.begin(), part.held_elsewhere.end());
+  // w's rows (BatchRows::WorkerRows): one part's lists, or the parts' end to end.
+  const BatchRows::WorkerRows* mine = &batch.by_worker[w];
+  BatchRows::WorkerRows joined;
+  if (batch.parts > 1) {
+    for (int p = 0; p < batch.parts; ++p) {
+      const BatchRows::WorkerRows& part = batch.by_worker[static_cast<size_t>(p) * W_ + w];
+      joined.reads.insert(joined.reads.end(), part.reads.begin(), part.reads.end());
+      joined.shared_held.insert(joined.shared_held.end(), part.shared_held.begin(), part.shared_held.end());
+      joined.held_elsewhere.insert(joined.held_elsewhere.end(), part.held_elsewhere.begin(), part.held_elsewhere.end());
+    }
+    mine = &joined;
   }
+  const std::vector<int32_t>& rows = mine->reads;
+  const std::vector<int32_t>& shared_held = mine->shared_held;
+  const std::vector<int32_t>& held_elsewhere = mine->held_elsewhere;
 
   // The end of t-1: w writes back its dirty rows that another worker reads at t. (Dirty rows
   // are valid, so the valid masks find every one.)
