@@ -34,35 +34,37 @@ struct AccessResult {
 class CachePolicy {
  public:
   // pin_threshold: LFU-opt pins a row once it has been used this many times.
-  CachePolicy(PolicyKind kind, int64_t capacity, int64_t pin_threshold = 8);
+  // indexed: the policy finds each key's slot in a map of its own. Without one, the caller says
+  // where each key is (the Access with `resident`): Herald's planner keeps every worker's slots
+  // of a row in one directory, one lookup for all its workers' policies.
+  CachePolicy(PolicyKind kind, int64_t capacity, int64_t pin_threshold = 8, bool indexed = true);
 
+  // An indexed policy's access.
   AccessResult Access(const int64_t* keys, int64_t n);
-  // Removes a row (e.g. invalidated and written back); no-op if absent.
+  // An unindexed policy's access: resident[i] is keys[i]'s slot, or -1 if it is not cached.
+  AccessResult Access(const int64_t* keys, const int32_t* resident, int64_t n);
+  // Removes a row (e.g. invalidated and written back); no-op if absent. Indexed only.
   void Erase(int64_t key);
-  int64_t SlotOf(int64_t key) const;  // -1 if absent
+  int64_t SlotOf(int64_t key) const;  // -1 if absent. Indexed only.
   int64_t KeyAt(int64_t slot) const { return slot_key_[slot]; }  // -1 if the slot is free
   bool Contains(int64_t key) const { return SlotOf(key) >= 0; }
-  int64_t size() const { return static_cast<int64_t>(where_.size()); }
+  int64_t size() const { return capacity_ - static_cast<int64_t>(free_slots_.size()); }
   int64_t capacity() const { return capacity_; }
   PolicyKind kind() const { return kind_; }
   std::vector<int64_t> Keys() const;
 
  private:
-  // 16 bytes, so that a map cell is 24: the planner keeps one map per worker it models, and
-  // every lookup of a batch row lands in one of them. Slots are below 2^31 (the constructor
-  // checks) and uses and ticks below 2^32 (Access checks).
-  struct Entry {
-    int32_t slot;
-    uint32_t freq;
-    uint32_t last_use;
-    bool pinned;
-  };
-  using Rank = std::tuple<int64_t, int64_t, int64_t>;  // (freq, last_use, key): LFU order
+  // (freq, last_use, key, slot): LFU order. The slot follows the key, which alone orders
+  // resident rows: it is there to be found without a lookup.
+  using Rank = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+  Rank RankOf(int64_t slot) const { return Rank{freq_[slot], last_use_[slot], slot_key_[slot], slot}; }
 
-  bool Evictable(const Entry& e) const { return e.last_use != static_cast<uint32_t>(tick_) && !e.pinned; }
-  int64_t PickVictim();  // -1 if every resident row is protected
-  void Touch(int64_t key, Entry& e);
-  void Remove(int64_t key, Entry& e);
+  // Both accesses: the rest of an access once each key's slot is known.
+  AccessResult Apply(const int64_t* keys, const int32_t* resident, int64_t n);
+  bool Evictable(int64_t slot) const { return last_use_[slot] != static_cast<uint32_t>(tick_) && !pinned_[slot]; }
+  int64_t PickVictim();  // a slot; -1 if every resident row is protected
+  void Touch(int64_t slot);
+  void Remove(int64_t slot);
   // LRU order, kept lazily: each touch of a slot sets its stamp and appends (slot, stamp) to
   // uses_; a record is current while the slot still has that stamp, so the first current record
   // is the least recent row. A touch writes one stamp where relinking a list threaded through
@@ -76,14 +78,20 @@ class CachePolicy {
   PolicyKind kind_;
   int64_t capacity_;
   int64_t pin_threshold_;
+  bool indexed_;
   int64_t tick_ = 0;
-  FlatMap<Entry> where_;
+  // key -> slot (indexed only): 16-byte cells, so that a lookup touches one cache line.
+  FlatMap<int32_t> where_;
+  std::vector<int64_t> slot_key_;    // the row each slot holds
+  // Per slot, LFU only: uses, the access that last used it, and whether it is pinned. Slots are
+  // below 2^31 (the constructor checks) and uses and ticks below 2^32 (Access checks).
+  std::vector<uint32_t> freq_, last_use_;
+  std::vector<uint8_t> pinned_;
   std::vector<int64_t> stamp_;       // per slot, LRU only: its last touch, -1 while free
   std::vector<Use> uses_;            // touches, oldest first, from uses_head_ on
   size_t uses_head_ = 0;
   int64_t clock_ = 0;                // the last stamp handed out
   int64_t access_first_stamp_ = 1;   // stamps from here on were touched by the current Access
-  std::vector<int64_t> slot_key_;       // the row each slot holds
   std::set<Rank> lfu_;      // unpinned rows, least frequent (then least recent) first
   std::vector<int64_t> free_slots_;
 };
