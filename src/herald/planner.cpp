@@ -69,45 +69,102 @@ Planner::Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, ca
   if (capacity < 1) throw std::invalid_argument("Herald planner: cache capacity must be at least one row");
   models_.reserve(num_workers);
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
-  valid_by_key_.resize(shards_);
-  evicted_.resize(static_cast<size_t>(num_workers) * shards_);
+  directory_.resize(shards_);
+  for (DirectoryShard& d : directory_) d.entry_of.reserve(static_cast<size_t>(num_workers * std::min<int64_t>(capacity, 1 << 16) / shards_));
+  emptied_.resize(static_cast<size_t>(num_workers) * shards_);
   if (threads_ > 1) pool_ = std::make_unique<Pool>(threads_);
 }
 
 Planner::Planner(const Planner& o)
     : W_(o.W_), ranks_(o.ranks_), kept_(o.kept_), b_(o.b_), allocator_(o.allocator_), threads_(o.threads_), shards_(o.shards_),
       pool_(o.threads_ > 1 ? std::make_unique<Pool>(o.threads_) : nullptr), next_(o.next_), models_(o.models_),
-      valid_by_key_(o.valid_by_key_), evicted_(o.evicted_), has_pending_(o.has_pending_), pending_(o.pending_),
+      directory_(o.directory_), emptied_(o.emptied_), has_pending_(o.has_pending_), pending_(o.pending_),
       profile_(o.profile_) {}
 
 void Planner::Evicted(int w, int64_t slot, int64_t key) {
   CacheModel& m = models_[w];
-  if (!m.valid[slot]) return;
-  m.valid[slot] = 0;
-  if (shards_ == 1) {  // one thread: workers are planned one after another, the masks follow at once
-    ClearValid(&valid_by_key_[0], w, key);
+  const int sh = ShardOf(key);
+  DirectoryShard& d = directory_[sh];
+  const int32_t e = m.entry[slot];
+  d.slots[static_cast<size_t>(e) * W_ + w] = -1;
+  if (m.valid[slot]) {
+    m.valid[slot] = 0;
+    // Atomic: other workers' tasks may evict the same row at once (their copies not valid, so
+    // they leave this word alone, but nothing here rests on that).
+    __atomic_fetch_and(&d.valid[e], ~Bit(w), __ATOMIC_RELAXED);
+  }
+  emptied_[static_cast<size_t>(w) * shards_ + sh].push_back(e);
+}
+
+void Planner::FindRows(BatchRows* batch, Pool* pool) {
+  const int64_t num_rows = static_cast<int64_t>(batch->keys.size());
+  batch->entry.resize(num_rows);
+  batch->valid.resize(num_rows);
+  // Shard sh's rows (`rows`, or all of them with a single shard), on one task.
+  auto find = [&](int sh, const int32_t* rows, int64_t count) {
+    DirectoryShard& d = directory_[sh];
+    for (int64_t i = 0; i < count; ++i) {
+      if (i + static_cast<int64_t>(kLookAhead) < count)
+        d.entry_of.Prefetch(batch->keys[rows ? rows[i + kLookAhead] : i + kLookAhead]);
+      const int64_t r = rows ? rows[i] : i;
+      const int64_t key = batch->keys[r];
+      const auto [entry, added] = d.entry_of.Insert(key, 0);
+      if (added) {
+        if (d.free.empty()) {
+          *entry = static_cast<int32_t>(d.key.size());
+          d.key.push_back(key);
+          d.valid.push_back(0);
+          d.slots.resize(d.slots.size() + W_, -1);
+        } else {
+          *entry = d.free.back();
+          d.free.pop_back();
+          d.key[*entry] = key;  // a free entry's valid mask is 0 and its slots -1
+        }
+      }
+      batch->entry[r] = *entry;
+    }
+    // Then the masks, apart: each is a cache miss of its own, which overlap when looked up ahead.
+    for (int64_t i = 0; i < count; ++i) {
+      if (i + static_cast<int64_t>(kLookAhead) < count)
+        __builtin_prefetch(&d.valid[batch->entry[rows ? rows[i + kLookAhead] : i + kLookAhead]]);
+      const int64_t r = rows ? rows[i] : i;
+      batch->valid[r] = d.valid[batch->entry[r]];
+    }
+  };
+  if (shards_ == 1) {
+    find(0, nullptr, num_rows);
     return;
   }
-  evicted_[static_cast<size_t>(w) * shards_ + ShardOf(key)].push_back(key);
+  batch->by_shard.assign(shards_, {});
+  for (int64_t r = 0; r < num_rows; ++r) batch->by_shard[ShardOf(batch->keys[r])].push_back(static_cast<int32_t>(r));
+  ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
+    for (int64_t sh = first; sh < end; ++sh)
+      find(static_cast<int>(sh), batch->by_shard[sh].data(), static_cast<int64_t>(batch->by_shard[sh].size()));
+  });
 }
 
-void Planner::SetMasks(FlatMap<uint64_t>* masks, const BatchRows& batch, const std::vector<int32_t>& rows) {
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (i + kLookAhead < rows.size()) masks->Prefetch(batch.keys[rows[i + kLookAhead]]);
-    const int64_t key = batch.keys[rows[i]];
-    const uint64_t after = batch.after[rows[i]];
-    if (after) {
-      *masks->Insert(key, 0).first = after;
-    } else {
-      masks->Erase(key);
+void Planner::DropUncached(Pool* pool) {
+  ParallelFor(shards_ > 1 ? pool : nullptr, shards_, 1, [&](int64_t first, int64_t end) {
+    for (int64_t sh = first; sh < end; ++sh) {
+      DirectoryShard& d = directory_[sh];
+      for (int w = 0; w < W_; ++w)
+        for (const int32_t e : emptied_[static_cast<size_t>(w) * shards_ + sh]) {
+          if (d.key[e] < 0) continue;  // already dropped: several workers evicted it
+          const int32_t* slots = &d.slots[static_cast<size_t>(e) * W_];
+          if (std::any_of(slots, slots + W_, [](int32_t slot) { return slot >= 0; })) continue;
+          d.entry_of.Erase(d.key[e]);
+          d.key[e] = -1;
+          d.valid[e] = 0;
+          d.free.push_back(e);
+        }
     }
-  }
+  });
 }
-
 
 uint64_t Planner::ValidMask(int64_t key) const {
-  const uint64_t* mask = valid_by_key_[ShardOf(key)].Find(key);
-  return mask ? *mask : 0;
+  const DirectoryShard& d = directory_[ShardOf(key)];
+  const int32_t* e = d.entry_of.Find(key);
+  return e ? d.valid[*e] : 0;
 }
 
 void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign) {
@@ -161,7 +218,7 @@ void Planner::SplitByWorker(BatchRows* batch, Pool* pool) const {
 int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan, uint64_t* after) {
   CacheModel& m = models_[w];
   const uint64_t me = Bit(w);
-  for (int sh = 0; sh < shards_; ++sh) evicted_[static_cast<size_t>(w) * shards_ + sh].clear();
+  for (int sh = 0; sh < shards_; ++sh) emptied_[static_cast<size_t>(w) * shards_ + sh].clear();
 
   // w's rows (BatchRows::WorkerRows): one part's lists, or the parts' end to end.
   const BatchRows::WorkerRows* mine = &batch.by_worker[w];
@@ -183,7 +240,7 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   // are valid, so the valid masks find every one.)
   if (has_pending_) {
     for (const int32_t r : shared_held) {
-      const int64_t slot = m.policy.SlotOf(batch.keys[r]);
+      const int64_t slot = SlotsOf(batch.keys[r], batch.entry[r])[w];
       if (!m.dirty[slot]) continue;
       m.dirty[slot] = 0;
       if (plan) pending_[kept_[w]].writeback.push_back(batch.keys[r]);
@@ -193,8 +250,16 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
 
   // w's rows through its cache model.
   std::vector<int64_t> k(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) k[i] = batch.keys[rows[i]];
-  cache::AccessResult r = m.policy.Access(k.data(), static_cast<int64_t>(k.size()));
+  std::vector<int32_t> resident(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i + kLookAhead < rows.size()) {
+      const int32_t ahead = rows[i + kLookAhead];
+      __builtin_prefetch(SlotsOf(batch.keys[ahead], batch.entry[ahead]) + w);
+    }
+    k[i] = batch.keys[rows[i]];
+    resident[i] = SlotsOf(k[i], batch.entry[rows[i]])[w];
+  }
+  cache::AccessResult r = m.policy.Access(k.data(), resident.data(), static_cast<int64_t>(k.size()));
   std::vector<int64_t> writeback;
   for (size_t e = 0; e < r.evicted_keys.size(); ++e) {
     const int64_t slot = r.evicted_slots[e];
@@ -207,6 +272,13 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
     const int64_t slot = r.slot[i];
     owner[i] = batch.readers[rows[i]] == me;
     pull[i] = !(slot >= 0 && r.hit[i] && m.valid[slot]);
+    if (slot >= 0 && !r.hit[i]) {  // newly cached: the directory learns where
+      const int32_t e = batch.entry[rows[i]];
+      SlotsOf(k[i], e)[w] = static_cast<int32_t>(slot);
+      m.entry[slot] = e;
+    } else if (slot < 0) {  // not cached: the row may be cached nowhere now
+      emptied_[static_cast<size_t>(w) * shards_ + ShardOf(k[i])].push_back(batch.entry[rows[i]]);
+    }
     if (slot >= 0) {
       // A row stepped by several workers changes on the servers: the copy is stale after t.
       m.valid[slot] = owner[i];
@@ -225,7 +297,7 @@ int64_t Planner::PlanWorker(int w, const BatchRows& batch, int64_t iteration, Wo
   int64_t broken = -1;
   for (const int32_t i : held_elsewhere) {
     const int64_t key = batch.keys[i];
-    const int64_t slot = m.policy.SlotOf(key);
+    const int64_t slot = SlotsOf(key, batch.entry[i])[w];
     if (slot < 0 || !m.valid[slot]) continue;
     if (m.dirty[slot]) {
       broken = i;
@@ -279,16 +351,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   if (padded) batch.keys.erase(batch.keys.begin());
   const int64_t num_rows = static_cast<int64_t>(batch.keys.size());
   batch.samples = SampleRows::FromSlots(slots.data(), n, fields, num_rows, padded ? 0 : -1, padded ? 1 : 0);
-  batch.valid.resize(num_rows);
-  ParallelFor(pool, num_rows, 4096, [&](int64_t first, int64_t end) {
-    for (int64_t r = first; r < end; ++r) {
-      if (r + static_cast<int64_t>(kLookAhead) < end) {
-        const int64_t ahead = batch.keys[r + kLookAhead];
-        valid_by_key_[ShardOf(ahead)].Prefetch(ahead);
-      }
-      batch.valid[r] = ValidMask(batch.keys[r]);
-    }
-  });
+  FindRows(&batch, pool);
   profile_.ids += Since(&lap);
   std::vector<int32_t> assign;
   Allocate(&batch, iteration, &assign);
@@ -321,26 +384,15 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
                            " that another worker updates");
   profile_.workers += Since(&lap);
 
-  // The valid masks: each row whose mask the iteration changed takes its new mask whole, after the
-  // bits of the copies evicted are cleared (a row of the batch that a worker evicted is among
-  // those: its evicting worker's bit was in its mask and cannot be after it). With several
-  // threads, shard by shard.
-  std::vector<int32_t> changed;
-  for (int64_t r = 0; r < num_rows; ++r)
-    if (batch.valid[r] != batch.after[r]) changed.push_back(static_cast<int32_t>(r));
-  if (shards_ == 1) {
-    SetMasks(&valid_by_key_[0], batch, changed);  // the evictions were cleared as they came
-  } else {
-    std::vector<std::vector<int32_t>> by_shard(shards_);
-    for (const int32_t r : changed) by_shard[ShardOf(batch.keys[r])].push_back(r);
-    ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
-      for (int64_t sh = first; sh < end; ++sh) {
-        for (int w = 0; w < W_; ++w)
-          for (const int64_t key : evicted_[static_cast<size_t>(w) * shards_ + sh]) ClearValid(&valid_by_key_[sh], w, key);
-        SetMasks(&valid_by_key_[sh], batch, by_shard[sh]);
-      }
-    });
-  }
+  // The valid masks: each row whose mask the iteration changed takes its new mask whole (the
+  // copies evicted have left the masks already; a row of the batch that a worker evicted is
+  // among those changed: its evicting worker's bit was in its mask and cannot be after it).
+  // Then the rows no worker caches leave the directory.
+  ParallelFor(pool, num_rows, 4096, [&](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r)
+      if (batch.valid[r] != batch.after[r]) directory_[ShardOf(batch.keys[r])].valid[batch.entry[r]] = batch.after[r];
+  });
+  DropUncached(pool);
   profile_.masks += Since(&lap);
 
   Advanced out;

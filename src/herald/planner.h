@@ -6,7 +6,8 @@
 // compute the same allocation and mutually consistent plans with no messages between hosts. The Planner keeps a model of every
 // worker's cache: the CachePolicy that the real caches run (so predicted hits are actual hits),
 // plus, per slot, whether the cached copy is valid (equal to the servers' row) and dirty (stepped
-// locally, not yet written back).
+// locally, not yet written back). Where each worker caches a row is kept in one directory for
+// all of them.
 //
 // The write-back of iteration t depends on which worker reads which rows at t+1, so Advance(t)
 // returns the allocation of t and the finished plan of t-1.
@@ -97,11 +98,27 @@ class Planner {
   const PlanProfile& profile() const { return profile_; }
 
  private:
+  // A worker's cache: its policy (told its rows' slots by the directory) and, per slot, whether
+  // the copy is valid and dirty, and the directory entry of its row (in the shard of the row).
   struct CacheModel {
     cache::CachePolicy policy;
     std::vector<uint8_t> valid, dirty;
+    std::vector<int32_t> entry;
     CacheModel(cache::PolicyKind kind, int64_t capacity, int64_t pin_threshold)
-        : policy(kind, capacity, pin_threshold), valid(capacity, 0), dirty(capacity, 0) {}
+        : policy(kind, capacity, pin_threshold, /*indexed=*/false), valid(capacity, 0), dirty(capacity, 0),
+          entry(capacity, -1) {}
+  };
+  // Every row some worker caches, in one place for all workers: per row an entry with each
+  // worker's slot and the workers whose copy is valid. A batch row is then looked up once for all
+  // workers, where a map per worker (the real caches' index) costs a lookup per row and worker:
+  // random reads of tables of megabytes, which were most of a plan. Sharded by key (see
+  // ShardOf); each shard's rows are added and removed by one task.
+  struct DirectoryShard {
+    FlatMap<int32_t> entry_of;    // row -> its entry
+    std::vector<int64_t> key;     // per entry: its row, -1 while free
+    std::vector<uint64_t> valid;  // per entry: one bit per worker whose copy is valid
+    std::vector<int32_t> slots;   // [entry, W]: each worker's slot of the row, -1 where it has none
+    std::vector<int32_t> free;    // entries free for reuse
   };
 
   // One global batch as the planner sees it. keys: its distinct rows, ascending; samples: each
@@ -112,6 +129,8 @@ class Planner {
   // there alone, if it caches the row.
   struct BatchRows {
     std::vector<int64_t> keys;
+    std::vector<int32_t> entry;  // per row: its directory entry (every batch row has one)
+    std::vector<std::vector<int32_t>> by_shard;  // the rows of each directory shard (several shards only)
     SampleRows samples;
     std::vector<uint64_t> valid, readers, after;
     // A worker's rows, each list ascending: those it reads, those it held valid before the
@@ -126,29 +145,33 @@ class Planner {
   };
   // batch->by_worker from its valid masks and readers.
   void SplitByWorker(BatchRows* batch, Pool* pool) const;
-  // The valid masks are kept in 64 shards with several threads, in one map with one (a single
-  // table is kinder to the TLB).
+  // The directory is kept in 64 shards with several threads, in one with one (a single table is
+  // kinder to the TLB).
   int ShardOf(int64_t key) const {
     return shards_ == 1 ? 0 : static_cast<int>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 58);
   }
+  // Worker w's slots of row `key`, whose directory entry is e: [W].
+  int32_t* SlotsOf(int64_t key, int32_t e) { return &directory_[ShardOf(key)].slots[static_cast<size_t>(e) * W_]; }
+  // The batch's rows into the directory (each finds its entry, or takes a new one) and their valid
+  // masks: batch->entry, batch->valid.
+  void FindRows(BatchRows* batch, Pool* pool);
+  // Entries whose row no worker caches any longer leave the directory: those of the rows that
+  // some worker evicted or left uncached this iteration (emptied_).
+  void DropUncached(Pool* pool);
   // Worker w's part of an iteration: its write-backs of t-1 (rows another worker reads now),
   // its cache model through this batch, its plan (written to `plan` if w is a kept rank, else
-  // null) and its stale copies. Touches models_[w], evicted_[w], w's plans and the entries of
-  // after[] of the rows w alone reads, and no others. Returns the position (in the batch's rows)
+  // null) and its stale copies. Touches models_[w], emptied_[w], w's plans, w's column of the
+  // directory's slots, the valid bits of w's evicted copies, and the entries of after[] of the
+  // rows w alone reads, and no others. Returns the position (in the batch's rows)
   // of a dirty row another worker updates, or -1.
   int64_t PlanWorker(int w, const BatchRows& batch, int64_t iteration, WorkerPlan* plan, uint64_t* after);
 
   // The allocation, and batch->readers under it.
   void Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>* assign);
-  // Worker w evicted `key` from `slot`: the copy is gone, and w's bit leaves the key's valid mask
-  // (at once with one thread, else queued in evicted_ for the masks' stage). The masks of the
-  // batch's rows are set whole after every worker is planned (SetMasks).
+  // Worker w evicted `key` from `slot`: the copy is gone from the directory, and w's bit from
+  // the key's valid mask. (The masks of the batch's rows are set whole after every worker is
+  // planned.)
   void Evicted(int w, int64_t slot, int64_t key);
-  static void ClearValid(FlatMap<uint64_t>* masks, int w, int64_t key) {
-    if ((*masks->Find(key) &= ~(uint64_t(1) << w)) == 0) masks->Erase(key);
-  }
-  // The valid masks of the batch's rows whose mask changed (in `rows`), set to batch.after.
-  static void SetMasks(FlatMap<uint64_t>* masks, const BatchRows& batch, const std::vector<int32_t>& rows);
 
   int W_;
   std::vector<int> ranks_;
@@ -156,19 +179,17 @@ class Planner {
   int64_t b_;
   Allocator allocator_;
   int threads_;
-  int shards_;                  // of the valid masks: 1, or 64 with several threads
+  int shards_;                  // of the directory: 1, or 64 with several threads
   std::unique_ptr<Pool> pool_;  // null with one thread
   // Plans of fewer ids than this run on the calling thread alone.
   static constexpr int64_t kParallelIds = 16384;
   Pool* plan_pool_ = nullptr;   // the current plan's: pool_, or null for a small plan
   int64_t next_ = 0;
   std::vector<CacheModel> models_;
-  // Per row, one bit per worker whose cached copy is valid: one lookup answers for all workers
-  // (allocation scores, invalidation) where the models alone would need one per worker. Sharded
-  // by key, so that the changes of an iteration are applied shard by shard in parallel.
-  std::vector<FlatMap<uint64_t>> valid_by_key_;
-  // evicted_[w * shards_ + shard]: the keys whose valid copies worker w evicted this iteration.
-  std::vector<std::vector<int64_t>> evicted_;
+  std::vector<DirectoryShard> directory_;
+  // emptied_[w * shards_ + shard]: the entries of the rows that worker w evicted or left uncached
+  // this iteration; those that no worker caches now leave the directory.
+  std::vector<std::vector<int32_t>> emptied_;
   bool has_pending_ = false;
   std::vector<WorkerPlan> pending_;  // per kept rank: the plan of the last iteration, not final yet
   PlanProfile profile_;
