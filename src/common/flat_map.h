@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/huge_pages.h"
+
 namespace hetu {
 
 template <typename V>
@@ -103,8 +105,10 @@ class FlatMap {
     return static_cast<size_t>(h) & mask_;
   }
 
+  using Cells = std::vector<Cell, HugePageAllocator<Cell>>;
+
   void Rehash(size_t slots) {
-    std::vector<Cell> cells(slots);
+    Cells cells(slots);
     cells.swap(cells_);
     mask_ = slots - 1;
     size_ = 0;
@@ -112,7 +116,7 @@ class FlatMap {
       if (c.key != kEmpty) Insert(c.key, c.value);
   }
 
-  std::vector<Cell> cells_;
+  Cells cells_;
   size_t mask_ = 0;
   size_t size_ = 0;
 };
