@@ -97,6 +97,10 @@ int64_t PartBegin(int64_t n, int p, int parts) { return n * p / parts; }
 // where the sort moves 16 bytes a pass per id).
 constexpr uint64_t kDenseRangePerId = 8;
 
+// Passes over the ids (megabytes) load them this many ids ahead, a line at a time: the hardware's
+// own prefetcher stops at every 4 KiB page.
+constexpr int64_t kFarAhead = 1024;
+
 // The dense numbering's two bit-counting loops: the set bits of each word of the bitmap, and each
 // id's index (its word's first index plus the set bits below it). On x86-64 they run with the
 // popcnt instruction where the CPU has one (every x86-64 CPU since 2008; the portable build may
@@ -113,6 +117,7 @@ __attribute__((always_inline)) inline void RankIds(const int64_t* ids, int64_t b
                                                    const uint64_t* present, const int32_t* first, int32_t* inverse,
                                                    Count count) {
   for (int64_t i = begin; i < end; ++i) {
+    if ((i & 7) == 0) __builtin_prefetch(ids + i + kFarAhead);
     const uint64_t d = static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo);
     inverse[i] = first[d >> 6] + count(present[d >> 6] & ((uint64_t(1) << (d & 63)) - 1));
   }
@@ -175,11 +180,13 @@ void sorted_unique_parallel(const int64_t* ids, int64_t n, Pool* pool, SortScrat
     std::fill(lo, lo + 4, ids[b]);
     std::fill(hi, hi + 4, ids[b]);
     int64_t i = b;
-    for (; i + 4 <= e; i += 4)
+    for (; i + 4 <= e; i += 4) {
+      if ((i & 7) == 0) __builtin_prefetch(ids + i + kFarAhead);
       for (int k = 0; k < 4; ++k) {
         lo[k] = std::min(lo[k], ids[i + k]);
         hi[k] = std::max(hi[k], ids[i + k]);
       }
+    }
     for (; i < e; ++i) {
       lo[0] = std::min(lo[0], ids[i]);
       hi[0] = std::max(hi[0], ids[i]);
@@ -204,6 +211,7 @@ void sorted_unique_parallel(const int64_t* ids, int64_t n, Pool* pool, SortScrat
     each_part(n, [&](int p, int64_t begin, int64_t end) {
       uint64_t* const mine = present + static_cast<size_t>(words) * p;
       for (int64_t i = begin; i < end; ++i) {
+        if ((i & 7) == 0) __builtin_prefetch(ids + i + kFarAhead);
         const uint64_t d = static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo);
         mine[d >> 6] |= uint64_t(1) << (d & 63);
       }
