@@ -21,23 +21,28 @@ namespace {
 constexpr int64_t kMinSamples = 128;
 
 // Ties go to the least-loaded worker, then to the first in a cyclic order that rotates with the
-// sample and the iteration, so that no worker is favoured. cost: lower is better.
+// sample and the iteration, so that no worker is favoured. cost: lower is better. -1 if no
+// worker has room.
 template <typename Cost>
 int BestWorkerWithRoom(const Cost& cost, const std::vector<int64_t>& load, int num_workers, int64_t per_worker,
                        int64_t sample, int64_t iteration) {
-  int w = static_cast<int>((sample + iteration) % num_workers);
-  int chosen = -1;
-  int64_t best_cost = 0, best_load = 0;
-  for (int k = 0; k < num_workers; ++k, w = w + 1 == num_workers ? 0 : w + 1) {
-    if (load[w] >= per_worker) continue;
-    const int64_t c = cost(w), l = load[w];
-    // Selects rather than branches: which worker wins is as good as random.
-    const bool better = chosen < 0 || c < best_cost || (c == best_cost && l < best_load);
-    chosen = better ? w : chosen;
-    best_cost = better ? c : best_cost;
-    best_load = better ? l : best_load;
+  // (cost, load) as one key per worker, lower better, and the lowest found over all workers at
+  // once: loops that compilers vectorise, where a running best would be a chain of dependent
+  // selects, one per worker.
+  constexpr int64_t kNoRoom = std::numeric_limits<int64_t>::max();
+  const int64_t span = per_worker + 1;  // above any load of a worker with room
+  int64_t key[64];
+  int64_t best = kNoRoom;
+  for (int w = 0; w < num_workers; ++w) {
+    key[w] = load[w] < per_worker ? cost(w) * span + load[w] : kNoRoom;
+    best = std::min(best, key[w]);
   }
-  return chosen;
+  if (best == kNoRoom) return -1;
+  uint64_t ties = 0;
+  for (int w = 0; w < num_workers; ++w) ties |= static_cast<uint64_t>(key[w] == best) << w;
+  const int start = static_cast<int>((sample + iteration) % num_workers);
+  const uint64_t from_start = ties >> start;  // the ties at start, start + 1, ..., then from 0
+  return from_start ? start + __builtin_ctzll(from_start) : __builtin_ctzll(ties);
 }
 
 // Samples with the strongest cache preference (highest best score, best[s] >= 0) choose first,
