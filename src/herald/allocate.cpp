@@ -128,6 +128,26 @@ struct WorkerLanes {
   }
   // Lane w to out[w], every lane (out holds 8 * sizeof(Mask)).
   void Store(int32_t* out) const { std::memcpy(out, q, sizeof q); }
+  // Bit w set where lane w is above 0.
+  uint64_t Positive() const {
+    uint64_t bits = 0;
+    for (int c = 0; c < kQuads; ++c) {
+      const Quad above = q[c] > 0;  // -1 where so
+#if defined(__SSE2__)
+      typedef float Floats __attribute__((vector_size(16)));  // movmskps takes the sign bit of each lane
+      const uint64_t four = static_cast<uint64_t>(__builtin_ia32_movmskps((Floats)above));
+#else
+      const uint64_t four = (above[0] & 1) | (above[1] & 2) | (above[2] & 4) | (above[3] & 8);
+#endif
+      bits |= four << (4 * c);
+    }
+    return bits;
+  }
+  static WorkerLanes Splat(int32_t v) {
+    WorkerLanes out;
+    for (int c = 0; c < kQuads; ++c) out.q[c] = Quad{v, v, v, v};
+    return out;
+  }
 };
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
@@ -184,10 +204,9 @@ class Trader {
       std::vector<int32_t> saving(8 * sizeof(Mask));  // Savings stores every lane
       for (int64_t p = first; p < last; ++p) {
         for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
-          if (!Savings(s, saving.data())) continue;
           const int a = assign_[s];
-          for (int to = 0; to < W_; ++to)
-            if (saving[to] > 0) found[p][a * W_ + to].emplace_back(-saving[to], s);
+          for (uint64_t to = Savings(s, saving.data()); to; to &= to - 1)
+            found[p][a * W_ + __builtin_ctzll(to)].emplace_back(-saving[__builtin_ctzll(to)], s);
         }
       }
     });
@@ -243,9 +262,10 @@ class Trader {
   const int32_t* Begin(int64_t s) const { return samples_.Begin(s); }
   const int32_t* End(int64_t s) const { return samples_.End(s); }
 
-  // out[to]: rows saved by moving sample s from its worker to `to` (0 for its own worker); out
-  // holds a lane per bit of Mask. False, with out left as it was, where no move saves rows.
-  bool Savings(int64_t s, int32_t* out) const {
+  // out[to]: rows saved by moving sample s from its worker to `to`; out holds a lane per bit of
+  // Mask. Returns a bit per worker where the saving is positive (never s's own), 0 where no move
+  // saves rows (out then left as it was).
+  uint64_t Savings(int64_t s, int32_t* out) const {
     const int from = assign_[s];
     int same = 0;  // the part of the saving that does not depend on the destination
     Lanes added{};
@@ -259,11 +279,11 @@ class Trader {
     }
     // A move adds cost everywhere but where the rows the sample alone reads at its worker leave it
     // (`same`): without their saving, none saves rows.
-    if (same <= 0) return false;
-    added.Store(out);
-    for (int to = 0; to < W_; ++to) out[to] = same - out[to];
-    out[from] = 0;
-    return true;
+    if (same <= 0) return 0;
+    Lanes saving = Lanes::Splat(same);
+    saving -= added;
+    saving.Store(out);
+    return saving.Positive() & everyone_ & ~Bit(from);
   }
 
   // Savings(s)[to] alone.
