@@ -70,7 +70,14 @@ Planner::Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, ca
   models_.reserve(num_workers);
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
   directory_.resize(shards_);
-  for (DirectoryShard& d : directory_) d.entry_of.reserve(static_cast<size_t>(num_workers * std::min<int64_t>(capacity, 1 << 16) / shards_));
+  // Room for every worker's cache full of rows of its own (up to 2^16 rows a cache: beyond, it grows).
+  const size_t entries = static_cast<size_t>(num_workers * std::min<int64_t>(capacity, 1 << 16) / shards_);
+  for (DirectoryShard& d : directory_) {
+    d.entry_of.reserve(entries);
+    d.key.reserve(entries);
+    d.valid.reserve(entries);
+    d.slots.reserve(entries * num_workers);
+  }
   emptied_.resize(static_cast<size_t>(num_workers) * shards_);
   if (threads_ > 1) pool_ = std::make_unique<Pool>(threads_);
 }

@@ -25,6 +25,7 @@
 
 #include "cache/policy.h"
 #include "common/flat_map.h"
+#include "common/huge_pages.h"
 #include "common/parallel.h"
 #include "herald/allocate.h"
 #include "kernels/sort.h"
@@ -115,9 +116,10 @@ class Planner {
   // ShardOf); each shard's rows are added and removed by one task.
   struct DirectoryShard {
     FlatMap<int32_t> entry_of;    // row -> its entry
-    std::vector<int64_t> key;     // per entry: its row, -1 while free
-    std::vector<uint64_t> valid;  // per entry: one bit per worker whose copy is valid
-    std::vector<int32_t> slots;   // [entry, W]: each worker's slot of the row, -1 where it has none
+    // (Reserved up front on huge pages, as the map: grown by doubling, they were paged in anew.)
+    std::vector<int64_t, HugePageAllocator<int64_t>> key;     // per entry: its row, -1 while free
+    std::vector<uint64_t, HugePageAllocator<uint64_t>> valid;  // per entry: one bit per worker whose copy is valid
+    std::vector<int32_t, HugePageAllocator<int32_t>> slots;   // [entry, W]: each worker's slot of the row, -1 where it has none
     std::vector<int32_t> free;    // entries free for reuse
   };
 
