@@ -564,6 +564,18 @@ SampleRows LightRows(const SampleRows& samples, const std::vector<int32_t>& samp
   return light;
 }
 
+// Readers(), with the masks gathered as narrow as the workers allow (a table that stays in the
+// first-level cache) and widened after.
+template <typename Mask>
+std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows, const int32_t* assignment) {
+  std::vector<Mask> narrow(num_rows, 0);
+  for (int64_t s = 0; s < samples.samples(); ++s) {
+    const Mask bit = static_cast<Mask>(Bit(assignment[s]));
+    for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) narrow[*r] |= bit;
+  }
+  return std::vector<uint64_t>(narrow.begin(), narrow.end());
+}
+
 }  // namespace
 
 void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers,
@@ -586,7 +598,7 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     } else {
       Trade(Trader<int32_t, Mask>(light, valid, num_rows, W, assignment, pool));
     }
-    if (readers_out) *readers_out = Readers(samples, num_rows, assignment);
+    if (readers_out) *readers_out = NarrowReaders<Mask>(samples, num_rows, assignment);
     if (seconds) seconds[1] += Since(placed);
   };
   if (W <= 8) {
@@ -601,10 +613,7 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
 }
 
 std::vector<uint64_t> Readers(const SampleRows& samples, int64_t num_rows, const int32_t* assignment) {
-  std::vector<uint64_t> readers(num_rows, 0);
-  for (int64_t s = 0; s < samples.samples(); ++s)
-    for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) readers[*r] |= Bit(assignment[s]);
-  return readers;
+  return NarrowReaders<uint64_t>(samples, num_rows, assignment);
 }
 
 int64_t EstimatedRows(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, const int32_t* assignment) {

@@ -21,6 +21,7 @@ namespace {
 // Loops over a batch's rows look a row this many places ahead up in advance, so that the cache
 // misses of their hash-map lookups overlap instead of coming one after another.
 constexpr size_t kLookAhead = 8;
+constexpr size_t kMapAhead = 16;
 
 void SortUnique(std::vector<int64_t>* v) {
   std::sort(v->begin(), v->end());
@@ -111,8 +112,8 @@ void Planner::FindRows(BatchRows* batch, Pool* pool) {
   auto find = [&](int sh, const int32_t* rows, int64_t count) {
     DirectoryShard& d = directory_[sh];
     for (int64_t i = 0; i < count; ++i) {
-      if (i + static_cast<int64_t>(kLookAhead) < count)
-        d.entry_of.Prefetch(batch->keys[rows ? rows[i + kLookAhead] : i + kLookAhead]);
+      if (i + static_cast<int64_t>(kMapAhead) < count)
+        d.entry_of.Prefetch(batch->keys[rows ? rows[i + kMapAhead] : i + kMapAhead]);
       const int64_t r = rows ? rows[i] : i;
       const int64_t key = batch->keys[r];
       const auto [entry, added] = d.entry_of.Insert(key, 0);
@@ -121,7 +122,7 @@ void Planner::FindRows(BatchRows* batch, Pool* pool) {
           *entry = static_cast<int32_t>(d.key.size());
           d.key.push_back(key);
           d.valid.push_back(0);
-          d.slots.resize(d.slots.size() + W_, -1);
+          d.slots.insert(d.slots.end(), W_, -1);
         } else {
           *entry = d.free.back();
           d.free.pop_back();
