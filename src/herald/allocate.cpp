@@ -168,26 +168,25 @@ class Trader {
       : samples_(samples), n_(samples.samples()), W_(num_workers),
         everyone_(static_cast<Mask>(AllWorkers(num_workers))), assign_(assignment), pool_(pool),
         num_rows_(num_rows), count_(num_rows * num_workers, 0), row_(num_rows) {
-    for (int64_t r = 0; r < num_rows; ++r) row_[r].valid = static_cast<Mask>(valid[r]);
-    // By worker: each task counts the samples of its own workers, and sets a worker's bits as its
-    // counts reach 1 and 2 (each task its own workers' bits, so OR and AND give the same masks in
-    // any order; with a pool they are atomic, as tasks share the masks' words).
-    const bool shared = pool_ != nullptr;
+    // By worker: each task counts the samples of its own workers. Then by rows: a row's masks
+    // from its counts, a pass that reads them in order (setting bits as each count reaches 1
+    // and 2 was a branch per (sample, row) pair, and atomic with several tasks).
     ParallelFor(pool_, W_, 1, [&](int64_t first, int64_t last) {
       for (int64_t s = 0; s < n_; ++s) {
         const int w = assign_[s];
         if (w < first || w >= last) continue;
-        const Mask bit = static_cast<Mask>(Bit(w));
-        for (const int32_t* r = Begin(s); r != End(s); ++r) {
-          RowReaders& row = row_[*r];
-          const int64_t c = ++CountOf(*r, w);
-          if (c == 1) {
-            SetBits(&row.readers, bit, shared);
-            SetBits(&row.once, bit, shared);
-          } else if (c == 2) {
-            ClearBits(&row.once, bit, shared);
-          }
+        for (const int32_t* r = Begin(s); r != End(s); ++r) ++CountOf(*r, w);
+      }
+    });
+    ParallelFor(pool_, num_rows, 4096, [&](int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        const Count* c = &count_[r * W_];
+        Mask readers = 0, once = 0;
+        for (int w = 0; w < W_; ++w) {
+          readers |= static_cast<Mask>(static_cast<Mask>(c[w] > 0) << w);
+          once |= static_cast<Mask>(static_cast<Mask>(c[w] == 1) << w);
         }
+        row_[r] = RowReaders{readers, once, static_cast<Mask>(valid[r])};
       }
     });
   }
@@ -312,21 +311,6 @@ class Trader {
 
   using Lanes = WorkerLanes<Mask>;
   static Mask MaskBit(int w) { return static_cast<Mask>(Bit(w)); }
-  static void SetBits(Mask* mask, Mask bits, bool atomic) {
-    if (atomic) {
-      __atomic_fetch_or(mask, bits, __ATOMIC_RELAXED);
-    } else {
-      *mask |= bits;
-    }
-  }
-  static void ClearBits(Mask* mask, Mask bits, bool atomic) {
-    if (atomic) {
-      __atomic_fetch_and(mask, static_cast<Mask>(~bits), __ATOMIC_RELAXED);
-    } else {
-      *mask &= static_cast<Mask>(~bits);
-    }
-  }
-
   // Row r's bits for worker w, from the count of w's samples that read it.
   void Recount(int64_t r, int w) {
     const int64_t c = CountOf(r, w);
