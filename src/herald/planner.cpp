@@ -71,8 +71,11 @@ Planner::Planner(int num_workers, std::vector<int> ranks, int64_t per_worker, ca
   models_.reserve(num_workers);
   for (int w = 0; w < num_workers; ++w) models_.emplace_back(policy, capacity, pin_threshold);
   directory_.resize(shards_);
-  // Room for every worker's cache full of rows of its own (up to 2^16 rows a cache: beyond, it grows).
-  const size_t entries = static_cast<size_t>(num_workers * std::min<int64_t>(capacity, 1 << 16) / shards_);
+  // Room for every worker's cache full of rows of its own, up to 2^16 rows a cache and 64 MiB of
+  // slots (beyond, the directory grows as rows arrive).
+  const int64_t room = std::min<int64_t>(num_workers * std::min<int64_t>(capacity, 1 << 16),
+                                         (int64_t(64) << 20) / (sizeof(int32_t) * num_workers));
+  const size_t entries = static_cast<size_t>(room / shards_);
   for (DirectoryShard& d : directory_) {
     d.entry_of.reserve(entries);
     d.key.reserve(entries);
