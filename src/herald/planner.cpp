@@ -21,6 +21,7 @@ namespace {
 // Loops over a batch's rows look a row this many places ahead up in advance, so that the cache
 // misses of their hash-map lookups overlap instead of coming one after another.
 constexpr size_t kLookAhead = 8;
+// The directory's map is larger, its lookups a miss to memory for rows no cache has seen: further.
 constexpr size_t kMapAhead = 16;
 
 void SortUnique(std::vector<int64_t>* v) {
