@@ -167,7 +167,7 @@ class Trader {
          Pool* pool)
       : samples_(samples), n_(samples.samples()), W_(num_workers),
         everyone_(static_cast<Mask>(AllWorkers(num_workers))), assign_(assignment), pool_(pool),
-        num_rows_(num_rows), count_(num_rows * num_workers + 8, 0), row_(num_rows) {  // + 8: CountMasks reads 8 at once
+        count_(num_rows * num_workers + 8, 0), row_(num_rows) {  // + 8: CountMasks reads 8 at once
     // By worker: each task counts the samples of its own workers. Then by rows: a row's masks
     // from its counts, a pass that reads them in order (setting bits as each count reaches 1
     // and 2 was a branch per (sample, row) pair, and atomic with several tasks).
@@ -353,7 +353,6 @@ class Trader {
   Mask everyone_;
   int32_t* assign_;
   Pool* pool_;
-  int64_t num_rows_;
   // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
   // changes two of them).
   std::vector<Count> count_;
@@ -377,17 +376,17 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   out.rows.resize(n * width);
   out.begin.resize(n + 1);
   // Per row, the samples that read it and the last of them, side by side: one cache line.
-  struct Readers {
+  struct Reading {
     int32_t count = 0, last = -1;
   };
-  std::vector<Readers> readers(num_rows);
+  std::vector<Reading> reading(num_rows);
   int64_t taken = 0;
   for (int64_t s = 0; s < n; ++s) {
     __builtin_prefetch(slots + (s + 64) * width);  // the slots ahead: megabytes, read once
     for (const int32_t* v = slots + s * width; v != slots + (s + 1) * width; ++v) {
       if (*v == empty) continue;
       const int32_t r = *v - shift;
-      Readers& row = readers[r];
+      Reading& row = reading[r];
       if (row.last == s) continue;
       row.last = static_cast<int32_t>(s);
       ++row.count;
@@ -397,7 +396,7 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   }
   out.rows.resize(taken);
   out.reading.resize(num_rows);
-  for (int64_t r = 0; r < num_rows; ++r) out.reading[r] = readers[r].count;
+  for (int64_t r = 0; r < num_rows; ++r) out.reading[r] = reading[r].count;
   return out;
 }
 
@@ -595,10 +594,10 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = samples.samples();
   const int W = num_workers;
-  // Rows' worker masks as narrow as the workers allow.
   // The rows the trades score, and among them those the placement scores.
   const SampleRows light = LightRows(samples, samples.reading, TradeShared(W));
   const SampleRows lightest = LightRows(light, samples.reading, kSharedAnyway);
+  // Rows' worker masks as narrow as the workers allow.
   auto allocate = [&](auto mask) {
     using Mask = decltype(mask);
     Place<Mask>(samples, lightest, valid, num_rows, W, per_worker, iteration, assignment, pool);

@@ -147,11 +147,11 @@ void Planner::FindRows(BatchRows* batch, Pool* pool) {
     find(0, nullptr, num_rows);
     return;
   }
-  batch->by_shard.assign(shards_, {});
-  for (int64_t r = 0; r < num_rows; ++r) batch->by_shard[ShardOf(batch->keys[r])].push_back(static_cast<int32_t>(r));
+  std::vector<std::vector<int32_t>> by_shard(shards_);  // the rows of each shard
+  for (int64_t r = 0; r < num_rows; ++r) by_shard[ShardOf(batch->keys[r])].push_back(static_cast<int32_t>(r));
   ParallelFor(pool, shards_, 1, [&](int64_t first, int64_t end) {
     for (int64_t sh = first; sh < end; ++sh)
-      find(static_cast<int>(sh), batch->by_shard[sh].data(), static_cast<int64_t>(batch->by_shard[sh].size()));
+      find(static_cast<int>(sh), by_shard[sh].data(), static_cast<int64_t>(by_shard[sh].size()));
   });
 }
 

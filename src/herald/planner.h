@@ -132,7 +132,6 @@ class Planner {
   struct BatchRows {
     std::vector<int64_t> keys;
     std::vector<int32_t> entry;  // per row: its directory entry (every batch row has one)
-    std::vector<std::vector<int32_t>> by_shard;  // the rows of each directory shard (several shards only)
     SampleRows samples;
     std::vector<uint64_t> valid, readers, after;
     // A worker's rows, each list ascending: those it reads, those it held valid before the
