@@ -107,14 +107,15 @@ def allocator_setting(spec):
 def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,), keep_ranks=0):
     """Rows moved by all workers over `iterations`; per thread count, seconds and CPU seconds (all
     of the process's threads) per plan; distinct rows per global batch; the answers of ranks
-    below `keep_ranks`, per rank; the 1-thread planners' PlanProfile, seconds per plan by stage. The ranks' planners run one rank after another, as each worker
+    below `keep_ranks`, per rank; per thread count, the planners' PlanProfile, seconds per plan by
+    stage. The ranks' planners run one rank after another, as each worker
     runs one. With several thread counts, a planner per count plans each iteration in turn (so
     that a busy machine slows them alike), and their answers must be identical."""
     batches = global_batches(sparse, order, workers, batch, iterations)
     distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
     rows, seconds, cpu = 0, dict.fromkeys(threads, 0.0), dict.fromkeys(threads, 0.0)
     kept = {rank: [] for rank in range(min(keep_ranks, workers))}
-    profile = dict.fromkeys(PROFILE_STAGES + ("total",), 0.0)
+    profile = {n: dict.fromkeys(PROFILE_STAGES + ("total",), 0.0) for n in threads}
     for rank in range(workers):
         planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
                     for n in threads}
@@ -135,13 +136,14 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
             if finished is not None:
                 _, _, _, _, pull, owner, _, writeback = finished
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
-        for stage, s in planners[1].profile().items():
-            if stage in profile:
-                profile[stage] += s
+        for n, planner in planners.items():
+            for stage, s in planner.profile().items():
+                if stage in profile[n]:
+                    profile[n][stage] += s
         del planners
     plans = workers * len(batches)
     return (rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept,
-            {stage: s / plans for stage, s in profile.items()})
+            {n: {stage: s / plans for stage, s in by_stage.items()} for n, by_stage in profile.items()})
 
 
 def host_planner_cost(sparse, order, workers, batch, capacity, allocator, iterations, threads, expected):
@@ -185,8 +187,8 @@ def main():
                    help="planner thread counts to time side by side (the speed-up columns are against 1 "
                         "thread, which is always measured); default: one thread, the plain table")
     p.add_argument("--profile", action="store_true",
-                   help="also print where a 1-thread plan's time goes (the planner's PlanProfile): ms per plan "
-                        "by stage, a line per configuration and allocator")
+                   help="also print where a plan's time goes (the planner's PlanProfile): ms per plan by stage, "
+                        "a line per configuration, allocator and thread count")
     p.add_argument("--host-workers", type=int, default=0, metavar="H",
                    help="also time one planner for a host of H workers against H planners of their own")
     p.add_argument("--dataset", default="synthetic-criteo",
@@ -223,7 +225,7 @@ def main():
              f"CPU ms of one planner for the host (1 thread), its ms at each thread count" if host else ""))
     print(header)
     print("-" * len(header), flush=True)
-    profiles = []  # (W, b, ratio, allocator, seconds per plan by stage)
+    profiles = []  # (W, b, ratio, allocator, {threads: seconds per plan by stage})
     for workers in args.workers:
         for batch in args.batch:
             check_enough_samples(sparse, args.iterations + 1, workers, batch, args.rows)
@@ -259,18 +261,19 @@ def main():
 
 
 def print_profiles(profiles):
-    """Where a 1-thread plan's time goes: ms per plan by PlanProfile stage (ids: distinct rows and
+    """Where a plan's time goes, at each thread count: ms per plan by PlanProfile stage (ids: distinct rows and
     valid masks; scores: allocation scores and placement; trades: colocate's pairwise trades;
     readers: who reads each row, outside colocate; workers: every worker's cache model and plan;
     masks: the valid masks updated) and in all."""
-    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>11}" + "".join(
+    header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>11} {'threads':>7}" + "".join(
         f"{s:>9}" for s in PROFILE_STAGES + ("total",))
-    print(f"\nms per plan by stage, 1 thread (PlanProfile)")
+    print(f"\nms per plan by stage (PlanProfile)")
     print(header)
     print("-" * len(header))
-    for workers, batch, ratio, allocator, profile in profiles:
-        print(f"{workers:>2} {batch:>5} {ratio:>5} {allocator:>11}" + "".join(
-            f"{1e3 * profile[s]:>9.2f}" for s in PROFILE_STAGES + ("total",)), flush=True)
+    for workers, batch, ratio, allocator, by_threads in profiles:
+        for n, profile in by_threads.items():
+            print(f"{workers:>2} {batch:>5} {ratio:>5} {allocator:>11} {n:>7}" + "".join(
+                f"{1e3 * profile[s]:>9.2f}" for s in PROFILE_STAGES + ("total",)), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
 # single   the GPU tests, then bench/gpu_single.py (hetu vs PyTorch eager and torch.compile)
 # cluster  bench/gpu_cluster.py: PS vs HET vs Herald, GPU workers on shaped namespace hosts, or,
 #          where the check found them impossible, over loopback on pinned cores (labelled so)
-# cores    bench/planner_offline.py at 1-16 threads and bench/ps_throughput.py on the spare cores
+# cores    bench/planner_offline.py at 1-16 threads (with the stage split at each) and
+#          bench/ps_throughput.py on the spare cores
 # all      install, check, single, cluster, cores (the default): two calls of at most 9 minutes
 #          (`--part install --part check --part single`, then the same install, which is skipped
 #          where hetu is still installed, `--part cluster --part cores`)
@@ -29,7 +30,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 die() { echo "gpu_suite.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 OUT="" PARTS=() BUNDLE="${HETU_BUNDLE:-$ROOT/bundle}" SCALE=1 QUICK=0
 while [ $# -gt 0 ]; do
@@ -117,7 +118,7 @@ part_cluster() {
 part_cores() {
   local b=${BUDGET[cores]} threads="1 2 4 8 16"
   [ $QUICK -eq 1 ] && threads="1 2"
-  run_part $((b * 2 / 3)) cores_planner "$PY" bench/planner_offline.py --workers 8 16 --batch 1024 --ratios 0.1 --allocators colocate --iterations 3 --rows 320000 --threads $threads
+  run_part $((b * 2 / 3)) cores_planner "$PY" bench/planner_offline.py --workers 8 16 --batch 1024 --ratios 0.1 --allocators colocate --iterations 3 --rows 320000 --threads $threads --profile
   run_part $((b / 3)) cores_ps "$PY" bench/ps_throughput.py --shapes 1x1 4x2 --batches 16384 --optimizers sgd --repeat 3
 }
 
