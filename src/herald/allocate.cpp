@@ -370,19 +370,22 @@ constexpr int kTradeSweeps = 2;
 
 }  // namespace
 
-SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width, int64_t num_rows, int32_t empty,
-                                 int32_t shift) {
-  SampleRows out;
-  out.rows.resize(n * width);
-  out.begin.resize(n + 1);
-  // Per row, the samples that read it and the last of them, side by side: one cache line.
-  struct Reading {
-    int32_t count = 0, last = -1;
-  };
-  std::vector<Reading> reading(num_rows);
+namespace {
+
+// Per row, the samples that read it and the last of them, side by side: one cache line.
+struct Reading {
+  int32_t count = 0, last = -1;
+};
+
+// FromSlots for samples [first, last): each sample's rows, each once, in slot order, written from
+// `rows`, with each sample's count of rows in size[s - first]. Counts the samples of each row in
+// `reading`. Returns the rows written.
+int64_t ReadSlots(const int32_t* slots, int64_t first, int64_t last, int64_t width, int32_t empty, int32_t shift,
+                  Reading* reading, int32_t* rows, int64_t* size) {
   int64_t taken = 0;
-  for (int64_t s = 0; s < n; ++s) {
+  for (int64_t s = first; s < last; ++s) {
     __builtin_prefetch(slots + (s + 64) * width);  // the slots ahead: megabytes, read once
+    const int64_t before = taken;
     for (const int32_t* v = slots + s * width; v != slots + (s + 1) * width; ++v) {
       if (*v == empty) continue;
       const int32_t r = *v - shift;
@@ -390,13 +393,64 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
       if (row.last == s) continue;
       row.last = static_cast<int32_t>(s);
       ++row.count;
-      out.rows[taken++] = r;
+      rows[taken++] = r;
     }
-    out.begin[s + 1] = taken;
+    size[s - first] = taken - before;
   }
-  out.rows.resize(taken);
+  return taken;
+}
+
+}  // namespace
+
+SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width, int64_t num_rows, int32_t empty,
+                                 int32_t shift, Pool* pool) {
+  SampleRows out;
+  out.begin.assign(n + 1, 0);
   out.reading.resize(num_rows);
-  for (int64_t r = 0; r < num_rows; ++r) out.reading[r] = reading[r].count;
+  // Parts of the samples in parallel where a pool has 3 threads or more (on 2 the parts' bookkeeping
+  // costs about what the second thread gives), each with a count per row of its own: at most
+  // 32 MiB of them.
+  int64_t parts = 1;
+  if (pool && pool->threads() >= 3)
+    parts = std::clamp<int64_t>(std::min<int64_t>(n / kMinSamples, (int64_t(32) << 20) / std::max<int64_t>(1, num_rows * 8)),
+                                1, pool->threads());
+  if (parts == 1) {
+    std::vector<Reading> reading(num_rows);
+    out.rows.resize(n * width);
+    out.rows.resize(ReadSlots(slots, 0, n, width, empty, shift, reading.data(), out.rows.data(), &out.begin[1]));
+    for (int64_t s = 0; s < n; ++s) out.begin[s + 1] += out.begin[s];
+    for (int64_t r = 0; r < num_rows; ++r) out.reading[r] = reading[r].count;
+    return out;
+  }
+  // Each part reads its samples into rows of its own (from its first sample's first slot), then
+  // the parts' rows go end to end, and the rows' counts are summed over the parts.
+  std::vector<std::vector<Reading>> reading(parts);
+  std::vector<int32_t> scratch(n * width);
+  std::vector<int64_t> taken(parts + 1, 0);
+  auto first = [&](int64_t p) { return n * p / parts; };
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      reading[p].resize(num_rows);
+      taken[p + 1] = ReadSlots(slots, first(p), first(p + 1), width, empty, shift, reading[p].data(),
+                               &scratch[first(p) * width], &out.begin[first(p) + 1]);
+    }
+  });
+  for (int64_t p = 0; p < parts; ++p) taken[p + 1] += taken[p];
+  out.rows.resize(taken[parts]);
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      std::copy(&scratch[first(p) * width], &scratch[first(p) * width] + (taken[p + 1] - taken[p]), &out.rows[taken[p]]);
+      int64_t at = taken[p];
+      for (int64_t s = first(p); s < first(p + 1); ++s) out.begin[s + 1] = at += out.begin[s + 1];
+    }
+  });
+  ParallelFor(pool, num_rows, 4096, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int32_t count = 0;
+      for (int64_t p = 0; p < parts; ++p) count += reading[p][r].count;
+      out.reading[r] = count;
+    }
+  });
   return out;
 }
 
@@ -556,32 +610,90 @@ int64_t TradeShared(int num_workers) {
   return std::max<int64_t>(kSharedAnyway, per_worker * num_workers);
 }
 
-// Each sample's rows that at most `most` samples of the batch read (samples_reading: the batch's
-// counts, SampleRows::reading, which a list made here does not carry).
-SampleRows LightRows(const SampleRows& samples, const std::vector<int32_t>& samples_reading, int64_t most) {
-  SampleRows light;
-  light.rows.resize(samples.rows.size());
-  light.begin.resize(samples.begin.size());
-  int64_t kept = 0;
-  for (int64_t s = 0; s < samples.samples(); ++s) {
-    for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-      light.rows[kept] = *r;  // kept or overwritten by the next: no branch to mispredict
-      kept += samples_reading[*r] <= most;
+// Each sample's rows that at most `most` samples of the batch read (light), and among them those
+// that at most `fewer` read (lightest; fewer <= most), from the batch's counts (SampleRows::reading,
+// which the lists made here do not carry). With a pool of 3 threads or more, parts of the samples
+// in parallel: a pass to count each part's rows, then one to write them.
+struct Light {
+  SampleRows light, lightest;
+};
+Light LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* pool) {
+  const int64_t n = samples.samples();
+  const int32_t* reading = samples.reading.data();
+  Light out;
+  out.light.begin.resize(n + 1);
+  out.lightest.begin.resize(n + 1);
+  // Samples [first, last) from places light_at and lightest_at on; `write`: or only count. One part
+  // writes each row (kept or overwritten by the next: no branch to mispredict); several parts
+  // write only the rows kept, since the next part's rows follow theirs.
+  auto take = [&](int64_t first, int64_t last, int64_t light_at, int64_t lightest_at, bool write) {
+    const bool alone = first == 0 && last == n;
+    for (int64_t s = first; s < last; ++s) {
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
+        const int32_t c = reading[*r];
+        if (write && alone) {
+          out.light.rows[light_at] = *r;
+          out.lightest.rows[lightest_at] = *r;
+        } else if (write) {
+          if (c <= most) out.light.rows[light_at] = *r;
+          if (c <= fewer) out.lightest.rows[lightest_at] = *r;
+        }
+        light_at += c <= most;
+        lightest_at += c <= fewer;
+      }
+      if (write) {
+        out.light.begin[s + 1] = light_at;
+        out.lightest.begin[s + 1] = lightest_at;
+      }
     }
-    light.begin[s + 1] = kept;
+    return std::make_pair(light_at, lightest_at);
+  };
+  const int64_t parts = pool && pool->threads() >= 3 ? std::clamp<int64_t>(n / kMinSamples, 1, pool->threads()) : 1;
+  if (parts == 1) {
+    out.light.rows.resize(samples.rows.size() + 1);  // + 1: the last row written is one past those kept
+    out.lightest.rows.resize(samples.rows.size() + 1);
+    const auto [light, lightest] = take(0, n, 0, 0, true);
+    out.light.rows.resize(light);
+    out.lightest.rows.resize(lightest);
+    return out;
   }
-  light.rows.resize(kept);
-  return light;
+  auto first = [&](int64_t p) { return n * p / parts; };
+  std::vector<std::pair<int64_t, int64_t>> at(parts + 1, {0, 0});
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) at[p + 1] = take(first(p), first(p + 1), 0, 0, false);
+  });
+  for (int64_t p = 0; p < parts; ++p) at[p + 1] = {at[p + 1].first + at[p].first, at[p + 1].second + at[p].second};
+  out.light.rows.resize(at[parts].first + 1);
+  out.lightest.rows.resize(at[parts].second + 1);
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) take(first(p), first(p + 1), at[p].first, at[p].second, true);
+  });
+  out.light.rows.resize(at[parts].first);
+  out.lightest.rows.resize(at[parts].second);
+  return out;
 }
 
 // Readers(), with the masks gathered as narrow as the workers allow (a table that stays in the
-// first-level cache) and widened after.
+// first-level cache) and widened after. With a pool of 3 threads or more, parts of the samples in
+// parallel: a bit is set atomically, and only where it is not set yet, so that a row's cache line
+// is written at most once per worker however many samples read the row.
 template <typename Mask>
-std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows, const int32_t* assignment) {
+std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows, const int32_t* assignment,
+                                    Pool* pool = nullptr) {
   std::vector<Mask> narrow(num_rows, 0);
-  for (int64_t s = 0; s < samples.samples(); ++s) {
-    const Mask bit = static_cast<Mask>(Bit(assignment[s]));
-    for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) narrow[*r] |= bit;
+  if (pool && pool->threads() >= 3) {
+    ParallelFor(pool, samples.samples(), kMinSamples, [&](int64_t first, int64_t last) {
+      for (int64_t s = first; s < last; ++s) {
+        const Mask bit = static_cast<Mask>(Bit(assignment[s]));
+        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
+          if (!(__atomic_load_n(&narrow[*r], __ATOMIC_RELAXED) & bit)) __atomic_fetch_or(&narrow[*r], bit, __ATOMIC_RELAXED);
+      }
+    });
+  } else {
+    for (int64_t s = 0; s < samples.samples(); ++s) {
+      const Mask bit = static_cast<Mask>(Bit(assignment[s]));
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) narrow[*r] |= bit;
+    }
   }
   return std::vector<uint64_t>(narrow.begin(), narrow.end());
 }
@@ -595,8 +707,9 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const int64_t n = samples.samples();
   const int W = num_workers;
   // The rows the trades score, and among them those the placement scores.
-  const SampleRows light = LightRows(samples, samples.reading, TradeShared(W));
-  const SampleRows lightest = LightRows(light, samples.reading, kSharedAnyway);
+  const Light rows = LightRows(samples, TradeShared(W), kSharedAnyway, pool);
+  const SampleRows& light = rows.light;
+  const SampleRows& lightest = rows.lightest;
   // Rows' worker masks as narrow as the workers allow.
   auto allocate = [&](auto mask) {
     using Mask = decltype(mask);
@@ -608,7 +721,7 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     } else {
       Trade(Trader<int32_t, Mask>(light, valid, num_rows, W, assignment, pool));
     }
-    if (readers_out) *readers_out = NarrowReaders<Mask>(samples, num_rows, assignment);
+    if (readers_out) *readers_out = NarrowReaders<Mask>(samples, num_rows, assignment, pool);
     if (seconds) seconds[1] += Since(placed);
   };
   if (W <= 8) {

@@ -32,9 +32,10 @@ struct SampleRows {
   const int32_t* End(int64_t s) const { return rows.data() + begin[s + 1]; }
 
   // From slots [n, width] of indices into num_rows distinct rows, where `empty` marks a slot that
-  // reads nothing (a bag's padding) and every other index is lowered by `shift`.
+  // reads nothing (a bag's padding) and every other index is lowered by `shift`. With a pool of 3
+  // threads or more, parts of the samples are read in parallel (the same lists).
   static SampleRows FromSlots(const int32_t* slots, int64_t n, int64_t width, int64_t num_rows, int32_t empty = -1,
-                              int32_t shift = 0);
+                              int32_t shift = 0, Pool* pool = nullptr);
 };
 
 // Herald's allocators: which worker trains which sample of a global batch of n samples. Each

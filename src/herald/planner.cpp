@@ -362,7 +362,7 @@ Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration)
   const bool padded = !batch.keys.empty() && batch.keys[0] == -1;
   if (padded) batch.keys.erase(batch.keys.begin());
   const int64_t num_rows = static_cast<int64_t>(batch.keys.size());
-  batch.samples = SampleRows::FromSlots(slots.data(), n, fields, num_rows, padded ? 0 : -1, padded ? 1 : 0);
+  batch.samples = SampleRows::FromSlots(slots.data(), n, fields, num_rows, padded ? 0 : -1, padded ? 1 : 0, pool);
   FindRows(&batch, pool);
   profile_.ids += Since(&lap);
   std::vector<int32_t> assign;
