@@ -160,6 +160,20 @@ constexpr int32_t kSharedAnyway = 4;
 // Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples;
 // Mask: the type of a row's worker masks, wide enough for the workers. (Narrow types keep more of
 // the rows in the CPU's caches: the sweeps read a row's masks at random for every sample.)
+// Every pair of workers once, in rounds where each worker is in one pair at most (the circle
+// method: worker m - 1 stays, the others turn; with an odd count, the pairs of a worker m - 1 that
+// does not exist are left out). A pair is (lower, higher).
+std::vector<std::vector<std::pair<int, int>>> PairRounds(int num_workers) {
+  const int m = num_workers + (num_workers & 1);
+  std::vector<std::vector<std::pair<int, int>>> rounds(m - 1);
+  for (int k = 0; k < m - 1; ++k)
+    for (int i = 0; i < m / 2; ++i) {
+      const int a = i == 0 ? m - 1 : (k + i) % (m - 1), b = (k - i + m - 1) % (m - 1);
+      if (a < num_workers && b < num_workers) rounds[k].emplace_back(std::min(a, b), std::max(a, b));
+    }
+  return rounds;
+}
+
 template <typename Count, typename Mask>
 class Trader {
  public:
@@ -212,32 +226,27 @@ class Trader {
         SortBySaving(&wants[i]);
       }
     });
+    // The pairs of workers trade in rounds, each worker in one pair of a round, the pairs of a round
+    // at once. A pair sees the other workers' readers as the round found them: its own moves
+    // change only its own workers' counts, and the rows' masks take them in after the round.
     int64_t trades = 0;
-    for (int a = 0; a < W_; ++a)
-      for (int b = a + 1; b < W_; ++b) {
-        const auto& ab = wants[a * W_ + b];
-        const auto& ba = wants[b * W_ + a];
-        size_t j = 0;
-        for (size_t i = 0; i < ab.size() && j < ba.size(); ++i) {
-          // Earlier trades may have moved the sample or changed its saving.
-          const int64_t s = ab[i].second;
-          if (assign_[s] != a) continue;
-          const int g = SavingTo(s, b);
-          if (g <= 0) continue;
-          Move(s, b);
-          bool traded = false;
-          for (; j < ba.size() && !traded; ++j) {
-            const int64_t t = ba[j].second;
-            if (assign_[t] != b) continue;
-            if (g + SavingTo(t, a) > 0) {
-              Move(t, a);
-              traded = true;
-              ++trades;
-            }
-          }
-          if (!traded) Move(s, a);
+    for (const std::vector<std::pair<int, int>>& round : rounds_) {
+      std::vector<std::vector<int64_t>> traded(round.size());
+      ParallelFor(pool_, static_cast<int64_t>(round.size()), 1, [&](int64_t first, int64_t last) {
+        for (int64_t i = first; i < last; ++i) {
+          const auto [a, b] = round[i];
+          Match(a, b, wants[a * W_ + b], wants[b * W_ + a], &traded[i]);
         }
+      });
+      for (size_t i = 0; i < round.size(); ++i) {
+        trades += static_cast<int64_t>(traded[i].size()) / 2;
+        for (const int64_t s : traded[i])
+          for (const int32_t* r = Begin(s); r != End(s); ++r) {
+            Recount(*r, round[i].first);
+            Recount(*r, round[i].second);
+          }
       }
+    }
     return trades;
   }
 
@@ -281,26 +290,58 @@ class Trader {
     return saving.Positive() & everyone_ & ~Bit(from);
   }
 
-  // Savings(s)[to] alone.
-  int SavingTo(int64_t s, int to) const {
+  // The trades of workers a and b: a sample at a that would save rows at b (from ab, the largest
+  // saving first) goes there with the first sample at b (from ba) that, moved to a, makes the two
+  // moves save rows together. The samples traded go to `traded`, two by two.
+  void Match(int a, int b, const std::vector<std::pair<int, int64_t>>& ab,
+             const std::vector<std::pair<int, int64_t>>& ba, std::vector<int64_t>* traded) {
+    size_t j = 0;
+    for (size_t i = 0; i < ab.size() && j < ba.size(); ++i) {
+      // Earlier trades may have moved the sample or changed its saving.
+      const int64_t s = ab[i].second;
+      if (assign_[s] != a) continue;
+      const int g = SavingTo(s, b, a, b);
+      if (g <= 0) continue;
+      Move(s, b);
+      bool done = false;
+      for (; j < ba.size() && !done; ++j) {
+        const int64_t t = ba[j].second;
+        if (assign_[t] != b) continue;
+        if (g + SavingTo(t, a, a, b) > 0) {
+          Move(t, a);
+          traded->push_back(s);
+          traded->push_back(t);
+          done = true;
+        }
+      }
+      if (!done) Move(s, a);
+    }
+  }
+
+  // Savings(s)[to] alone, for a sample of worker a or b trading between the two: the workers a
+  // and b read a row as their counts say now, the others as the row's masks say.
+  int SavingTo(int64_t s, int to, int a, int b) const {
     const int from = assign_[s];
+    const Mask pair = MaskBit(a) | MaskBit(b);
     int saving = 0;
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
-      const Mask rest = row.readers & ~(row.once & MaskBit(from));
+      const Count ca = count_[*r * W_ + a], cb = count_[*r * W_ + b];
+      const Mask readers = static_cast<Mask>((row.readers & ~pair) | (ca > 0 ? MaskBit(a) : 0) | (cb > 0 ? MaskBit(b) : 0));
+      const Mask once = static_cast<Mask>((row.once & ~pair) | (ca == 1 ? MaskBit(a) : 0) | (cb == 1 ? MaskBit(b) : 0));
+      const Mask rest = readers & ~(once & MaskBit(from));
       if (rest == everyone_) continue;
-      saving += RowCost(row.readers, row.valid) - RowCost(rest | MaskBit(to), row.valid);
+      saving += RowCost(readers, row.valid) - RowCost(rest | MaskBit(to), row.valid);
     }
     return saving;
   }
 
+  // Sample s to worker `to`: its counts only (the rows' masks follow after the round).
   void Move(int64_t s, int to) {
     const int from = assign_[s];
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       --CountOf(*r, from);
       ++CountOf(*r, to);
-      Recount(*r, from);
-      Recount(*r, to);
     }
     assign_[s] = to;
   }
@@ -364,6 +405,8 @@ class Trader {
     Mask readers = 0, once = 0, valid = 0;
   };
   std::vector<RowReaders> row_;
+  // The pairs of workers, in rounds where each worker is in one pair at most.
+  std::vector<std::vector<std::pair<int, int>>> rounds_ = PairRounds(W_);
 };
 
 constexpr int kTradeSweeps = 2;
