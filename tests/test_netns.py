@@ -78,6 +78,22 @@ def test_runner_spans_namespace_hosts_through_mpirun(hosts, tmp_path):
         assert info["OMP_NUM_THREADS"] == info["HETU_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 3))
 
 
+def test_runner_spans_namespace_hosts_despite_a_resource_managers_allocation(hosts, tmp_path):
+    # Slurm's variables (an allocation of another node) and a one-host launcher in OMPI_MCA_plm:
+    # Open MPI would start no daemon on the hosts of --host and stop at once with "All nodes
+    # which are allocated for this job are already filled." (seen on a lent GPU machine).
+    pytest.importorskip("mpi4py")
+    cfg = hosts.write_cluster_file(tmp_path / "cluster.yml", workers=[1, 1])
+    env = {"SLURM_JOBID": "4242", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "elsewhere7",
+           "SLURM_JOB_NODELIST": "elsewhere7", "SLURM_TASKS_PER_NODE": "16", "SLURM_JOB_CPUS_PER_NODE": "16",
+           "SLURM_NNODES": "1", "OMPI_MCA_plm": "isolated"}
+    res = run_runner(["-c", cfg, sys.executable, "-c", WORKER, str(tmp_path)], tmp_path, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank, h in enumerate(hosts):
+        info = json.loads((tmp_path / f"w{rank}.json").read_text())
+        assert info["host"] == h.hostname and info["size"] == 2 and info["sum"] == 1
+
+
 FAKE_LAUNCHER = textwrap.dedent("""
     import json, os, socket, sys, time
     out = os.environ["OUT"]

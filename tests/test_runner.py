@@ -99,6 +99,36 @@ def test_workers_get_dmlc_env_and_rank(tmp_path):
     assert "summary" in res.stderr
 
 
+# What a machine may carry around mpirun: a resource manager's job (here Slurm's, whose
+# allocation names another node) and a launcher set for one-host use. Open MPI would take its
+# hosts from the allocation, find none of the job's own, and stop at once ("All nodes which are
+# allocated for this job are already filled."); the runner names its hosts itself.
+FOREIGN_MPI_ENV = {"SLURM_JOBID": "4242", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "elsewhere7",
+                   "SLURM_JOB_NODELIST": "elsewhere7", "SLURM_TASKS_PER_NODE": "16",
+                   "SLURM_JOB_CPUS_PER_NODE": "16", "SLURM_NNODES": "1", "OMPI_MCA_plm": "isolated"}
+
+
+def test_workers_start_despite_a_resource_managers_allocation_around_mpirun(tmp_path):
+    res = run_runner(["-w", "2", "-s", "0", *py(WRITE_ENV)], tmp_path, env=FOREIGN_MPI_ENV)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "already filled" not in res.stderr
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"env.{rank}.json").read_text())["DMLC_WORKER_ID"] == str(rank)
+
+
+def test_mpirun_failing_before_any_worker_names_the_settings_it_read(tmp_path):
+    # The cluster file's own `--mca ras` wins over the runner's, so the allocation is read again.
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("mpirun_args: [--mca, ras, slurm]\nnodes:\n  - host: localhost\n    workers: 2\n"
+                   "    chief: true\n")
+    res = run_runner(["-c", str(cfg), *py(WRITE_ENV)], tmp_path, env=FOREIGN_MPI_ENV)
+    assert res.returncode != 0
+    line = next((x for x in res.stderr.splitlines() if "mpirun (all workers) failed" in x), "")
+    assert "which Open MPI reads" in line, res.stderr
+    assert all(name in line for name in ("OMPI_MCA_plm", "SLURM_JOBID", "SLURM_JOB_ID")), line
+    assert "isolated" not in line and "4242" not in line   # names, not values
+
+
 @needs_ucx
 def test_cluster_file_env_and_van_reach_workers(tmp_path):
     cfg = tmp_path / "c.yml"

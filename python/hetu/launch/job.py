@@ -15,8 +15,8 @@ from typing import Dict, List, Optional
 
 from .cluster import Cluster, Node, is_local, resolve, root_address
 from .guard import MPIRUN_LABEL, LauncherGuard
-from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, mpi_interface_options, mpirun_options,
-                     pump_mpirun)
+from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, ambient_mpi_settings, given_mca,
+                     mpi_interface_options, mpirun_options, pump_mpirun)
 from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
 from .ssh import Ssh, remote_command
 
@@ -194,7 +194,7 @@ class Job:
 
     def mpirun_argv(self, env: Dict[str, str]) -> List[str]:
         remote = any(not self.local[n.host] for n in self.cluster.nodes)
-        argv = mpirun_options(self.ssh.config if remote else None) + \
+        argv = mpirun_options(self.ssh.config if remote else None, given_mca(self.cluster.mpirun_args)) + \
             mpi_interface_options(self.cluster, self.root_uri, remote, self.log) + self.cluster.mpirun_args
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
                   **env, "DMLC_ROLE": "worker"}
@@ -265,7 +265,9 @@ class Job:
         if r is not None:
             return (f"worker {r} on {self.rank_host.get(r, '?')} failed "
                     f"({self.mpirun_report.failed_status or describe_status(rc)})")
-        return f"mpirun (all workers) failed ({describe_status(rc)})"
+        ambient = ambient_mpi_settings()
+        hint = f"; this environment sets {', '.join(ambient)}, which Open MPI reads" if ambient else ""
+        return f"mpirun (all workers) failed ({describe_status(rc)}{hint})"
 
     def check_guard(self):
         if self.guard is not None and not self.guard.lost and self.guard.popen.poll() is not None:

@@ -17,15 +17,35 @@ WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
                '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
 
 
-def mpirun_options(ssh_config: Optional[str]) -> List[str]:
-    """mpirun's options for a hetu job; `ssh_config` when some hosts are remote."""
+# Open MPI also takes where it may run and how it starts its daemons from what it finds around
+# it: a resource manager's allocation (SLURM_JOBID, a Grid Engine PE_HOSTFILE, a PBS or LSF job)
+# read by its `ras` components, or a launcher chosen in OMPI_MCA_plm or an MCA parameter file
+# (`isolated`, meant for one host). Either way the hosts the job names with --host get no daemon
+# and mpirun stops at once, before any ssh: "All nodes which are allocated for this job are
+# already filled." The runner names every host and its slots itself and reaches remote hosts
+# over its own ssh, so it turns both off; a cluster file's own `--mca ras`/`--mca plm` win.
+FOREIGN_ALLOCATIONS = "^slurm,gridengine,tm,lsf,alps,simulator"   # names absent in a build are fine
+
+
+def given_mca(args: List[str]) -> set:
+    """The MCA parameters that `args` (mpirun options) set."""
+    return {name for flag, name in zip(args, args[1:]) if flag in ("--mca", "-mca")}
+
+
+def mpirun_options(ssh_config: Optional[str], given=()) -> List[str]:
+    """mpirun's options for a hetu job; `ssh_config` when some hosts are remote; `given`: the
+    MCA parameters the cluster file sets itself (mpirun refuses a parameter given twice)."""
     # yield_when_idle: oversubscribed ranks waiting in a collective must not spin on a core
     # that the parameter server or another rank needs.
     argv = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output",
             "--mca", "mpi_yield_when_idle", "1"]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
+    if "ras" not in given:
+        argv += ["--mca", "ras", FOREIGN_ALLOCATIONS]
     if ssh_config:
+        if "plm" not in given:
+            argv += ["--mca", "plm", "rsh"]
         argv += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {ssh_config}"]
     return argv
 
@@ -48,7 +68,7 @@ def mpi_interface_options(cluster, root_uri: str, remote: bool, log=None) -> Lis
         return []
     value = ",".join(nets)
     # The cluster file's own MCA settings win: mpirun refuses a parameter given twice.
-    given = {name for flag, name in zip(cluster.mpirun_args, cluster.mpirun_args[1:]) if flag == "--mca"}
+    given = given_mca(cluster.mpirun_args)
     return [x for name in ("btl_tcp_if_include", "oob_tcp_if_include") if name not in given
             for x in ("--mca", name, value)]
 
@@ -65,6 +85,16 @@ def local_network(address: str) -> Optional[str]:
         if m and m.group(1).split("/")[0] == address:
             return str(ipaddress.ip_interface(m.group(1)).network)
     return None
+
+
+# Variables that change where Open MPI's mpirun places processes or how it starts them; their
+# names (never their values) go into the summary when mpirun fails without naming a worker.
+AMBIENT_MPI_VARS = re.compile(r"^(OMPI_MCA_\w+|PMIX_MCA_\w+|SLURM_JOB_?ID|PBS_JOBID|LSB_JOBID|PE_HOSTFILE)$")
+
+
+def ambient_mpi_settings() -> List[str]:
+    """The names of this environment's variables that AMBIENT_MPI_VARS matches, sorted."""
+    return sorted(k for k in os.environ if AMBIENT_MPI_VARS.match(k))
 
 
 MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
