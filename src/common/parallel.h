@@ -227,7 +227,7 @@ class Pool {
   }
 
   void Loop() {
-    uint64_t seen = generation_.load();
+    uint64_t seen = 0;  // not the generation now: a pool ended before this thread ran has moved it on
     for (;;) {
       for (int i = 0; i < kPause + kSpin && generation_.load(std::memory_order_acquire) == seen &&
                       !resting_.load(std::memory_order_acquire);
@@ -236,7 +236,7 @@ class Pool {
       if (generation_.load() == seen) {
         std::unique_lock<std::mutex> lk(m_);
         sleeping_.fetch_add(1);
-        cv_.wait(lk, [&] { return generation_.load() != seen; });
+        cv_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
         sleeping_.fetch_sub(1);
       }
       if (stop_.load()) return;
