@@ -181,7 +181,11 @@ class Trader {
          Pool* pool)
       : samples_(samples), n_(samples.samples()), W_(num_workers),
         everyone_(static_cast<Mask>(AllWorkers(num_workers))), assign_(assignment), pool_(pool),
-        count_(num_rows * num_workers + 8, 0), row_(num_rows) {  // + 8: CountMasks reads 8 at once
+        count_(num_rows * num_workers + 8), row_(num_rows) {  // + 8: CountMasks reads 8 at once
+    ParallelFor(pool_, num_rows, 4096, [&](int64_t first, int64_t last) {
+      std::fill(&count_[first * W_], &count_[last * W_], Count(0));
+    });
+    std::fill(count_.end() - 8, count_.end(), Count(0));
     // By worker: each task counts the samples of its own workers. Then by rows: a row's masks
     // from its counts, a pass that reads them in order (setting bits as each count reaches 1
     // and 2 was a branch per (sample, row) pair, and atomic with several tasks).
@@ -238,14 +242,17 @@ class Trader {
           Match(a, b, wants[a * W_ + b], wants[b * W_ + a], &traded[i]);
         }
       });
-      for (size_t i = 0; i < round.size(); ++i) {
-        trades += static_cast<int64_t>(traded[i].size()) / 2;
-        for (const int64_t s : traded[i])
-          for (const int32_t* r = Begin(s); r != End(s); ++r) {
-            Recount(*r, round[i].first);
-            Recount(*r, round[i].second);
-          }
-      }
+      // Each pair's bits of the rows its samples left and joined, the pairs at once: the bits are
+      // set atomically, a row's other bits being other pairs'.
+      ParallelFor(pool_, static_cast<int64_t>(round.size()), 1, [&](int64_t first, int64_t last) {
+        for (int64_t i = first; i < last; ++i)
+          for (const int64_t s : traded[i])
+            for (const int32_t* r = Begin(s); r != End(s); ++r) {
+              Recount(*r, round[i].first);
+              Recount(*r, round[i].second);
+            }
+      });
+      for (const std::vector<int64_t>& t : traded) trades += static_cast<int64_t>(t.size()) / 2;
     }
     return trades;
   }
@@ -379,13 +386,22 @@ class Trader {
 
   using Lanes = WorkerLanes<Mask>;
   static Mask MaskBit(int w) { return static_cast<Mask>(Bit(w)); }
-  // Row r's bits for worker w, from the count of w's samples that read it.
+  // Row r's bits for worker w, from the count of w's samples that read it: atomically, where they
+  // change (other tasks may set other workers' bits of the row at once).
   void Recount(int64_t r, int w) {
     const int64_t c = CountOf(r, w);
     RowReaders& row = row_[r];
     const Mask bit = MaskBit(w);
-    row.readers = static_cast<Mask>((row.readers & ~bit) | (c > 0 ? bit : 0));
-    row.once = static_cast<Mask>((row.once & ~bit) | (c == 1 ? bit : 0));
+    SetBit(&row.readers, bit, c > 0);
+    SetBit(&row.once, bit, c == 1);
+  }
+  static void SetBit(Mask* m, Mask bit, bool on) {
+    if (((__atomic_load_n(m, __ATOMIC_RELAXED) & bit) != 0) == on) return;
+    if (on) {
+      __atomic_fetch_or(m, bit, __ATOMIC_RELAXED);
+    } else {
+      __atomic_fetch_and(m, static_cast<Mask>(~bit), __ATOMIC_RELAXED);
+    }
   }
 
   const SampleRows& samples_;
@@ -396,7 +412,7 @@ class Trader {
   Pool* pool_;
   // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
   // changes two of them).
-  std::vector<Count> count_;
+  NoInitVector<Count> count_;
   Count& CountOf(int64_t r, int w) { return count_[r * W_ + w]; }
   // What Savings asks of a row, in one place: one bit per worker with count_ > 0 (readers), with
   // count_ == 1 (once: the row leaves the worker with that sample), with a valid copy.
@@ -468,7 +484,7 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   // Each part reads its samples into rows of its own (from its first sample's first slot), then
   // the parts' rows go end to end, and the rows' counts are summed over the parts.
   std::vector<std::vector<Reading>> reading(parts);
-  std::vector<int32_t> scratch(n * width);
+  NoInitVector<int32_t> scratch(n * width);
   std::vector<int64_t> taken(parts + 1, 0);
   auto first = [&](int64_t p) { return n * p / parts; };
   ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
@@ -539,6 +555,8 @@ namespace {
 // by one, each cost corrected for the rows whose readers changed within the block, so that every
 // sample sees exactly what placing the samples one after another would show it.
 constexpr int64_t kPlaceBlock = 2048;
+// The samples a block's sequential part reads ahead.
+constexpr int64_t kSequentialAhead = 8;
 
 double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -558,10 +576,16 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
   struct Row {
     Mask readers, valid;
   };
-  std::vector<Row> row(num_rows);
-  for (int64_t r = 0; r < num_rows; ++r) row[r] = Row{0, static_cast<Mask>(valid[r])};
-  for (int64_t r = 0; r < num_rows; ++r)
-    if (samples.reading[r] > kSharedAnyway) row[r].readers = everyone;
+  // On one or two threads each sample is its own block: its costs are computed as it is placed.
+  // (Blocks cost corrections that two threads do not win back: 1.13 against 0.97 ms a plan at
+  // W = 8, b = 1024.)
+  const int64_t block = pool && pool->threads() > 2 ? kPlaceBlock : 1;
+  Pool* blocks = block > 1 ? pool : nullptr;
+  NoInitVector<Row> row(num_rows);  // written whole below
+  ParallelFor(blocks, num_rows, 4096, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      row[r] = Row{samples.reading[r] > kSharedAnyway ? everyone : Mask(0), static_cast<Mask>(valid[r])};
+  });
   using Lanes = WorkerLanes<Mask>;
   // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
@@ -576,15 +600,14 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
   });
   const std::vector<int64_t> order = StrongestFirst(best);
   std::vector<int64_t> load(W, 0);
-  // On one or two threads each sample is its own block: its costs are computed as it is placed.
-  // (Blocks cost corrections that two threads do not win back: 1.13 against 0.97 ms a plan at
-  // W = 8, b = 1024.)
-  const int64_t block = pool && pool->threads() > 2 ? kPlaceBlock : 1;
   std::vector<Lanes> block_added(std::min(n, block));
   // Blocks of several samples only: the placement (position in order) that last changed
   // row[r].readers, and its value as the block of that placement started.
-  std::vector<int64_t> changed(block > 1 ? num_rows : 0, -1);
-  std::vector<Mask> before(block > 1 ? num_rows : 0);
+  NoInitVector<int64_t> changed(block > 1 ? num_rows : 0);
+  NoInitVector<Mask> before(block > 1 ? num_rows : 0);  // read only where changed says it was set
+  ParallelFor(blocks, static_cast<int64_t>(changed.size()), 4096, [&](int64_t r0, int64_t r1) {
+    std::fill(changed.begin() + r0, changed.begin() + r1, int64_t(-1));
+  });
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t j1 = std::min(n, j0 + block);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
@@ -600,6 +623,21 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
+      if (block > 1) {
+        // Latency, not work, bounds this loop where the costs came from other cores: what the
+        // samples ahead read is asked for in advance.
+        if (j + kSequentialAhead < j1) {
+          __builtin_prefetch(&block_added[j + kSequentialAhead - j0]);
+          __builtin_prefetch(shared.Begin(order[j + kSequentialAhead]));
+        }
+        if (j + kSequentialAhead / 2 < j1) {
+          const int64_t ahead = order[j + kSequentialAhead / 2];
+          for (const int32_t* r = shared.Begin(ahead); r != shared.End(ahead); ++r) {
+            __builtin_prefetch(&row[*r], 1);
+            __builtin_prefetch(&changed[*r], 1);
+          }
+        }
+      }
       Lanes& added = block_added[j - j0];
       if (block > 1) {
         for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
@@ -717,28 +755,42 @@ Light LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* po
 }
 
 // Readers(), with the masks gathered as narrow as the workers allow (a table that stays in the
-// first-level cache) and widened after. With a pool of 3 threads or more, parts of the samples in
-// parallel: a bit is set atomically, and only where it is not set yet, so that a row's cache line
-// is written at most once per worker however many samples read the row.
+// first-level cache) and widened after. With a pool of 3 threads or more, parts of the samples
+// gather masks of their own (setting a shared row's bits from several cores moves its cache line
+// from core to core at every sample), which are then joined by parts of the rows.
 template <typename Mask>
 std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows, const int32_t* assignment,
                                     Pool* pool = nullptr) {
-  std::vector<Mask> narrow(num_rows, 0);
-  if (pool && pool->threads() >= 3) {
-    ParallelFor(pool, samples.samples(), kMinSamples, [&](int64_t first, int64_t last) {
-      for (int64_t s = first; s < last; ++s) {
-        const Mask bit = static_cast<Mask>(Bit(assignment[s]));
-        for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r)
-          if (!(__atomic_load_n(&narrow[*r], __ATOMIC_RELAXED) & bit)) __atomic_fetch_or(&narrow[*r], bit, __ATOMIC_RELAXED);
-      }
-    });
-  } else {
-    for (int64_t s = 0; s < samples.samples(); ++s) {
+  const int64_t n = samples.samples();
+  auto gather = [&](int64_t first, int64_t last, Mask* narrow) {
+    for (int64_t s = first; s < last; ++s) {
       const Mask bit = static_cast<Mask>(Bit(assignment[s]));
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) narrow[*r] |= bit;
     }
+  };
+  const int64_t parts = pool && pool->threads() >= 3 ? std::clamp<int64_t>(n / kMinSamples, 1, pool->threads()) : 1;
+  std::vector<uint64_t> out(num_rows);
+  if (parts == 1) {
+    std::vector<Mask> narrow(num_rows, 0);
+    gather(0, n, narrow.data());
+    std::copy(narrow.begin(), narrow.end(), out.begin());
+    return out;
   }
-  return std::vector<uint64_t>(narrow.begin(), narrow.end());
+  std::vector<std::vector<Mask>> narrow(parts);
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      narrow[p].assign(num_rows, 0);
+      gather(n * p / parts, n * (p + 1) / parts, narrow[p].data());
+    }
+  });
+  ParallelFor(pool, num_rows, 4096, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      Mask m = 0;
+      for (int64_t p = 0; p < parts; ++p) m |= narrow[p][r];
+      out[r] = m;
+    }
+  });
+  return out;
 }
 
 }  // namespace

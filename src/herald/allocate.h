@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/no_init.h"
 #include "common/parallel.h"
 
 namespace hetu {
@@ -23,7 +24,7 @@ void ParallelFor(Pool* pool, int64_t n, int64_t min_chunk, Fn fn) {
 // each an index into the batch's distinct rows, and each once: a row that several of a sample's
 // fields or bags name belongs to the sample once (docs/design.md section 3).
 struct SampleRows {
-  std::vector<int32_t> rows;
+  NoInitVector<int32_t> rows;  // written whole when made
   std::vector<int64_t> begin{0};
   std::vector<int32_t> reading;  // per distinct row: the samples that read it
 
