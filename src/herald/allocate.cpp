@@ -436,8 +436,8 @@ struct Reading {
   int32_t count = 0, last = -1;
 };
 
-// FromSlots for samples [first, last): each sample's rows, each once, in slot order, written from
-// `rows`, with each sample's count of rows in size[s - first]. Counts the samples of each row in
+// FromSlots for samples [first, last): each sample's rows, each once, in slot order, written to
+// `rows` on, with each sample's count of rows in size[s - first]. Counts the samples of each row in
 // `reading`. Returns the rows written.
 int64_t ReadSlots(const int32_t* slots, int64_t first, int64_t last, int64_t width, int32_t empty, int32_t shift,
                   Reading* reading, int32_t* rows, int64_t* size) {
