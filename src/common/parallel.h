@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +24,9 @@
 #include <vector>
 
 namespace hetu {
+
+// Parts of [0, n) worked on apart: part p of `parts` is [PartBegin(n, p, parts), PartBegin(n, p + 1, parts)).
+inline int64_t PartBegin(int64_t n, int64_t p, int64_t parts) { return n * p / parts; }
 
 inline int num_threads() {
   static const int n = [] {

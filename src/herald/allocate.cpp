@@ -20,6 +20,26 @@ namespace {
 // Parallel loops give each thread at least this many samples.
 constexpr int64_t kMinSamples = 128;
 
+// From this many threads on, a batch's lists are made by parts of its samples in parallel, and
+// the placement works in blocks (on 2, the parts' bookkeeping costs about what the second thread
+// gives).
+constexpr int kPartsFromThreads = 3;
+
+// The parts of n samples made apart: one per thread, each of at least kMinSamples samples; one
+// part below kPartsFromThreads threads.
+int64_t SampleParts(Pool* pool, int64_t n) {
+  if (!pool || pool->threads() < kPartsFromThreads) return 1;
+  return std::clamp<int64_t>(n / kMinSamples, 1, pool->threads());
+}
+
+// fn(p, first, last) for each part p of [0, n) cut in `parts`, the parts on the pool's threads.
+template <typename Fn>
+void EachPart(Pool* pool, int64_t n, int64_t parts, Fn fn) {
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) fn(p, PartBegin(n, p, parts), PartBegin(n, p + 1, parts));
+  });
+}
+
 // Ties go to the least-loaded worker, then to the first in a cyclic order that rotates with the
 // sample and the iteration, so that no worker is favoured. cost: lower is better. -1 if no
 // worker has room.
@@ -155,11 +175,6 @@ struct WorkerLanes {
 // that reads it towards the worker that happened to take its first one.
 constexpr int32_t kSharedAnyway = 4;
 
-// Pairwise trades: a sample at worker a that would save rows at b changes places with one at b
-// that would save rows at a, when the two moves together save rows. Loads are unchanged.
-// Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples;
-// Mask: the type of a row's worker masks, wide enough for the workers. (Narrow types keep more of
-// the rows in the CPU's caches: the sweeps read a row's masks at random for every sample.)
 // Every pair of workers once, in rounds where each worker is in one pair at most (the circle
 // method: worker m - 1 stays, the others turn; with an odd count, the pairs of a worker m - 1 that
 // does not exist are left out). A pair is (lower, higher).
@@ -174,6 +189,11 @@ std::vector<std::vector<std::pair<int, int>>> PairRounds(int num_workers) {
   return rounds;
 }
 
+// Pairwise trades: a sample at worker a that would save rows at b changes places with one at b
+// that would save rows at a, when the two moves together save rows. Loads are unchanged.
+// Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples;
+// Mask: the type of a row's worker masks, wide enough for the workers. (Narrow types keep more of
+// the rows in the CPU's caches: the sweeps read a row's masks at random for every sample.)
 template <typename Count, typename Mask>
 class Trader {
  public:
@@ -466,13 +486,10 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   SampleRows out;
   out.begin.assign(n + 1, 0);
   out.reading.resize(num_rows);
-  // Parts of the samples in parallel where a pool has 3 threads or more (on 2 the parts' bookkeeping
-  // costs about what the second thread gives), each with a count per row of its own: at most
+  // Parts of the samples in parallel (SampleParts), each with a count per row of its own: at most
   // 32 MiB of them.
-  int64_t parts = 1;
-  if (pool && pool->threads() >= 3)
-    parts = std::clamp<int64_t>(std::min<int64_t>(n / kMinSamples, (int64_t(32) << 20) / std::max<int64_t>(1, num_rows * 8)),
-                                1, pool->threads());
+  const int64_t parts =
+      std::clamp<int64_t>((int64_t(32) << 20) / std::max<int64_t>(1, num_rows * 8), 1, SampleParts(pool, n));
   if (parts == 1) {
     std::vector<Reading> reading(num_rows);
     out.rows.resize(n * width);
@@ -486,22 +503,17 @@ SampleRows SampleRows::FromSlots(const int32_t* slots, int64_t n, int64_t width,
   std::vector<std::vector<Reading>> reading(parts);
   NoInitVector<int32_t> scratch(n * width);
   std::vector<int64_t> taken(parts + 1, 0);
-  auto first = [&](int64_t p) { return n * p / parts; };
-  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      reading[p].resize(num_rows);
-      taken[p + 1] = ReadSlots(slots, first(p), first(p + 1), width, empty, shift, reading[p].data(),
-                               &scratch[first(p) * width], &out.begin[first(p) + 1]);
-    }
+  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) {
+    reading[p].resize(num_rows);
+    taken[p + 1] = ReadSlots(slots, first, last, width, empty, shift, reading[p].data(), &scratch[first * width],
+                             &out.begin[first + 1]);
   });
   for (int64_t p = 0; p < parts; ++p) taken[p + 1] += taken[p];
   out.rows.resize(taken[parts]);
-  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      std::copy(&scratch[first(p) * width], &scratch[first(p) * width] + (taken[p + 1] - taken[p]), &out.rows[taken[p]]);
-      int64_t at = taken[p];
-      for (int64_t s = first(p); s < first(p + 1); ++s) out.begin[s + 1] = at += out.begin[s + 1];
-    }
+  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) {
+    std::copy(&scratch[first * width], &scratch[first * width] + (taken[p + 1] - taken[p]), &out.rows[taken[p]]);
+    int64_t at = taken[p];
+    for (int64_t s = first; s < last; ++s) out.begin[s + 1] = at += out.begin[s + 1];
   });
   ParallelFor(pool, num_rows, 4096, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -579,7 +591,7 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
   // On one or two threads each sample is its own block: its costs are computed as it is placed.
   // (Blocks cost corrections that two threads do not win back: 1.13 against 0.97 ms a plan at
   // W = 8, b = 1024.)
-  const int64_t block = pool && pool->threads() > 2 ? kPlaceBlock : 1;
+  const int64_t block = pool && pool->threads() >= kPartsFromThreads ? kPlaceBlock : 1;
   Pool* blocks = block > 1 ? pool : nullptr;
   NoInitVector<Row> row(num_rows);  // written whole below
   ParallelFor(blocks, num_rows, 4096, [&](int64_t r0, int64_t r1) {
@@ -729,7 +741,7 @@ Light LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* po
     }
     return std::make_pair(light_at, lightest_at);
   };
-  const int64_t parts = pool && pool->threads() >= 3 ? std::clamp<int64_t>(n / kMinSamples, 1, pool->threads()) : 1;
+  const int64_t parts = SampleParts(pool, n);
   if (parts == 1) {
     out.light.rows.resize(samples.rows.size() + 1);  // + 1: the last row written is one past those kept
     out.lightest.rows.resize(samples.rows.size() + 1);
@@ -738,17 +750,13 @@ Light LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* po
     out.lightest.rows.resize(lightest);
     return out;
   }
-  auto first = [&](int64_t p) { return n * p / parts; };
   std::vector<std::pair<int64_t, int64_t>> at(parts + 1, {0, 0});
-  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) at[p + 1] = take(first(p), first(p + 1), 0, 0, false);
-  });
+  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) { at[p + 1] = take(first, last, 0, 0, false); });
   for (int64_t p = 0; p < parts; ++p) at[p + 1] = {at[p + 1].first + at[p].first, at[p + 1].second + at[p].second};
   out.light.rows.resize(at[parts].first + 1);
   out.lightest.rows.resize(at[parts].second + 1);
-  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) take(first(p), first(p + 1), at[p].first, at[p].second, true);
-  });
+  EachPart(pool, n, parts,
+           [&](int64_t p, int64_t first, int64_t last) { take(first, last, at[p].first, at[p].second, true); });
   out.light.rows.resize(at[parts].first);
   out.lightest.rows.resize(at[parts].second);
   return out;
@@ -768,7 +776,7 @@ std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows,
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) narrow[*r] |= bit;
     }
   };
-  const int64_t parts = pool && pool->threads() >= 3 ? std::clamp<int64_t>(n / kMinSamples, 1, pool->threads()) : 1;
+  const int64_t parts = SampleParts(pool, n);
   std::vector<uint64_t> out(num_rows);
   if (parts == 1) {
     std::vector<Mask> narrow(num_rows, 0);
@@ -777,11 +785,9 @@ std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows,
     return out;
   }
   std::vector<std::vector<Mask>> narrow(parts);
-  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      narrow[p].assign(num_rows, 0);
-      gather(n * p / parts, n * (p + 1) / parts, narrow[p].data());
-    }
+  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) {
+    narrow[p].assign(num_rows, 0);
+    gather(first, last, narrow[p].data());
   });
   ParallelFor(pool, num_rows, 4096, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

@@ -89,9 +89,6 @@ void sorted_unique(const int64_t* ids, int64_t n, std::vector<int64_t>* out, int
 
 namespace {
 
-// Parts of [0, n) for the parallel sort: part p is [n * p / parts, n * (p + 1) / parts).
-int64_t PartBegin(int64_t n, int p, int parts) { return n * p / parts; }
-
 // Ids are numbered through a bitmap over their range when the range is below this many times
 // their number (the bitmap and its words' first indices are then at most 3/4 of a byte an id,
 // where the sort moves 16 bytes a pass per id).
