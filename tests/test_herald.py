@@ -551,6 +551,22 @@ def test_colocating_allocation_is_unchanged(workers, batch, every_row, default, 
         assert h.hexdigest()[:16] == digest, f"HETU_PLANNER_TRADE_SHARED={setting}"
 
 
+@pytest.mark.parametrize("workers,batch", [(8, 64), (16, 32), (33, 8)])
+def test_samples_too_long_for_narrow_lanes_are_allocated_alike(workers, batch):
+    """The allocator sums a sample's costs per worker in 16-bit lanes where every sample of the batch
+    reads at most 4,095 rows, else in 32-bit ones. Rows that every sample reads and no worker
+    caches change no cost: 4,096 of them added to every sample (wide lanes) leave the allocation
+    as it is without them (narrow lanes)."""
+    rng = np.random.default_rng(workers)
+    for t in range(3):
+        rows, valid = _zipf_batch(rng, workers, batch)
+        common = np.broadcast_to(len(valid) + np.arange(4096, dtype=np.int32), (rows.shape[0], 4096))
+        long_rows = np.ascontiguousarray(np.concatenate([rows, common], axis=1))
+        long_valid = np.concatenate([valid, np.zeros(4096, np.uint64)])
+        np.testing.assert_array_equal(_C.colocate_allocate(long_rows, long_valid, workers, batch, t),
+                                      _C.colocate_allocate(rows, valid, workers, batch, t))
+
+
 @pytest.mark.parametrize("workers,batch", [(8, 256), (16, 256), (33, 40)])
 def test_trades_without_heavy_rows_move_as_few_rows(workers, batch, monkeypatch):
     """Leaving the rows that many samples per worker read out of the trades changes allocations

@@ -79,93 +79,149 @@ std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
   return order;
 }
 
+// Workers in a mask of type Mask: one table lookup per byte of the narrow masks (the planner's
+// for clusters of up to 16 workers), the bit count above.
+template <typename Mask>
+inline int MaskWorkers(Mask m) {
+  if constexpr (sizeof(Mask) == 1) {
+    return kSmallPopCount.of[m];
+  } else if constexpr (sizeof(Mask) == 2) {
+    return kSmallPopCount.of[m & 0xFF] + kSmallPopCount.of[m >> 8];
+  } else {
+    return PopCount(m);
+  }
+}
+
+// Whether a mask holds exactly one worker.
+template <typename Mask>
+inline bool OneWorker(Mask m) {
+  return (m != 0) & ((m & static_cast<Mask>(m - 1)) == 0);
+}
+
 // Rows one iteration moves for a row read by the workers in `readers`, whose cached copies are
 // valid at `valid` (section 7's plan): a pull for each reader without a valid copy; a gradient
 // push from each reader when several read it; a write-back when a single holder's copy (dirty,
-// as far as the estimate knows) is read elsewhere.
-inline __attribute__((always_inline)) int RowCost(uint64_t readers, uint64_t valid) {
-  if (readers == 0) return 0;
-  const int n = Workers(readers);
-  int cost = Workers(readers & ~valid);
-  if (n >= 2) cost += n;
-  if (valid != readers && valid != 0 && (valid & (valid - 1)) == 0) cost += 1;  // one holder
-  return cost;
+// as far as the estimate knows) is read elsewhere. Without branches: the sweeps ask it of rows
+// at random, whose cases a branch would mispredict at nearly every row.
+template <typename Mask>
+inline __attribute__((always_inline)) int RowCost(Mask readers, Mask valid) {
+  const int n = MaskWorkers(readers);
+  const int pushes = n >= 2 ? n : 0;
+  const int writeback = (readers != 0) & (valid != readers) & OneWorker(valid);
+  return MaskWorkers(static_cast<Mask>(readers & ~valid)) + pushes + writeback;
 }
 
 // RowCost(m | Bit(w), v) - RowCost(m, v) for a worker w outside m: k1, plus k2 if w holds no
-// valid copy (RowCost's three terms, case by case); 0 for w in m.
+// valid copy (RowCost's three terms, case by case, as arithmetic rather than branches); 0 for w
+// in m. No reader yet: w pulls (k2), and a sole holder's write-back goes (k1 + k2 = 2) or not.
+// One reader: it becomes two, both push (2), and a write-back comes where the one reader is the
+// sole holder (3). More: w pushes (1).
 struct AddedCost {
   int k1, k2;
 };
-inline AddedCost Added(uint64_t m, uint64_t v) {
-  if (m == 0) return {0, v != 0 && (v & (v - 1)) == 0 ? 2 : 1};  // a sole holder's write-back goes, or not
-  if ((m & (m - 1)) == 0) return {v == m ? 3 : 2, 1};              // one reader becomes two: both push
-  return {1, 1};
+template <typename Mask>
+inline AddedCost Added(Mask m, Mask v) {
+  const int none = m == 0, one = OneWorker(m);
+  return {(1 - none) * (1 + one * (1 + (v == m))), 1 + none * OneWorker(v)};
 }
 
-// Per-worker sums as vector lanes, one per worker, four to a 16-byte vector (GCC and Clang
-// vector extensions: SSE2 on any x86-64, NEON on ARM): each of a sample's rows adds to the lanes of
-// the workers in or out of its masks with a few whole-vector operations, where a loop over a
-// mask's bits mispredicts at nearly every row. Integer sums: the same on every CPU. Lanes past
-// the cluster's workers are never read.
-typedef int32_t Quad __attribute__((vector_size(16)));
-constexpr Quad NibbleLanes(int b) { return Quad{-(b & 1), -(b >> 1 & 1), -(b >> 2 & 1), -(b >> 3 & 1)}; }
-// kNibble[b]: -1 in lane i where bit i of b is set.
-constexpr Quad kNibble[16] = {NibbleLanes(0),  NibbleLanes(1),  NibbleLanes(2),  NibbleLanes(3),
-                              NibbleLanes(4),  NibbleLanes(5),  NibbleLanes(6),  NibbleLanes(7),
-                              NibbleLanes(8),  NibbleLanes(9),  NibbleLanes(10), NibbleLanes(11),
-                              NibbleLanes(12), NibbleLanes(13), NibbleLanes(14), NibbleLanes(15)};
+// Per-worker sums as vector lanes, one per worker, in 16-byte vectors (GCC and Clang vector
+// extensions: SSE2 on any x86-64, NEON on ARM): each of a sample's rows adds to the lanes of the
+// workers in or out of its masks with a few whole-vector operations, where a loop over a mask's
+// bits mispredicts at nearly every row. Lane: int16_t (eight lanes to a vector) where the sums
+// fit, which halves the operations per row; int32_t (four) otherwise (kNarrowLanesUpTo). Integer
+// sums: the same on every CPU. Lanes past the cluster's workers are never read.
+template <typename Lane>
+struct LaneVector;
+template <>
+struct LaneVector<int16_t> {
+  typedef int16_t type __attribute__((vector_size(16)));
+};
+template <>
+struct LaneVector<int32_t> {
+  typedef int32_t type __attribute__((vector_size(16)));
+};
 
-template <typename Mask>
+// of[b]: -1 in lane i where bit i of b is set, for every b of as many bits as a vector has lanes.
+template <typename Lane>
+struct LaneBits {
+  static constexpr int kLanes = 16 / sizeof(Lane);
+  typename LaneVector<Lane>::type of[1 << kLanes];
+  LaneBits() {
+    for (int b = 0; b < (1 << kLanes); ++b)
+      for (int i = 0; i < kLanes; ++i) of[b][i] = static_cast<Lane>(-(b >> i & 1));
+  }
+};
+template <typename Lane>
+const LaneBits<Lane> kLaneBits;
+
+// A sample's lane sums stay within 8 per row it reads (RowCost changes by at most 4 as a reader
+// leaves or joins a row): 16-bit lanes hold the sums of samples of up to this many rows.
+constexpr int64_t kNarrowLanesUpTo = 4095;
+
+template <typename Mask, typename Lane>
 struct WorkerLanes {
-  static constexpr int kQuads = 2 * sizeof(Mask);
-  Quad q[kQuads] = {};
+  using Vector = typename LaneVector<Lane>::type;
+  static constexpr int kLanes = 16 / sizeof(Lane);
+  static constexpr int kVectors = (8 * sizeof(Mask) + kLanes - 1) / kLanes;
+  static constexpr int kAll = kVectors * kLanes;  // lanes in all, at least one per bit of Mask
+  Vector v[kVectors] = {};
 
+  // The lanes' bits of m: vector c's.
+  static int Bits(uint64_t m, int c) { return static_cast<int>(m >> (kLanes * c) & ((1u << kLanes) - 1)); }
   // -1 in lane w where worker w is in m, else 0.
   static WorkerLanes In(Mask m) {
     WorkerLanes out;
-    for (int c = 0; c < kQuads; ++c) out.q[c] = kNibble[m >> (4 * c) & 15];
+    for (int c = 0; c < kVectors; ++c) out.v[c] = kLaneBits<Lane>.of[Bits(m, c)];
     return out;
   }
   // Lane w: RowCost(m | Bit(w), v) - RowCost(m, v), what worker w would add to the row's cost by
   // reading it (0 for the workers in m).
-  static WorkerLanes Added(Mask m, Mask v) {
-    const AddedCost c = herald::Added(m, v);
+  static WorkerLanes Added(Mask m, Mask valid) {
+    const AddedCost c = herald::Added(m, valid);
+    const uint64_t out_m = static_cast<Mask>(~m), out_v = static_cast<Mask>(~valid);
+    const Lane k1 = static_cast<Lane>(c.k1), k2 = static_cast<Lane>(c.k2);
     WorkerLanes out;
-    for (int k = 0; k < kQuads; ++k) {
-      const int shift = 4 * k;
-      out.q[k] = kNibble[~m >> shift & 15] & (c.k1 + (kNibble[~v >> shift & 15] & c.k2));
-    }
+    for (int i = 0; i < kVectors; ++i)
+      out.v[i] = kLaneBits<Lane>.of[Bits(out_m, i)] & (k1 + (kLaneBits<Lane>.of[Bits(out_v, i)] & k2));
     return out;
   }
   WorkerLanes& operator+=(const WorkerLanes& o) {
-    for (int c = 0; c < kQuads; ++c) q[c] += o.q[c];
+    for (int c = 0; c < kVectors; ++c) v[c] += o.v[c];
     return *this;
   }
   WorkerLanes& operator-=(const WorkerLanes& o) {
-    for (int c = 0; c < kQuads; ++c) q[c] -= o.q[c];
+    for (int c = 0; c < kVectors; ++c) v[c] -= o.v[c];
     return *this;
   }
-  // Lane w to out[w], every lane (out holds 8 * sizeof(Mask)).
-  void Store(int32_t* out) const { std::memcpy(out, q, sizeof q); }
+  // Lane w to out[w], every lane (out holds kAll).
+  void Store(Lane* out) const { std::memcpy(out, v, sizeof v); }
   // Bit w set where lane w is above 0.
   uint64_t Positive() const {
     uint64_t bits = 0;
-    for (int c = 0; c < kQuads; ++c) {
-      const Quad above = q[c] > 0;  // -1 where so
+    for (int c = 0; c < kVectors; ++c) {
+      const Vector above = v[c] > 0;  // -1 where so
+      uint64_t these = 0;
 #if defined(__SSE2__)
-      typedef float Floats __attribute__((vector_size(16)));  // movmskps takes the sign bit of each lane
-      const uint64_t four = static_cast<uint64_t>(__builtin_ia32_movmskps((Floats)above));
+      if constexpr (sizeof(Lane) == 2) {
+        typedef short Shorts __attribute__((vector_size(16)));
+        typedef char Bytes __attribute__((vector_size(16)));
+        const Bytes packed = __builtin_ia32_packsswb128((Shorts)above, Shorts{});  // lane i to byte i
+        these = static_cast<uint64_t>(__builtin_ia32_pmovmskb128(packed));
+      } else {
+        typedef float Floats __attribute__((vector_size(16)));  // movmskps takes the sign bit of each lane
+        these = static_cast<uint64_t>(__builtin_ia32_movmskps((Floats)above));
+      }
 #else
-      const uint64_t four = (above[0] & 1) | (above[1] & 2) | (above[2] & 4) | (above[3] & 8);
+      for (int i = 0; i < kLanes; ++i) these |= static_cast<uint64_t>(above[i] & 1) << i;
 #endif
-      bits |= four << (4 * c);
+      bits |= these << (kLanes * c);
     }
     return bits;
   }
-  static WorkerLanes Splat(int32_t v) {
+  static WorkerLanes Splat(Lane x) {
     WorkerLanes out;
-    for (int c = 0; c < kQuads; ++c) out.q[c] = Quad{v, v, v, v};
+    for (int c = 0; c < kVectors; ++c) out.v[c] = Vector{} + x;
     return out;
   }
 };
@@ -194,7 +250,8 @@ std::vector<std::vector<std::pair<int, int>>> PairRounds(int num_workers) {
 // Count: the type of the per-row, per-worker sample counts, wide enough for the batch's samples;
 // Mask: the type of a row's worker masks, wide enough for the workers. (Narrow types keep more of
 // the rows in the CPU's caches: the sweeps read a row's masks at random for every sample.)
-template <typename Count, typename Mask>
+// Lane: WorkerLanes' lanes.
+template <typename Count, typename Mask, typename Lane>
 class Trader {
  public:
   Trader(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers, int32_t* assignment,
@@ -234,11 +291,11 @@ class Trader {
     const int parts = pool_ ? static_cast<int>(std::clamp<int64_t>(n_ / kMinSamples, 1, pool_->threads())) : 1;
     std::vector<Wants> found(parts, Wants(W_ * W_));
     ParallelFor(parts > 1 ? pool_ : nullptr, parts, 1, [&](int64_t first, int64_t last) {
-      std::vector<int32_t> saving(8 * sizeof(Mask));  // Savings stores every lane
+      Lane saving[Lanes::kAll];  // Savings stores every lane
       for (int64_t p = first; p < last; ++p) {
         for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
           const int a = assign_[s];
-          for (uint64_t to = Savings(s, saving.data()); to; to &= to - 1)
+          for (uint64_t to = Savings(s, saving); to; to &= to - 1)
             found[p][a * W_ + __builtin_ctzll(to)].emplace_back(-saving[__builtin_ctzll(to)], s);
         }
       }
@@ -296,22 +353,22 @@ class Trader {
   // out[to]: rows saved by moving sample s from its worker to `to`; out holds a lane per bit of
   // Mask. Returns a bit per worker where the saving is positive (never s's own), 0 where no move
   // saves rows (out then left as it was).
-  uint64_t Savings(int64_t s, int32_t* out) const {
+  uint64_t Savings(int64_t s, Lane* out) const {
     const int from = assign_[s];
     int same = 0;  // the part of the saving that does not depend on the destination
     Lanes added{};
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
       const Mask rest = row.readers & ~(row.once & MaskBit(from));
-      if (rest == everyone_) continue;  // read by every worker whatever this sample does
-      // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds.
-      if (rest != row.readers) same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
+      // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds
+      // (nothing for a row every worker reads whatever this sample does).
+      same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
       added += Lanes::Added(rest, row.valid);
     }
     // A move adds cost everywhere but where the rows the sample alone reads at its worker leave it
     // (`same`): without their saving, none saves rows.
     if (same <= 0) return 0;
-    Lanes saving = Lanes::Splat(same);
+    Lanes saving = Lanes::Splat(static_cast<Lane>(same));
     saving -= added;
     saving.Store(out);
     return saving.Positive() & everyone_ & ~Bit(from);
@@ -357,8 +414,7 @@ class Trader {
       const Mask readers = static_cast<Mask>((row.readers & ~pair) | (ca > 0 ? MaskBit(a) : 0) | (cb > 0 ? MaskBit(b) : 0));
       const Mask once = static_cast<Mask>((row.once & ~pair) | (ca == 1 ? MaskBit(a) : 0) | (cb == 1 ? MaskBit(b) : 0));
       const Mask rest = readers & ~(once & MaskBit(from));
-      if (rest == everyone_) continue;
-      saving += RowCost(readers, row.valid) - RowCost(rest | MaskBit(to), row.valid);
+      saving += RowCost(readers, row.valid) - RowCost(static_cast<Mask>(rest | MaskBit(to)), row.valid);
     }
     return saving;
   }
@@ -404,7 +460,7 @@ class Trader {
     *once = one;
   }
 
-  using Lanes = WorkerLanes<Mask>;
+  using Lanes = WorkerLanes<Mask, Lane>;
   static Mask MaskBit(int w) { return static_cast<Mask>(Bit(w)); }
   // Row r's bits for worker w, from the count of w's samples that read it: atomically, where they
   // change (other tasks may set other workers' bits of the row at once).
@@ -578,7 +634,7 @@ double Since(std::chrono::steady_clock::time_point start) {
 // room where it adds the fewest rows. Mask: a type of at least W bits.
 // shared: each sample's rows that at most kSharedAnyway samples read (the others are read by all
 // from the start, and stay so).
-template <typename Mask>
+template <typename Mask, typename Lane>
 void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* valid, int64_t num_rows, int W,
            int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool) {
   const int64_t n = samples.samples();
@@ -598,14 +654,14 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
     for (int64_t r = r0; r < r1; ++r)
       row[r] = Row{samples.reading[r] > kSharedAnyway ? everyone : Mask(0), static_cast<Mask>(valid[r])};
   });
-  using Lanes = WorkerLanes<Mask>;
+  using Lanes = WorkerLanes<Mask, Lane>;
   // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
   ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       Lanes score{};
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) score -= Lanes::In(row[*r].valid);
-      int32_t lanes[8 * sizeof(Mask)];
+      Lane lanes[Lanes::kAll];
       score.Store(lanes);
       best[s] = *std::max_element(lanes, lanes + W);
     }
@@ -613,28 +669,31 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
   const std::vector<int64_t> order = StrongestFirst(best);
   std::vector<int64_t> load(W, 0);
   std::vector<Lanes> block_added(std::min(n, block));
-  // Blocks of several samples only: the placement (position in order) that last changed
-  // row[r].readers, and its value as the block of that placement started.
-  NoInitVector<int64_t> changed(block > 1 ? num_rows : 0);
-  NoInitVector<Mask> before(block > 1 ? num_rows : 0);  // read only where changed says it was set
-  ParallelFor(blocks, static_cast<int64_t>(changed.size()), 4096, [&](int64_t r0, int64_t r1) {
-    std::fill(changed.begin() + r0, changed.begin() + r1, int64_t(-1));
-  });
+  // Blocks of several samples only: row[] keeps each row's readers as the block started, while
+  // the other threads read it for the costs of the block's samples, and the placements of the
+  // block go to arrays the sequential part alone touches (a write to row[] would first take its
+  // line back from the caches of the threads that read it): `placed`, the readers where
+  // `changed_in` holds the block's number (1 on), and `block_rows`, the rows they changed.
+  // row[] takes them in as the block ends. (Filled here, on the thread that uses them.)
+  NoInitVector<uint32_t> changed_in(block > 1 ? num_rows : 0);
+  std::fill(changed_in.begin(), changed_in.end(), 0u);
+  NoInitVector<Mask> placed(block > 1 ? num_rows : 0);  // read only where changed_in says so
+  std::vector<int32_t> block_rows;
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t j1 = std::min(n, j0 + block);
+    const uint32_t id = static_cast<uint32_t>(j0 / block + 1);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
         Lanes a{};
         const int64_t s = order[j0 + j];
-        for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
-          const Row& x = row[*r];
-          if (x.readers != everyone) a += Lanes::Added(x.readers, x.valid);  // else: the same wherever the sample goes
-        }
+        // (A row every worker reads adds nothing to the lanes of the workers.)
+        for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) a += Lanes::Added(row[*r].readers, row[*r].valid);
         block_added[j] = a;
       }
     });
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t s = order[j];
+      Lanes& added = block_added[j - j0];
       if (block > 1) {
         // Latency, not work, bounds this loop where the costs came from other cores: what the
         // samples ahead read is asked for in advance.
@@ -645,35 +704,42 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
         if (j + kSequentialAhead / 2 < j1) {
           const int64_t ahead = order[j + kSequentialAhead / 2];
           for (const int32_t* r = shared.Begin(ahead); r != shared.End(ahead); ++r) {
-            __builtin_prefetch(&row[*r], 1);
-            __builtin_prefetch(&changed[*r], 1);
+            __builtin_prefetch(&row[*r]);
+            __builtin_prefetch(&changed_in[*r], 1);
+            __builtin_prefetch(&placed[*r], 1);
           }
         }
-      }
-      Lanes& added = block_added[j - j0];
-      if (block > 1) {
         for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
-          if (changed[*r] < j0) continue;
-          if (before[*r] != everyone) added -= Lanes::Added(before[*r], row[*r].valid);
-          if (row[*r].readers != everyone) added += Lanes::Added(row[*r].readers, row[*r].valid);
+          if (changed_in[*r] != id) continue;
+          added -= Lanes::Added(row[*r].readers, row[*r].valid);
+          added += Lanes::Added(placed[*r], row[*r].valid);
         }
       }
-      int32_t cost[8 * sizeof(Mask)];
+      Lane cost[Lanes::kAll];
       added.Store(cost);
       const int chosen = BestWorkerWithRoom([&](int w) { return cost[w]; }, load, W, per_worker, s, iteration);
       assignment[s] = chosen;
       ++load[chosen];
+      const Mask bit = static_cast<Mask>(Bit(chosen));
       for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
-        Mask& readers = row[*r].readers;
-        const Mask now = static_cast<Mask>(readers | Bit(chosen));
-        if (now == readers) continue;
-        if (block > 1) {
-          if (changed[*r] < j0) before[*r] = readers;
-          changed[*r] = j;
+        if (block == 1) {
+          row[*r].readers |= bit;
+          continue;
         }
-        readers = now;
+        const bool again = changed_in[*r] == id;
+        const Mask readers = again ? placed[*r] : row[*r].readers;
+        if ((readers & bit) != 0) continue;
+        if (!again) {
+          changed_in[*r] = id;
+          block_rows.push_back(*r);
+        }
+        placed[*r] = static_cast<Mask>(readers | bit);
       }
     }
+    ParallelFor(blocks, static_cast<int64_t>(block_rows.size()), 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) row[block_rows[i]].readers = placed[block_rows[i]];
+    });
+    block_rows.clear();
   }
 }
 
@@ -811,28 +877,38 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   const Light rows = LightRows(samples, TradeShared(W), kSharedAnyway, pool);
   const SampleRows& light = rows.light;
   const SampleRows& lightest = rows.lightest;
-  // Rows' worker masks as narrow as the workers allow.
-  auto allocate = [&](auto mask) {
+  // Rows' worker masks as narrow as the workers allow, and lanes as the samples' rows allow.
+  auto allocate = [&](auto mask, auto lane) {
     using Mask = decltype(mask);
-    Place<Mask>(samples, lightest, valid, num_rows, W, per_worker, iteration, assignment, pool);
+    using Lane = decltype(lane);
+    Place<Mask, Lane>(samples, lightest, valid, num_rows, W, per_worker, iteration, assignment, pool);
     const auto placed = std::chrono::steady_clock::now();
     if (seconds) seconds[0] += Since(start);
     if (n <= std::numeric_limits<uint16_t>::max()) {
-      Trade(Trader<uint16_t, Mask>(light, valid, num_rows, W, assignment, pool));
+      Trade(Trader<uint16_t, Mask, Lane>(light, valid, num_rows, W, assignment, pool));
     } else {
-      Trade(Trader<int32_t, Mask>(light, valid, num_rows, W, assignment, pool));
+      Trade(Trader<int32_t, Mask, Lane>(light, valid, num_rows, W, assignment, pool));
     }
     if (readers_out) *readers_out = NarrowReaders<Mask>(samples, num_rows, assignment, pool);
     if (seconds) seconds[1] += Since(placed);
   };
+  int64_t longest = 0;  // the most rows a sample reads
+  for (int64_t s = 0; s < n; ++s) longest = std::max(longest, samples.begin[s + 1] - samples.begin[s]);
+  auto with_lanes = [&](auto mask) {
+    if (longest <= kNarrowLanesUpTo) {
+      allocate(mask, int16_t());
+    } else {
+      allocate(mask, int32_t());
+    }
+  };
   if (W <= 8) {
-    allocate(uint8_t());
+    with_lanes(uint8_t());
   } else if (W <= 16) {
-    allocate(uint16_t());
+    with_lanes(uint16_t());
   } else if (W <= 32) {
-    allocate(uint32_t());
+    with_lanes(uint32_t());
   } else {
-    allocate(uint64_t());
+    with_lanes(uint64_t());
   }
 }
 
