@@ -462,12 +462,17 @@ class Trader {
 
   using Lanes = WorkerLanes<Mask, Lane>;
   static Mask MaskBit(int w) { return static_cast<Mask>(Bit(w)); }
-  // Row r's bits for worker w, from the count of w's samples that read it: atomically, where they
-  // change (other tasks may set other workers' bits of the row at once).
+  // Row r's bits for worker w, from the count of w's samples that read it: with several threads,
+  // atomically where they change (other tasks may set other workers' bits of the row at once).
   void Recount(int64_t r, int w) {
     const int64_t c = CountOf(r, w);
     RowReaders& row = row_[r];
     const Mask bit = MaskBit(w);
+    if (!pool_) {
+      row.readers = static_cast<Mask>((row.readers & ~bit) | (c > 0 ? bit : 0));
+      row.once = static_cast<Mask>((row.once & ~bit) | (c == 1 ? bit : 0));
+      return;
+    }
     SetBit(&row.readers, bit, c > 0);
     SetBit(&row.once, bit, c == 1);
   }
