@@ -79,19 +79,6 @@ std::vector<int64_t> StrongestFirst(const std::vector<int32_t>& best) {
   return order;
 }
 
-// Workers in a mask of type Mask: one table lookup per byte of the narrow masks (the planner's
-// for clusters of up to 16 workers), the bit count above.
-template <typename Mask>
-inline int MaskWorkers(Mask m) {
-  if constexpr (sizeof(Mask) == 1) {
-    return kSmallPopCount.of[m];
-  } else if constexpr (sizeof(Mask) == 2) {
-    return kSmallPopCount.of[m & 0xFF] + kSmallPopCount.of[m >> 8];
-  } else {
-    return PopCount(m);
-  }
-}
-
 // Whether a mask holds exactly one worker.
 template <typename Mask>
 inline bool OneWorker(Mask m) {
@@ -105,10 +92,10 @@ inline bool OneWorker(Mask m) {
 // at random, whose cases a branch would mispredict at nearly every row.
 template <typename Mask>
 inline __attribute__((always_inline)) int RowCost(Mask readers, Mask valid) {
-  const int n = MaskWorkers(readers);
+  const int n = Workers(readers);
   const int pushes = n >= 2 ? n : 0;
   const int writeback = (readers != 0) & (valid != readers) & OneWorker(valid);
-  return MaskWorkers(static_cast<Mask>(readers & ~valid)) + pushes + writeback;
+  return Workers(static_cast<Mask>(readers & ~valid)) + pushes + writeback;
 }
 
 // RowCost(m | Bit(w), v) - RowCost(m, v) for a worker w outside m: k1, plus k2 if w holds no
@@ -290,14 +277,12 @@ class Trader {
     using Wants = std::vector<std::vector<std::pair<int, int64_t>>>;
     const int parts = pool_ ? static_cast<int>(std::clamp<int64_t>(n_ / kMinSamples, 1, pool_->threads())) : 1;
     std::vector<Wants> found(parts, Wants(W_ * W_));
-    ParallelFor(parts > 1 ? pool_ : nullptr, parts, 1, [&](int64_t first, int64_t last) {
+    EachPart(parts > 1 ? pool_ : nullptr, n_, parts, [&](int64_t p, int64_t first, int64_t last) {
       Lane saving[Lanes::kAll];  // Savings stores every lane
-      for (int64_t p = first; p < last; ++p) {
-        for (int64_t s = n_ * p / parts; s < n_ * (p + 1) / parts; ++s) {
-          const int a = assign_[s];
-          for (uint64_t to = Savings(s, saving); to; to &= to - 1)
-            found[p][a * W_ + __builtin_ctzll(to)].emplace_back(-saving[__builtin_ctzll(to)], s);
-        }
+      for (int64_t s = first; s < last; ++s) {
+        const int a = assign_[s];
+        for (uint64_t to = Savings(s, saving); to; to &= to - 1)
+          found[p][a * W_ + __builtin_ctzll(to)].emplace_back(-saving[__builtin_ctzll(to)], s);
       }
     });
     Wants wants = std::move(found[0]);
@@ -319,8 +304,8 @@ class Trader {
           Match(a, b, wants[a * W_ + b], wants[b * W_ + a], &traded[i]);
         }
       });
-      // Each pair's bits of the rows its samples left and joined, the pairs at once: the bits are
-      // set atomically, a row's other bits being other pairs'.
+      // Each pair's bits of the rows its samples left and joined, the pairs at once (Recount: a
+      // row's other bits are other pairs').
       ParallelFor(pool_, static_cast<int64_t>(round.size()), 1, [&](int64_t first, int64_t last) {
         for (int64_t i = first; i < last; ++i)
           for (const int64_t s : traded[i])

@@ -11,8 +11,8 @@ namespace herald {
 inline uint64_t Bit(int w) { return uint64_t(1) << w; }
 inline uint64_t AllWorkers(int num_workers) { return num_workers == 64 ? ~uint64_t(0) : Bit(num_workers) - 1; }
 
-// Workers in a mask: clusters of up to 8 workers take the table, larger masks a branch-free bit
-// count (common/popcount.h).
+// Workers in a mask of type Mask: 8- and 16-bit masks (clusters of up to 16 workers) take the
+// table, a lookup per byte; wider masks a branch-free bit count (common/popcount.h).
 struct SmallPopCount {
   uint8_t of[256];
   constexpr SmallPopCount() : of() {
@@ -21,7 +21,16 @@ struct SmallPopCount {
   }
 };
 inline constexpr SmallPopCount kSmallPopCount;
-inline int Workers(uint64_t mask) { return mask < 256 ? kSmallPopCount.of[mask] : PopCount(mask); }
+template <typename Mask>
+inline int Workers(Mask m) {
+  if constexpr (sizeof(Mask) == 1) {
+    return kSmallPopCount.of[m];
+  } else if constexpr (sizeof(Mask) == 2) {
+    return kSmallPopCount.of[m & 0xFF] + kSmallPopCount.of[m >> 8];
+  } else {
+    return PopCount(m);
+  }
+}
 
 }  // namespace herald
 }  // namespace hetu
