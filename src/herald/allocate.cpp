@@ -665,8 +665,7 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
   // line back from the caches of the threads that read it): `placed`, the readers where
   // `changed_in` holds the block's number (1 on), and `block_rows`, the rows they changed.
   // row[] takes them in as the block ends. (Filled here, on the thread that uses them.)
-  NoInitVector<uint32_t> changed_in(block > 1 ? num_rows : 0);
-  std::fill(changed_in.begin(), changed_in.end(), 0u);
+  std::vector<uint32_t> changed_in(block > 1 ? num_rows : 0, 0);
   NoInitVector<Mask> placed(block > 1 ? num_rows : 0);  // read only where changed_in says so
   std::vector<int32_t> block_rows;
   for (int64_t j0 = 0; j0 < n; j0 += block) {
