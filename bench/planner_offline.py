@@ -104,21 +104,33 @@ def allocator_setting(spec):
             os.environ["HETU_PLANNER_TRADE_SHARED"] = before
 
 
-def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,), keep_ranks=0):
+def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, threads=(1,), keep_ranks=0,
+                pipeline=False):
     """Rows moved by all workers over `iterations`; per thread count, seconds and CPU seconds (all
     of the process's threads) per plan; distinct rows per global batch; the answers of ranks
     below `keep_ranks`, per rank; per thread count, the planners' PlanProfile, seconds per plan by
-    stage. The ranks' planners run one rank after another, as each worker
+    stage; with `pipeline`, per thread count, seconds per plan of a pipelined planner (else {}).
+    The ranks' planners run one rank after another, as each worker
     runs one. With several thread counts, a planner per count plans each iteration in turn (so
-    that a busy machine slows them alike), and their answers must be identical."""
+    that a busy machine slows them alike), and their answers must be identical.
+
+    A pipelined planner's batches are prepared by a BatchPreparer of its own (as PlanningThread
+    does in training): batch t + 1 is queued as batch t is planned. Its time per iteration runs
+    from that until both are done (the longer of the two stages; nothing spills into the other
+    planners' turns), and the first batch's preparation alone is counted in its first iteration."""
     batches = global_batches(sparse, order, workers, batch, iterations)
     distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
     rows, seconds, cpu = 0, dict.fromkeys(threads, 0.0), dict.fromkeys(threads, 0.0)
+    piped = dict.fromkeys(threads, 0.0) if pipeline else {}
     kept = {rank: [] for rank in range(min(keep_ranks, workers))}
     profile = {n: dict.fromkeys(PROFILE_STAGES + ("total",), 0.0) for n in threads}
     for rank in range(workers):
         planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
                     for n in threads}
+        pipelined = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
+                     for n in piped}
+        preparers = {n: _C.BatchPreparer(planner) for n, planner in pipelined.items()}
+        queued = {}
         for t, ids in enumerate(batches):
             answers = {}
             for n, planner in planners.items():
@@ -126,13 +138,26 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
                 answers[n] = planner.advance(ids, t)
                 seconds[n] += time.perf_counter() - start
                 cpu[n] += time.process_time() - start_cpu
+            for n, planner in pipelined.items():
+                start = time.perf_counter()
+                if t == 0:
+                    queued[n] = preparers[n].prepare(ids)
+                    queued[n].wait()
+                now = queued.pop(n)
+                if t + 1 < len(batches):
+                    queued[n] = preparers[n].prepare(batches[t + 1])
+                answers[("pipelined", n)] = planner.advance(now, t)
+                if n in queued:
+                    queued[n].wait()
+                piped[n] += time.perf_counter() - start
             _, finished = answer = answers[threads[0]]
             if rank in kept:
                 kept[rank].append(answer)
-            for n in threads[1:]:
+            for n in threads[1:] + [("pipelined", n) for n in piped]:
                 if not same_answer(answers[n], answer):
+                    on = f"{n[1]} threads, pipelined," if isinstance(n, tuple) else f"{n} threads"
                     raise SystemExit(f"W={workers} b={batch} {allocator}: rank {rank}'s plan of iteration {t} on "
-                                     f"{n} threads differs from the one on {threads[0]}")
+                                     f"{on} differs from the one on {threads[0]}")
             if finished is not None:
                 _, _, _, _, pull, owner, _, writeback = finished
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
@@ -140,10 +165,11 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
             for stage, s in planner.profile().items():
                 if stage in profile[n]:
                     profile[n][stage] += s
-        del planners
+        del preparers, pipelined, planners
     plans = workers * len(batches)
     return (rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept,
-            {n: {stage: s / plans for stage, s in by_stage.items()} for n, by_stage in profile.items()})
+            {n: {stage: s / plans for stage, s in by_stage.items()} for n, by_stage in profile.items()},
+            {n: s / plans for n, s in piped.items()})
 
 
 def host_planner_cost(sparse, order, workers, batch, capacity, allocator, iterations, threads, expected):
@@ -186,6 +212,10 @@ def main():
     p.add_argument("--threads", type=int, nargs="+", default=None,
                    help="planner thread counts to time side by side (the speed-up columns are against 1 "
                         "thread, which is always measured); default: one thread, the plain table")
+    p.add_argument("--pipeline", action="store_true",
+                   help="also time pipelined planners (a BatchPreparer each, as in training: the next batch's "
+                        "distinct ids and row lists made on a thread of their own while a batch is planned): "
+                        "ms per plan at each thread count, with one thread more in use")
     p.add_argument("--profile", action="store_true",
                    help="also print where a plan's time goes (the planner's PlanProfile): ms per plan by stage, "
                         "a line per configuration, allocator and thread count")
@@ -206,12 +236,15 @@ def main():
     many = len(threads) > 1
     host = args.host_workers
 
+    pipeline = args.pipeline
+
     def allocator_columns(a):
         if not many:
-            out = f"{a + ' vs HET':>18}{'ms/plan':>9}"
+            out = f"{a + ' vs HET':>18}{'ms/plan':>9}" + (f"{'ms pipe':>9}" if pipeline else "")
         else:
             out = f"{a + ' vs HET':>18}" + "".join(
-                f"{f'ms {t}t':>9}" + (f"{f'x {t}t':>7}" if t > 1 else "") for t in threads) + f"{f'cpu {threads[-1]}t':>9}"
+                f"{f'ms {t}t':>9}" + (f"{f'x {t}t':>7}" if t > 1 else "") + (f"{f'{t}t+p':>9}" if pipeline else "")
+                for t in threads) + f"{f'cpu {threads[-1]}t':>9}"
         if host:
             out += f"{'H':>3}{'H cpu/it':>9}{'1 cpu/it':>9}" + "".join(f"{f'1 ms {t}t':>9}" for t in threads)
         return out
@@ -221,6 +254,8 @@ def main():
     print(f"{data.meta.name}: {args.iterations} iterations, {table_rows:,}-row table, {args.order} order, LRU; "
           f"rows moved by all workers" + (f"; planner threads {', '.join(map(str, threads))}: ms per plan, "
                                           f"speed-up against 1 thread, CPU ms per plan at {threads[-1]}" if many else "")
+          + ("; pipelined planners: ms per plan, batches prepared on one more thread (ms pipe, Nt+p)"
+             if pipeline else "")
           + (f"; a host of H workers (at most {host}) per iteration: CPU ms of H planners of their own (1 thread), "
              f"CPU ms of one planner for the host (1 thread), its ms at each thread count" if host else ""))
     print(header)
@@ -238,19 +273,21 @@ def main():
                 for allocator in args.allocators:
                     capacity = int(ratio * table_rows)
                     with allocator_setting(allocator) as name:
-                        rows, per_plan, cpu, distinct, kept, profile = herald_rows(
-                            sparse, order, workers, batch, capacity, name, args.iterations, threads, keep_ranks=host)
+                        rows, per_plan, cpu, distinct, kept, profile, piped = herald_rows(
+                            sparse, order, workers, batch, capacity, name, args.iterations, threads, keep_ranks=host,
+                            pipeline=pipeline)
                         if host:
                             host_seconds, host_cpu = host_planner_cost(sparse, order, workers, batch, capacity, name,
                                                                        args.iterations, threads, kept)
                     profiles.append((workers, batch, ratio, allocator, profile))
                     columns += f"{rows / het:>18.3f}"
                     if not many:
-                        columns += f"{1e3 * per_plan[1]:>9.2f}"
+                        columns += f"{1e3 * per_plan[1]:>9.2f}" + (f"{1e3 * piped[1]:>9.2f}" if pipeline else "")
                     else:
                         for t in threads:
                             columns += f"{1e3 * per_plan[t]:>9.2f}" + (
-                                f"{per_plan[1] / per_plan[t]:>6.2f}x" if t > 1 else "")
+                                f"{per_plan[1] / per_plan[t]:>6.2f}x" if t > 1 else "") + (
+                                f"{1e3 * piped[t]:>9.2f}" if pipeline else "")
                         columns += f"{1e3 * cpu[threads[-1]]:>9.2f}"
                     if host:
                         columns += (f"{len(kept):>3}{1e3 * len(kept) * cpu[1]:>9.2f}{1e3 * host_cpu:>9.2f}"
@@ -261,7 +298,7 @@ def main():
 
 
 def print_profiles(profiles):
-    """Where a plan's time goes, at each thread count: ms per plan by PlanProfile stage (ids: distinct rows and
+    """Where a plan's time goes, at each thread count: ms per plan by PlanProfile stage (ids: distinct rows, each sample's rows and those colocate scores, and
     valid masks; scores: allocation scores and placement; trades: colocate's pairwise trades;
     readers: who reads each row, outside colocate; workers: every worker's cache model and plan;
     masks: the valid masks updated) and in all."""

@@ -20,16 +20,27 @@ def _batches(seed, workers, batch, fields, ids_per_field, steps):
     return ids + ids_per_field * np.arange(fields, dtype=np.int64)
 
 
-def _run(ids, workers, batch, capacity, policy, allocator, threads, steps, ranks):
-    """Everything the planners of `ranks` answer over `steps` iterations, and their valid masks."""
+def _run(ids, workers, batch, capacity, policy, allocator, threads, steps, ranks, pipelined=False):
+    """Everything the planners of `ranks` answer over `steps` iterations, and their valid masks.
+    pipelined: each planner's batches prepared by a BatchPreparer, batch t + 1 queued before batch t
+    is planned (as PlanningThread runs them)."""
     planners = [_C.Planner(workers, rank, batch, policy, capacity, allocator=allocator, threads=threads)
                 for rank in ranks]
     assert all(p.threads == threads for p in planners)
+    preparers = [_C.BatchPreparer(p) for p in planners] if pipelined else []
+    queued = [prep.prepare(ids[:workers * batch]) for prep in preparers]
     out = []
     for t in range(steps):
         glob = ids[t * workers * batch:(t + 1) * workers * batch]
-        for p in planners:
-            samples, finished = p.advance(glob, t)
+        following = ids[(t + 1) * workers * batch:(t + 2) * workers * batch]
+        for i, p in enumerate(planners):
+            if pipelined:
+                now = queued[i]
+                if t + 1 < steps:
+                    queued[i] = preparers[i].prepare(following)
+                samples, finished = p.advance(now, t)
+            else:
+                samples, finished = p.advance(glob, t)
             out.append(("samples", t, np.asarray(samples)))
             if finished is not None:
                 out.extend((field, t, np.asarray(value)) for field, value in zip(FIELDS, finished))
@@ -65,6 +76,48 @@ def test_plans_are_identical_whatever_the_thread_count(workers, batch, fields, i
         for (name, t, g), (_, _, w) in zip(got, want):
             assert g.dtype == w.dtype, (name, t, threads)
             np.testing.assert_array_equal(g, w, err_msg=f"{name} at iteration {t}, {threads} threads")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[3], CONFIGS[4]],
+                         ids=["colocate", "small-cache", "greedy", "none"])
+def test_pipelined_plans_are_the_plans(config, threads):
+    """Batches prepared on a BatchPreparer's thread, the next while one is planned, plan exactly
+    as batches given whole to advance; bags with padding (-1) included."""
+    workers, batch, fields, ids_per_field, capacity, policy, allocator, steps = config
+    ids = _batches(workers * 17 + batch, workers, batch, fields, ids_per_field, steps)
+    ids[::7, -2:] = -1  # empty bag slots
+    ranks = [0, workers - 1]
+    want = _run(ids, workers, batch, capacity, policy, allocator, threads, steps, ranks)
+    got = _run(ids, workers, batch, capacity, policy, allocator, threads, steps, ranks, pipelined=True)
+    assert len(got) == len(want) > 0
+    for (name, t, g), (_, _, w) in zip(got, want):
+        assert g.dtype == w.dtype, (name, t)
+        np.testing.assert_array_equal(g, w, err_msg=f"{name} at iteration {t}, pipelined")
+
+
+def test_prepared_batches_are_checked():
+    ids = _batches(5, 4, 64, 8, 500, 3)
+    planner = _C.Planner(4, 0, 64, "lru", 100)
+    preparer = _C.BatchPreparer(planner)
+    short = preparer.prepare(ids[:200])
+    with pytest.raises(ValueError, match="1600 ids given, 256 samples of 8 fields expected"):
+        planner.advance(short, 0)
+    first = preparer.prepare(ids[:256])
+    with pytest.raises(ValueError, match="iteration 1 given, 0 expected"):
+        planner.advance(first, 1)
+    with pytest.raises(ValueError, match="planned already"):
+        planner.advance(first, 0)  # a failed advance took it too
+    again = preparer.prepare(ids[:256])
+    planner.advance(again, 0)
+    with pytest.raises(ValueError, match="planned already"):
+        again.wait()
+    # A batch prepared for a planner of other settings is refused by its sample count.
+    other = _C.BatchPreparer(_C.Planner(4, 0, 32, "lru", 100)).prepare(ids[256:384])
+    with pytest.raises(ValueError, match="a batch of 128 samples prepared for iteration 1, 256 expected"):
+        planner.advance(other, 1)
+    with pytest.raises(ValueError, match=r"ids must be \[samples, fields\]"):
+        preparer.prepare(ids[0])
 
 
 def test_planning_thread_plans_the_same_with_a_threaded_planner():

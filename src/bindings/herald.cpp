@@ -9,6 +9,7 @@
 #include "cache/policy.h"
 #include "common/optim_rules.h"
 #include "herald/allocate.h"
+#include "herald/batch_preparer.h"
 #include "herald/plan_cache.h"
 #include "herald/planner.h"
 #include "herald/planning_thread.h"
@@ -48,6 +49,18 @@ hetu::herald::Advanced planner_advance(hetu::herald::Planner& planner, Array<int
   py::gil_scoped_release nogil;
   return planner.Advance(ids.data(), ids.shape(1), iteration);
 }
+
+// A batch queued on a BatchPreparer, with its ids kept alive until the preparer has read them,
+// and the preparer until it has prepared it.
+struct PreparedHandle {
+  py::object preparer, ids;
+  std::future<hetu::herald::PreparedBatch> batch;
+  PreparedHandle() = default;
+  PreparedHandle(const PreparedHandle&) = delete;
+  ~PreparedHandle() {
+    if (batch.valid()) batch.wait();  // the preparer may still be reading ids
+  }
+};
 
 // A Planner's `rank` argument: one rank, or the ranks of a host's planner.
 std::vector<int> planner_ranks(const py::object& rank) {
@@ -274,7 +287,8 @@ void bind_herald(py::module_& m) {
              d["masks"] = f.masks;
              d["total"] = f.total;
              return d;
-           }, "seconds spent per stage over all plans so far: ids (distinct rows, valid masks), scores "
+           }, "seconds spent per stage over all plans so far: ids (distinct rows, each sample's rows and those the "
+              "allocation scores unless a BatchPreparer prepared them, valid masks), scores "
               "(allocation: scores and placement), trades (allocation: pairwise trades), readers, workers "
               "(every worker's cache model and plan), masks (valid masks updated), total; and plans")
       .def("advance", [](hetu::herald::Planner& p, Array<int64_t> ids, int64_t iteration) {
@@ -288,12 +302,43 @@ void bind_herald(py::module_& m) {
              for (size_t i = 0; i < r.samples.size(); ++i) out.append(advanced_to_python(r, i));
              return out;
            }, py::arg("ids"), py::arg("iteration"), "advance's answer for each rank, in the order of `ranks`")
+      .def("advance", [](hetu::herald::Planner& p, PreparedHandle& h, int64_t iteration) {
+             if (!h.batch.valid()) throw std::invalid_argument("Planner.advance: this prepared batch was planned already");
+             hetu::herald::Advanced r;
+             {
+               py::gil_scoped_release nogil;
+               r = p.Advance(h.batch.get(), iteration);
+             }
+             return advanced_to_python(r, 0);
+           }, py::arg("prepared"), py::arg("iteration"),
+           "advance, for a batch a BatchPreparer of this planner prepared")
       .def("valid_masks", [](const hetu::herald::Planner& p, Array<int64_t> keys) {
              Array<uint64_t> out(keys.size());
              uint64_t* o = out.mutable_data();
              for (py::ssize_t i = 0; i < keys.size(); ++i) o[i] = p.ValidMask(keys.data()[i]);
              return out;
            }, py::arg("keys"), "per key, one bit per worker whose modelled cached copy is valid now");
+  py::class_<PreparedHandle>(m, "PreparedBatch", "a global batch being prepared, for Planner.advance")
+      .def("wait", [](PreparedHandle& h) {
+             if (!h.batch.valid()) throw std::invalid_argument("PreparedBatch.wait: this batch was planned already");
+             py::gil_scoped_release nogil;
+             h.batch.wait();
+           }, "waits until the batch is prepared (or its preparation failed: Planner.advance then raises)");
+  py::class_<hetu::herald::BatchPreparer>(m, "BatchPreparer",
+                                          "prepares a planner's global batches on a thread of its own, in the order "
+                                          "given, while the planner plans earlier ones (a pipeline)")
+      .def(py::init<const hetu::herald::Planner&>(), py::arg("planner"), py::keep_alive<1, 2>())
+      .def("prepare", [](py::object self, Array<int64_t> ids) {
+             if (ids.ndim() != 2) throw std::invalid_argument("BatchPreparer.prepare: ids must be [samples, fields]");
+             auto& b = self.cast<hetu::herald::BatchPreparer&>();
+             auto h = std::make_unique<PreparedHandle>();
+             h->preparer = self;
+             h->ids = ids;
+             const int64_t* data = ids.data();
+             const size_t size = static_cast<size_t>(ids.size());
+             h->batch = b.Submit([data, size] { return std::vector<int64_t>(data, data + size); }, ids.shape(1));
+             return h;
+           }, py::arg("ids"), "queues global batch ids [samples, fields]; returns it, for Planner.advance");
   py::register_exception<hetu::herald::PlanTimeout>(m, "PlanTimeout", PyExc_TimeoutError);
   py::class_<PlanFollowers>(m, "PlanFollowers", "connections from a host's other workers, for a PlanningThread");
   py::class_<hetu::herald::PlanListener>(m, "PlanListener",

@@ -762,13 +762,10 @@ int64_t TradeShared(int num_workers) {
 // that at most `fewer` read (lightest; fewer <= most), from the batch's counts (SampleRows::reading,
 // which the lists made here do not carry). With a pool of 3 threads or more, parts of the samples
 // in parallel: a pass to count each part's rows, then one to write them.
-struct Light {
-  SampleRows light, lightest;
-};
-Light LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* pool) {
+ScoredRows LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* pool) {
   const int64_t n = samples.samples();
   const int32_t* reading = samples.reading.data();
-  Light out;
+  ScoredRows out;
   out.light.begin.resize(n + 1);
   out.lightest.begin.resize(n + 1);
   // Samples [first, last) from places light_at and lightest_at on; `write`: or only count. One part
@@ -856,16 +853,24 @@ std::vector<uint64_t> NarrowReaders(const SampleRows& samples, int64_t num_rows,
 
 }  // namespace
 
+ScoredRows ScoredRowsOf(const SampleRows& samples, int num_workers, Pool* pool) {
+  // The rows the trades score, and among them those the placement scores.
+  return LightRows(samples, TradeShared(num_workers), kSharedAnyway, pool);
+}
+
 void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers,
                       int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool, double* seconds,
-                      std::vector<uint64_t>* readers_out) {
+                      std::vector<uint64_t>* readers_out, const ScoredRows* scored) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = samples.samples();
   const int W = num_workers;
-  // The rows the trades score, and among them those the placement scores.
-  const Light rows = LightRows(samples, TradeShared(W), kSharedAnyway, pool);
-  const SampleRows& light = rows.light;
-  const SampleRows& lightest = rows.lightest;
+  ScoredRows found;
+  if (!scored) {
+    found = ScoredRowsOf(samples, W, pool);
+    scored = &found;
+  }
+  const SampleRows& light = scored->light;
+  const SampleRows& lightest = scored->lightest;
   // Rows' worker masks as narrow as the workers allow, and lanes as the samples' rows allow.
   auto allocate = [&](auto mask, auto lane) {
     using Mask = decltype(mask);

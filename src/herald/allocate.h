@@ -43,6 +43,14 @@ struct SampleRows {
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
 // deterministic: every worker computes the same assignment.
 
+// The rows ColocateAllocate scores, by sample: those few enough samples of the batch read to be
+// traded over (light), and among them those the placement scores (lightest). They follow from the
+// batch alone, so a batch's can be found before its turn to be planned (Planner::Prepare).
+struct ScoredRows {
+  SampleRows light, lightest;
+};
+ScoredRows ScoredRowsOf(const SampleRows& samples, int num_workers, Pool* pool = nullptr);
+
 // valid[r]: one bit per worker whose cache holds a valid copy of row r. Returns the cache scores
 // [n, num_workers]: score(s, w) = rows of sample s valid in worker w's cache (docs/design.md section 7).
 std::vector<int32_t> CacheScores(const SampleRows& samples, const uint64_t* valid, int num_workers,
@@ -59,10 +67,12 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 // is a row that worker already reads this iteration, which would otherwise be shared
 // (co-location). Pairs of samples then trade workers while a trade saves rows.
 // seconds, if given: the time of the placement [0] and of the trades [1] are added to it.
-// readers_out, if given: Readers() of the assignment made.
+// readers_out, if given: Readers() of the assignment made. scored: ScoredRowsOf(samples), if already
+// found.
 void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t num_rows,
                       int num_workers, int64_t per_worker, int64_t iteration, int32_t* assignment,
-                      Pool* pool = nullptr, double* seconds = nullptr, std::vector<uint64_t>* readers_out = nullptr);
+                      Pool* pool = nullptr, double* seconds = nullptr, std::vector<uint64_t>* readers_out = nullptr,
+                      const ScoredRows* scored = nullptr);
 
 // Who reads each of the batch's num_rows distinct rows under an assignment: one bit per worker.
 std::vector<uint64_t> Readers(const SampleRows& samples, int64_t num_rows, const int32_t* assignment);

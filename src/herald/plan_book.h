@@ -24,7 +24,8 @@ class PlanTimeout : public std::runtime_error {
 
 struct FinishedPlan {
   WorkerPlan plan;
-  double planner_seconds = 0;  // the planner's time for the call that allocated this iteration
+  double planner_seconds = 0;  // the planner's time for the call that allocated this iteration, with its
+                               // batch's preparation (BatchPreparer, on a thread of its own)
 };
 
 class PlanBook {

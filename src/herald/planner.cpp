@@ -186,7 +186,8 @@ void Planner::Allocate(BatchRows* batch, int64_t iteration, std::vector<int32_t>
   if (allocator_ == Allocator::kColocate) {
     double seconds[2] = {0, 0};
     ColocateAllocate(batch->samples, batch->valid.data(), num_rows, W_, b_, iteration, assign->data(), plan_pool_,
-                     seconds, &batch->readers);  // readers come with it
+                     seconds, &batch->readers,  // readers come with it
+                     batch->scored ? &batch->scored_rows : nullptr);
     profile_.scores += seconds[0];
     profile_.trades += seconds[1];
     return;
@@ -342,27 +343,59 @@ double Since(std::chrono::steady_clock::time_point* start) {
 
 }  // namespace
 
+PreparedBatch Planner::Prepare(const int64_t* ids, int64_t fields, PrepareScratch* scratch, Pool* pool) const {
+  const auto begin = std::chrono::steady_clock::now();
+  const int64_t n = W_ * b_;
+  PreparedBatch out;
+  out.num_ids = n * fields;
+  std::vector<int32_t>& slots = scratch->slots;
+  slots.resize(n * fields);  // written whole
+  kernels::sorted_unique_parallel(ids, n * fields, pool, &scratch->sort, &out.keys, slots.data());
+  // A bag's empty slots (-1) sort first and name no row.
+  const bool padded = !out.keys.empty() && out.keys[0] == -1;
+  if (padded) out.keys.erase(out.keys.begin());
+  const int64_t num_rows = static_cast<int64_t>(out.keys.size());
+  // Small batches (a few hundred microseconds) gain nothing from the pool.
+  if (out.num_ids < kParallelIds) pool = nullptr;
+  out.samples = SampleRows::FromSlots(slots.data(), n, fields, num_rows, padded ? 0 : -1, padded ? 1 : 0, pool);
+  if (allocator_ == Allocator::kColocate) {
+    out.rows = ScoredRowsOf(out.samples, W_, pool);
+    out.scored = true;
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  return out;
+}
+
 Advanced Planner::Advance(const int64_t* ids, int64_t fields, int64_t iteration) {
+  PreparedBatch batch = Prepare(ids, fields, &scratch_, pool_.get());
+  // Counted as the batch's ids (it is most of what they cost).
+  profile_.ids += batch.seconds;
+  profile_.total += batch.seconds;
+  return Advance(std::move(batch), iteration);
+}
+
+Advanced Planner::Advance(PreparedBatch prepared, int64_t iteration) {
   if (iteration != next_)
     throw std::invalid_argument("Herald planner: iteration " + std::to_string(iteration) + " given, " +
                                 std::to_string(next_) + " expected (plans depend on every earlier iteration)");
+  const int64_t n = W_ * b_;
+  if (prepared.samples.samples() != n)
+    throw std::invalid_argument("Herald planner: a batch of " + std::to_string(prepared.samples.samples()) +
+                                " samples prepared for iteration " + std::to_string(iteration) + ", " +
+                                std::to_string(n) + " expected");
   ++next_;
   const auto begin = std::chrono::steady_clock::now();
   auto lap = begin;
-  const int64_t n = W_ * b_;
   // Small plans (a few hundred microseconds) gain nothing from the pool: they run here.
-  Pool* pool = plan_pool_ = n * fields >= kParallelIds ? pool_.get() : nullptr;
+  Pool* pool = plan_pool_ = prepared.num_ids >= kParallelIds ? pool_.get() : nullptr;
   // The batch as indices into its distinct rows, each distinct row's valid mask (one lookup per
   // distinct row, not per id), the allocation, and who reads each row.
   BatchRows batch;
-  std::vector<int32_t>& slots = slots_;
-  slots.resize(n * fields);  // written whole
-  kernels::sorted_unique_parallel(ids, n * fields, pool_.get(), &sort_scratch_, &batch.keys, slots.data());
-  // A bag's empty slots (-1) sort first and name no row.
-  const bool padded = !batch.keys.empty() && batch.keys[0] == -1;
-  if (padded) batch.keys.erase(batch.keys.begin());
+  batch.keys = std::move(prepared.keys);
+  batch.samples = std::move(prepared.samples);
+  batch.scored = prepared.scored;
+  batch.scored_rows = std::move(prepared.rows);
   const int64_t num_rows = static_cast<int64_t>(batch.keys.size());
-  batch.samples = SampleRows::FromSlots(slots.data(), n, fields, num_rows, padded ? 0 : -1, padded ? 1 : 0, pool);
   FindRows(&batch, pool);
   profile_.ids += Since(&lap);
   std::vector<int32_t> assign;

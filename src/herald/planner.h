@@ -54,6 +54,26 @@ struct Advanced {
   std::vector<WorkerPlan> finished;
 };
 
+// A global batch as far as it follows from its ids alone, whatever the caches hold: its distinct
+// rows, each sample's rows among them, and (colocate) the rows the allocation scores. Planner::
+// Prepare makes one without touching the planner's state, so that a batch can be prepared on
+// another thread while the one before it is planned (BatchPreparer).
+struct PreparedBatch {
+  int64_t num_ids = 0;        // the ids it was made from (samples times fields)
+  std::vector<int64_t> keys;  // the distinct ids, ascending (a bag's padding, -1, left out)
+  SampleRows samples;         // each sample's rows, as indices into keys
+  bool scored = false;        // whether `rows` holds ScoredRowsOf(samples)
+  ScoredRows rows;
+  double seconds = 0;         // the time it took to make (BatchPreparer: with gathering its ids)
+};
+
+// What Prepare reuses from one call to the next, one per thread that prepares: megabytes that
+// would otherwise be mapped (and zeroed) anew for every batch.
+struct PrepareScratch {
+  kernels::SortScratch sort;
+  std::vector<int32_t> slots;  // each id's index among the batch's distinct ids
+};
+
 // kColocate and kGreedy: src/herald/allocate.h. kNone assigns samples [w*b, (w+1)*b) to worker
 // w (the "plan only" ablation).
 enum class Allocator { kColocate, kGreedy, kNone };
@@ -67,7 +87,8 @@ int PlannerThreads(int threads, int ranks);
 // Where a planner's time went, summed over its Advance calls (seconds).
 struct PlanProfile {
   int64_t plans = 0;
-  double ids = 0;         // the batch's distinct rows (sort) and their valid masks
+  double ids = 0;         // the batch's distinct rows, each sample's rows and those the allocation
+                          // scores (unless prepared: PreparedBatch), and the rows' valid masks
   double scores = 0;      // allocation: cache scores and the placement (greedy: all of it)
   double trades = 0;      // allocation: pairwise trades (colocate)
   double readers = 0;     // who reads each row (colocate: counted in trades)
@@ -90,6 +111,13 @@ class Planner {
   // ids: [num_workers * per_worker, fields] row ids of global batch `iteration`, row-major.
   // Iterations must come in order 0, 1, 2, ...
   Advanced Advance(const int64_t* ids, int64_t fields, int64_t iteration);
+  // The same, for a batch that Prepare made.
+  Advanced Advance(PreparedBatch batch, int64_t iteration);
+  // The part of Advance that depends on the batch alone, on `pool` (null: this thread). It reads
+  // only the planner's settings, so it may run on another thread during an Advance.
+  PreparedBatch Prepare(const int64_t* ids, int64_t fields, PrepareScratch* scratch, Pool* pool = nullptr) const;
+  // Global batches have num_workers * per_worker samples.
+  int64_t batch_samples() const { return W_ * b_; }
 
   // One bit per worker whose cached copy of `key` is valid now (after the last Advance).
   uint64_t ValidMask(int64_t key) const;
@@ -134,6 +162,8 @@ class Planner {
     std::vector<int32_t> entry;  // per row: its directory entry (every batch row has one)
     SampleRows samples;
     std::vector<uint64_t> valid, readers, after;
+    bool scored = false;  // whether scored_rows holds ScoredRowsOf(samples) (PreparedBatch)
+    ScoredRows scored_rows;
     // A worker's rows, each list ascending: those it reads, those it held valid before the
     // iteration that another worker reads (written back if dirty), and those it held valid and
     // does not read (stale if another worker updates them). Found for every worker in one pass
@@ -194,8 +224,7 @@ class Planner {
   bool has_pending_ = false;
   std::vector<WorkerPlan> pending_;  // per kept rank: the plan of the last iteration, not final yet
   PlanProfile profile_;
-  kernels::SortScratch sort_scratch_;  // Advance's distinct ids, found on pool_
-  std::vector<int32_t> slots_;  // Advance's: each id's index among the batch's distinct ids
+  PrepareScratch scratch_;  // Advance's (from ids), on pool_
 };
 
 }  // namespace herald

@@ -42,7 +42,9 @@ void PlanningThread::Submit(int64_t iteration, std::vector<int64_t> samples) {
       throw std::invalid_argument("Herald planning thread: iteration " + std::to_string(iteration) +
                                   " submitted, " + std::to_string(next_submit_) + " expected");
     ++next_submit_;
-    inbox_.emplace_back(iteration, std::move(samples));
+    inbox_.emplace_back(iteration, preparer_.Submit(
+                                       [this, iteration, samples = std::move(samples)] { return Gather(iteration, samples); },
+                                       fields_));
   }
   book_.Submitted(iteration);
   cv_.notify_all();
@@ -52,7 +54,7 @@ void PlanningThread::Run() {
   // Named so that top, perf and /proc tell the planner's CPU from the training thread's.
   pthread_setname_np(pthread_self(), "herald-plan");
   for (;;) {
-    std::pair<int64_t, std::vector<int64_t>> job;
+    std::pair<int64_t, std::future<PreparedBatch>> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !inbox_.empty(); });
@@ -61,7 +63,7 @@ void PlanningThread::Run() {
       inbox_.pop_front();
     }
     try {
-      PlanOne(job.first, job.second);
+      PlanOne(job.first, job.second.get());
     } catch (...) {
       book_.Fail(std::current_exception());
       return;
@@ -69,8 +71,7 @@ void PlanningThread::Run() {
   }
 }
 
-void PlanningThread::PlanOne(int64_t iteration, const std::vector<int64_t>& samples) {
-  const auto start = std::chrono::steady_clock::now();
+std::vector<int64_t> PlanningThread::Gather(int64_t iteration, const std::vector<int64_t>& samples) const {
   const int64_t n = static_cast<int64_t>(samples.size());
   std::vector<int64_t> ids(static_cast<size_t>(n * fields_));
   for (int64_t i = 0; i < n; ++i) {
@@ -81,8 +82,16 @@ void PlanningThread::PlanOne(int64_t iteration, const std::vector<int64_t>& samp
                               " samples of the data");
     std::copy(ids_ + s * fields_, ids_ + (s + 1) * fields_, ids.data() + i * fields_);
   }
-  Advanced r = planner_.Advance(ids.data(), fields_, iteration);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ids;
+}
+
+void PlanningThread::PlanOne(int64_t iteration, PreparedBatch batch) {
+  const auto start = std::chrono::steady_clock::now();
+  const double prepared_seconds = batch.seconds;
+  Advanced r = planner_.Advance(std::move(batch), iteration);
+  // The planner's time on both of its threads.
+  const double seconds =
+      prepared_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double finished_seconds = unfinished_seconds_;
   unfinished_seconds_ = seconds;
   // The other workers of the host first: this worker's training takes its own answers at once.

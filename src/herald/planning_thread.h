@@ -1,7 +1,8 @@
 // Herald's planner on a thread of its own, some iterations ahead of training (docs/design.md
 // section 7). The training side hands it the sample positions of each global batch (Submit) and
-// takes this worker's samples and finished plans (Samples, Plan). The thread gathers each batch's
-// ids from the id table and plans it without ever entering Python, so planning costs the
+// takes this worker's samples and finished plans (Samples, Plan). A second thread (BatchPreparer)
+// gathers each batch's ids from the id table and prepares it as it is submitted, while the
+// planner plans the batches before it. Neither enters Python, so planning costs the
 // training thread no GIL hand-offs: on a busy machine each hand-off waits for the OS to run the
 // other thread, and a Python planning thread cost the training thread about 0.8 ms per step.
 //
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "herald/batch_preparer.h"
 #include "herald/plan_book.h"
 #include "herald/plan_link.h"
 #include "herald/planner.h"
@@ -46,7 +48,9 @@ class PlanningThread {
 
  private:
   void Run();
-  void PlanOne(int64_t iteration, const std::vector<int64_t>& samples);
+  // Batch `iteration`'s ids from the id table (on the preparer's thread).
+  std::vector<int64_t> Gather(int64_t iteration, const std::vector<int64_t>& samples) const;
+  void PlanOne(int64_t iteration, PreparedBatch batch);
 
   Planner planner_;
   const int64_t* ids_;
@@ -57,10 +61,12 @@ class PlanningThread {
 
   std::mutex mu_;  // guards the inbox
   std::condition_variable cv_;
-  std::deque<std::pair<int64_t, std::vector<int64_t>>> inbox_;
+  // Each submitted iteration's batch, prepared (or being prepared) by preparer_ as it comes.
+  std::deque<std::pair<int64_t, std::future<PreparedBatch>>> inbox_;
   int64_t next_submit_ = 0;
   double unfinished_seconds_ = 0;  // planner time of the iteration whose plan is not final yet
   std::atomic<bool> stop_{false};
+  BatchPreparer preparer_{planner_};
   std::thread thread_;  // last: it starts once everything above is set
 };
 
