@@ -298,10 +298,11 @@ def main():
 
 
 def print_profiles(profiles):
-    """Where a plan's time goes, at each thread count: ms per plan by PlanProfile stage (ids: distinct rows, each sample's rows and those colocate scores, and
-    valid masks; scores: allocation scores and placement; trades: colocate's pairwise trades;
-    readers: who reads each row, outside colocate; workers: every worker's cache model and plan;
-    masks: the valid masks updated) and in all."""
+    """Where a plan's time goes, at each thread count: ms per plan by PlanProfile stage (ids:
+    distinct rows, each sample's rows and those colocate scores, and valid masks; scores: allocation
+    scores and placement; trades: colocate's pairwise trades; readers: who reads each row, outside
+    colocate; workers: every worker's cache model and plan; masks: the valid masks updated) and in
+    all."""
     header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>11} {'threads':>7}" + "".join(
         f"{s:>9}" for s in PROFILE_STAGES + ("total",))
     print(f"\nms per plan by stage (PlanProfile)")

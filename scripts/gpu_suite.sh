@@ -12,7 +12,7 @@
 # single   the GPU tests, then bench/gpu_single.py (hetu vs PyTorch eager and torch.compile)
 # cluster  bench/gpu_cluster.py: PS vs HET vs Herald, GPU workers on shaped namespace hosts, or,
 #          where the check found them impossible, over loopback on pinned cores (labelled so)
-# cores    bench/planner_offline.py at 1-16 threads (with the stage split at each) and
+# cores    bench/planner_offline.py at 1-16 threads, plain and pipelined (with the stage split) and
 #          bench/ps_throughput.py on the spare cores
 # all      install, check, single, cluster, cores (the default). A lent machine's time is short:
 #          `--part install --part check --part cores` took 68 s on an H200 machine's 16 cores
@@ -118,7 +118,7 @@ part_cluster() {
 part_cores() {
   local b=${BUDGET[cores]} threads="1 2 4 8 16"
   [ $QUICK -eq 1 ] && threads="1 2"
-  run_part $((b * 2 / 3)) cores_planner "$PY" bench/planner_offline.py --workers 8 16 --batch 1024 --ratios 0.1 --allocators colocate --iterations 3 --rows 320000 --threads $threads --profile
+  run_part $((b * 2 / 3)) cores_planner "$PY" bench/planner_offline.py --workers 8 16 --batch 1024 --ratios 0.1 --allocators colocate --iterations 3 --rows 320000 --threads $threads --pipeline --profile
   run_part $((b / 3)) cores_ps "$PY" bench/ps_throughput.py --shapes 1x1 4x2 --batches 16384 --optimizers sgd --repeat 3
 }
 
