@@ -117,7 +117,10 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
     A pipelined planner's batches are prepared by a BatchPreparer of its own (as PlanningThread
     does in training): batch t + 1 is queued as batch t is planned. Its time per iteration runs
     from that until both are done (the longer of the two stages; nothing spills into the other
-    planners' turns), and the first batch's preparation alone is counted in its first iteration."""
+    planners' turns), and the first batch's preparation alone is counted in its first iteration.
+    Each rank's pipelined planners run after its plain ones, in the same way (one per thread
+    count, each iteration in turn), so that they do not change the plain planners' times (the
+    turns of more planners leave less of each one's state in the CPU's caches)."""
     batches = global_batches(sparse, order, workers, batch, iterations)
     distinct = sum(len(np.unique(ids)) for ids in batches) / len(batches)
     rows, seconds, cpu = 0, dict.fromkeys(threads, 0.0), dict.fromkeys(threads, 0.0)
@@ -127,10 +130,7 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
     for rank in range(workers):
         planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
                     for n in threads}
-        pipelined = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
-                     for n in piped}
-        preparers = {n: _C.BatchPreparer(planner) for n, planner in pipelined.items()}
-        queued = {}
+        plain = []  # the rank's answers on threads[0]
         for t, ids in enumerate(batches):
             answers = {}
             for n, planner in planners.items():
@@ -138,26 +138,14 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
                 answers[n] = planner.advance(ids, t)
                 seconds[n] += time.perf_counter() - start
                 cpu[n] += time.process_time() - start_cpu
-            for n, planner in pipelined.items():
-                start = time.perf_counter()
-                if t == 0:
-                    queued[n] = preparers[n].prepare(ids)
-                    queued[n].wait()
-                now = queued.pop(n)
-                if t + 1 < len(batches):
-                    queued[n] = preparers[n].prepare(batches[t + 1])
-                answers[("pipelined", n)] = planner.advance(now, t)
-                if n in queued:
-                    queued[n].wait()
-                piped[n] += time.perf_counter() - start
             _, finished = answer = answers[threads[0]]
+            plain.append(answer)
             if rank in kept:
                 kept[rank].append(answer)
-            for n in threads[1:] + [("pipelined", n) for n in piped]:
+            for n in threads[1:]:
                 if not same_answer(answers[n], answer):
-                    on = f"{n[1]} threads, pipelined," if isinstance(n, tuple) else f"{n} threads"
                     raise SystemExit(f"W={workers} b={batch} {allocator}: rank {rank}'s plan of iteration {t} on "
-                                     f"{on} differs from the one on {threads[0]}")
+                                     f"{n} threads differs from the one on {threads[0]}")
             if finished is not None:
                 _, _, _, _, pull, owner, _, writeback = finished
                 rows += int(np.count_nonzero(pull)) + int(np.count_nonzero(~owner.astype(bool))) + len(writeback)
@@ -165,11 +153,40 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
             for stage, s in planner.profile().items():
                 if stage in profile[n]:
                     profile[n][stage] += s
-        del preparers, pipelined, planners
+        del planners
+        if pipeline:
+            for n, s in pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batches, plain).items():
+                piped[n] += s
     plans = workers * len(batches)
     return (rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept,
             {n: {stage: s / plans for stage, s in by_stage.items()} for n, by_stage in profile.items()},
             {n: s / plans for n, s in piped.items()})
+
+
+def pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batches, expected):
+    """Per thread count, seconds a pipelined planner of `rank` takes over `batches` (herald_rows);
+    its answers must be `expected`, iteration by iteration."""
+    planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
+                for n in threads}
+    preparers = {n: _C.BatchPreparer(planner) for n, planner in planners.items()}
+    seconds, queued = dict.fromkeys(threads, 0.0), {}
+    for t, ids in enumerate(batches):
+        for n, planner in planners.items():
+            start = time.perf_counter()
+            if t == 0:
+                queued[n] = preparers[n].prepare(ids)
+                queued[n].wait()
+            now = queued.pop(n)
+            if t + 1 < len(batches):
+                queued[n] = preparers[n].prepare(batches[t + 1])
+            answer = planner.advance(now, t)
+            if n in queued:
+                queued[n].wait()
+            seconds[n] += time.perf_counter() - start
+            if not same_answer(answer, expected[t]):
+                raise SystemExit(f"W={workers} b={batch} {allocator}: rank {rank}'s pipelined plan of iteration {t} "
+                                 f"on {n} threads differs from the plain one")
+    return seconds
 
 
 def host_planner_cost(sparse, order, workers, batch, capacity, allocator, iterations, threads, expected):
