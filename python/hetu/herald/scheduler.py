@@ -2,8 +2,10 @@
 
 Every worker runs the same Scheduler on the same sample stream and computes the same plan,
 `lookahead` iterations ahead, on a C++ thread of its own that never takes the GIL
-(hetu._C.PlanningThread, src/herald/planning_thread.h): this class only hands it each global
-batch's sample positions and takes the answers. The C++ planner (hetu._C.Planner,
+(hetu._C.PlanningThread, src/herald/planning_thread.h), with a second that prepares each batch
+(its distinct ids and each sample's rows) while the first plans the batch before
+(src/herald/batch_preparer.h): this class only hands them each global batch's sample positions
+and takes the answers. The C++ planner (hetu._C.Planner,
 src/herald/planner.cpp) keeps a model of every worker's cache (the CachePolicy that the real
 caches use, plus which cached rows are valid and which are dirty) and, per iteration:
 
