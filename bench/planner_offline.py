@@ -155,8 +155,13 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
                     profile[n][stage] += s
         del planners
         if pipeline:
-            for n, s in pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batches, plain).items():
+            took, profiles = pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batches, plain)
+            for n, s in took.items():
                 piped[n] += s
+                mine = profile.setdefault(f"{n}+p", dict.fromkeys(PROFILE_STAGES + ("total",), 0.0))
+                for stage, s in profiles[n].items():
+                    if stage in mine:
+                        mine[stage] += s
     plans = workers * len(batches)
     return (rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept,
             {n: {stage: s / plans for stage, s in by_stage.items()} for n, by_stage in profile.items()},
@@ -164,8 +169,8 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
 
 
 def pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batches, expected):
-    """Per thread count, seconds a pipelined planner of `rank` takes over `batches` (herald_rows);
-    its answers must be `expected`, iteration by iteration."""
+    """Per thread count, seconds a pipelined planner of `rank` takes over `batches` (herald_rows),
+    and its PlanProfile; its answers must be `expected`, iteration by iteration."""
     planners = {n: _C.Planner(workers, rank, batch, "lru", capacity, allocator=allocator, threads=n)
                 for n in threads}
     preparers = {n: _C.BatchPreparer(planner) for n, planner in planners.items()}
@@ -186,7 +191,7 @@ def pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batche
             if not same_answer(answer, expected[t]):
                 raise SystemExit(f"W={workers} b={batch} {allocator}: rank {rank}'s pipelined plan of iteration {t} "
                                  f"on {n} threads differs from the plain one")
-    return seconds
+    return seconds, {n: planner.profile() for n, planner in planners.items()}
 
 
 def host_planner_cost(sparse, order, workers, batch, capacity, allocator, iterations, threads, expected):
@@ -319,7 +324,8 @@ def print_profiles(profiles):
     distinct rows, each sample's rows and those colocate scores, and valid masks; scores: allocation
     scores and placement; trades: colocate's pairwise trades; readers: who reads each row, outside
     colocate; workers: every worker's cache model and plan; masks: the valid masks updated) and in
-    all."""
+    all. With --pipeline, `N+p` lines: a pipelined planner's own thread (its ids: the directory
+    lookups alone, the rest being prepared)."""
     header = f"{'W':>2} {'b':>5} {'ratio':>5} {'allocator':>11} {'threads':>7}" + "".join(
         f"{s:>9}" for s in PROFILE_STAGES + ("total",))
     print(f"\nms per plan by stage (PlanProfile)")
