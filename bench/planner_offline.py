@@ -156,12 +156,12 @@ def herald_rows(sparse, order, workers, batch, capacity, allocator, iterations, 
         del planners
         if pipeline:
             took, profiles = pipelined_seconds(workers, rank, batch, capacity, allocator, threads, batches, plain)
-            for n, s in took.items():
-                piped[n] += s
+            for n, spent in took.items():
+                piped[n] += spent
                 mine = profile.setdefault(f"{n}+p", dict.fromkeys(PROFILE_STAGES + ("total",), 0.0))
-                for stage, s in profiles[n].items():
+                for stage, stage_seconds in profiles[n].items():
                     if stage in mine:
-                        mine[stage] += s
+                        mine[stage] += stage_seconds
     plans = workers * len(batches)
     return (rows, {n: s / plans for n, s in seconds.items()}, {n: c / plans for n, c in cpu.items()}, distinct, kept,
             {n: {stage: s / plans for stage, s in by_stage.items()} for n, by_stage in profile.items()},

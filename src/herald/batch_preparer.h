@@ -1,7 +1,7 @@
 // Herald's plans in a pipeline: the batch-only part of a plan (Planner::Prepare: the distinct ids,
 // each sample's rows, the rows the allocation scores) made on a thread of its own, while the
 // planner plans the batches before it. A plan's latency is unchanged; the planner's thread is
-// spared that part, about a fifth of a plan on one thread.
+// spared that part, a fifth to a quarter of a plan on one thread.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
