@@ -2,6 +2,7 @@
 #include "herald/allocate.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -183,6 +184,7 @@ struct WorkerLanes {
   }
   // Lane w to out[w], every lane (out holds kAll).
   void Store(Lane* out) const { std::memcpy(out, v, sizeof v); }
+  Lane At(int w) const { return v[w / kLanes][w % kLanes]; }
   // Bit w set where lane w is above 0.
   uint64_t Positive() const {
     uint64_t bits = 0;
@@ -241,9 +243,10 @@ std::vector<std::vector<std::pair<int, int>>> PairRounds(int num_workers) {
 template <typename Count, typename Mask, typename Lane>
 class Trader {
  public:
-  Trader(const SampleRows& samples, const uint64_t* valid, int64_t num_rows, int num_workers, int32_t* assignment,
-         Pool* pool)
-      : samples_(samples), n_(samples.samples()), W_(num_workers),
+  // samples: each sample's rows that several samples read; alone: its AloneCosts, the rest.
+  Trader(const SampleRows& samples, const WorkerLanes<Mask, Lane>* alone, const uint64_t* valid, int64_t num_rows,
+         int num_workers, int32_t* assignment, Pool* pool)
+      : samples_(samples), alone_(alone), n_(samples.samples()), W_(num_workers),
         everyone_(static_cast<Mask>(AllWorkers(num_workers))), assign_(assignment), pool_(pool),
         count_(num_rows * num_workers + 8), row_(num_rows) {  // + 8: CountMasks reads 8 at once
     ParallelFor(pool_, num_rows, 4096, [&](int64_t first, int64_t last) {
@@ -340,8 +343,9 @@ class Trader {
   // saves rows (out then left as it was).
   uint64_t Savings(int64_t s, Lane* out) const {
     const int from = assign_[s];
-    int same = 0;  // the part of the saving that does not depend on the destination
-    Lanes added{};
+    // The rows s alone reads save alone_[s][from] wherever it goes, and add alone_[s] back there.
+    Lanes added = alone_[s];
+    int same = added.At(from);  // the part of the saving that does not depend on the destination
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
       const Mask rest = row.readers & ~(row.once & MaskBit(from));
@@ -392,7 +396,7 @@ class Trader {
   int SavingTo(int64_t s, int to, int a, int b) const {
     const int from = assign_[s];
     const Mask pair = MaskBit(a) | MaskBit(b);
-    int saving = 0;
+    int saving = alone_[s].At(from) - alone_[s].At(to);
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
       const Count ca = count_[*r * W_ + a], cb = count_[*r * W_ + b];
@@ -471,6 +475,7 @@ class Trader {
   }
 
   const SampleRows& samples_;
+  const WorkerLanes<Mask, Lane>* alone_;
   int64_t n_;
   int W_;
   Mask everyone_;
@@ -620,13 +625,33 @@ double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Per sample, lane w: what the rows that no other sample reads (single) cost if the sample goes to
+// worker w, summed over them. Such a row's readers are the sample's worker alone, whatever the
+// other samples do: the placement scores it as a row no one reads yet, and moving the sample from
+// worker a to b saves alone[a] - alone[b] of it. So the sequential steps need not look at it.
+template <typename Mask, typename Lane>
+std::vector<WorkerLanes<Mask, Lane>> AloneCosts(const SampleRows& single, const uint64_t* valid, Pool* pool) {
+  using Lanes = WorkerLanes<Mask, Lane>;
+  std::vector<Lanes> out(single.samples());
+  ParallelFor(pool, single.samples(), kMinSamples, [&](int64_t first, int64_t last) {
+    for (int64_t s = first; s < last; ++s) {
+      Lanes a{};
+      for (const int32_t* r = single.Begin(s); r != single.End(s); ++r) a += Lanes::Added(Mask(0), static_cast<Mask>(valid[*r]));
+      out[s] = a;
+    }
+  });
+  return out;
+}
+
 // ColocateAllocate's placement: each sample, strongest cache preference first, to the worker with
 // room where it adds the fewest rows. Mask: a type of at least W bits.
-// shared: each sample's rows that at most kSharedAnyway samples read (the others are read by all
-// from the start, and stay so).
+// shared: each sample's rows that 2 to kSharedAnyway samples read (those more read are read by all
+// from the start, and stay so); alone: each sample's AloneCosts, what the rows no other sample
+// reads cost at each worker.
 template <typename Mask, typename Lane>
-void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* valid, int64_t num_rows, int W,
-           int64_t per_worker, int64_t iteration, int32_t* assignment, Pool* pool) {
+void Place(const SampleRows& samples, const SampleRows& shared, const WorkerLanes<Mask, Lane>* alone,
+           const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker, int64_t iteration, int32_t* assignment,
+           Pool* pool) {
   const int64_t n = samples.samples();
   const Mask everyone = static_cast<Mask>(AllWorkers(W));
   // Per row, the workers that read it so far and those holding a valid copy, side by side and as
@@ -673,8 +698,8 @@ void Place(const SampleRows& samples, const SampleRows& shared, const uint64_t* 
     const uint32_t id = static_cast<uint32_t>(j0 / block + 1);
     ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
-        Lanes a{};
         const int64_t s = order[j0 + j];
+        Lanes a = alone[s];
         // (A row every worker reads adds nothing to the lanes of the workers.)
         for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) a += Lanes::Added(row[*r].readers, row[*r].valid);
         block_added[j] = a;
@@ -758,59 +783,71 @@ int64_t TradeShared(int num_workers) {
   return std::max<int64_t>(kSharedAnyway, per_worker * num_workers);
 }
 
-// Each sample's rows that at most `most` samples of the batch read (light), and among them those
-// that at most `fewer` read (lightest; fewer <= most), from the batch's counts (SampleRows::reading,
-// which the lists made here do not carry). With a pool of 3 threads or more, parts of the samples
-// in parallel: a pass to count each part's rows, then one to write them.
+// Each sample's rows that 2 to `most` samples of the batch read (light), among them those that 2
+// to `fewer` read (lightest; fewer <= most), and the rows it alone reads (single), from the batch's
+// counts (SampleRows::reading, which the lists made here do not carry). With a pool of 3 threads or
+// more, parts of the samples in parallel: a pass to count each part's rows, then one to write them.
 ScoredRows LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* pool) {
   const int64_t n = samples.samples();
-  const int32_t* reading = samples.reading.data();
   ScoredRows out;
-  out.light.begin.resize(n + 1);
-  out.lightest.begin.resize(n + 1);
-  // Samples [first, last) from places light_at and lightest_at on; `write`: or only count. One part
-  // writes each row (kept or overwritten by the next: no branch to mispredict); several parts
-  // write only the rows kept, since the next part's rows follow theirs.
-  auto take = [&](int64_t first, int64_t last, int64_t light_at, int64_t lightest_at, bool write) {
+  SampleRows* lists[3] = {&out.light, &out.lightest, &out.single};
+  for (SampleRows* list : lists) list->begin.resize(n + 1);
+  // Per distinct row, a bit per list that takes it (light 1, lightest 2, single 4): asked once per
+  // row rather than at each of its samples, and a table of bytes that stays in the nearest cache.
+  std::vector<uint8_t> lists_of(samples.reading.size());
+  for (size_t r = 0; r < lists_of.size(); ++r) {
+    const int32_t c = samples.reading[r];
+    lists_of[r] = static_cast<uint8_t>((c > 1 && c <= most) | (c > 1 && c <= fewer) << 1 | (c == 1) << 2);
+  }
+  using Places = std::array<int64_t, 3>;
+  // Samples [first, last) from places `at` on; `write`: or only count. One part writes each row
+  // to every list (kept or overwritten by the next: no branch to mispredict); several parts write
+  // only the rows kept, since the next part's rows follow theirs.
+  auto take = [&](int64_t first, int64_t last, Places at, bool write) {
     const bool alone = first == 0 && last == n;
+    int32_t* light = out.light.rows.data();
+    int32_t* lightest = out.lightest.rows.data();
+    int32_t* single = out.single.rows.data();
+    int64_t at_light = at[0], at_lightest = at[1], at_single = at[2];
     for (int64_t s = first; s < last; ++s) {
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-        const int32_t c = reading[*r];
+        const unsigned in = lists_of[*r];
         if (write && alone) {
-          out.light.rows[light_at] = *r;
-          out.lightest.rows[lightest_at] = *r;
+          light[at_light] = *r;
+          lightest[at_lightest] = *r;
+          single[at_single] = *r;
         } else if (write) {
-          if (c <= most) out.light.rows[light_at] = *r;
-          if (c <= fewer) out.lightest.rows[lightest_at] = *r;
+          if (in & 1) light[at_light] = *r;
+          if (in & 2) lightest[at_lightest] = *r;
+          if (in & 4) single[at_single] = *r;
         }
-        light_at += c <= most;
-        lightest_at += c <= fewer;
+        at_light += in & 1;
+        at_lightest += in >> 1 & 1;
+        at_single += in >> 2;
       }
       if (write) {
-        out.light.begin[s + 1] = light_at;
-        out.lightest.begin[s + 1] = lightest_at;
+        out.light.begin[s + 1] = at_light;
+        out.lightest.begin[s + 1] = at_lightest;
+        out.single.begin[s + 1] = at_single;
       }
     }
-    return std::make_pair(light_at, lightest_at);
+    return Places{at_light, at_lightest, at_single};
   };
   const int64_t parts = SampleParts(pool, n);
   if (parts == 1) {
-    out.light.rows.resize(samples.rows.size() + 1);  // + 1: the last row written is one past those kept
-    out.lightest.rows.resize(samples.rows.size() + 1);
-    const auto [light, lightest] = take(0, n, 0, 0, true);
-    out.light.rows.resize(light);
-    out.lightest.rows.resize(lightest);
+    // + 1: the last row written is one past those kept
+    for (SampleRows* list : lists) list->rows.resize(samples.rows.size() + 1);
+    const Places kept = take(0, n, Places{}, true);
+    for (int k = 0; k < 3; ++k) lists[k]->rows.resize(kept[k]);
     return out;
   }
-  std::vector<std::pair<int64_t, int64_t>> at(parts + 1, {0, 0});
-  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) { at[p + 1] = take(first, last, 0, 0, false); });
-  for (int64_t p = 0; p < parts; ++p) at[p + 1] = {at[p + 1].first + at[p].first, at[p + 1].second + at[p].second};
-  out.light.rows.resize(at[parts].first + 1);
-  out.lightest.rows.resize(at[parts].second + 1);
-  EachPart(pool, n, parts,
-           [&](int64_t p, int64_t first, int64_t last) { take(first, last, at[p].first, at[p].second, true); });
-  out.light.rows.resize(at[parts].first);
-  out.lightest.rows.resize(at[parts].second);
+  std::vector<Places> at(parts + 1, Places{});
+  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) { at[p + 1] = take(first, last, Places{}, false); });
+  for (int64_t p = 0; p < parts; ++p)
+    for (int k = 0; k < 3; ++k) at[p + 1][k] += at[p][k];
+  for (int k = 0; k < 3; ++k) lists[k]->rows.resize(at[parts][k] + 1);
+  EachPart(pool, n, parts, [&](int64_t p, int64_t first, int64_t last) { take(first, last, at[p], true); });
+  for (int k = 0; k < 3; ++k) lists[k]->rows.resize(at[parts][k]);
   return out;
 }
 
@@ -871,17 +908,19 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
   }
   const SampleRows& light = scored->light;
   const SampleRows& lightest = scored->lightest;
+  const SampleRows& single = scored->single;
   // Rows' worker masks as narrow as the workers allow, and lanes as the samples' rows allow.
   auto allocate = [&](auto mask, auto lane) {
     using Mask = decltype(mask);
     using Lane = decltype(lane);
-    Place<Mask, Lane>(samples, lightest, valid, num_rows, W, per_worker, iteration, assignment, pool);
+    const std::vector<WorkerLanes<Mask, Lane>> alone = AloneCosts<Mask, Lane>(single, valid, pool);
+    Place<Mask, Lane>(samples, lightest, alone.data(), valid, num_rows, W, per_worker, iteration, assignment, pool);
     const auto placed = std::chrono::steady_clock::now();
     if (seconds) seconds[0] += Since(start);
     if (n <= std::numeric_limits<uint16_t>::max()) {
-      Trade(Trader<uint16_t, Mask, Lane>(light, valid, num_rows, W, assignment, pool));
+      Trade(Trader<uint16_t, Mask, Lane>(light, alone.data(), valid, num_rows, W, assignment, pool));
     } else {
-      Trade(Trader<int32_t, Mask, Lane>(light, valid, num_rows, W, assignment, pool));
+      Trade(Trader<int32_t, Mask, Lane>(light, alone.data(), valid, num_rows, W, assignment, pool));
     }
     if (readers_out) *readers_out = NarrowReaders<Mask>(samples, num_rows, assignment, pool);
     if (seconds) seconds[1] += Since(placed);

@@ -44,10 +44,12 @@ struct SampleRows {
 // deterministic: every worker computes the same assignment.
 
 // The rows ColocateAllocate scores, by sample: those few enough samples of the batch read to be
-// traded over (light), and among them those the placement scores (lightest). They follow from the
-// batch alone, so a batch's can be found before its turn to be planned (Planner::Prepare).
+// traded over (light), among them those the placement scores (lightest), and apart from both the
+// rows no other sample reads (single: their costs are the sample's own whoever else goes where, so
+// they are summed once per sample rather than looked at by every step). They follow from the batch
+// alone, so a batch's can be found before its turn to be planned (Planner::Prepare).
 struct ScoredRows {
-  SampleRows light, lightest;
+  SampleRows light, lightest, single;
 };
 ScoredRows ScoredRowsOf(const SampleRows& samples, int num_workers, Pool* pool = nullptr);
 
