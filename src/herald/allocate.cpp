@@ -243,12 +243,16 @@ std::vector<std::vector<std::pair<int, int>>> PairRounds(int num_workers) {
 template <typename Count, typename Mask, typename Lane>
 class Trader {
  public:
-  // samples: each sample's rows that several samples read; alone: its AloneCosts, the rest.
-  Trader(const SampleRows& samples, const WorkerLanes<Mask, Lane>* alone, const uint64_t* valid, int64_t num_rows,
-         int num_workers, int32_t* assignment, Pool* pool)
-      : samples_(samples), alone_(alone), n_(samples.samples()), W_(num_workers),
+  // The rows traded over are scored.light's, numbered as scored.light_rows; the rows no other
+  // sample reads come in through alone, their AloneCosts.
+  Trader(const ScoredRows& scored, const WorkerLanes<Mask, Lane>* alone, const uint64_t* valid, int num_workers,
+         int32_t* assignment, Pool* pool)
+      : samples_(scored.light), alone_(alone), n_(samples_.samples()), W_(num_workers),
         everyone_(static_cast<Mask>(AllWorkers(num_workers))), assign_(assignment), pool_(pool),
-        count_(num_rows * num_workers + 8), row_(num_rows) {  // + 8: CountMasks reads 8 at once
+        count_(scored.light_rows.size() * num_workers + 8),  // + 8: CountMasks reads 8 at once
+        row_(scored.light_rows.size()) {
+    const int64_t num_rows = static_cast<int64_t>(row_.size());
+    const int32_t* batch_row = scored.light_rows.data();
     ParallelFor(pool_, num_rows, 4096, [&](int64_t first, int64_t last) {
       std::fill(&count_[first * W_], &count_[last * W_], Count(0));
     });
@@ -267,7 +271,7 @@ class Trader {
       for (int64_t r = first; r < last; ++r) {
         uint64_t readers, once;
         CountMasks(&count_[r * W_], &readers, &once);
-        row_[r] = RowReaders{static_cast<Mask>(readers), static_cast<Mask>(once), static_cast<Mask>(valid[r])};
+        row_[r] = RowReaders{static_cast<Mask>(readers), static_cast<Mask>(once), static_cast<Mask>(valid[batch_row[r]])};
       }
     });
   }
@@ -481,7 +485,7 @@ class Trader {
   Mask everyone_;
   int32_t* assign_;
   Pool* pool_;
-  // [num_rows, W]: samples of each worker that read each row (a row's counts together: a move
+  // [light rows, W]: samples of each worker that read each row (a row's counts together: a move
   // changes two of them).
   NoInitVector<Count> count_;
   Count& CountOf(int64_t r, int w) { return count_[r * W_ + w]; }
@@ -645,17 +649,18 @@ std::vector<WorkerLanes<Mask, Lane>> AloneCosts(const SampleRows& single, const 
 
 // ColocateAllocate's placement: each sample, strongest cache preference first, to the worker with
 // room where it adds the fewest rows. Mask: a type of at least W bits.
-// shared: each sample's rows that 2 to kSharedAnyway samples read (those more read are read by all
-// from the start, and stay so); alone: each sample's AloneCosts, what the rows no other sample
-// reads cost at each worker.
+// scored: the rows it scores, `lightest` (those 2 to kSharedAnyway samples read; a row more read
+// counts as read by every worker, which adds nothing to any worker's cost, so it is left out);
+// alone: each sample's AloneCosts, what the rows no other sample reads cost at each worker.
 template <typename Mask, typename Lane>
-void Place(const SampleRows& samples, const SampleRows& shared, const WorkerLanes<Mask, Lane>* alone,
+void Place(const SampleRows& samples, const ScoredRows& scored, const WorkerLanes<Mask, Lane>* alone,
            const uint64_t* valid, int64_t num_rows, int W, int64_t per_worker, int64_t iteration, int32_t* assignment,
            Pool* pool) {
   const int64_t n = samples.samples();
-  const Mask everyone = static_cast<Mask>(AllWorkers(W));
-  // Per row, the workers that read it so far and those holding a valid copy, side by side and as
-  // narrow as the workers allow: each sample reads both of each of its rows, at random.
+  const SampleRows& shared = scored.lightest;
+  const int64_t num_light = static_cast<int64_t>(scored.light_rows.size());  // what `shared` numbers
+  // Per light row, the workers that read it so far and those holding a valid copy, side by side
+  // and as narrow as the workers allow: each sample reads both of each of its rows, at random.
   struct Row {
     Mask readers, valid;
   };
@@ -664,10 +669,14 @@ void Place(const SampleRows& samples, const SampleRows& shared, const WorkerLane
   // W = 8, b = 1024.)
   const int64_t block = pool && pool->threads() >= kPartsFromThreads ? kPlaceBlock : 1;
   Pool* blocks = block > 1 ? pool : nullptr;
-  NoInitVector<Row> row(num_rows);  // written whole below
+  NoInitVector<Row> row(num_light);  // written whole below
+  ParallelFor(blocks, num_light, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) row[i] = Row{Mask(0), static_cast<Mask>(valid[scored.light_rows[i]])};
+  });
+  // Every row's valid mask, as narrow, for the cache scores.
+  NoInitVector<Mask> narrow_valid(num_rows);
   ParallelFor(blocks, num_rows, 4096, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      row[r] = Row{samples.reading[r] > kSharedAnyway ? everyone : Mask(0), static_cast<Mask>(valid[r])};
+    for (int64_t r = r0; r < r1; ++r) narrow_valid[r] = static_cast<Mask>(valid[r]);
   });
   using Lanes = WorkerLanes<Mask, Lane>;
   // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
@@ -675,7 +684,7 @@ void Place(const SampleRows& samples, const SampleRows& shared, const WorkerLane
   ParallelFor(pool, n, kMinSamples, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       Lanes score{};
-      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) score -= Lanes::In(row[*r].valid);
+      for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) score -= Lanes::In(narrow_valid[*r]);
       Lane lanes[Lanes::kAll];
       score.Store(lanes);
       best[s] = *std::max_element(lanes, lanes + W);
@@ -690,8 +699,8 @@ void Place(const SampleRows& samples, const SampleRows& shared, const WorkerLane
   // line back from the caches of the threads that read it): `placed`, the readers where
   // `changed_in` holds the block's number (1 on), and `block_rows`, the rows they changed.
   // row[] takes them in as the block ends. (Filled here, on the thread that uses them.)
-  std::vector<uint32_t> changed_in(block > 1 ? num_rows : 0, 0);
-  NoInitVector<Mask> placed(block > 1 ? num_rows : 0);  // read only where changed_in says so
+  std::vector<uint32_t> changed_in(block > 1 ? num_light : 0, 0);
+  NoInitVector<Mask> placed(block > 1 ? num_light : 0);  // read only where changed_in says so
   std::vector<int32_t> block_rows;
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t j1 = std::min(n, j0 + block);
@@ -784,20 +793,23 @@ int64_t TradeShared(int num_workers) {
 }
 
 // Each sample's rows that 2 to `most` samples of the batch read (light), among them those that 2
-// to `fewer` read (lightest; fewer <= most), and the rows it alone reads (single), from the batch's
-// counts (SampleRows::reading, which the lists made here do not carry). With a pool of 3 threads or
-// more, parts of the samples in parallel: a pass to count each part's rows, then one to write them.
+// to `fewer` read (lightest; fewer <= most), both numbered as light_rows, and the rows it alone
+// reads (single), from the batch's counts (SampleRows::reading, which the lists made here do not
+// carry). With a pool of 3 threads or more, parts of the samples in parallel: a pass to count each
+// part's rows, then one to write them.
 ScoredRows LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Pool* pool) {
   const int64_t n = samples.samples();
   ScoredRows out;
   SampleRows* lists[3] = {&out.light, &out.lightest, &out.single};
   for (SampleRows* list : lists) list->begin.resize(n + 1);
-  // Per distinct row, a bit per list that takes it (light 1, lightest 2, single 4): asked once per
-  // row rather than at each of its samples, and a table of bytes that stays in the nearest cache.
-  std::vector<uint8_t> lists_of(samples.reading.size());
-  for (size_t r = 0; r < lists_of.size(); ++r) {
+  // Per distinct row, its number among the light rows (shifted 3 up) and a bit per list that takes
+  // it (light 1, lightest 2, single 4): asked once per row rather than at each of its samples.
+  std::vector<int32_t> code(samples.reading.size());
+  for (size_t r = 0; r < code.size(); ++r) {
     const int32_t c = samples.reading[r];
-    lists_of[r] = static_cast<uint8_t>((c > 1 && c <= most) | (c > 1 && c <= fewer) << 1 | (c == 1) << 2);
+    const bool light = c > 1 && c <= most;
+    code[r] = static_cast<int32_t>(out.light_rows.size()) << 3 | light | (c > 1 && c <= fewer) << 1 | (c == 1) << 2;
+    if (light) out.light_rows.push_back(static_cast<int32_t>(r));
   }
   using Places = std::array<int64_t, 3>;
   // Samples [first, last) from places `at` on; `write`: or only count. One part writes each row
@@ -811,14 +823,15 @@ ScoredRows LightRows(const SampleRows& samples, int64_t most, int64_t fewer, Poo
     int64_t at_light = at[0], at_lightest = at[1], at_single = at[2];
     for (int64_t s = first; s < last; ++s) {
       for (const int32_t* r = samples.Begin(s); r != samples.End(s); ++r) {
-        const unsigned in = lists_of[*r];
+        const int32_t row_code = code[*r], numbered = row_code >> 3;
+        const unsigned in = row_code & 7;
         if (write && alone) {
-          light[at_light] = *r;
-          lightest[at_lightest] = *r;
+          light[at_light] = numbered;
+          lightest[at_lightest] = numbered;
           single[at_single] = *r;
         } else if (write) {
-          if (in & 1) light[at_light] = *r;
-          if (in & 2) lightest[at_lightest] = *r;
+          if (in & 1) light[at_light] = numbered;
+          if (in & 2) lightest[at_lightest] = numbered;
           if (in & 4) single[at_single] = *r;
         }
         at_light += in & 1;
@@ -906,21 +919,19 @@ void ColocateAllocate(const SampleRows& samples, const uint64_t* valid, int64_t 
     found = ScoredRowsOf(samples, W, pool);
     scored = &found;
   }
-  const SampleRows& light = scored->light;
-  const SampleRows& lightest = scored->lightest;
   const SampleRows& single = scored->single;
   // Rows' worker masks as narrow as the workers allow, and lanes as the samples' rows allow.
   auto allocate = [&](auto mask, auto lane) {
     using Mask = decltype(mask);
     using Lane = decltype(lane);
     const std::vector<WorkerLanes<Mask, Lane>> alone = AloneCosts<Mask, Lane>(single, valid, pool);
-    Place<Mask, Lane>(samples, lightest, alone.data(), valid, num_rows, W, per_worker, iteration, assignment, pool);
+    Place<Mask, Lane>(samples, *scored, alone.data(), valid, num_rows, W, per_worker, iteration, assignment, pool);
     const auto placed = std::chrono::steady_clock::now();
     if (seconds) seconds[0] += Since(start);
     if (n <= std::numeric_limits<uint16_t>::max()) {
-      Trade(Trader<uint16_t, Mask, Lane>(light, alone.data(), valid, num_rows, W, assignment, pool));
+      Trade(Trader<uint16_t, Mask, Lane>(*scored, alone.data(), valid, W, assignment, pool));
     } else {
-      Trade(Trader<int32_t, Mask, Lane>(light, alone.data(), valid, num_rows, W, assignment, pool));
+      Trade(Trader<int32_t, Mask, Lane>(*scored, alone.data(), valid, W, assignment, pool));
     }
     if (readers_out) *readers_out = NarrowReaders<Mask>(samples, num_rows, assignment, pool);
     if (seconds) seconds[1] += Since(placed);

@@ -43,13 +43,17 @@ struct SampleRows {
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
 // deterministic: every worker computes the same assignment.
 
-// The rows ColocateAllocate scores, by sample: those few enough samples of the batch read to be
-// traded over (light), among them those the placement scores (lightest), and apart from both the
-// rows no other sample reads (single: their costs are the sample's own whoever else goes where, so
-// they are summed once per sample rather than looked at by every step). They follow from the batch
-// alone, so a batch's can be found before its turn to be planned (Planner::Prepare).
+// The rows ColocateAllocate scores, by sample: those several but few enough samples of the batch
+// read to be traded over (light), among them those the placement scores (lightest), and apart from
+// both the rows no other sample reads (single: their costs are the sample's own whoever else goes
+// where, so they are summed once per sample rather than looked at by every step). They follow from
+// the batch alone, so a batch's can be found before its turn to be planned (Planner::Prepare).
+// light and lightest number their rows among the light rows alone, light_rows[i] being the batch's
+// row i names: the allocator's tables of rows then hold these, a fraction of the batch's rows, and
+// stay in the nearer caches. single names the batch's rows.
 struct ScoredRows {
   SampleRows light, lightest, single;
+  std::vector<int32_t> light_rows;  // ascending
 };
 ScoredRows ScoredRowsOf(const SampleRows& samples, int num_workers, Pool* pool = nullptr);
 
