@@ -347,19 +347,19 @@ class Trader {
   // saves rows (out then left as it was).
   uint64_t Savings(int64_t s, Lane* out) const {
     const int from = assign_[s];
-    // The rows s alone reads save alone_[s][from] wherever it goes, and add alone_[s] back there.
+    // Per row, with `rest` its readers without s: now - RowCost(rest | Bit(to)) = (now -
+    // RowCost(rest)) - what adding `to` to rest adds, and now - RowCost(rest) is what adding
+    // `from` back adds (0 where s is not from's last reader of it). So the saving at `to` is
+    // added[from] - added[to], summed over the rows: the rows s alone reads (alone_) and the others.
     Lanes added = alone_[s];
-    int same = added.At(from);  // the part of the saving that does not depend on the destination
     for (const int32_t* r = Begin(s); r != End(s); ++r) {
       const RowReaders& row = row_[*r];
-      const Mask rest = row.readers & ~(row.once & MaskBit(from));
-      // now - RowCost(rest | Bit(to)) = (now - RowCost(rest)) - what adding `to` to rest adds
-      // (nothing for a row every worker reads whatever this sample does).
-      same += RowCost(row.readers, row.valid) - RowCost(rest, row.valid);
-      added += Lanes::Added(rest, row.valid);
+      added += Lanes::Added(static_cast<Mask>(row.readers & ~(row.once & MaskBit(from))), row.valid);
     }
-    // A move adds cost everywhere but where the rows the sample alone reads at its worker leave it
-    // (`same`): without their saving, none saves rows.
+    // A move adds cost everywhere but where the rows s alone reads at its worker leave it
+    // (`same`, the part of the saving that does not depend on the destination): without their
+    // saving, none saves rows.
+    const int same = added.At(from);
     if (same <= 0) return 0;
     Lanes saving = Lanes::Splat(static_cast<Lane>(same));
     saving -= added;
@@ -407,9 +407,17 @@ class Trader {
       const Mask readers = static_cast<Mask>((row.readers & ~pair) | (ca > 0 ? MaskBit(a) : 0) | (cb > 0 ? MaskBit(b) : 0));
       const Mask once = static_cast<Mask>((row.once & ~pair) | (ca == 1 ? MaskBit(a) : 0) | (cb == 1 ? MaskBit(b) : 0));
       const Mask rest = readers & ~(once & MaskBit(from));
-      saving += RowCost(readers, row.valid) - RowCost(static_cast<Mask>(rest | MaskBit(to)), row.valid);
+      // As in Savings: what adding `from` back to rest adds, less what adding `to` adds.
+      const AddedCost c = herald::Added(rest, row.valid);
+      saving += AddedLane(c, rest, row.valid, from) - AddedLane(c, rest, row.valid, to);
     }
     return saving;
+  }
+
+  // Lane w of Lanes::Added(m, valid), from its AddedCost c: 0 for w in m.
+  static int AddedLane(AddedCost c, Mask m, Mask valid, int w) {
+    const int out = 1 - (m >> w & 1), pulls = 1 - (valid >> w & 1);
+    return out * (c.k1 + pulls * c.k2);
   }
 
   // Sample s to worker `to`: its counts only (the rows' masks follow after the round).
