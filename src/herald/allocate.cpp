@@ -112,6 +112,13 @@ inline AddedCost Added(Mask m, Mask v) {
   const int none = m == 0, one = OneWorker(m);
   return {(1 - none) * (1 + one * (1 + (v == m))), 1 + none * OneWorker(v)};
 }
+// What worker w adds, from the row's AddedCost c = Added(m, v): 0 for w in m. (WorkerLanes::Added
+// is the same for every worker at once.)
+template <typename Mask>
+inline int AddedBy(AddedCost c, Mask m, Mask v, int w) {
+  const int out = 1 - (m >> w & 1), pulls = 1 - (v >> w & 1);
+  return out * (c.k1 + pulls * c.k2);
+}
 
 // Per-worker sums as vector lanes, one per worker, in 16-byte vectors (GCC and Clang vector
 // extensions: SSE2 on any x86-64, NEON on ARM): each of a sample's rows adds to the lanes of the
@@ -216,8 +223,9 @@ struct WorkerLanes {
 };
 
 // A row read by more samples of the global batch than this ends up on several workers whatever
-// the allocation; counted as read by all from the start, it does not pull every later sample
-// that reads it towards the worker that happened to take its first one.
+// the allocation; counted as read by all (left out of the placement's costs, to which such a row
+// adds nothing), it does not pull every later sample that reads it towards the worker that
+// happened to take its first one.
 constexpr int32_t kSharedAnyway = 4;
 
 // Every pair of workers once, in rounds where each worker is in one pair at most (the circle
@@ -409,15 +417,9 @@ class Trader {
       const Mask rest = readers & ~(once & MaskBit(from));
       // As in Savings: what adding `from` back to rest adds, less what adding `to` adds.
       const AddedCost c = herald::Added(rest, row.valid);
-      saving += AddedLane(c, rest, row.valid, from) - AddedLane(c, rest, row.valid, to);
+      saving += AddedBy(c, rest, row.valid, from) - AddedBy(c, rest, row.valid, to);
     }
     return saving;
-  }
-
-  // Lane w of Lanes::Added(m, valid), from its AddedCost c: 0 for w in m.
-  static int AddedLane(AddedCost c, Mask m, Mask valid, int w) {
-    const int out = 1 - (m >> w & 1), pulls = 1 - (valid >> w & 1);
-    return out * (c.k1 + pulls * c.k2);
   }
 
   // Sample s to worker `to`: its counts only (the rows' masks follow after the round).
