@@ -21,9 +21,8 @@ namespace {
 // Parallel loops give each thread at least this many samples.
 constexpr int64_t kMinSamples = 128;
 
-// From this many threads on, a batch's lists are made by parts of its samples in parallel, and
-// the placement works in blocks (on 2, the parts' bookkeeping costs about what the second thread
-// gives).
+// From this many threads on, a batch's lists are made by parts of its samples in parallel (on 2,
+// the parts' bookkeeping costs about what the second thread gives).
 constexpr int kPartsFromThreads = 3;
 
 // The parts of n samples made apart: one per thread, each of at least kMinSamples samples; one
@@ -627,14 +626,6 @@ void GreedyAllocate(const int32_t* scores, int64_t n, int num_workers, int64_t p
 
 namespace {
 
-// The placement looks at this many samples (in placement order) at a time: their costs are
-// computed in parallel against the readers as the block starts, then the samples are placed one
-// by one, each cost corrected for the rows whose readers changed within the block, so that every
-// sample sees exactly what placing the samples one after another would show it.
-constexpr int64_t kPlaceBlock = 2048;
-// The samples a block's sequential part reads ahead.
-constexpr int64_t kSequentialAhead = 8;
-
 double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -671,23 +662,19 @@ void Place(const SampleRows& samples, const ScoredRows& scored, const WorkerLane
   const int64_t num_light = static_cast<int64_t>(scored.light_rows.size());  // what `shared` numbers
   // Per light row, the workers that read it so far and those holding a valid copy, side by side
   // and as narrow as the workers allow: each sample reads both of each of its rows, at random.
+  // (Filled on this thread, the only one that reads it.)
   struct Row {
     Mask readers, valid;
   };
-  // On one or two threads each sample is its own block: its costs are computed as it is placed.
-  // (Blocks cost corrections that two threads do not win back: 1.13 against 0.97 ms a plan at
-  // W = 8, b = 1024.)
-  const int64_t block = pool && pool->threads() >= kPartsFromThreads ? kPlaceBlock : 1;
-  Pool* blocks = block > 1 ? pool : nullptr;
   NoInitVector<Row> row(num_light);  // written whole below
-  ParallelFor(blocks, num_light, 4096, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) row[i] = Row{Mask(0), static_cast<Mask>(valid[scored.light_rows[i]])};
-  });
-  // Every row's valid mask, as narrow, for the cache scores.
+  for (int64_t i = 0; i < num_light; ++i) row[i] = Row{Mask(0), static_cast<Mask>(valid[scored.light_rows[i]])};
+  // Every row's valid mask, as narrow, for the cache scores (in parallel from kPartsFromThreads
+  // threads: on two, the step costs what the second thread gives).
   NoInitVector<Mask> narrow_valid(num_rows);
-  ParallelFor(blocks, num_rows, 4096, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) narrow_valid[r] = static_cast<Mask>(valid[r]);
-  });
+  ParallelFor(pool && pool->threads() >= kPartsFromThreads ? pool : nullptr, num_rows, 4096,
+              [&](int64_t r0, int64_t r1) {
+                for (int64_t r = r0; r < r1; ++r) narrow_valid[r] = static_cast<Mask>(valid[r]);
+              });
   using Lanes = WorkerLanes<Mask, Lane>;
   // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
@@ -701,78 +688,22 @@ void Place(const SampleRows& samples, const ScoredRows& scored, const WorkerLane
     }
   });
   const std::vector<int64_t> order = StrongestFirst(best);
+  // The samples one by one, on this thread whatever the pool: a sample's costs are its alone
+  // costs and those of its few lightest rows, which cost about what the bookkeeping of blocks
+  // placed in parallel and corrected after did (the sequential pass of blocks alone took as long
+  // as this whole loop on one core, and longer on many, reading costs from other cores' caches).
   std::vector<int64_t> load(W, 0);
-  std::vector<Lanes> block_added(std::min(n, block));
-  // Blocks of several samples only: row[] keeps each row's readers as the block started, while
-  // the other threads read it for the costs of the block's samples, and the placements of the
-  // block go to arrays the sequential part alone touches (a write to row[] would first take its
-  // line back from the caches of the threads that read it): `placed`, the readers where
-  // `changed_in` holds the block's number (1 on), and `block_rows`, the rows they changed.
-  // row[] takes them in as the block ends. (Filled here, on the thread that uses them.)
-  std::vector<uint32_t> changed_in(block > 1 ? num_light : 0, 0);
-  NoInitVector<Mask> placed(block > 1 ? num_light : 0);  // read only where changed_in says so
-  std::vector<int32_t> block_rows;
-  for (int64_t j0 = 0; j0 < n; j0 += block) {
-    const int64_t j1 = std::min(n, j0 + block);
-    const uint32_t id = static_cast<uint32_t>(j0 / block + 1);
-    ParallelFor(pool, j1 - j0, kMinSamples, [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; ++j) {
-        const int64_t s = order[j0 + j];
-        Lanes a = alone[s];
-        // (A row every worker reads adds nothing to the lanes of the workers.)
-        for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) a += Lanes::Added(row[*r].readers, row[*r].valid);
-        block_added[j] = a;
-      }
-    });
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t s = order[j];
-      Lanes& added = block_added[j - j0];
-      if (block > 1) {
-        // Latency, not work, bounds this loop where the costs came from other cores: what the
-        // samples ahead read is asked for in advance.
-        if (j + kSequentialAhead < j1) {
-          __builtin_prefetch(&block_added[j + kSequentialAhead - j0]);
-          __builtin_prefetch(shared.Begin(order[j + kSequentialAhead]));
-        }
-        if (j + kSequentialAhead / 2 < j1) {
-          const int64_t ahead = order[j + kSequentialAhead / 2];
-          for (const int32_t* r = shared.Begin(ahead); r != shared.End(ahead); ++r) {
-            __builtin_prefetch(&row[*r]);
-            __builtin_prefetch(&changed_in[*r], 1);
-            __builtin_prefetch(&placed[*r], 1);
-          }
-        }
-        for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
-          if (changed_in[*r] != id) continue;
-          added -= Lanes::Added(row[*r].readers, row[*r].valid);
-          added += Lanes::Added(placed[*r], row[*r].valid);
-        }
-      }
-      Lane cost[Lanes::kAll];
-      added.Store(cost);
-      const int chosen = BestWorkerWithRoom([&](int w) { return cost[w]; }, load, W, per_worker, s, iteration);
-      assignment[s] = chosen;
-      ++load[chosen];
-      const Mask bit = static_cast<Mask>(Bit(chosen));
-      for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) {
-        if (block == 1) {
-          row[*r].readers |= bit;
-          continue;
-        }
-        const bool again = changed_in[*r] == id;
-        const Mask readers = again ? placed[*r] : row[*r].readers;
-        if ((readers & bit) != 0) continue;
-        if (!again) {
-          changed_in[*r] = id;
-          block_rows.push_back(*r);
-        }
-        placed[*r] = static_cast<Mask>(readers | bit);
-      }
-    }
-    ParallelFor(blocks, static_cast<int64_t>(block_rows.size()), 4096, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) row[block_rows[i]].readers = placed[block_rows[i]];
-    });
-    block_rows.clear();
+  for (const int64_t s : order) {
+    Lanes added = alone[s];
+    // (A row every worker reads adds nothing to the lanes of the workers.)
+    for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) added += Lanes::Added(row[*r].readers, row[*r].valid);
+    Lane cost[Lanes::kAll];
+    added.Store(cost);
+    const int chosen = BestWorkerWithRoom([&](int w) { return cost[w]; }, load, W, per_worker, s, iteration);
+    assignment[s] = chosen;
+    ++load[chosen];
+    const Mask bit = static_cast<Mask>(Bit(chosen));
+    for (const int32_t* r = shared.Begin(s); r != shared.End(s); ++r) row[*r].readers |= bit;
   }
 }
 

@@ -12,11 +12,11 @@
 // The write-back of iteration t depends on which worker reads which rows at t+1, so Advance(t)
 // returns the allocation of t and the finished plan of t-1.
 //
-// A plan runs on a pool of `threads` threads of its own: the allocation's scoring, placement
-// costs and trade sweeps by samples, the cache models by worker (each worker's model is touched
-// by one task only), the per-row valid masks by shards of keys. Every parallel step writes each
-// index's results to places of its own and merges them in a fixed order, so plans are identical
-// bit for bit whatever the thread count.
+// A plan runs on a pool of `threads` threads of its own: the allocation's cache scores and trade
+// sweeps by samples (the placement itself on one thread), the cache models by worker (each
+// worker's model is touched by one task only), the per-row valid masks by shards of keys. Every
+// parallel step writes each index's results to places of its own and merges them in a fixed
+// order, so plans are identical bit for bit whatever the thread count.
 #pragma once
 #include <cstdint>
 #include <memory>
