@@ -141,6 +141,10 @@ def _wait_file(path, timeout, c):
 def train(cluster, tmp_path, van, outsider=None):
     """One job on fixed ports; `outsider(ports)` runs once the workers stand half way.
     van: "zmq" (PLAIN), "zmq-curve" or "ucx"."""
+    # An earlier job's marks in tmp_path would let this one's outsider in at once, before this
+    # job's nodes listen (a raw connection is then refused), or let its workers past half way.
+    for mark in [*tmp_path.glob("worker*.mid"), *tmp_path.glob("worker*.npy"), *tmp_path.glob("go.*")]:
+        mark.unlink()
     van, _, mechanism = van.partition("-")
     c = cluster(SERVERS, WORKERS, env={"DMLC_PS_VAN_TYPE": van, "PS_AUTH": mechanism or "plain"})
     c.start_servers(fixed_ports=True)
