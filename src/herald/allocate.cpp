@@ -299,12 +299,9 @@ class Trader {
           found[p][a * W_ + __builtin_ctzll(to)].emplace_back(-saving[__builtin_ctzll(to)], s);
       }
     });
-    Wants wants = std::move(found[0]);
+    Wants wants(W_ * W_);
     ParallelFor(pool_, W_ * W_, W_, [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) {
-        for (int p = 1; p < parts; ++p) wants[i].insert(wants[i].end(), found[p][i].begin(), found[p][i].end());
-        SortBySaving(&wants[i]);
-      }
+      for (int64_t i = first; i < last; ++i) SortBySaving(found, i, &wants[i]);
     });
     // The pairs of workers trade in rounds, each worker in one pair of a round, the pairs of a round
     // at once. A pair sees the other workers' readers as the round found them: its own moves
@@ -334,16 +331,24 @@ class Trader {
   }
 
  private:
-  // A list of (-saving, sample) with the samples ascending, sorted by (-saving, sample): the
-  // placement's stable counting sort, savings being a few rows.
-  static void SortBySaving(std::vector<std::pair<int, int64_t>>* list) {
-    if (list->size() < 2) return;
-    std::vector<int32_t> saving(list->size());
-    for (size_t i = 0; i < list->size(); ++i) saving[i] = -(*list)[i].first;
-    std::vector<std::pair<int, int64_t>> sorted(list->size());
-    const std::vector<int64_t> order = StrongestFirst(saving);
-    for (size_t i = 0; i < order.size(); ++i) sorted[i] = (*list)[order[i]];
-    list->swap(sorted);
+  // List i of the parts' lists (each a list of (-saving, sample), samples ascending, the parts in
+  // sample order) as one, sorted by (-saving, sample): a stable counting sort of the parts' lists
+  // in turn, savings being a few rows (no list joined first).
+  template <typename Wants>
+  static void SortBySaving(const std::vector<Wants>& parts, int64_t i, std::vector<std::pair<int, int64_t>>* out) {
+    int top = 0;
+    size_t total = 0;
+    for (const Wants& part : parts) {
+      for (const auto& e : part[i]) top = std::max(top, -e.first);
+      total += part[i].size();
+    }
+    std::vector<int64_t> start(top + 2, 0);  // start[top - saving]: where that saving's samples begin
+    for (const Wants& part : parts)
+      for (const auto& e : part[i]) ++start[top + e.first + 1];
+    for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+    out->resize(total);
+    for (const Wants& part : parts)
+      for (const auto& e : part[i]) (*out)[start[top + e.first]++] = e;
   }
 
   const int32_t* Begin(int64_t s) const { return samples_.Begin(s); }
