@@ -25,10 +25,14 @@ constexpr int64_t kMinSamples = 128;
 // the parts' bookkeeping costs about what the second thread gives).
 constexpr int kPartsFromThreads = 3;
 
+// The pool for steps that pay from kPartsFromThreads threads on: `pool` there, else null (the
+// calling thread).
+Pool* PartsPool(Pool* pool) { return pool && pool->threads() >= kPartsFromThreads ? pool : nullptr; }
+
 // The parts of n samples made apart: one per thread, each of at least kMinSamples samples; one
 // part below kPartsFromThreads threads.
 int64_t SampleParts(Pool* pool, int64_t n) {
-  if (!pool || pool->threads() < kPartsFromThreads) return 1;
+  if (!PartsPool(pool)) return 1;
   return std::clamp<int64_t>(n / kMinSamples, 1, pool->threads());
 }
 
@@ -676,10 +680,9 @@ void Place(const SampleRows& samples, const ScoredRows& scored, const WorkerLane
   // Every row's valid mask, as narrow, for the cache scores (in parallel from kPartsFromThreads
   // threads: on two, the step costs what the second thread gives).
   NoInitVector<Mask> narrow_valid(num_rows);
-  ParallelFor(pool && pool->threads() >= kPartsFromThreads ? pool : nullptr, num_rows, 4096,
-              [&](int64_t r0, int64_t r1) {
-                for (int64_t r = r0; r < r1; ++r) narrow_valid[r] = static_cast<Mask>(valid[r]);
-              });
+  ParallelFor(PartsPool(pool), num_rows, 4096, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) narrow_valid[r] = static_cast<Mask>(valid[r]);
+  });
   using Lanes = WorkerLanes<Mask, Lane>;
   // Each sample's best cache score, counted in lanes of its own rather than a [n, W] table.
   std::vector<int32_t> best(n);
