@@ -17,7 +17,7 @@ import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
 from hetu.data import BadBatch, load_dataset
 from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
-from models import MODELS, READS_BAGS, dataset_of
+from models import MODELS
 
 OPTIMIZERS = {
     "sgd": ht.optim.SGDOptimizer,
@@ -51,7 +51,9 @@ BSP = _checked(int, lambda v: v >= -1, "must be 0 (BSP), -1 (ASP) or k > 0 (SSP)
 
 def build_parser(herald):
     p = argparse.ArgumentParser(description="Train a CTR model with hetu" + (" and the Herald scheduler" if herald else ""))
-    p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS))
+    p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS),
+                   help="<arch>_<dataset>: the architecture on the dataset it is named for (its synthetic shape "
+                        "by default); a bare architecture: on --dataset / --data-dir")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=128, help="per-worker batch size")
     p.add_argument("--embedding-size", type=POSITIVE_INT, default=128)
     p.add_argument("--nepoch", type=POSITIVE_FLOAT, default=1, help="epochs to train (fractions allowed)")
@@ -116,7 +118,8 @@ def build_parser(herald):
 def load(args):
     source = args.data_dir or args.dataset
     if args.data_dir is None and (args.dataset == "synthetic" or args.dataset.startswith("synthetic-")):
-        name = args.dataset if args.dataset != "synthetic" else f"synthetic-{dataset_of(args.model)}"
+        shape = MODELS[args.model].dataset
+        name = f"synthetic-{shape}" if args.dataset == "synthetic" and shape else args.dataset
         params = {k: v for k, v in (("rows", args.rows), ("scale", args.scale)) if v is not None}
         return load_dataset(name, **params)
     try:
@@ -125,16 +128,15 @@ def load(args):
         raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {source}: {e}") from None
 
 
-def field_layout(args, meta):
-    """What a model that reads bags needs of the data: each field's slot count. A model that reads
-    one id per field refuses multi-hot data."""
-    field_slots = tuple(meta.field_slots)
-    if args.model in READS_BAGS:
-        return {"field_slots": field_slots}
-    if any(k != 1 for k in field_slots):
-        raise SystemExit(f"--model {args.model} reads one id per field, and this data's fields "
-                         f"{', '.join(meta.bag_fields)} are multi-hot: use one of {', '.join(sorted(READS_BAGS))}")
-    return {}
+def readable_fields(args, meta):
+    """The data's fields, which the model must be able to read (one that reads one id per field
+    refuses multi-hot data)."""
+    fields, model = meta.fields, MODELS[args.model]
+    reason = model.refusal(fields)
+    if reason is not None:
+        over_bags = sorted(name for name, m in MODELS.items() if m.architecture.reads_bags)
+        raise SystemExit(f"--model {args.model}: {reason}: use one of {', '.join(over_bags)}")
+    return fields
 
 
 def distribution_options(args, herald):
@@ -405,9 +407,8 @@ def train(argv, herald):
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
     loss, prediction, y_, train_op = MODELS[args.model](
-        dense_input, sparse_input, y_, num_embeddings=meta.num_embeddings, embedding_size=args.embedding_size,
-        optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype),
-        **field_layout(args, meta))
+        dense_input, sparse_input, y_, readable_fields(args, meta), embedding_size=args.embedding_size,
+        optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
                            ctx=ctx, seed=args.seed, cuda_graph=args.cuda_graph, **options)
     check_batches(executor, data, args)

@@ -1,6 +1,35 @@
-"""Pieces every CTR model shares: the embedding tables, the MLP tower, the loss and train op."""
+"""Pieces every CTR model shares: what an architecture is, the embedding tables, the MLP tower,
+the loss and train op."""
+from dataclasses import dataclass
+from typing import Callable
+
 import hetu as ht
 from hetu import layers
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A model function, build(dense_input, sparse_input, y_, fields, embedding_size=..., optimizer=None)
+    -> (loss, prediction, y_, train_op), over any data's hetu.data.Fields. `reads_bags`: it pools each
+    field's slots, so it reads multi-hot fields; else it reads one id per field. `num_fields`: the
+    fields it reads (None: any number)."""
+    name: str
+    build: Callable
+    reads_bags: bool
+    num_fields: int = None
+
+    def refusal(self, fields):
+        """Why this architecture cannot read `fields`, or None."""
+        if not self.reads_bags and fields.multi_hot:
+            return f"{self.name} reads one id per field, and the data's fields {', '.join(fields.bags)} are multi-hot"
+        if self.num_fields is not None and fields.count != self.num_fields:
+            return f"{self.name} reads {self.num_fields} fields, and the data has {fields.count}"
+        return None
+
+
+def dense_of(dense_input, fields):
+    """The dense features' input, None when the data has none."""
+    return dense_input if fields.num_dense else None
 
 
 def embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding"):

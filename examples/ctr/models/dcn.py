@@ -2,7 +2,7 @@
 import hetu as ht
 from hetu import init, layers
 
-from .common import embed_fields, finish
+from .common import Architecture, dense_of, embed_fields, finish
 
 
 def cross_layer(x0, x, width, name):
@@ -12,11 +12,11 @@ def cross_layer(x0, x, width, name):
     return x0 * ht.broadcastto_op(xw, x0) + ht.broadcastto_op(b, x0) + x
 
 
-def dcn(dense_input, sparse_input, y_, num_embeddings, num_fields, num_dense, embedding_size=128,
-        num_cross=3, hidden=(256, 256), optimizer=None):
-    _, embedded = embed_fields(sparse_input, num_embeddings, embedding_size, num_fields)
+def dcn(dense_input, sparse_input, y_, fields, embedding_size=128, num_cross=3, hidden=(256, 256), optimizer=None):
+    dense_input = dense_of(dense_input, fields)
+    _, embedded = embed_fields(sparse_input, fields.num_embeddings, embedding_size, fields.count)
     x0 = embedded if dense_input is None else ht.concat_op(embedded, dense_input, axis=1)
-    width = num_fields * embedding_size + num_dense
+    width = fields.count * embedding_size + fields.num_dense
     x = x0
     for i in range(num_cross):
         x = cross_layer(x0, x, width, f"dcn_cross{i}")
@@ -26,9 +26,4 @@ def dcn(dense_input, sparse_input, y_, num_embeddings, num_fields, num_dense, em
     return finish(logit, y_, optimizer)
 
 
-def dcn_criteo(dense_input, sparse_input, y_, num_embeddings=33762577, embedding_size=128, optimizer=None):
-    return dcn(dense_input, sparse_input, y_, num_embeddings, 26, 13, embedding_size, optimizer=optimizer)
-
-
-def dcn_avazu(dense_input, sparse_input, y_, num_embeddings=9449445, embedding_size=128, optimizer=None):
-    return dcn(None, sparse_input, y_, num_embeddings, 22, 0, embedding_size, optimizer=optimizer)
+DCN = Architecture("dcn", dcn, reads_bags=False)

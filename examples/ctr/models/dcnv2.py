@@ -4,7 +4,7 @@ pooled field embeddings (multi-hot fields summed per bag) and the dense features
 import hetu as ht
 from hetu import init, layers
 
-from .common import embed_bags, finish, mlp
+from .common import Architecture, dense_of, embed_bags, finish, mlp
 
 
 def cross_layer_v2(x0, x, width, rank, name):
@@ -16,13 +16,14 @@ def cross_layer_v2(x0, x, width, rank, name):
     return x0 * projected + x
 
 
-def dcnv2(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense, embedding_size=16, num_cross=3,
-          rank=None, hidden=(256, 128), optimizer=None):
-    pooled = embed_bags(sparse_input, num_embeddings, embedding_size, field_slots)
-    width = len(field_slots) * embedding_size
+def dcnv2(dense_input, sparse_input, y_, fields, embedding_size=16, num_cross=3, rank=None, hidden=(256, 128),
+          optimizer=None):
+    dense_input = dense_of(dense_input, fields)
+    pooled = embed_bags(sparse_input, fields.num_embeddings, embedding_size, fields.slots)
+    width = fields.count * embedding_size
     x0 = ht.array_reshape_op(pooled, (-1, width))
     if dense_input is not None:
-        x0, width = ht.concat_op(x0, dense_input, axis=1), width + num_dense
+        x0, width = ht.concat_op(x0, dense_input, axis=1), width + fields.num_dense
     x = x0
     for i in range(num_cross):
         x = cross_layer_v2(x0, x, width, rank, f"dcnv2_cross{i}")
@@ -30,6 +31,4 @@ def dcnv2(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense,
     return finish(logit, y_, optimizer)
 
 
-def dcnv2_criteo(dense_input, sparse_input, y_, num_embeddings=33762577, embedding_size=16, optimizer=None,
-                 field_slots=(1,) * 26):
-    return dcnv2(dense_input, sparse_input, y_, num_embeddings, field_slots, 13, embedding_size, optimizer=optimizer)
+DCNV2 = Architecture("dcnv2", dcnv2, reads_bags=True)

@@ -2,11 +2,12 @@
 import hetu as ht
 from hetu import layers
 
-from .common import embed_fields, finish, mlp
+from .common import Architecture, dense_of, embed_fields, finish, mlp
 
 
-def dfm(dense_input, sparse_input, y_, num_embeddings, num_fields, num_dense, embedding_size=128,
-        hidden=(256, 256, 256), optimizer=None):
+def dfm(dense_input, sparse_input, y_, fields, embedding_size=128, hidden=(256, 256, 256), optimizer=None):
+    num_embeddings, num_fields, num_dense = fields.num_embeddings, fields.count, fields.num_dense
+    dense_input = dense_of(dense_input, fields)
     _, first_order = embed_fields(sparse_input, num_embeddings, 1, num_fields, name="fm_first_order")
     _, embedded = embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding")
     linear = ht.reduce_sum_op(first_order, axes=1, keepdims=True)
@@ -21,9 +22,4 @@ def dfm(dense_input, sparse_input, y_, num_embeddings, num_fields, num_dense, em
     return finish(logit, y_, optimizer)
 
 
-def dfm_criteo(dense_input, sparse_input, y_, num_embeddings=33762577, embedding_size=128, optimizer=None):
-    return dfm(dense_input, sparse_input, y_, num_embeddings, 26, 13, embedding_size, optimizer=optimizer)
-
-
-def dfm_avazu(dense_input, sparse_input, y_, num_embeddings=9449445, embedding_size=128, optimizer=None):
-    return dfm(None, sparse_input, y_, num_embeddings, 22, 0, embedding_size, optimizer=optimizer)
+DFM = Architecture("dfm", dfm, reads_bags=False)

@@ -4,7 +4,7 @@ the dot product of every pair of those vectors, and a top MLP over the pairs and
 MLP's output."""
 import hetu as ht
 
-from .common import embed_bags, finish, mlp
+from .common import Architecture, dense_of, embed_bags, finish, mlp
 
 
 def pairwise_dots(vectors, count):
@@ -13,14 +13,13 @@ def pairwise_dots(vectors, count):
     return ht.lower_triangle_op(ht.matmul_op(vectors, vectors, trans_B=True)), count * (count - 1) // 2
 
 
-def dlrm(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense, embedding_size=16,
-         bottom=(64, 32), top=(128, 64), optimizer=None):
-    """field_slots: the id columns of each field (1 for a single id, k for a bag of k slots)."""
-    num_fields = len(field_slots)
-    pooled = embed_bags(sparse_input, num_embeddings, embedding_size, field_slots)   # [batch, fields, width]
-    vectors, count = pooled, num_fields
+def dlrm(dense_input, sparse_input, y_, fields, embedding_size=16, bottom=(64, 32), top=(128, 64), optimizer=None):
+    """Every field of the data, each a bag (a single id is a bag of one), and its dense features."""
+    dense_input = dense_of(dense_input, fields)
+    pooled = embed_bags(sparse_input, fields.num_embeddings, embedding_size, fields.slots)   # [batch, fields, width]
+    vectors, count = pooled, fields.count
     if dense_input is not None:
-        dense = mlp(num_dense, tuple(bottom) + (embedding_size,), "dlrm_bottom", logit=False)(dense_input)
+        dense = mlp(fields.num_dense, tuple(bottom) + (embedding_size,), "dlrm_bottom", logit=False)(dense_input)
         vectors = ht.concat_op(ht.array_reshape_op(dense, (-1, 1, embedding_size)), pooled, axis=1)
         count += 1
     dots, num_pairs = pairwise_dots(vectors, count)
@@ -31,12 +30,4 @@ def dlrm(dense_input, sparse_input, y_, num_embeddings, field_slots, num_dense, 
     return finish(logit, y_, optimizer)
 
 
-def dlrm_criteo(dense_input, sparse_input, y_, num_embeddings=33762577, embedding_size=16, optimizer=None,
-                field_slots=(1,) * 26):
-    return dlrm(dense_input, sparse_input, y_, num_embeddings, field_slots, 13, embedding_size, optimizer=optimizer)
-
-
-def dlrm_movielens(dense_input, sparse_input, y_, num_embeddings=6040 + 3706, embedding_size=16, optimizer=None,
-                   field_slots=(1, 1)):
-    """The rating's user and item and every side feature the data has (genres as one bag)."""
-    return dlrm(None, sparse_input, y_, num_embeddings, field_slots, 0, embedding_size, optimizer=optimizer)
+DLRM = Architecture("dlrm", dlrm, reads_bags=True)

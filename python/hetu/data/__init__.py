@@ -19,14 +19,15 @@ from .cache import data_home, ensure_synthetic, synthetic_dataset_dir
 from .criteo import prepare_criteo
 from .dataset import BadBatch, Dataset, DatasetMeta, DatasetPart, load_dataset
 from .movielens import prepare_movielens
+from .schema import Fields
 from .stats import rank_auc, reuse_distances, reuse_share_within, top_rows_lookup_share
 from .store import is_complete_dataset
-from .synthetic import SyntheticSpec, generate_synthetic, synthetic_spec
+from .synthetic import SyntheticSpec, generate_synthetic, shape_fields, synthetic_spec
 from .textio import DataFormatError
 
 __all__ = [
-    "BadBatch", "Dataset", "DatasetMeta", "DatasetPart", "DataFormatError", "SyntheticSpec", "data_home",
+    "BadBatch", "Dataset", "DatasetMeta", "DatasetPart", "DataFormatError", "Fields", "SyntheticSpec", "data_home",
     "ensure_synthetic", "generate_synthetic", "is_complete_dataset", "load_dataset",
     "prepare_avazu", "prepare_criteo", "prepare_movielens", "rank_auc", "reuse_distances",
-    "reuse_share_within", "synthetic_dataset_dir", "synthetic_spec", "top_rows_lookup_share",
+    "reuse_share_within", "shape_fields", "synthetic_dataset_dir", "synthetic_spec", "top_rows_lookup_share",
 ]

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import store
 from .cache import data_home, ensure_synthetic
+from .schema import Fields
 from .synthetic import parse_synthetic_name
 
 PREPARED_NAMES = ("criteo", "avazu", "movielens")
@@ -48,6 +49,11 @@ class DatasetMeta:
             val_rows=meta["split"]["val_rows"], info=meta,
             field_slots=None if slots is None else tuple(slots),
             bag_fields=tuple(meta.get("bag_fields", ())))
+
+    @property
+    def fields(self):
+        """What a model reads of this dataset (hetu.data.Fields)."""
+        return Fields.from_meta(self)
 
     @property
     def slot_offsets(self):

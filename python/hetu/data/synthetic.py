@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 
 from . import avazu, criteo, store
+from .schema import Fields
 from .stats import rank_auc, top_rows_lookup_share
 
 # rows generated per random stream (fewer for multi-hot shapes, see HiddenModel.chunk_rows);
@@ -179,6 +180,15 @@ def synthetic_spec(shape="criteo", **overrides):
         raise ValueError(f"unknown shape {shape!r}; one of {sorted(SHAPES)}")
     overrides.setdefault("scale", SHAPES[shape].default_scale)
     return replace(SyntheticSpec(shape=shape), **overrides)
+
+
+def shape_fields(shape):
+    """The fields of a shape at its real size (the table's rows summed over its real fields), as a
+    model named for the dataset takes them when it is given no data."""
+    s = SHAPES[shape]
+    slots = (1,) * len(s.field_names) if s.hotness is None else tuple(s.hotness)
+    return Fields(tuple(s.field_names), slots, sum(s.real_sizes), s.num_dense,
+                  () if s.hotness is None else tuple(s.field_names))
 
 
 def parse_synthetic_name(name):
