@@ -147,7 +147,7 @@ def write_hetu_initial(spec):
         return None if array is None else ht.dataloader_op([ht.Dataloader(array, cfg["batch"], "train")])
     loss, prediction, y_, train_op = MODELS[cfg["model"]](
         loader(data.train.dense), loader(data.train.sparse), loader(data.train.labels),
-        num_embeddings=meta.num_embeddings, embedding_size=cfg["emb"], field_slots=tuple(meta.field_slots))
+        meta.fields, embedding_size=cfg["emb"])
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=seed)
     np.savez(spec["path"], **executor.parameters())
 

@@ -86,8 +86,7 @@ def serve_windows(step, warmup, n):
 def run_hetu(cfg):
     import hetu as ht
     sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
-    from models.dlrm import dlrm_criteo
-    from models.wdl import wdl_criteo
+    import models
     batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
     dense, sparse, labels, meta = load_batches(cfg)
 
@@ -96,10 +95,8 @@ def run_hetu(cfg):
 
     optimizer = (ht.optim.SGDOptimizer(learning_rate=0.01) if opt == "sgd"
                  else ht.optim.AdamOptimizer(learning_rate=0.001))
-    layout = {"field_slots": tuple(meta.field_slots)} if cfg["model"] == "dlrm" else {}
-    loss, prediction, y_, train_op = (dlrm_criteo if cfg["model"] == "dlrm" else wdl_criteo)(
-        loader(dense), loader(sparse), loader(labels), num_embeddings=int(meta.num_embeddings), embedding_size=emb,
-        optimizer=optimizer, **layout)
+    loss, prediction, y_, train_op = models.MODELS[cfg["model"]](
+        loader(dense), loader(sparse), loader(labels), meta.fields, embedding_size=emb, optimizer=optimizer)
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=123)
 
     def step():

@@ -131,11 +131,11 @@ def load(args):
 def readable_fields(args, meta):
     """The data's fields, which the model must be able to read (one that reads one id per field
     refuses multi-hot data)."""
-    fields, model = meta.fields, MODELS[args.model]
-    reason = model.refusal(fields)
+    fields = meta.fields
+    reason = MODELS[args.model].refusal(fields)
     if reason is not None:
-        over_bags = sorted(name for name, m in MODELS.items() if m.architecture.reads_bags)
-        raise SystemExit(f"--model {args.model}: {reason}: use one of {', '.join(over_bags)}")
+        readers = sorted(name for name, model in MODELS.items() if model.refusal(fields) is None)
+        raise SystemExit(f"--model {args.model}: {reason}: use one of {', '.join(readers)}")
     return fields
 
 

@@ -9,7 +9,8 @@ Folder format (written by every reader and by the generator): ``dense.npy`` floa
 ``split.train_rows`` rows train, the rest validate. A field takes ``field_slots[f]``
 consecutive columns of sparse.npy (one when meta.json has no ``field_slots``); a field listed in
 ``bag_fields`` is multi-hot, its ids left-aligned and padded with -1 (``DatasetPart.bag`` gives
-the jagged values and offsets).
+the jagged values and offsets). What a model reads of it (fields, slots, rows, dense width) is
+``DatasetMeta.fields``, a ``Fields``.
 
 The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``; the rest needs
 no compiled code.

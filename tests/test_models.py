@@ -1,0 +1,67 @@
+"""The CTR models' registry (examples/ctr/models): every name the command lines use builds, and a
+model's field and dense widths follow the data's metadata (hetu.data.Fields), not its name."""
+import sys
+
+import numpy as np
+import pytest
+
+import hetu as ht
+from conftest import REPO
+from hetu.data import DatasetMeta, Fields, shape_fields, synthetic
+
+sys.path.insert(0, str(REPO / "examples/ctr"))
+from models import ARCHITECTURES, MODELS, NAMED  # noqa: E402
+
+ROWS = 1000
+
+
+def build(model, fields, batch=8, embedding_size=4):
+    rng = np.random.default_rng(0)
+    dense = rng.standard_normal((batch, fields.num_dense)).astype(np.float32) if fields.num_dense else None
+    sparse = rng.integers(0, ROWS, size=(batch, sum(fields.slots))).astype(np.int64)
+    labels = np.zeros((batch, 1), np.float32)
+    ops = [None if a is None else ht.dataloader_op([ht.Dataloader(a, batch, "train")]) for a in (dense, sparse, labels)]
+    loss, _, _, train_op = model(*ops, fields.with_rows(ROWS), embedding_size=embedding_size)
+    executor = ht.Executor({"train": [loss, train_op]}, ctx=ht.cpu(0), seed=1)
+    executor.run("train")
+    return {name: value.shape for name, value in executor.parameters().items()}
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_every_named_model_builds_on_its_dataset(name):
+    model = MODELS[name]
+    assert model.architecture is ARCHITECTURES[name.split("_")[0]]
+    assert model.dataset in synthetic.SHAPES
+    assert build(model, shape_fields(model.dataset))
+
+
+def test_widths_follow_the_metadata():
+    """WDL on 3 fields and 2 dense columns: the deep tower's input is 3 x width + 2, the wide part 2."""
+    meta = DatasetMeta.from_dict({"name": "toy", "num_rows": 8, "num_dense": 2, "num_fields": 3,
+                                  "field_names": ["a", "b", "c"], "field_sizes": [10, 10, 10],
+                                  "field_offsets": [0, 10, 20], "num_embeddings": 30,
+                                  "split": {"train_rows": 8, "val_rows": 0}})
+    assert meta.fields == Fields(("a", "b", "c"), (1, 1, 1), 30, 2)
+    shapes = build(MODELS["wdl"], meta.fields, embedding_size=4)
+    assert shapes["embedding"] == (ROWS, 4)
+    assert shapes["wdl_deep_fc0_weight"] == (3 * 4 + 2, 256)
+    assert shapes["wdl_wide_weight"] == (2, 1)
+
+
+def test_bags_follow_the_metadata():
+    fields = Fields(("a", "b"), (3, 1), ROWS, 0, bags=("a",))
+    assert MODELS["wdl"].refusal(fields) is not None
+    with pytest.raises(ValueError, match="one id per field"):
+        MODELS["wdl"](None, None, None, fields)
+    assert MODELS["dlrm"].refusal(fields) is None
+    assert build(MODELS["dlrm"], fields)["dlrm_top_fc0_weight"][0] == 1   # one pair of two fields
+
+
+def test_ncf_reads_two_fields():
+    assert "reads 2 fields" in MODELS["ncf"].refusal(shape_fields("criteo"))
+    assert MODELS["ncf_movielens"].refusal(shape_fields("movielens")) is None
+
+
+def test_a_bare_architecture_needs_data():
+    with pytest.raises(ValueError, match="named for no dataset"):
+        MODELS["wdl"](None, None, None)
