@@ -59,7 +59,8 @@ MLPERF_SCALE = 6         # --shape criteo --scale 6: 202,575,462 rows, MLPerf's 
 SERVED = re.compile(r"\] server (\d+): (\d+) requests, (\d+) rows, (\d+) bytes served, ([\d.]+) s busy$")
 CKPT = re.compile(r"\[worker 0\] server (\d+): checkpoint (saved|loaded), (\d+) bytes in ([\d.]+) s")
 FIRST_STEP = re.compile(r"\[worker 0\] \S+: \d+ embedding rows x \d+")
-EPOCH = re.compile(r"\[worker (\d+)\] epoch \d+: .*\([\d.]+ it/s, (\d+) samples/s\)")
+# An epoch line's rates: the job's, then this worker's (summed over the workers below).
+EPOCH = re.compile(r"\[worker (\d+)\] epoch \d+: .*\([\d.]+ it/s, job \d+ samples/s = \d+ workers? x (\d+) samples/s\)")
 SAVED_IN = re.compile(r"\[worker 0\] checkpoint at step \d+ written to .* in ([\d.]+) s")
 RESUMED_IN = re.compile(r"\[worker 0\] resumed .* in ([\d.]+) s$")
 

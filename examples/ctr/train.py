@@ -56,11 +56,18 @@ def build_parser(herald):
                         "by default); a bare architecture: on --dataset / --data-dir")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=128, help="per-worker batch size")
     p.add_argument("--embedding-size", type=POSITIVE_INT, default=128)
-    p.add_argument("--nepoch", type=POSITIVE_FLOAT, default=1, help="epochs to train (fractions allowed)")
+    p.add_argument("--nepoch", type=POSITIVE_FLOAT, default=1,
+                   help="epochs to train, each a full pass over the training split (fractions allowed)")
     p.add_argument("--val", action="store_true", help="validate after every epoch")
-    p.add_argument("--all", action="store_true", help="train on the whole training split each epoch "
-                                                        "(default: at most --iters-per-epoch iterations)")
-    p.add_argument("--iters-per-epoch", type=POSITIVE_INT, default=1000)
+    p.add_argument("--all", action="store_true",
+                   help="train on the whole training split each epoch: the default; accepted for older commands, "
+                        "where it overrides --iters-per-epoch")
+    p.add_argument("--iters-per-epoch", type=POSITIVE_INT, default=None, metavar="K",
+                   help="at most K iterations per epoch (default: no cap, a full pass)")
+    p.add_argument("--threads", type=POSITIVE_INT, default=None, metavar="N",
+                   help="threads of this process's kernels and BLAS (default: HETU_NUM_THREADS, else the host's "
+                        "usable cores, cgroup quota and CPU affinity counted, divided by the job's processes on "
+                        "the host)")
     p.add_argument("--comm", default=None, choices=[None, "PS", "AllReduce", "Hybrid"],
                    help="distribution: PS, AllReduce or Hybrid (default: one process, no communication)")
     p.add_argument("--cache", default=None, choices=[None, "lru", "lfu", "lfuopt"], help="embedding cache policy")
@@ -142,8 +149,12 @@ def readable_fields(args, meta):
 def distribution_options(args, herald):
     """Executor options for the distributed modes; None values are left to the executor."""
     if args.comm is None:
-        if args.cache is not None or herald:
-            raise SystemExit("--cache and the Herald scheduler need --comm PS or Hybrid")
+        if herald:
+            raise SystemExit("the Herald scheduler needs --comm PS or Hybrid (run_laia.py trains with parameter "
+                             "servers; one process: run_hetu.py)")
+        if args.cache is not None:
+            raise SystemExit(f"--cache {args.cache} needs --comm PS or Hybrid: it caches rows of the parameter "
+                             "server's tables")
         return {}
     if herald and args.comm == "AllReduce":
         raise SystemExit("the Herald scheduler needs the embedding tables on the parameter server: "
@@ -211,6 +222,36 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
         pred, label, loss = comm.allgather_array(pred), comm.allgather_array(label), comm.allreduce_mean(loss)
     return {"loss": loss, "acc": ht.metrics.accuracy(label, pred), "auc": ht.metrics.auc(label, pred),
             "logloss": ht.metrics.logloss(label, pred), "samples": int(pred.size), "iterations": iterations}
+
+
+def epoch_text(iterations, workers, args):
+    """What an epoch is: its iterations, and the samples they train (a pass over the training
+    split leaves out only its last partial global batch)."""
+    cap = " (--iters-per-epoch)" if args.iters_per_epoch and not args.all else ""
+    return (f"an epoch: {iterations} iterations{cap} x {workers} worker{'s' * (workers != 1)} x batch "
+            f"{args.batch_size} = {iterations * workers * args.batch_size} samples")
+
+
+def job_rates(iterations, seconds, batch_size, workers):
+    """The job's samples/s (every worker trains `iterations` batches in the same steps) and one
+    worker's share."""
+    worker = iterations * batch_size / seconds
+    return {"samples_per_second": workers * worker, "worker_samples_per_second": worker, "workers": workers}
+
+
+def rates_text(iterations, seconds, batch_size, workers):
+    rates = job_rates(iterations, seconds, batch_size, workers)
+    return (f"{iterations / seconds:.1f} it/s, job {rates['samples_per_second']:.0f} samples/s = {workers} "
+            f"worker{'s' * (workers != 1)} x {rates['worker_samples_per_second']:.0f} samples/s")
+
+
+def size_threads(args):
+    """This process's threads (--threads, else hetu.threads' default), set before any kernel runs;
+    the host's first worker warns when the host has more of the job's processes than cores."""
+    threads, warning = ht.threads.configure(args.threads)
+    if warning and os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") == "0":
+        print(warning, file=sys.stderr, flush=True)
+    return threads
 
 
 def check_outputs(parser, args):
@@ -399,6 +440,7 @@ def main(argv=None, herald=False):
 def train(argv, herald):
     parser = build_parser(herald)
     args = parser.parse_args(argv)
+    threads = size_threads(args)
     check_outputs(parser, args)
     check_resume(parser, args)
     options = distribution_options(args, herald)
@@ -413,8 +455,9 @@ def train(argv, herald):
                            ctx=ctx, seed=args.seed, cuda_graph=args.cuda_graph, **options)
     check_batches(executor, data, args)
     per_epoch = executor.get_batch_num("train")
-    if not args.all:
+    if args.iters_per_epoch and not args.all:
         per_epoch = min(per_epoch, args.iters_per_epoch)
+    workers = executor.graph.num_workers
     total = int(round(args.nepoch * per_epoch))
     if total == 0:
         raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration")
@@ -427,8 +470,9 @@ def train(argv, herald):
                          f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train "
                          f"(with --val: validate it only)")
     print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
-          f"{len(data.train)} train / {len(data.val)} val samples, batch {args.batch_size}, "
-          f"{total} iterations" + (f" on {ctx}" if ctx.is_gpu else "") +
+          f"{len(data.train)} train / {len(data.val)} val samples; " + epoch_text(per_epoch, workers, args) +
+          f"; {total} iterations" + (f" on {ctx}" if ctx.is_gpu else "") +
+          f", {threads} thread{'s' * (threads != 1)} per process" +
           (f", resumed at step {first} from {args.resumed_from}" if first else ""), flush=True)
     start, done, epoch, history = time.time(), first, first // per_epoch, []
     while done < total:
@@ -438,8 +482,7 @@ def train(argv, herald):
                           after_step=midway_checkpoints(executor, args, done + n))
         stats["seconds"] = time.time() - t0
         line = (f"epoch {epoch}: train loss {stats['loss']:.4f} acc {stats['acc']:.4f} auc {stats['auc']:.4f} "
-                f"logloss {stats['logloss']:.4f} "
-                f"({n / stats['seconds']:.1f} it/s, {n * args.batch_size / stats['seconds']:.0f} samples/s)")
+                f"logloss {stats['logloss']:.4f} ({rates_text(n, stats['seconds'], args.batch_size, workers)})")
         if args.val:
             stats["val"], val_line = validate(executor, progress)
             line += " | " + val_line
@@ -460,7 +503,7 @@ def train(argv, herald):
     summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
                "iterations": total - first, "first_step": first, "seconds": elapsed,
                "counters": executor.counters.totals(),
-               "samples_per_second": (total - first) * args.batch_size / elapsed, "final": history[-1]}
+               **job_rates(total - first, elapsed, args.batch_size, workers), "final": history[-1]}
     scheduler = executor.graph.scheduler
     if scheduler is not None:
         summary["planner"] = {"rank": executor.graph.rank, "host_ranks": scheduler.host_ranks,

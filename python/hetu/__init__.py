@@ -4,6 +4,7 @@ Follow a step's data: hetu.data (datasets) -> hetu.dataloader (batches) -> hetu.
 -> hetu.executor (compile with hetu.passes, run) -> hetu.optim (updates)."""
 from . import init, layers, lr, metrics, ops  # noqa: F401
 from . import optim  # noqa: F401
+from . import threads  # noqa: F401
 from .autodiff import gradients  # noqa: F401
 from .context import DeviceContext, cpu, gpu  # noqa: F401
 from .dataloader import Dataloader, DataloaderOp, dataloader_op  # noqa: F401

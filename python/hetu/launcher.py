@@ -7,7 +7,7 @@ node if a peer dies (no heartbeat for PS_HEARTBEAT_TIMEOUT seconds) or rendezvou
 import os
 import sys
 
-from hetu import ps
+from hetu import ps, threads
 
 
 def main():
@@ -15,6 +15,7 @@ def main():
     if role not in ("scheduler", "server"):
         print(f"hetu.launcher: DMLC_ROLE must be scheduler or server, not {role!r}", file=sys.stderr)
         return 2
+    threads.configure()   # its share of the host's cores, unless the environment or server_threads says
     try:
         ps.start()
     except RuntimeError as e:

@@ -19,6 +19,7 @@ from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, ambient_mpi_sett
                      mpi_interface_options, mpirun_options, pump_mpirun)
 from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
 from .ssh import Ssh, remote_command
+from ..threads import PROCS_VAR, oversubscribed, usable_cores
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 # The scheduler and servers end when every worker has finalized its node, which workers do as
@@ -113,13 +114,27 @@ class Job:
                 self.root_uri == "127.0.0.1" else resolve(node.host)
         return env
 
-    @staticmethod
-    def worker_env(node: Node) -> Dict[str, str]:
-        """Variables for the workers of `node` alone: how many share the host, and its GPUs."""
-        env = {"HETU_LOCAL_WORKERS": str(node.workers)}
+    def procs_on_host(self, node: Node) -> int:
+        """The job's workers and servers on `node`'s host (a host may be named by several nodes)."""
+        return sum(n.workers + n.servers for n in self.cluster.nodes if n.host == node.host)
+
+    def worker_env(self, node: Node) -> Dict[str, str]:
+        """Variables for the workers of `node` alone: how many share the host, the Python the
+        shim sizes their threads with, and the host's GPUs."""
+        env = {"HETU_LOCAL_WORKERS": str(node.workers), PROCS_VAR: str(self.procs_on_host(node)),
+               "HETU_PYTHON": node.python or (sys.executable if self.local[node.host] else "python3")}
         if node.gpus > 0:
             env["HETU_GPUS"] = str(node.gpus)   # hetu.dist.devices: worker w takes GPU w mod N
         return env
+
+    def warn_oversubscribed(self):
+        """One line per local host with more of the job's processes than usable cores (a remote
+        host's cores are its workers' to count: their start line says so)."""
+        for host in dict.fromkeys(n.host for n in self.cluster.nodes if self.local[n.host]):
+            node = next(n for n in self.cluster.nodes if n.host == host)
+            warning = oversubscribed(usable_cores(), self.procs_on_host(node))
+            if warning:
+                self.log(f"{host}: {warning}")
 
     # ---- ports
 
@@ -149,7 +164,7 @@ class Job:
         return [node.python or sys.executable, "-m", module]
 
     def start_ps_process(self, node: Node, role: str, rank: Optional[int], env: Dict[str, str]):
-        env = {**env, **self.node_env(node), "DMLC_ROLE": role}
+        env = {**env, **self.node_env(node), "DMLC_ROLE": role, PROCS_VAR: str(self.procs_on_host(node))}
         if role == "server":
             env["DMLC_SERVER_ID"] = str(rank)   # the rank its output is tagged with is its rank in the job
             roots = checkpoint_roots(self.command, os.getcwd())
@@ -396,6 +411,7 @@ class Job:
             self.guard.owns(self.workdir)
             self.root_uri = root_address(self.cluster)
             env = self.base_env(self.free_port())
+            self.warn_oversubscribed()
             self.start_parameter_servers(env)
             mpirun = self.start_workers(env)
             self.wait_workers(mpirun)

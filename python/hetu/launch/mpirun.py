@@ -1,18 +1,24 @@
 """All workers under one mpirun: the worker shim and the reading of mpirun's tagged output."""
+import inspect
 import ipaddress
 import os
 import re
+import shlex
 import subprocess
 from typing import Dict, List, Optional
 
+from .. import threads
+from ..threads import THREAD_VARS
+
 # The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
 # equal to the one mpirun tracks, so mpirun's signals and exit codes reach the real process.
-# It also splits the host's cores among the workers on it: several workers each running BLAS and
-# kernel threads for every core spin against each other (a 2-core host with 2 workers ran 40x
-# slower). Variables the user set are kept.
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "HETU_NUM_THREADS")
+# It also gives each worker its share of the host's cores (hetu.threads, whose source it runs on
+# the host's Python before BLAS starts: the host's cores, not the launcher's): several workers
+# each running BLAS and kernel threads for every core spin against each other (a 2-core host with
+# 2 workers ran 40x slower). Variables the user set are kept.
 WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
-               't=$(( $(nproc) / HETU_LOCAL_WORKERS )); [ "$t" -ge 1 ] || t=1; '
+               f't=$("${{HETU_PYTHON:-python3}}" -S -c {shlex.quote(inspect.getsource(threads))} 2>/dev/null); '
+               '[ "$t" -ge 1 ] 2>/dev/null || t=1; '
                f'for v in {" ".join(THREAD_VARS)}; do '
                '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
 

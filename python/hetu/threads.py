@@ -1,0 +1,152 @@
+"""How many threads a hetu process runs its kernels and BLAS on.
+
+By default a process takes its share of the host: the cores it may use (its CPU affinity, and
+the CPU quota of its cgroup, which a container's limit sets) divided by the job's processes on
+the host. Every process taking every core made two workers on two cores spin against each other
+(3-4x slower than one thread each). The launcher says how many processes it starts on a host in
+HETU_PROCS_ON_HOST; under a bare mpirun, OMPI_COMM_WORLD_LOCAL_SIZE counts the host's workers.
+
+Standard library only: the launcher's worker shim runs this file's source as a script (printing
+the count) before the worker's interpreter, and with it BLAS, starts."""
+import ctypes
+import math
+import os
+
+# The variables that size a process's threads: OpenMP, the BLAS libraries, hetu's kernels.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "HETU_NUM_THREADS")
+PROCS_VAR = "HETU_PROCS_ON_HOST"
+
+
+def cgroup_cpu_limit(cgroup_root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
+    """The CPUs the process's cgroup quota allows (a fraction, e.g. 1.5), or None without one.
+    cgroup v2: cpu.max ("<quota> <period>" or "max <period>"); v1: cpu.cfs_quota_us and
+    cpu.cfs_period_us (quota -1: none). The process's own cgroup folder is tried first, then the
+    root (inside a container the root is the container's)."""
+    v2, v1 = [], []
+    try:
+        with open(self_cgroup) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    v2.append(path)
+                elif "cpu" in controllers.split(","):
+                    v1.append((controllers, path))
+    except (OSError, ValueError):
+        pass
+    for path in [*v2, "/"]:
+        value = _read(os.path.join(cgroup_root, path.lstrip("/"), "cpu.max"))
+        if value:
+            quota, _, period = value.partition(" ")
+            if quota == "max":
+                return None
+            return _quota(quota, period)
+    for folder in [os.path.join(c, p.lstrip("/")) for c, p in v1] + ["cpu", "cpu,cpuacct", ""]:
+        base = os.path.join(cgroup_root, folder)
+        quota, period = _read(os.path.join(base, "cpu.cfs_quota_us")), _read(os.path.join(base, "cpu.cfs_period_us"))
+        if quota and period:
+            return None if quota.startswith("-") else _quota(quota, period)
+    return None
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _quota(quota, period):
+    try:
+        quota, period = int(quota), int(period)
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def usable_cores(affinity=None, cgroup_limit=None):
+    """The cores this process may run on: its affinity mask (`affinity`: a set of CPUs, default
+    the process's own), at most its cgroup's quota rounded up (`cgroup_limit`: default read)."""
+    if affinity is None:
+        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = max(1, len(affinity))
+    limit = cgroup_cpu_limit() if cgroup_limit is None else cgroup_limit
+    if limit:
+        cores = min(cores, max(1, math.ceil(limit)))
+    return cores
+
+
+def processes_on_host(environ=None):
+    """The job's processes on this host: HETU_PROCS_ON_HOST (the launcher's count of its workers
+    and servers here), else mpirun's local size (workers only), else 1."""
+    environ = os.environ if environ is None else environ
+    for name in (PROCS_VAR, "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        try:
+            value = int(environ.get(name, ""))
+        except ValueError:
+            continue
+        if value > 0:
+            return value
+    return 1
+
+
+def default_threads(cores, processes):
+    """Each process's share of the host's cores, at least one."""
+    return max(1, cores // max(1, processes))
+
+
+def oversubscribed(cores, processes):
+    """The warning line for a host with more processes than usable cores, else None."""
+    if processes <= cores:
+        return None
+    return (f"warning: {processes} processes of the job share this host's {cores} usable core"
+            f"{'s' * (cores != 1)}: each runs 1 thread, and they will wait on each other")
+
+
+def configure(threads=None, environ=None, cores=None):
+    """Sizes this process's threads: `threads` if given (it wins over the environment), else
+    HETU_NUM_THREADS if set, else default_threads(). The count goes into THREAD_VARS that are
+    not set (all of them when `threads` is given), before hetu's kernels first read it, and into
+    an OpenBLAS already loaded. Returns (count, the oversubscription warning or None)."""
+    environ = os.environ if environ is None else environ
+    cores = usable_cores() if cores is None else cores
+    processes = processes_on_host(environ)
+    if threads is None:
+        try:
+            threads = max(1, int(environ["HETU_NUM_THREADS"]))
+        except (KeyError, ValueError):
+            threads = default_threads(cores, processes)
+        given = False
+    else:
+        given = True
+    for name in THREAD_VARS:
+        if given or not environ.get(name):
+            environ[name] = str(threads)
+    if environ is os.environ:
+        _set_loaded_openblas(int(environ["OPENBLAS_NUM_THREADS"]))
+    return threads, oversubscribed(cores, processes)
+
+
+def _set_loaded_openblas(threads):
+    """An OpenBLAS loaded before configure() (numpy's, imported first) sized its threads from the
+    environment then: set them again through its own call."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if line.count(" ") >= 5}
+    except OSError:
+        return
+    libraries = {p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)}
+    for path in libraries:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_"):
+            setter = getattr(lib, symbol, None)
+            if setter is not None:
+                setter(ctypes.c_int(threads))
+                break
+
+
+if __name__ == "__main__":   # the worker shim: the default count, for the variables not set
+    print(default_threads(usable_cores(), processes_on_host()))
