@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from dist_harness import COMMON, run_cluster
+from dist_harness import COMMON, run_cluster, run_single
 
 sys.path.insert(0, str(REPO / "examples/ctr"))
 import train  # noqa: E402
@@ -207,3 +207,26 @@ def test_refusals_name_the_flag(run, flags, herald, message, not_in):
     with pytest.raises(SystemExit) as stop:
         run(*flags, herald=herald)
     assert message in str(stop.value) and (not_in is None or not_in not in str(stop.value)), stop.value
+
+
+# --------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("script,mode", [
+    ("run_hetu.py", ["--comm", "PS"]),
+    ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
+    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru"])])
+def test_validation_scores_the_whole_split_in_every_mode(tmp_path, data_home, script, mode):
+    """201 validation samples, 2 workers x 25: 4 full global batches, then 1 sample left, which
+    worker 1 scores alone (worker 0's part is empty): every worker reports the single process's
+    scores over all 201."""
+    args = ["--rows", "2010", "--model", "wdl_criteo", "--val", "--iters-per-epoch", "10"]
+    _, single = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=50)
+    _, out = run_cluster(tmp_path, data_home, script, [*mode, "--bsp", "0", *args], 2, 1, 25)
+    assert single["final"]["val"]["samples"] == 201
+    summaries = train_summaries(out)
+    assert len(summaries) == 2, out[-3000:]
+    for got in summaries:
+        have, want = got["final"]["val"], single["final"]["val"]
+        assert have["samples"] == 201, have
+        for metric in ("auc", "logloss", "loss", "acc"):
+            assert abs(have[metric] - want[metric]) <= 1e-6, (metric, have[metric], want[metric])

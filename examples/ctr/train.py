@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 from tqdm import tqdm
@@ -184,12 +185,13 @@ def mode_name(args, herald):
 
 def make_inputs(data, batch_size, seed):
     """Dataloader ops of the dense features (None without them), ids and labels; every batch
-    read is checked for bad values, which are reported by file, row and column."""
+    read is checked for bad values, which are reported by file, row and column. Validation
+    reads its whole split: its last, partial global batch is spread over the workers."""
     def op(kind):
         if getattr(data.train, kind) is None:
             return None
         return ht.dataloader_op([ht.Dataloader(getattr(part, kind), batch_size, name, seed=seed,
-                                               check=part.checker(kind))
+                                               drop_last=name == "train", check=part.checker(kind))
                                  for part, name in ((data.train, "train"), (data.val, "validate"))])
     return op("dense"), op("sparse"), op("labels")
 
@@ -214,12 +216,19 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
             rate = len(losses) / (last_line - start)
             print(f"{desc}: {len(losses)}/{iterations} iterations, loss {np.mean(losses[-20:]):.4f}, "
                   f"{rate:.1f} it/s, {(iterations - len(losses)) / rate:.0f} s to go", flush=True)
-    pred, label, loss = np.concatenate(preds), np.concatenate(labels), float(np.mean(losses))
+    pred, label = np.concatenate(preds), np.concatenate(labels)
+    # A batch's loss is its samples' mean: weighted by its samples where batches differ (the
+    # last of a validation split).
+    sizes = [np.asarray(p).size for p in preds]
+    loss = float(np.mean(losses)) if len(set(sizes)) == 1 else \
+        sum(value * n for value, n in zip(losses, sizes) if n) / max(1, sum(sizes))
     comm = executor.graph.comm
     if comm is not None and comm.size > 1:
-        # The model's metrics, not this worker's: over every worker's predictions (a worker's
-        # loss is its samples' mean, and every worker has as many).
-        pred, label, loss = comm.allgather_array(pred), comm.allgather_array(label), comm.allreduce_mean(loss)
+        # The model's metrics, not this worker's: over every worker's predictions, the loss
+        # weighted by each worker's samples.
+        samples = comm.allreduce_mean(pred.size)
+        loss = comm.allreduce_mean(loss * pred.size) / samples
+        pred, label = comm.allgather_array(pred), comm.allgather_array(label)
     return {"loss": loss, "acc": ht.metrics.accuracy(label, pred), "auc": ht.metrics.auc(label, pred),
             "logloss": ht.metrics.logloss(label, pred), "samples": int(pred.size), "iterations": iterations}
 
@@ -353,7 +362,10 @@ def midway_checkpoints(executor, args, epoch_end):
 
 def validate(executor, progress):
     """The whole validation split: its metrics and their line for the log."""
-    val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        # Fewer samples left than workers: a worker's part of the last batch is empty, its mean nan.
+        warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+        val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
     return val, f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f} logloss {val['logloss']:.4f}"
 
 
@@ -405,7 +417,7 @@ def check_batches(executor, data, args):
     workers = executor.graph.num_workers
     splits = [("training", "train", len(data.train))] + ([("validation", "validate", len(data.val))] if args.val else [])
     for what, name, samples in splits:
-        if executor.get_batch_num(name) == 0:
+        if samples < workers * args.batch_size:
             raise SystemExit(f"the {what} split has {samples} samples, fewer than one global batch of {workers} "
                              f"worker(s) x --batch-size {args.batch_size}: lower --batch-size or use more data")
 

@@ -4,7 +4,8 @@ Iteration t of an epoch reads global batch B_t = samples [t*W*b, (t+1)*W*b) of t
 order (seeded shuffle or the stored order): GlobalBatches. Which samples of B_t this worker
 takes is its SamplePlan's answer: slice w of it for worker w of W (WorkerSlice, docs/design.md
 section 4), or the samples Herald's scheduler allocates (hetu.herald.Scheduler, which reads the
-GlobalBatches and hands the loader its plans: `set_plan`)."""
+GlobalBatches and hands the loader its plans: `set_plan`). With drop_last=False (validation) an
+epoch ends with the partial global batch of what is left, spread over the workers."""
 import collections
 import concurrent.futures
 import functools
@@ -32,7 +33,7 @@ class GlobalBatches:
 
     def __init__(self, samples, size, shuffle, seed, partial_last):
         self.samples, self.size, self.shuffle, self.seed = samples, size, shuffle, seed
-        # A last, partial batch only where one worker reads it all (drop_last=False).
+        # A last, partial batch (drop_last=False).
         self.batch_num = samples // size + (1 if partial_last and samples % size else 0)
 
     def epoch_order(self, epoch):
@@ -131,7 +132,7 @@ class Dataloader:
     @property
     def batches(self):
         return GlobalBatches(len(self.data), self.global_batch, self.shuffle, self.seed,
-                             partial_last=not self.drop_last and self.num_workers == 1)
+                             partial_last=not self.drop_last)
 
     @property
     def batch_num(self):
@@ -150,7 +151,13 @@ class Dataloader:
         return self.batches.epoch_order(epoch)
 
     def indices(self, step):
-        return self.batches.indices(step)[self.plan.samples(step)]
+        batch = self.batches.indices(step)
+        if len(batch) < self.global_batch and isinstance(self.plan, WorkerSlice):
+            # The partial last batch: worker w of W takes part w of W as even parts (a scheduler
+            # plans full batches only: it reads the training split, which drops its tail).
+            n, w, workers = len(batch), self.rank, self.num_workers
+            return batch[n * w // workers:n * (w + 1) // workers]
+        return batch[self.plan.samples(step)]
 
     def load(self, step):
         idx = self.indices(step)

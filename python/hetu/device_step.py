@@ -29,8 +29,8 @@ class DeviceStep:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.inputs = cuda.HostToDevice()
         self.cuda_graph = bool(cuda_graph)
-        self.plans = {}            # (subgraph, training) -> [node or CapturedRun]
-        self.eager_steps = {}      # (subgraph, training) -> eager steps run so far
+        self.plans = {}            # ((subgraph, training), batch shapes) -> [node or CapturedRun]
+        self.eager_steps = {}      # the same keys -> eager steps run so far
         self.pool = None           # the captured graphs' memory pool
         self.capture_error = None  # why capturing was given up, if it was
 
@@ -39,6 +39,8 @@ class DeviceStep:
         with self.stream:
             state.checks.reset()
             vals, host_vals = self._load_inputs(order, feeds, state)
+            # Batches of another shape (a validation split's last, partial one) are a run of their own.
+            key = (key, tuple(host_vals[n.id].shape for n in order if isinstance(n, DataloaderOp)))
             plan = self.plans.get(key)
             if plan is not None:
                 self._replay(plan, vals, host_vals, compute)
