@@ -21,12 +21,11 @@ the same model function and seed), so that the gap shows what training does, wit
 two draws from the same distributions. From equal parameters the two take equal steps (to
 float32 rounding), so what remains is that rounding, grown over the epochs.
 
-ht.Dataloader drops a split's last partial batch, so the driver's validation covers
-floor(val / batch) * batch samples. Both are therefore reported: on the driver's samples (hetu's
-own figures, and PyTorch on exactly those samples) and over the whole split, where hetu's
-trained parameters (--save-params) are run through the PyTorch forward. On the driver's samples
-that forward must reproduce the driver's own AUC: the `check` column, a test that the two
-architectures are the same function.
+The driver's validation covers the whole split (its last partial batch included), as the `whole`
+scores do. Both are reported: on the driver's samples (hetu's own figures, and PyTorch on exactly
+those samples) and over the whole split, where hetu's trained parameters (--save-params) are run
+through the PyTorch forward. On the driver's samples that forward must reproduce the driver's own
+AUC: the `check` column, a test that the two architectures are the same function.
 
     python bench/quality.py --case movielens --seeds 1 2 3      # MovieLens 100K, side features, time order
     python bench/quality.py --case criteo-multihot --rows 200000 --epochs 2 --seeds 1 2 3
@@ -82,7 +81,7 @@ def load(cfg):
 
 class Batches:
     """Contiguous batches of one split in stored order: (dense or None, values, offsets, labels)
-    as tensors. `drop_last` as ht.Dataloader (training, the driver's validation)."""
+    as tensors. `drop_last` as ht.Dataloader's training split (its validation split keeps its tail)."""
 
     def __init__(self, part, meta, batch, drop_last):
         self.part, self.batch = part, batch
@@ -117,9 +116,9 @@ def scores(pred, label):
 
 
 def evaluate(model, data, batch):
-    """Scores on the driver's validation samples (drop_last) and on the whole split."""
+    """Scores on the driver's validation samples (the whole split) and on the whole split."""
     pred, label = predict(model, Batches(data.val, data.meta, batch, drop_last=False))
-    driver_samples = len(data.val) // batch * batch
+    driver_samples = len(data.val)
     return {"driver": scores(pred[:driver_samples], label[:driver_samples]), "whole": scores(pred, label)}
 
 

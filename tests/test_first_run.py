@@ -230,3 +230,12 @@ def test_validation_scores_the_whole_split_in_every_mode(tmp_path, data_home, sc
         assert have["samples"] == 201, have
         for metric in ("auc", "logloss", "loss", "acc"):
             assert abs(have[metric] - want[metric]) <= 1e-6, (metric, have[metric], want[metric])
+
+
+def test_runner_threads_flag_sizes_every_process():
+    from hetu.launch.cli import cluster_from_args, parse_args
+    from hetu.launch.cluster import ConfigError
+    cluster = cluster_from_args(parse_args(["-w", "2", "--threads", "3", "python", "x.py"]))
+    assert all(cluster.env[name] == "3" for name in threads.THREAD_VARS)
+    with pytest.raises(ConfigError, match="--threads must be at least 1, got 0"):
+        cluster_from_args(parse_args(["-w", "2", "--threads", "0", "python", "x.py"]))

@@ -5,6 +5,7 @@ import sys
 
 from .cluster import VANS, Cluster, ConfigError, load_cluster, local_cluster
 from .job import EXIT_USAGE, Job
+from ..threads import THREAD_VARS
 
 
 def parse_args(argv):
@@ -25,6 +26,10 @@ def parse_args(argv):
                     help="seconds between the stop signal and SIGKILL at teardown (also when the launcher is lost)")
     ap.add_argument("--van", choices=sorted(VANS), default=None,
                     help="parameter-server transport (overrides the cluster file's 'van'; default zmq)")
+    ap.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="threads of every process's kernels and BLAS (HETU_NUM_THREADS, OMP_NUM_THREADS, ...; "
+                         "a node's server_threads still sizes its servers); default: each process takes the "
+                         "host's usable cores divided by the job's processes on the host")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the commands started")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="worker command")
     return ap.parse_args(argv)
@@ -34,6 +39,10 @@ def cluster_from_args(args) -> Cluster:
     cluster = _cluster_shape(args)
     if args.van:
         cluster.van = args.van
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise ConfigError(f"--threads must be at least 1, got {args.threads}")
+        cluster.env.update({name: str(args.threads) for name in THREAD_VARS})
     _check_van_is_built(cluster.van)
     return cluster
 
