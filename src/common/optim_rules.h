@@ -12,7 +12,6 @@
 // hetu._C binds it (src/bindings/optim.cpp), and hetu.optim, hetu.ps, the CLI and the benches
 // take their names, hyperparameters and defaults from there.
 #pragma once
-#include <cmath>
 #include <cstdint>
 
 #include "common/optim_step.h"
@@ -63,10 +62,12 @@ constexpr KindInfo kKinds[] = {
     {"rowwise_adagrad", kRowwiseAdaGrad, kAdaGrad, {uses(&Config::eps), uses(&Config::l2reg)}},
 };
 
+constexpr int kNumKinds = sizeof(kKinds) / sizeof(kKinds[0]);
+
 constexpr bool kinds_in_order() {
   for (int k = 0; k < kNumKinds; ++k)
     if (kKinds[k].kind != k || rowwise(kKinds[k].dense_kind)) return false;
-  return sizeof(kKinds) / sizeof(kKinds[0]) == kNumKinds;
+  return true;
 }
 static_assert(kinds_in_order(), "kKinds lists every Kind once, in order, each with an element-wise dense kind");
 

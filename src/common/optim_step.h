@@ -6,7 +6,9 @@
 // operations. Self-contained (no project headers; no standard headers under NVRTC) and C++11.
 //
 // Adding a kind: its Kind value, its arithmetic below, a case in step_element (element-wise) or
-// step_rowwise and rowwise() (row-wise), its state_width, and its entry in optim_rules.h's kKinds.
+// in step_rowwise and rowwise() (row-wise), its state_width if it keeps state, and its entry in
+// optim_rules.h's kKinds (name, hyperparameters, defaults). A hyperparameter: a float of Config
+// and its line in optim_rules.h's kHyperparameters. Python, the CLI and the kernels follow.
 #ifndef HETU_COMMON_OPTIM_STEP_H_  // a guard, not #pragma once: NVRTC sees this as its main file
 #define HETU_COMMON_OPTIM_STEP_H_
 
@@ -30,7 +32,6 @@ typedef std::int64_t i64;
 #endif
 
 enum Kind : int { kSGD = 0, kMomentum = 1, kNesterov = 2, kAdaGrad = 3, kAdam = 4, kAdamW = 5, kRowwiseAdaGrad = 6 };
-constexpr int kNumKinds = 7;
 
 // A kind and its hyperparameters, with their defaults. optim_rules.h's kHyperparameters names
 // the floats (Python reads them from there); which kinds read which is in its kKinds.
