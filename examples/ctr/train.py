@@ -4,6 +4,7 @@ Data path: hetu.data.load_dataset (memory-mapped arrays) -> ht.Dataloader per sp
 dataloader ops feeding the model graph -> ht.Executor (with the distribution, cache and
 scheduler options) -> per-epoch loss / accuracy / AUC."""
 import argparse
+import functools
 import json
 import os
 import sys
@@ -19,13 +20,8 @@ from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from models import MODELS
 
-OPTIMIZERS = {
-    "sgd": ht.optim.SGDOptimizer,
-    "momentum": ht.optim.MomentumOptimizer,
-    "adagrad": ht.optim.AdaGradOptimizer,
-    "rowwise_adagrad": ht.optim.RowwiseAdaGradOptimizer,
-    "adam": ht.optim.AdamOptimizer,
-}
+# --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
+OPTIMIZERS = {name: functools.partial(ht.optim.optimizer, name) for name in ht.optim.KINDS}
 
 
 def _checked(convert, test, wanted):
