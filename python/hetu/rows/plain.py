@@ -4,6 +4,8 @@ from . import RowSource
 
 
 class PlainRows(RowSource):
+    """The plain-PS RowSource: the servers' rows, each step."""
+
     def lookup(self, uniq):
         self.counters.add(rows_pulled=len(uniq), bytes_pulled=len(uniq) * (self.remote.row_bytes + 8),
                           misses=len(uniq))
