@@ -68,7 +68,8 @@ struct SampleRows {
 
 // Herald's allocators: which worker trains which sample of a global batch of n samples. Each
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
-// deterministic: every worker computes the same assignment.
+// deterministic: every worker computes the same assignment. GreedyAllocate and ColocateAllocate's
+// placement are defined in placement.cpp, its trades in trades.cpp, what ties them in allocate.cpp.
 
 // The rows ColocateAllocate scores, by sample: those several but few enough samples of the batch
 // read to be traded over (light), among them those the placement scores (lightest), and apart from
