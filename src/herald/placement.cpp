@@ -136,9 +136,9 @@ void Place(const SampleRows& samples, const ScoredRows& scored, const WorkerLane
   }
 }
 
-#define HETU_PLACE(Mask, Lane)                                                                                       \
-  template void Place<Mask, Lane>(const SampleRows&, const ScoredRows&, const WorkerLanes<Mask, Lane>*, const uint64_t*, \
-                                  int64_t, int, int64_t, int64_t, int32_t*, Pool*);
+#define HETU_PLACE(Mask, Lane)                                                                         \
+  template void Place<Mask, Lane>(const SampleRows&, const ScoredRows&, const WorkerLanes<Mask, Lane>*, \
+                                  const uint64_t*, int64_t, int, int64_t, int64_t, int32_t*, Pool*);
 HETU_HERALD_EACH_MASK_AND_LANE(HETU_PLACE)
 #undef HETU_PLACE
 

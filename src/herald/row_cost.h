@@ -162,9 +162,9 @@ constexpr int32_t kSharedAnyway = 4;
 // The (Mask, Lane) pairs ColocateAllocate picks from: the narrowest mask that holds the workers,
 // the narrowest lanes that hold a sample's sums. X(Mask, Lane) for each (placement.cpp and
 // trades.cpp instantiate their steps with it).
-#define HETU_HERALD_EACH_MASK_AND_LANE(X)                                                                             \
-  X(uint8_t, int16_t) X(uint8_t, int32_t) X(uint16_t, int16_t) X(uint16_t, int32_t) X(uint32_t, int16_t) \
-      X(uint32_t, int32_t) X(uint64_t, int16_t) X(uint64_t, int32_t)
+#define HETU_HERALD_EACH_MASK_AND_LANE(X)                                                  \
+  X(uint8_t, int16_t) X(uint8_t, int32_t) X(uint16_t, int16_t) X(uint16_t, int32_t) \
+  X(uint32_t, int16_t) X(uint32_t, int32_t) X(uint64_t, int16_t) X(uint64_t, int32_t)
 
 }  // namespace herald
 }  // namespace hetu

@@ -323,8 +323,9 @@ void Trade(const ScoredRows& scored, const WorkerLanes<Mask, Lane>* alone, const
   }
 }
 
-#define HETU_TRADE(Mask, Lane) \
-  template void Trade<Mask, Lane>(const ScoredRows&, const WorkerLanes<Mask, Lane>*, const uint64_t*, int, int32_t*, Pool*);
+#define HETU_TRADE(Mask, Lane)                                                                              \
+  template void Trade<Mask, Lane>(const ScoredRows&, const WorkerLanes<Mask, Lane>*, const uint64_t*, int, int32_t*, \
+                                  Pool*);
 HETU_HERALD_EACH_MASK_AND_LANE(HETU_TRADE)
 #undef HETU_TRADE
 
