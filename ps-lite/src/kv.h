@@ -17,7 +17,7 @@ struct Serving;  // ops/serving.h
 struct Asked;    // py_face.h
 struct PyFace;   // py_face.h
 
-// X(enum name, id on the wire (Meta.op), its OpDef, defined in its file under ops/)
+// X(enum name, its id in Meta.op (on the wire: never reused), its OpDef from its file under ops/)
 #define PS_OPS(X)                \
   X(kInit, 1, kInitOp)           \
   X(kPush, 2, kPushOp)           \
@@ -29,7 +29,8 @@ struct PyFace;   // py_face.h
   X(kSave, 8, kSaveOp)           \
   X(kLoad, 9, kLoadOp)           \
   X(kClear, 10, kClearOp)        \
-  X(kStats, 11, kStatsOp)
+  X(kStats, 11, kStatsOp)        \
+  /* one line per op, above this one */
 
 enum Op : int {
 #define PS_OP_ENUM(op, id, def) op = id,
