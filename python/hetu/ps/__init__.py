@@ -391,7 +391,7 @@ class Client:
         stream = _ps.name_stream(name) if stream is None else int(stream)
         table = Table(name, rows, width, opt, dense, _shape, storage)
         table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed), stream=stream,
-                      optim_kind=OPTIMIZERS[opt], bsp=bool(bsp), staleness=int(staleness), **c).wait(timeout)
+                      optimizer=dict(c, kind=OPTIMIZERS[opt]), bsp=bool(bsp), staleness=int(staleness)).wait(timeout)
         return table
 
     def init_dense(self, name, shape, init=("constant", 0.0), **kwargs):
