@@ -1,38 +1,30 @@
 #include "optim_config.h"
 
 #include <stdexcept>
-#include <string>
 
 namespace ps {
 
-namespace {
-
-// pb::OptimConfig's field of the hyperparameter's name (meta.proto names them alike).
-const google::protobuf::FieldDescriptor* ProtoField(const OptimField& f) {
-  const auto* field = pb::OptimConfig::descriptor()->FindFieldByName(f.name);
-  if (!field) throw std::logic_error(std::string("pb::OptimConfig has no field ") + f.name);
-  return field;
-}
-
-}  // namespace
-
-const OptimField* FindOptimField(const std::string& name) {
-  for (const OptimField& f : kOptimFields)
-    if (name == f.name) return &f;
+const hetu::optim::Hyperparameter* FindHyperparameter(const std::string& name) {
+  for (const auto& h : hetu::optim::kHyperparameters)
+    if (name == h.name) return &h;
   return nullptr;
 }
 
 pb::OptimConfig OptimToProto(const hetu::optim::Config& c) {
   pb::OptimConfig p;
   p.set_kind(c.kind);
-  for (const OptimField& f : kOptimFields) p.GetReflection()->SetFloat(&p, ProtoField(f), c.*f.value);
+  for (const auto& h : hetu::optim::kHyperparameters) (*p.mutable_settings())[h.name] = c.*h.member;
   return p;
 }
 
 hetu::optim::Config OptimFromProto(const pb::OptimConfig& p) {
   hetu::optim::Config c;
   c.kind = p.kind();
-  for (const OptimField& f : kOptimFields) c.*f.value = p.GetReflection()->GetFloat(p, ProtoField(f));
+  for (const auto& [name, value] : p.settings()) {
+    const auto* h = FindHyperparameter(name);
+    if (!h) throw std::invalid_argument("unknown optimizer setting '" + name + "'");
+    c.*h->member = value;
+  }
   return c;
 }
 

@@ -66,7 +66,7 @@ bool Serve(Serving& s) {
 }
 
 // The optimizer dict of Table.init: "kind" (hetu::optim::Kind) and hyperparameters by name
-// (optim_config.h); those left out keep hetu::optim::Config's defaults.
+// (the registry's, hetu::optim::kHyperparameters); those left out keep hetu::optim::Config's defaults.
 hetu::optim::Config OptimOf(const std::string& table, const py::dict& optimizer) {
   hetu::optim::Config c;
   for (auto [key, value] : optimizer) {
@@ -75,9 +75,9 @@ hetu::optim::Config OptimOf(const std::string& table, const py::dict& optimizer)
       c.kind = value.cast<int>();
       continue;
     }
-    const OptimField* f = FindOptimField(name);
-    if (!f) throw py::value_error("table '" + table + "': unknown optimizer setting '" + name + "'");
-    c.*f->value = value.cast<float>();
+    const auto* h = FindHyperparameter(name);
+    if (!h) throw py::value_error("table '" + table + "': unknown optimizer setting '" + name + "'");
+    c.*h->member = value.cast<float>();
   }
   return c;
 }
