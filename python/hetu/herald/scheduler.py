@@ -9,7 +9,7 @@ and takes the answers. The C++ planner (hetu._C.Planner,
 src/herald/planner.cpp) keeps a model of every worker's cache (the CachePolicy that the real
 caches use, plus which cached rows are valid and which are dirty) and, per iteration:
 
-1. allocates the global batch, b samples per worker (src/herald/allocate.cpp). "greedy" is the
+1. allocates the global batch, b samples per worker (src/herald/allocate.cpp, placement.cpp, trades.cpp). "greedy" is the
    rule of docs/design.md: score(s, w) = rows of sample s valid in w's cache, each sample to its
    best-scoring worker with room. "colocate" (the default) places samples in the same order
    but on the worker where each adds the fewest row transmissions, which also counts rows that
