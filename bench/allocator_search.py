@@ -25,7 +25,7 @@ from planner_offline import check_enough_samples, sample_stream
 
 
 def row_cost(readers, valid):
-    """RowCost of src/herald/allocate.cpp, for one row."""
+    """RowCost of src/herald/row_cost.h, for one row."""
     n = bin(readers).count("1")
     if n == 0:
         return 0

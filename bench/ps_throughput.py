@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from hetu.ps import pick_root_port
+from hetu.ps import OPTIMIZERS, pick_root_port
 
 WIDTH = 128
 ROWS = 1 << 18  # 256K rows x 128 floats = 128 MiB per table
@@ -81,7 +81,6 @@ def ps_worker(args):
 
 def raw_server(args):
     from hetu import _ps
-    from hetu.ps import OPTIMIZERS
     kinds = [OPTIMIZERS[o] for o in args.optimizers] if args.table else []
     _ps._raw_bench_server(args.port, WIDTH, max(args.batches), ROWS if args.table else 0, kinds, args.rank,
                           len(args.ports))
@@ -194,7 +193,7 @@ def main():
                     help="runs per shape, alternating PS and raw (shared machines)")
     ap.add_argument("--stat", default="median", choices=["median", "best"],
                     help="which of the repeated runs each column reports")
-    ap.add_argument("--optimizers", nargs="+", default=["sgd", "adam"], choices=["sgd", "adam"],
+    ap.add_argument("--optimizers", nargs="+", default=["sgd", "adam"], choices=sorted(OPTIMIZERS),
                     help="server-side optimizers of the pushes (a table each); pulls use the first")
     ap.add_argument("--vans", nargs="+", default=["zmq"], choices=["zmq", "ucx"],
                     help="parameter-server transports to measure, side by side")

@@ -48,8 +48,9 @@ import hetu.ps as ps  # noqa: E402
 from hetu import _ps  # noqa: E402
 from hetu.launch.processes import descendants  # noqa: E402
 
-# run_hetu.py's optimizers; their state floats per row are the servers' (hetu::optim::state_width)
-OPTIMIZER_NAMES = ("adagrad", "adam", "momentum", "rowwise_adagrad", "sgd")
+# run_hetu.py's optimizers (hetu's registry); their state floats per row are the servers'
+# (hetu::optim::state_width)
+OPTIMIZER_NAMES = tuple(sorted(ps.OPTIMIZERS))
 # per row on a server: a step count and a version, 32 bits each until one could pass 2^31 - 1
 # (ps-lite/src/shard_arrays.h), as in every run here
 META_BYTES = 8

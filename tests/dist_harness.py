@@ -2,11 +2,11 @@
 compares the trained parameters (docs/design.md section 4)."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 
+import jobs
 from conftest import REPO
 
 COMMON = ["--no-progress", "--rows", "20000", "--embedding-size", "8", "--iters-per-epoch", "30"]
@@ -23,7 +23,7 @@ def run_single(tmp_path, data_home, script, args, global_batch):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
     cmd = [sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
            "--batch-size", str(global_batch), "--save-params", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return dict(np.load(out)), _summary(proc.stdout)
 
@@ -34,7 +34,7 @@ def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, time
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--van", van,
            "--timeout", str(timeout - 20), sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
            "--batch-size", str(batch), "--save-params", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return dict(np.load(out)), proc.stdout
 

@@ -1,5 +1,5 @@
 """Real ps-lite jobs on loopback for the tests: a scheduler and servers run by
-``python -m hetu.launcher``, workers run a Python snippet; everything is a subprocess,
+``python -m hetu.launcher``, workers run a Python snippet; every process is a jobs.Job,
 killed in teardown, and every wait has a timeout."""
 import hashlib
 import hmac
@@ -13,6 +13,8 @@ import textwrap
 import time
 
 import pytest
+
+from jobs import Job, alive  # noqa: F401 (alive: for the tests that import it from here)
 
 WORKER_PREAMBLE = """
 import json, os, sys, time
@@ -33,15 +35,6 @@ def _built_vans():
 needs_ucx = pytest.mark.skipif("ucx" not in _built_vans(), reason="hetu built without UCX (libucx-dev)")
 # Parameter for tests that run over each van.
 VANS = [pytest.param("zmq"), pytest.param("ucx", marks=needs_ucx)]
-
-
-def alive(pid):
-    """Whether process `pid` still runs (a zombie does not count)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def free_port():
@@ -76,7 +69,7 @@ class Cluster:
     def _spawn(self, name, cmd, env):
         log = self.tmp / f"{name}.log"
         f = open(log, "w")
-        p = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        p = Job(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         f.close()
         self.procs[name] = (p, log)
         return p
@@ -144,15 +137,12 @@ class Cluster:
     def kill(self, name, sig=signal.SIGKILL):
         p, _ = self.procs[name]
         if p.poll() is None:
-            os.killpg(p.pid, sig)
+            p.stop(sig)
 
     def close(self):
         for n, (p, _) in self.procs.items():
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                p.stop()
                 p.wait(10)
 
 

@@ -2,11 +2,11 @@
 OpenBLAS picks, not only this machine's: each kernel this CPU can run is forced in turn
 (OPENBLAS_CORETYPE), so an AVX-512 machine also runs the AVX2 path of an AVX2-only one."""
 import os
-import subprocess
 import sys
 
 import pytest
 
+import jobs
 from blas_kernels import KERNELS, openblas_kernel, runnable
 from dist_harness import assert_same_parameters, run_cluster, run_single
 
@@ -25,8 +25,8 @@ def kernel(request, monkeypatch):
     monkeypatch.setenv("OPENBLAS_CORETYPE", name)
     probe = "import sys; sys.path.insert(0, sys.argv[1]); from blas_kernels import openblas_kernel; " \
             "print(openblas_kernel())"
-    proc = subprocess.run([sys.executable, "-c", probe, os.path.dirname(__file__)], capture_output=True, text=True,
-                          timeout=60)
+    proc = jobs.run([sys.executable, "-c", probe, os.path.dirname(__file__)], capture_output=True, text=True,
+                    timeout=60)
     assert proc.stdout.strip() in REPORTED.get(name, {name}), proc.stdout + proc.stderr   # the kernel is in force
     return name
 

@@ -180,8 +180,8 @@ def test_cache_smaller_than_a_batch_still_exact(tmp_path, data_home):
 HET_ON_SERVERS = """
 import types
 import hetu as ht
-from hetu.cache import CachedTable
-from hetu.cache.counters import Counters
+from hetu.rows.counters import Counters
+from hetu.rows.het import CachedTable
 
 R, WIDTH, LR, r = 40, 4, 0.01, ps.rank()
 opt = getattr(ht.optim, ARGS["optimizer"])(learning_rate=LR)
@@ -191,7 +191,7 @@ table = ps.client().init_table("emb", R, WIDTH, init=("uniform", -1, 1), seed=5,
 
 
 class Remote:
-    '''The versioned pull and the iteration-tagged push of hetu.dist.ps.RemoteTable.'''
+    '''The versioned pull and the iteration-tagged push of hetu.rows.servers.RemoteTable.'''
     param = types.SimpleNamespace(shape=(R, WIDTH), name="emb")
     row_bytes = grad_bytes = WIDTH * 4   # fp32 rows and gradients on the wire
     clock = 0

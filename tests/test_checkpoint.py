@@ -5,12 +5,12 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import jobs
 from conftest import REPO
 from dist_harness import COMMON, assert_same_parameters, run_cluster, run_single
 
@@ -29,9 +29,9 @@ def test_single_process_resume_is_bit_identical(tmp_path, data_home, optimizer):
     ckpt = tmp_path / "ckpt"
     # 14 of the epoch's 20 steps, a checkpoint every 6: after steps 6, 12 and 14 (the end).
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *optimizer,
-                           "--batch-size", "64", "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *optimizer,
+                     "--batch-size", "64", "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
+                    capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [int(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("checkpoint at step")] \
         == [6, 12, 14], proc.stdout
@@ -125,7 +125,7 @@ def test_a_resume_whose_saved_shards_do_not_add_up_is_refused(tmp_path, data_hom
         cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--timeout",
                "150", sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *args, "--nepoch", "2",
                "--batch-size", str(batch), "--resume", str(folder)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=200)
+        proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=200)
         return proc.returncode, proc.stdout + proc.stderr
 
     code, out = resume(ckpt, 4, 1, 32)
@@ -147,7 +147,7 @@ def test_a_resume_whose_saved_shards_do_not_add_up_is_refused(tmp_path, data_hom
 def _run(data_home, script, *args, launcher=()):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
     cmd = [*launcher, sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=200)
+    return jobs.run(cmd, capture_output=True, text=True, env=env, timeout=200)
 
 
 @pytest.mark.timeout(300)
@@ -213,10 +213,10 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, data_home):
 
 def test_resume_of_an_interrupted_first_save_names_its_temporary_folder(tmp_path, data_home):
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *SGD, "--batch-size", "64",
-                           "--iters-per-epoch", "2", "--checkpoint", str(ckpt)], capture_output=True, text=True,
-                          env=dict(os.environ, HETU_DATA_HOME=data_home, HETU_CHECKPOINT_STOP_AT="written"),
-                          timeout=200)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *SGD, "--batch-size", "64",
+                     "--iters-per-epoch", "2", "--checkpoint", str(ckpt)], capture_output=True, text=True,
+                    env=dict(os.environ, HETU_DATA_HOME=data_home, HETU_CHECKPOINT_STOP_AT="written"),
+                    timeout=200)
     assert proc.returncode == -9, proc.stdout + proc.stderr   # killed after writing, before the swap
     [unfinished] = [p for p in os.listdir(tmp_path) if p.startswith(".tmp-ckpt.")]
     proc = _run(data_home, "run_hetu.py", *SGD, "--batch-size", "64", "--resume", str(ckpt))
@@ -232,9 +232,9 @@ def test_a_save_that_runs_out_of_space_ends_in_one_line_and_leaves_nothing(tmp_p
     # A 512 KiB file system in a mount namespace of the run's own: the checkpoint (a few MB) cannot fit.
     run = " ".join(map(shlex.quote, [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *SGD,
                                      "--batch-size", "64", "--iters-per-epoch", "3", "--checkpoint", str(small / "ckpt")]))
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=512k tmpfs {shlex.quote(str(small))} "
-                           f"&& {{ {run}; rc=$?; ls -A {shlex.quote(str(small))}; exit $rc; }}"],
-                          capture_output=True, text=True, env=dict(os.environ, HETU_DATA_HOME=data_home), timeout=200)
+    proc = jobs.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=512k tmpfs {shlex.quote(str(small))} "
+                     f"&& {{ {run}; rc=$?; ls -A {shlex.quote(str(small))}; exit $rc; }}"],
+                    capture_output=True, text=True, env=dict(os.environ, HETU_DATA_HOME=data_home), timeout=200)
     if "mount" in proc.stderr and "epoch 0" not in proc.stdout:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -2,12 +2,12 @@
 its documented law (ranks, permutation, hashed normals), and law 1's bytes kept as they were."""
 import hashlib
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import jobs
 from hetu.data import generate_synthetic, load_dataset, top_rows_lookup_share
 from hetu.data.store import NpyWriter, create_array, npy_row_chunks
 from hetu.data.synthetic import (HEAD_RANKS, FeistelPermutation, PowerLawRanks, ZipfRanks,
@@ -63,8 +63,8 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 ], ids=["criteo-scale1", "multihot-scale0.2"])
 def test_peak_memory_does_not_grow_with_the_table(tmp_path, args):
     output = tmp_path / "d"
-    proc = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, "--output", str(output)] + args,
-                          capture_output=True, text=True, timeout=300)
+    proc = jobs.run([sys.executable, "-c", PEAK_RSS_SCRIPT, "--output", str(output)] + args,
+                    capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     peak_mib = int(proc.stdout.split()[-1]) / 1024
     meta = json.loads((output / "meta.json").read_text())

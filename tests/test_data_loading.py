@@ -1,12 +1,13 @@
 """load_dataset: memory-mapped train/val views, the synthetic cache, and concurrent first use."""
 import importlib.util
 import multiprocessing
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import jobs
 
 import hetu as ht
 import hetu.data.cache as cache
@@ -90,9 +91,9 @@ def test_a_bad_id_stops_training_with_its_place(tmp_path):
     array = np.load(folder / "sparse.npy", mmap_mode="r+")
     array[70, 5] = -1
     array.flush()
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--data-dir", str(folder),
-                           "--batch-size", "32", "--embedding-size", "8", "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--data-dir", str(folder),
+                     "--batch-size", "32", "--embedding-size", "8", "--no-progress"],
+                    capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {folder}/sparse.npy, row 70, column 5 (C6): -1 is an id outside its field's rows"), \

@@ -1,12 +1,12 @@
 """MovieLens side features on tiny hand-written users and items files of both formats; the
 expected ids are worked out by hand in the comments."""
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import jobs
 from hetu.data import DataFormatError, load_dataset, prepare_movielens
 from hetu.data.movielens_side import GENRES_100K
 
@@ -177,5 +177,5 @@ def test_cli_reports_a_missing_user_with_exit_status_2(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "hetu.data.prepare", *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
+    return jobs.run([sys.executable, "-m", "hetu.data.prepare", *map(str, args)],
+                    capture_output=True, text=True, timeout=60)

@@ -1,6 +1,5 @@
 """Synthetic ``criteo-multihot`` (MLPerf DLRM-DCNv2's Criteo 1TB shape, every field a bag)."""
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -10,6 +9,7 @@ from hetu.data import generate_synthetic, load_dataset, rank_auc, synthetic_data
 from hetu.data.criteo import FIELD_NAMES
 from hetu.data.synthetic import (MLPERF_FIELD_SIZES, MLPERF_HOTNESS, scaled_field_sizes,
                                  synthetic_spec)
+import jobs
 from test_data_synthetic import fit_logistic_regression
 
 ARRAYS = ("dense.npy", "sparse.npy", "labels.npy")
@@ -137,10 +137,10 @@ def test_hotness_scale_leaves_single_hot_shapes_alone(tmp_path):
 
 def test_cli_generates_the_shape(tmp_path):
     out = tmp_path / "cli"
-    proc = subprocess.run([sys.executable, "-m", "hetu.data.prepare", "synthetic", "--shape",
-                           "criteo-multihot", "--rows", "1000", "--hotness-scale", "0.5",
-                           "--output", str(out), "--quiet"], capture_output=True, text=True,
-                          timeout=120)
+    proc = jobs.run([sys.executable, "-m", "hetu.data.prepare", "synthetic", "--shape",
+                     "criteo-multihot", "--rows", "1000", "--hotness-scale", "0.5",
+                     "--output", str(out), "--quiet"], capture_output=True, text=True,
+                    timeout=120)
     assert proc.returncode == 0, proc.stderr
     meta = load_dataset(out).meta
     assert meta.field_slots[20] == 50 and meta.num_slots == sum(

@@ -2,12 +2,12 @@
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import jobs
 from hetu.data import (DataFormatError, load_dataset, prepare_avazu, prepare_criteo,
                        prepare_movielens)
 from hetu.data import store
@@ -271,9 +271,9 @@ def test_dataset_does_not_depend_on_the_thread_count(tmp_path):
     src = write(tmp_path, "train.txt", "".join(lines))
     for threads in (1, 2):
         env = dict(os.environ, HETU_NUM_THREADS=str(threads))
-        proc = subprocess.run([sys.executable, "-m", "hetu.data.prepare", "criteo", "--input", str(src),
-                               "--output", str(tmp_path / f"t{threads}"), "--quiet"], capture_output=True, text=True,
-                              env=env, timeout=120)
+        proc = jobs.run([sys.executable, "-m", "hetu.data.prepare", "criteo", "--input", str(src),
+                         "--output", str(tmp_path / f"t{threads}"), "--quiet"], capture_output=True, text=True,
+                        env=env, timeout=120)
         assert proc.returncode == 0, proc.stderr
     for name in ("dense.npy", "sparse.npy", "labels.npy", "meta.json"):
         assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes(), name
@@ -451,8 +451,8 @@ def test_movielens_bad_line(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "hetu.data.prepare", *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
+    return jobs.run([sys.executable, "-m", "hetu.data.prepare", *map(str, args)],
+                    capture_output=True, text=True, timeout=60)
 
 
 def test_cli_exit_status_and_messages(tmp_path):

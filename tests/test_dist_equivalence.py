@@ -51,7 +51,7 @@ def test_asp_and_ssp_finish_and_learn(tmp_path, data_home, bsp):
 @pytest.mark.timeout(180)
 def test_worker_killed_mid_run_ends_the_job_naming_it(tmp_path, data_home):
     import os
-    import subprocess
+    import jobs
     import sys
     import time
     from conftest import REPO
@@ -63,10 +63,10 @@ def test_worker_killed_mid_run_ends_the_job_naming_it(tmp_path, data_home):
               f"runpy.run_path({str(REPO / 'examples/ctr/run_hetu.py')!r}, run_name='__main__')")
     env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="10")
     start = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "1", "--timeout", "150",
-                           sys.executable, "-c", script, "--comm", "Hybrid", "--model", "wdl_criteo", "--rows", "20000",
-                           "--embedding-size", "8", "--all", "--nepoch", "50", "--no-progress"],
-                          capture_output=True, text=True, env=env, timeout=170)
+    proc = jobs.run([sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "1", "--timeout", "150",
+                     sys.executable, "-c", script, "--comm", "Hybrid", "--model", "wdl_criteo", "--rows", "20000",
+                     "--embedding-size", "8", "--all", "--nepoch", "50", "--no-progress"],
+                    capture_output=True, text=True, env=env, timeout=170)
     assert proc.returncode not in (0, 124), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "worker 1 on localhost failed (killed by signal 9" in proc.stderr, proc.stderr[-2000:]
     assert time.time() - start < 120

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+import jobs
 from conftest import REPO
 from dist_harness import COMMON
 from ps_helpers import alive, cluster_fixture, zmq_job_dealer
@@ -38,8 +39,8 @@ def cluster(tmp_path):
 
 def run_hetu(data_home, *args, launcher=(), env=None, timeout=200):
     env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20", **(env or {}))
-    return subprocess.run([*launcher, sys.executable, str(RUN_HETU), *SMALL, *args],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return jobs.run([*launcher, sys.executable, str(RUN_HETU), *SMALL, *args],
+                    capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def one_line_error(proc, message):
@@ -78,9 +79,9 @@ def test_killed_launcher_takes_every_process_of_its_job_with_it(tmp_path):
     tmp = tmp_path / "tmp"   # the job's work folder and Open MPI's session folder go here
     tmp.mkdir()
     env = dict(os.environ, OUT=str(tmp_path), TMPDIR=str(tmp))
-    launcher = subprocess.Popen([sys.executable, str(RUNNER), "-w", "2", "-s", "1", "--kill-grace", "3",
-                                 sys.executable, "-c", WORKER_THAT_TRAINS_ON],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    launcher = jobs.Job([sys.executable, str(RUNNER), "-w", "2", "-s", "1", "--kill-grace", "3",
+                         sys.executable, "-c", WORKER_THAT_TRAINS_ON],
+                        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     log.close()
     try:
         deadline = time.monotonic() + 60
@@ -123,8 +124,8 @@ def test_killed_launcher_takes_every_process_of_its_job_with_it(tmp_path):
 
 @needs_mpirun
 def test_a_finished_job_leaves_its_guard_quiet(tmp_path):
-    proc = subprocess.run([sys.executable, str(RUNNER), "-w", "1", "-s", "0", sys.executable, "-c", "pass"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = jobs.run([sys.executable, str(RUNNER), "-w", "1", "-s", "0", sys.executable, "-c", "pass"],
+                    capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "is gone" not in proc.stderr
 
@@ -132,8 +133,8 @@ def test_a_finished_job_leaves_its_guard_quiet(tmp_path):
 def test_cluster_file_of_binary_garbage_is_one_line(tmp_path):
     garbage = tmp_path / "cluster.yml"
     garbage.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)))
-    proc = subprocess.run([sys.executable, str(RUNNER), "-c", str(garbage), "true"],
-                          capture_output=True, text=True, timeout=60)
+    proc = jobs.run([sys.executable, str(RUNNER), "-c", str(garbage), "true"],
+                    capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"heturun: error: {garbage}: not a text file") and \
         len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -277,8 +278,8 @@ def test_truncated_npy_is_named(dataset):
     os.truncate(sparse, sparse.stat().st_size - 100)
     with pytest.raises(ValueError, match=f"{sparse} is truncated: .* its header describes int64\\[2000, 26\\]"):
         load_dataset(dataset)
-    proc = subprocess.run([sys.executable, str(RUN_HETU), "--data-dir", str(dataset), "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = jobs.run([sys.executable, str(RUN_HETU), "--data-dir", str(dataset), "--no-progress"],
+                    capture_output=True, text=True, timeout=120)
     one_line_error(proc, f"--data-dir {dataset}: {sparse} is truncated")
 
 
@@ -292,8 +293,8 @@ def test_num_embeddings_below_the_ids_is_caught_at_load(dataset):
     meta = json.loads((dataset / "meta.json").read_text())
     meta["num_embeddings"] = meta["field_offsets"][-1]   # the last field's ids lie beyond it
     (dataset / "meta.json").write_text(json.dumps(meta))
-    proc = subprocess.run([sys.executable, str(RUN_HETU), "--data-dir", str(dataset), "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = jobs.run([sys.executable, str(RUN_HETU), "--data-dir", str(dataset), "--no-progress"],
+                    capture_output=True, text=True, timeout=120)
     one_line_error(proc, f"{dataset}/meta.json: field 25 (C26) holds ids [{meta['field_offsets'][-1]}, ")
     assert f"outside num_embeddings {meta['num_embeddings']}" in proc.stderr
 

@@ -4,11 +4,11 @@ run_hetu.py --gpu on a machine without CuPy stops at once with one line."""
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
+import jobs
 from conftest import REPO
 from hetu.dist import devices
 from hetu.launch.cluster import ConfigError, Node, Cluster, parse_cluster
@@ -234,9 +234,9 @@ def test_run_hetu_gpu_without_cupy_stops_in_one_line(tmp_path, gpus):
     env["HETU_DATA_HOME"] = str(tmp_path / "data")
     if gpus:
         env["HETU_GPUS"] = gpus
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--gpu", "--no-progress",
-                           "--rows", "1000", "--embedding-size", "4"],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--gpu", "--no-progress",
+                     "--rows", "1000", "--embedding-size", "4"],
+                    capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode in (1, 2), proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -249,8 +249,8 @@ def test_run_hetu_gpu_without_cupy_stops_in_one_line(tmp_path, gpus):
 
 def test_cuda_graph_without_gpu_is_refused_before_anything_starts(tmp_path):
     env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cuda-graph"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cuda-graph"],
+                    capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and "--cuda-graph needs --gpu" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "data").exists()
 

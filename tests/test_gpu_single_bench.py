@@ -2,11 +2,12 @@
 torch.compile columns work before a GPU machine runs them: a compiled mode gives rates, a mode
 torch.compile refuses is an error cell with the reason, and the run goes on to the end."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import jobs
 
 pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(600)
 def test_torch_compile_columns_on_cpu(tmp_path):
     out = tmp_path / "single.json"
-    res = subprocess.run(
+    res = jobs.run(
         [sys.executable, str(ROOT / "bench" / "gpu_single.py"), "--device", "cpu", "--models", "ncf",
          "--batch", "64", "--embedding", "4", "--optimizers", "sgd", "adam", "--windows", "2", "--steps", "2",
          "--warmup", "2", "--no-check", "--compile-modes", "default", "no-such-mode", "--out", str(out)],

@@ -6,13 +6,13 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import hetu as ht
+import jobs
 from conftest import REPO
 from dist_harness import assert_same_parameters, run_cluster, run_single
 from herald_reference import ReferencePlanner
@@ -637,8 +637,8 @@ def test_bad_scheduler_settings_have_clear_messages():
     (["--comm", "Hybrid", "--cache", "lru", "--bound", "3"], "needs --bsp 0 and --bound 0 (got --bsp 0 --bound 3)")])
 def test_run_laia_with_settings_herald_cannot_honour_is_rejected(data_home, flags, message):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--rows", "20000", *flags],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--rows", "20000", *flags],
+                    capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 

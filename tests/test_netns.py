@@ -16,6 +16,7 @@ import pytest
 
 from hetu_tools.netns import (NamespaceHosts, NetnsUnavailable, check_address_is_test_host, shape,
                               unshape)
+import jobs
 from ps_helpers import alive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,9 +35,9 @@ def hosts():
 
 
 def run_runner(args, out_dir, timeout=90, env=None):
-    return subprocess.run([sys.executable, str(RUNNER), "--timeout", "60", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=out_dir,
-                          env={**os.environ, **(env or {})})
+    return jobs.run([sys.executable, str(RUNNER), "--timeout", "60", *args],
+                    capture_output=True, text=True, timeout=timeout, cwd=out_dir,
+                    env={**os.environ, **(env or {})})
 
 
 def test_ssh_reaches_each_host_and_hosts_reach_each_other(hosts):
@@ -166,8 +167,8 @@ def test_killed_launcher_ends_the_processes_on_every_host(hosts, tmp_path):
     env = {**os.environ, "HETU_LAUNCHER": "fake_launcher",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     with open(tmp_path / "launcher.log", "w") as log:
-        launcher = subprocess.Popen([sys.executable, str(RUNNER), "--kill-grace", "2", "-c", cfg, *WORKER_THAT_HANGS],
-                                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+        launcher = jobs.Job([sys.executable, str(RUNNER), "--kill-grace", "2", "-c", cfg, *WORKER_THAT_HANGS],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("ps.*.json"))) + len(list(tmp_path.glob("worker.*.json"))) < 4:
@@ -208,13 +209,13 @@ SENDER = "import socket, sys; s = socket.create_connection((sys.argv[1], int(sys
 
 def transfer_seconds(hosts, src, dst, nbytes):
     check_address_is_test_host(hosts, dst.address)
-    recv = subprocess.Popen(hosts.exec_argv(dst, [sys.executable, "-c", RECEIVER, dst.address]),
-                            stdout=subprocess.PIPE, text=True)
+    recv = jobs.Job(hosts.exec_argv(dst, [sys.executable, "-c", RECEIVER, dst.address]),
+                    stdout=subprocess.PIPE, text=True)
     try:
         port = recv.stdout.readline().strip()
         assert port, "receiver did not start"
-        subprocess.run(hosts.exec_argv(src, [sys.executable, "-c", SENDER, dst.address, port,
-                                             str(nbytes)]), check=True, timeout=60)
+        jobs.run(hosts.exec_argv(src, [sys.executable, "-c", SENDER, dst.address, port,
+                                       str(nbytes)]), check=True, timeout=60)
         out, _ = recv.communicate(timeout=60)
     finally:
         if recv.poll() is None:
@@ -286,10 +287,10 @@ def test_herald_with_one_planner_per_host_on_two_hosts_stays_exact(hosts, tmp_pa
     cfg = hosts.write_cluster_file(tmp_path / "cluster.yml", workers=[2, 2], servers=[1, 1],
                                    env={"HETU_DATA_HOME": data_home, "PS_HEARTBEAT_TIMEOUT": "20"})
     out = tmp_path / "herald.npz"
-    res = subprocess.run([sys.executable, str(RUNNER), "--timeout", "240", "-c", cfg, sys.executable,
-                          str(ROOT / "examples/ctr/run_laia.py"), *COMMON, *args, "--comm", "Hybrid", "--cache", "lru",
-                          "--bound", "0", "--bsp", "0", "--cache-limit-ratio", "0.05", "--batch-size", "16",
-                          "--save-params", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    res = jobs.run([sys.executable, str(RUNNER), "--timeout", "240", "-c", cfg, sys.executable,
+                    str(ROOT / "examples/ctr/run_laia.py"), *COMMON, *args, "--comm", "Hybrid", "--cache", "lru",
+                    "--bound", "0", "--bsp", "0", "--cache-limit-ratio", "0.05", "--batch-size", "16",
+                    "--save-params", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     planners = {}
     for line in res.stdout.splitlines():

@@ -519,13 +519,13 @@ def test_workers_that_poll_for_answers_get_the_same_results_and_errors(cluster):
 @pytest.mark.parametrize("value", ["-1", "fast", "2e6", "nan"])
 def test_a_bad_wait_spin_is_refused_at_start(value):
     import os
-    import subprocess
+    import jobs
     import sys
     from ps_helpers import free_port
     env = dict(os.environ, DMLC_ROLE="worker", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
                PS_WAIT_SPIN_US=value, PS_START_TIMEOUT="5")
-    p = subprocess.run([sys.executable, "-c", "import hetu.ps as ps; ps.start()"], env=env, capture_output=True,
-                       text=True, timeout=30)
+    p = jobs.run([sys.executable, "-c", "import hetu.ps as ps; ps.start()"], env=env, capture_output=True,
+                 text=True, timeout=30)
     assert p.returncode != 0
     assert f"PS_WAIT_SPIN_US='{value}': expected microseconds from 0 to 1000000" in p.stderr, p.stderr
 
@@ -559,11 +559,11 @@ def test_throughput_bench_runs_the_ps_raw_and_raw_table_measurements():
     # The bench's own checks: every raw answer has the size of the rows asked for (the raw+table
     # server gathers them from a TableShard and refuses keys of another server's rows).
     import os
-    import subprocess
+    import jobs
     import sys
     bench = os.path.join(os.path.dirname(__file__), "..", "bench", "ps_throughput.py")
-    p = subprocess.run([sys.executable, bench, "--shapes", "1x2", "--batches", "64", "--seconds", "0.05",
-                        "--repeat", "1"], capture_output=True, text=True, timeout=110)
+    p = jobs.run([sys.executable, bench, "--shapes", "1x2", "--batches", "64", "--seconds", "0.05",
+                  "--repeat", "1"], capture_output=True, text=True, timeout=110)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [ln.split("|") for ln in p.stdout.splitlines() if ln.strip().startswith("1  2")]
     assert [r[0].split()[2:] for r in rows] == [["pull", "64"], ["push", "sgd", "64"], ["push", "adam", "64"]]

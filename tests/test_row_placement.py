@@ -4,12 +4,12 @@ under a placement other than the one it names: servers serve, hold and save exac
 share of the rows, every row starts at the single-process table's value, and checkpoints move
 between server counts and placements."""
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import jobs
 from ps_helpers import Cluster, cluster_fixture, free_port
 
 cluster = pytest.fixture(cluster_fixture)
@@ -141,8 +141,8 @@ def test_a_checkpoint_loads_under_another_server_count_and_placement(tmp_path, s
 def test_a_bad_placement_is_refused_at_start():
     env = dict(os.environ, DMLC_ROLE="worker", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
                PS_ROW_PLACEMENT="hashed", PS_START_TIMEOUT="5")
-    p = subprocess.run([sys.executable, "-c", "import hetu.ps as ps; ps.start()"], env=env, capture_output=True,
-                       text=True, timeout=30)
+    p = jobs.run([sys.executable, "-c", "import hetu.ps as ps; ps.start()"], env=env, capture_output=True,
+                 text=True, timeout=30)
     assert p.returncode != 0
     assert "PS_ROW_PLACEMENT='hashed': expected strided (row r on server r mod S) or contiguous" in p.stderr, p.stderr
 

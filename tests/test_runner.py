@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import jobs
 from ps_helpers import alive, needs_ucx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +53,8 @@ FAKE_LAUNCHER = textwrap.dedent("""
 
 def run_runner(args, tmp_path, timeout=60, env=None, **kw):
     full_env = {**os.environ, "OUT": str(tmp_path), **(env or {})}
-    return subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=tmp_path, **kw)
+    return jobs.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
+                    timeout=timeout, env=full_env, cwd=tmp_path, **kw)
 
 
 def py(code):
@@ -297,7 +298,7 @@ def test_bad_command_line_is_rejected(tmp_path, args, message):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_tears_down_every_process(tmp_path, sig):
     env = fake_launcher_env(tmp_path, "hang")
-    proc = subprocess.Popen(
+    proc = jobs.Job(
         [sys.executable, str(RUNNER), "-w", "2", "-s", "1", *py("""
             import os, time
             r = os.environ["DMLC_WORKER_ID"]

@@ -1,11 +1,11 @@
 """bench/scale.py on a small table: every figure it reads from the jobs is there and adds up."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+import jobs
 from conftest import REPO
 
 
@@ -13,11 +13,11 @@ from conftest import REPO
 @pytest.mark.parametrize("dtype,element", [("fp32", 4), ("bf16", 2)])
 def test_scale_bench_reads_every_figure_of_a_small_run(tmp_path, dtype, element):
     out = tmp_path / "scale.json"
-    p = subprocess.run([sys.executable, str(REPO / "bench/scale.py"), "--scale", "0.01", "--rows", "4000",
-                        "--iterations", "4", "--batch", "64", "--modes", "PS", "Herald", "--data",
-                        str(tmp_path / "data"), "--work", str(tmp_path / "work"), "--json", str(out),
-                        "--sample-interval", "0.1", "--timeout", "300", "--dtype", dtype],
-                       capture_output=True, text=True, timeout=390)
+    p = jobs.run([sys.executable, str(REPO / "bench/scale.py"), "--scale", "0.01", "--rows", "4000",
+                  "--iterations", "4", "--batch", "64", "--modes", "PS", "Herald", "--data",
+                  str(tmp_path / "data"), "--work", str(tmp_path / "work"), "--json", str(out),
+                  "--sample-interval", "0.1", "--timeout", "300", "--dtype", dtype],
+                 capture_output=True, text=True, timeout=390)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert [r["mode"] for r in results] == ["PS", "Herald"]

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+import jobs
 from ps_helpers import BATCH_CODE, VANS, cluster_fixture, free_port, zmq_curve_keys, zmq_plain_password
 from test_ps_failures import RANKS   # a job that starts, says its rank, and ends
 
@@ -126,7 +127,7 @@ def _ucx_outsider(ports, messages, secret):
         for port, header in {sends!r}:
             _ps._ucx_send_raw("127.0.0.1", port, bytes.fromhex(header), b"")
     """)
-    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=True, capture_output=True)
+    jobs.run([sys.executable, "-c", code], env=env, timeout=120, check=True, capture_output=True)
 
 
 def _random_bytes(ports):
@@ -287,9 +288,9 @@ def test_launcher_secret_stays_off_command_lines_and_the_job_listens_on_loopback
     env["OUT"] = str(tmp_path)
     runs = []
     for _ in range(2):
-        res = subprocess.run([sys.executable, runner, "-w", "2", "-s", "1", "--timeout", "120",
-                              sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=170,
-                             env=env, cwd=tmp_path)
+        res = jobs.run([sys.executable, runner, "-w", "2", "-s", "1", "--timeout", "120",
+                        sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=170,
+                       env=env, cwd=tmp_path)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "warning: no HETU_JOB_SECRET" not in res.stderr
         runs.append(json.loads((tmp_path / "probe.json").read_text()))

@@ -4,11 +4,11 @@ import csv
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
+import jobs
 from conftest import REPO
 from dist_harness import COMMON
 
@@ -21,8 +21,8 @@ def test_every_server_reports_what_it_served(tmp_path, data_home):
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "2", "--timeout", "200", sys.executable,
            str(REPO / "examples/ctr/run_hetu.py"), *COMMON, "--comm", "PS", "--bsp", "0", "--batch-size", "32",
            "--nepoch", "1", "--cache-perf", "--csv-dir", str(csv_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280,
-                          env=dict(os.environ, HETU_DATA_HOME=data_home))
+    proc = jobs.run(cmd, capture_output=True, text=True, timeout=280,
+                    env=dict(os.environ, HETU_DATA_HOME=data_home))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = {}
     for line in proc.stdout.splitlines():

@@ -3,12 +3,12 @@ version must step rows bit for bit like the scalar rule (src/common/optim_rules.
 worker's own step (hetu._C.apply_rows, which steps cached rows), or a HET cache's hit would differ
 from the server's row on some CPUs only. HETU_SIMD forces a version."""
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import jobs
 from hetu import _C, _ps
 
 KINDS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5, "rowwise_adagrad": 6}
@@ -110,15 +110,15 @@ def test_every_step_loop_version_steps_rows_bit_for_bit_like_the_scalar_rule(var
 
 def _chosen(env):
     code = "from hetu import _ps; print(_ps.simd_variant())"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    return jobs.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                    env={**os.environ, **env})
 
 
 def test_hetu_simd_forces_a_version_and_a_bad_one_is_refused():
     best = next(name for name, ok in _ps.simd_variants() if ok)
     unset = {k: v for k, v in os.environ.items() if k != "HETU_SIMD"}
-    proc = subprocess.run([sys.executable, "-c", "from hetu import _ps; print(_ps.simd_variant())"],
-                          capture_output=True, text=True, timeout=60, env=unset)
+    proc = jobs.run([sys.executable, "-c", "from hetu import _ps; print(_ps.simd_variant())"],
+                    capture_output=True, text=True, timeout=60, env=unset)
     assert proc.stdout.strip() == best, proc.stderr
     for variant in RUNNABLE:
         proc = _chosen({"HETU_SIMD": variant})

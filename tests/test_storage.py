@@ -244,22 +244,22 @@ def test_several_workers_equal_the_single_process_up_to_rounding_flips(tmp_path,
 
 
 def test_a_table_on_the_gpu_and_a_resume_in_another_type_are_refused(tmp_path, data_home):
-    import subprocess
+    import jobs
     import sys
     from conftest import REPO
     script = str(REPO / "examples/ctr/run_hetu.py")
     env = dict(__import__("os").environ, HETU_DATA_HOME=data_home)
     common = [sys.executable, script, "--no-progress", "--rows", "20000", "--embedding-size", "8",
               "--iters-per-epoch", "5"]
-    gpu = subprocess.run([*common, "--gpu", "--embedding-dtype", "bf16"], capture_output=True, text=True, env=env)
+    gpu = jobs.run([*common, "--gpu", "--embedding-dtype", "bf16"], capture_output=True, text=True, env=env)
     assert gpu.returncode == 2 and "--embedding-dtype bf16 with --gpu needs the tables on the parameter server" \
         in gpu.stderr, gpu.stderr
     ckpt = tmp_path / "ckpt"
-    saved = subprocess.run([*common, "--embedding-dtype", "bf16", "--checkpoint", str(ckpt)], capture_output=True,
-                           text=True, env=env)
+    saved = jobs.run([*common, "--embedding-dtype", "bf16", "--checkpoint", str(ckpt)], capture_output=True,
+                     text=True, env=env)
     assert saved.returncode == 0, saved.stderr
-    resumed = subprocess.run([*common, "--nepoch", "2", "--resume", str(ckpt)], capture_output=True, text=True,
-                             env=env)
+    resumed = jobs.run([*common, "--nepoch", "2", "--resume", str(ckpt)], capture_output=True, text=True,
+                       env=env)
     assert resumed.returncode == 2, resumed.stderr
     assert "trained with --embedding-dtype bf16, this run has --embedding-dtype fp32" in resumed.stderr, resumed.stderr
 

@@ -1,18 +1,18 @@
 """End to end: run_hetu.py trains WDL on the synthetic Criteo-shaped data to a useful AUC."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+import jobs
 from conftest import REPO
 
 
 def run_hetu(data_home, *args, timeout=240):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress", *args],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress", *args],
+                    capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = [line for line in proc.stdout.splitlines() if line.startswith("summary ")]
     assert summary, proc.stdout
@@ -39,15 +39,15 @@ def test_other_models_learn(data_home, model, rows, iterations, min_auc):
 
 def test_distributed_flags_without_comm_are_rejected(data_home):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cache", "lru", "--rows", "100000"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--cache", "lru", "--rows", "100000"],
+                    capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0 and "--comm" in proc.stderr
 
 
 def test_herald_over_allreduce_is_rejected_before_loading(tmp_path):
     env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--comm", "AllReduce"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_laia.py"), "--comm", "AllReduce"],
+                    capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0 and "--comm PS or Hybrid, not AllReduce" in proc.stderr, proc.stderr
     assert not (tmp_path / "data").exists()
 
@@ -60,8 +60,8 @@ def test_herald_over_allreduce_is_rejected_before_loading(tmp_path):
 def test_bad_flags_are_rejected_before_anything_starts(tmp_path, script, flag, value):
     # No data home is given: a run that got past parsing would start making the synthetic data here.
     env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr" / script), flag, value],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr" / script), flag, value],
+                    capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"argument {flag}: " in proc.stderr and repr(value) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "data").exists()
@@ -78,9 +78,9 @@ def test_bad_flags_are_rejected_before_anything_starts(tmp_path, script, flag, v
     (["--data-dir", "{tmp}"], "--data-dir {tmp}: {tmp} is not a complete dataset folder (no meta.json)")])
 def test_runs_that_cannot_train_are_rejected_before_training(tmp_path, data_home, flags, message):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--rows", "1000", "--no-progress",
-                           *(f.format(tmp=tmp_path) for f in flags)], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--rows", "1000", "--no-progress",
+                     *(f.format(tmp=tmp_path) for f in flags)], capture_output=True, text=True, env=env,
+                    timeout=120)
     message = message.format(tmp=tmp_path)
     assert proc.returncode == 1 and message in proc.stderr, proc.stdout + proc.stderr
     assert "epoch 0" not in proc.stdout and "Traceback" not in proc.stderr
@@ -93,9 +93,9 @@ def test_runs_that_cannot_train_are_rejected_before_training(tmp_path, data_home
 def test_unwritable_outputs_are_rejected_before_training(tmp_path, flags, message):
     (tmp_path / "file").write_text("a file, not a folder")
     env = dict(os.environ, HETU_DATA_HOME=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"),
-                           *(f.format(tmp=tmp_path) for f in flags)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"),
+                     *(f.format(tmp=tmp_path) for f in flags)],
+                    capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and message.format(tmp=tmp_path) in proc.stderr, proc.stderr
     assert not (tmp_path / "data").exists()   # nothing was loaded or trained
 
@@ -106,10 +106,10 @@ def test_progress_lines_when_the_output_is_a_log(data_home):
     env = dict(os.environ, HETU_DATA_HOME=data_home)
     command = [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--rows", "100000", "--embedding-size", "8",
                "--iters-per-epoch", "150", "--log-interval", "0.000001"]
-    logged = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    logged = jobs.run(command, capture_output=True, text=True, env=env, timeout=240)
     assert logged.returncode == 0, logged.stderr
     lines = [line for line in logged.stdout.splitlines() if line.startswith("epoch 0: ") and "iterations, loss" in line]
     assert len(lines) == 149 and lines[0].startswith("epoch 0: 1/150 iterations, loss "), logged.stdout[-2000:]
     assert lines[-1].startswith("epoch 0: 149/150 iterations") and lines[-1].endswith(" s to go")
-    quiet = subprocess.run(command + ["--no-progress"], capture_output=True, text=True, env=env, timeout=240)
+    quiet = jobs.run(command + ["--no-progress"], capture_output=True, text=True, env=env, timeout=240)
     assert quiet.returncode == 0 and "iterations, loss" not in quiet.stdout, quiet.stdout[-2000:]

@@ -4,6 +4,7 @@ Data path: hetu.data.load_dataset (memory-mapped arrays) -> ht.Dataloader per sp
 dataloader ops feeding the model graph -> ht.Executor (with the distribution, cache and
 scheduler options) -> per-epoch loss / accuracy / AUC."""
 import argparse
+import functools
 import json
 import os
 import sys
@@ -18,15 +19,11 @@ import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
 from hetu.data import BadBatch, load_dataset
 from hetu.dist import devices
 from hetu.dist.comm import exit_at_once_if_mpi_started
+from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
 from models import MODELS
 
-OPTIMIZERS = {
-    "sgd": ht.optim.SGDOptimizer,
-    "momentum": ht.optim.MomentumOptimizer,
-    "adagrad": ht.optim.AdaGradOptimizer,
-    "rowwise_adagrad": ht.optim.RowwiseAdaGradOptimizer,
-    "adam": ht.optim.AdamOptimizer,
-}
+# --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
+OPTIMIZERS = {name: functools.partial(ht.optim.optimizer, name) for name in ht.optim.KINDS}
 
 
 def _checked(convert, test, wanted):
@@ -108,17 +105,18 @@ def build_parser(herald):
                    help="caches send a step's pull during the step before (faster on loopback, slower on "
                         "shaped 1 Gbit/s links: see the README)")
     if herald:
-        p.add_argument("--lookahead", type=POSITIVE_INT, default=2, help="iterations the scheduler plans ahead")
-        p.add_argument("--planners", default="host", choices=["host", "worker"],
+        p.add_argument("--lookahead", type=POSITIVE_INT, default=HeraldOptions.lookahead,
+                       help="iterations the scheduler plans ahead")
+        p.add_argument("--planners", default=HeraldOptions.planners, choices=PLANNERS,
                        help="host: one planner per host, run by its first worker, which sends the host's other "
                             "workers their plans; worker: every worker plans for itself. The plans are the same")
         p.add_argument("--planner-threads", type=POSITIVE_INT, default=None,
                        help="threads of a planner (default: HETU_PLANNER_THREADS, else one per worker it plans "
                             "for, at most the cores); the plans are the same whatever the count")
-        p.add_argument("--allocator", default="colocate", choices=["colocate", "greedy", "none"],
+        p.add_argument("--allocator", default=HeraldOptions.allocator, choices=ALLOCATORS,
                        help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
                             "alone; none: plain data-parallel slices (the 'plan only' ablation)")
-        p.add_argument("--protocol", default="herald", choices=["herald", "het"],
+        p.add_argument("--protocol", default=HeraldOptions.protocol, choices=PROTOCOLS,
                        help="het: Herald's allocation with the HET cache protocol (the 'allocator only' ablation)")
     return p
 
@@ -168,9 +166,8 @@ def distribution_options(args, herald):
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
             "prefetch": args.prefetch}
     if herald:
-        opts.update(herald=True, lookahead=args.lookahead, allocator=args.allocator,
-                    herald_protocol=args.protocol, planner_threads=args.planner_threads or 0,
-                    planners=args.planners)
+        opts["herald"] = HeraldOptions(lookahead=args.lookahead, allocator=args.allocator, protocol=args.protocol,
+                                       planners=args.planners, planner_threads=args.planner_threads or 0)
     return opts
 
 

@@ -46,6 +46,7 @@ struct Request {
   std::string what;  // "pull of table 'emb'": how errors name the request
   int op = 0;
   int64_t num_keys = 0, width = 0, state_width = 0;
+  bool dense = false;     // of a dense tensor: num_keys counts its elements
   int storage = 0;        // the type rows move in (hetu::storage::Type)
   int64_t row_bytes = 0;  // a row as the table stores and moves it (TableRef::row_bytes)
   std::vector<Part> parts;

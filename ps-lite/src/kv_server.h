@@ -1,5 +1,7 @@
 // KVServer: answers data requests against this server's table shards, one at a time in arrival
-// order (so messages from one worker are handled in the order that worker sent them).
+// order (so messages from one worker are handled in the order that worker sent them). It looks
+// each request's op up (kv.h) and hands it to the op's handler (ops/*.cc), with what every op
+// shares: the counters, the table lookup, BSP buffering and deferral, checks, and the reply.
 //
 // BSP: a push that carries iteration t is buffered per worker rank; when all workers' pushes
 // for the oldest pending iteration are in, they are summed in rank order and applied once. A
@@ -24,10 +26,8 @@ class KVServer {
  public:
   explicit KVServer(Postoffice* po);
   void Handle(Message& msg);
-  // Requests whose work grows only with their own size (row operations), which the
-  // Postoffice may handle on its receive thread; init, save, load and clear go through the
-  // whole table and stay off it.
-  static bool Brief(const Message& msg);
+  // Whether the Postoffice may handle the request on its receive thread (OpFlag kBrief).
+  static bool Brief(const Message& msg) { return OpOf(msg.meta.op()).flags & kBrief; }
 
   // What this server has served: data requests, embedding rows (the keys of sparse requests),
   // bytes of data both ways, and seconds spent handling requests.
@@ -37,7 +37,6 @@ class KVServer {
   };
   Counters counters() const;
 
- private:
   struct Deferred {
     Message msg;
     bool push_done = false;  // push-pull whose push half is already buffered
@@ -47,37 +46,11 @@ class KVServer {
     std::deque<Deferred> deferred;
   };
 
-  // Decodes the op and hands the request to its handler; false: the request must wait (a
-  // read whose iteration is not servable yet).
-  bool Process(Entry& e, Message& msg, bool* push_done);
-  bool SafeProcess(Entry& e, Message& msg, bool* push_done);  // errors become the reply
-
-  // One handler per operation; those returning bool return Process's answer.
-  void ServeStats(const Message& msg);
-  void ServeInit(Message& msg);
-  void ServePush(Entry& e, Message& msg);
-  bool ServePushPull(Entry& e, Message& msg, bool* push_done);
-  bool ServePull(const TableShard& t, const Message& msg, int64_t iteration);
-  bool ServePullStale(const TableShard& t, const Message& msg);
-  bool ServePullState(const TableShard& t, const Message& msg);
-  void ServeAdmin(TableShard& t, const Message& msg);  // save, load, clear
-  // Why a save or load of `path` is refused: outside every folder of HETU_CHECKPOINT_ROOT (the
-  // launcher sets it from the command's --checkpoint/--resume); empty where allowed or unset.
-  std::string Unconfined(const TableShard& t, const char* what, const std::string& path) const;
-
-  // Takes a push's gradients in (applied now, or buffered under BSP); "" or the error.
-  std::string Push(Entry& e, Message& msg);
-  // Writes the rows of the kAssign-shaped blobs starting at data[first]; "" or the error.
-  std::string Assign(TableShard& t, const Message& msg, size_t first);
-
-  // BSP. Buffer keeps a push (its gradients only when `valid`) as its worker's message for its
-  // iteration; "" or why it cannot (late, or a second one).
-  std::string Buffer(Entry& e, const Message& msg, bool valid);
-  void TryApply(Entry& e);
-  bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;
-  // Processes the request now, or defers it behind its sender's deferred ones.
-  void Admit(Entry& e, Message& msg);
-  void ServeDeferred(Entry& e);
+  // ---- what the ops' handlers (ops/*.cc) share ----------------------------------------------
+  Postoffice& po() const { return *po_; }
+  // The table named `name` on this server; null if it has none of that name.
+  Entry* Find(const std::string& name);
+  Entry& Create(const std::string& name, const pb::TableSpec& spec);
 
   // offset >= 0: the answer is one chunk of the part, its first key at `offset` (kv.h).
   void Reply(const Message& req, std::vector<Blob> data, const std::string& error, int64_t offset = -1,
@@ -85,6 +58,31 @@ class KVServer {
   // A sparse read's keys (data[0]), checked against the shard once `error` (an earlier check
   // of the message) is empty; false after answering the request with the error.
   bool ReadKeys(const TableShard& t, const Message& msg, int64_t n, const int64_t** keys, std::string error = "");
+  // Whether a read for `iteration` may be served now (BSP/SSP); else it waits.
+  bool Servable(const TableShard& t, const Message& msg, int64_t iteration) const;
+  // Takes a push's gradients in (applied now, or buffered under BSP); "" or the error.
+  std::string TakePush(Entry& e, Message& msg);
+  // A chunked push is answered once, after its last chunk, with the first error of its chunks:
+  // false while more chunks are to come (the chunk's error `err` kept), true at the last (`err`
+  // then the push's first error).
+  bool LastChunk(const Message& msg, std::string* err);
+  // Why a save or load of `path` is refused: outside every folder of HETU_CHECKPOINT_ROOT (the
+  // launcher sets it from the command's --checkpoint/--resume); empty where allowed or unset.
+  std::string Unconfined(const TableShard& t, const char* what, const std::string& path) const;
+
+ private:
+  // Hands the request to its op's handler; false: the request must wait (a read whose
+  // iteration is not servable yet).
+  bool Process(Entry& e, Message& msg, bool* push_done);
+  bool SafeProcess(Entry& e, Message& msg, bool* push_done);  // errors become the reply
+
+  // BSP. Buffer keeps a push (its gradients only when `valid`) as its worker's message for its
+  // iteration; "" or why it cannot (late, or a second one).
+  std::string Buffer(Entry& e, const Message& msg, bool valid);
+  void TryApply(Entry& e);
+  // Processes the request now, or defers it behind its sender's deferred ones.
+  void Admit(Entry& e, Message& msg);
+  void ServeDeferred(Entry& e);
 
   Postoffice* po_;
   std::vector<std::string> checkpoint_roots_;  // canonical; empty: any path (a job started by hand)

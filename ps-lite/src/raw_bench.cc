@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "optim_config.h"
 #include "postoffice.h"
 #include "table.h"
 
@@ -81,11 +82,9 @@ void RawServer(int port, int64_t width, int64_t max_rows, int64_t table_rows, co
     pb::TableSpec spec;
     spec.set_rows(table_rows);
     spec.set_width(width);
-    spec.set_optim_kind(kind);
-    spec.set_beta1(0.9f);
-    spec.set_beta2(0.999f);
-    spec.set_eps(1e-7f);
-    spec.set_momentum(0.9f);
+    hetu::optim::Config optim;  // the default hyperparameters
+    optim.kind = kind;
+    *spec.mutable_optim() = OptimToProto(optim);
     spec.set_placement(RowPlacement::KindFromEnv());  // as the parameter server places them
     tables.push_back(std::make_unique<TableShard>("raw", spec, rank, servers));
   }

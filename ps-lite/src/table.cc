@@ -17,6 +17,7 @@
 #include "common/parallel.h"
 #include "common/rng.h"
 #include "logging.h"
+#include "optim_config.h"
 #include "step_loop.h"
 
 namespace ps {
@@ -95,13 +96,7 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
       rank_(rank),
       slot_(placement_.Slots(rank)),
       rows_(placement_.Rows(rank)) {
-  cfg_.kind = spec.optim_kind();
-  cfg_.momentum = spec.momentum();
-  cfg_.beta1 = spec.beta1();
-  cfg_.beta2 = spec.beta2();
-  cfg_.eps = spec.eps();
-  cfg_.l2reg = spec.l2reg();
-  cfg_.weight_decay = spec.weight_decay();
+  cfg_ = OptimFromProto(spec.optim());
   storage_ = spec.dense() ? hetu::storage::kF32 : spec.storage();
   cfg_.storage = storage_;
   row_bytes_ = width() * hetu::storage::bytes(storage_);

@@ -183,8 +183,8 @@ def save(executor, directory, run=None):
 
 
 def _on_servers(graph):
-    """(parameter, what it is read through: its cache, else its RemoteTable / RemoteDense) of
-    every parameter on the servers."""
+    """(parameter, what it is read through: its cache, else its RemoteTable) of every parameter
+    on the servers."""
     return [(p, graph.caches.get(p.id, graph.remote[p.id])) for p in graph.parameters if p.id in graph.remote]
 
 

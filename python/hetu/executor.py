@@ -178,7 +178,7 @@ class Executor:
 
     @property
     def counters(self):
-        """Embedding transmission counters of this worker (hetu.cache.counters.Counters)."""
+        """Embedding transmission counters of this worker (hetu.rows.counters.Counters)."""
         return self.graph.counters
 
     def get_batch_num(self, name="default"):

@@ -1,6 +1,10 @@
-"""Optimizers. The update rules are the C++ ones in src/common/optim_rules.h, shared with the
-parameter server; dense tensors are stepped whole, embedding tables row by row (rows not in the
-batch are untouched, duplicate ids summed first)."""
+"""Optimizers. The kinds, their hyperparameters and defaults are the registry of
+src/common/optim_rules.h (read through hetu._C); the update rules are the C++ ones of
+src/common/optim_step.h, shared with the parameter server and compiled for the GPU too. Dense
+tensors are stepped whole, embedding tables row by row (rows not in the batch are untouched,
+duplicate ids summed first)."""
+import os
+
 import numpy as np
 
 from . import _C, cuda
@@ -9,38 +13,62 @@ from .graph import Op, Variable, topo_sort
 from .lr import as_scheduler
 from .ops.embedding import IndexedSlices, unique_sum
 
-SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM, ADAMW, ROWWISE_ADAGRAD = range(7)
+# The kinds as src/common/optim_rules.h declares them: name -> {name, kind, dense_kind, rowwise,
+# hyperparameters: {name: this kind's default}}.
+KINDS = {k["name"]: k for k in _C.optimizer_kinds()}
+KIND_NAMES = {k["kind"]: name for name, k in KINDS.items()}
 # The types embedding rows may be stored in (src/common/storage.h): each step computes in float32
 # and rounds the row to its type; optimizer state stays float32.
 EMBEDDING_DTYPES = {name: code for code, name in enumerate(_C.STORAGE_TYPES)}   # "fp32": 0, "bf16": 1, "fp16": 2
-KIND_NAMES = {SGD: "sgd", MOMENTUM: "momentum", NESTEROV: "nesterov", ADAGRAD: "adagrad", ADAM: "adam",
-              ADAMW: "adamw", ROWWISE_ADAGRAD: "rowwise_adagrad"}
 
 
-def _config(kind, l2reg, rule):
-    config = _C.OptimConfig()
-    config.kind = kind
-    config.l2reg = l2reg
-    for key, value in rule.items():
-        setattr(config, key, value)
-    return config
+def config(kind, **hyperparameters):
+    """The OptimConfig of kind `kind` (a name of KINDS or its number): the kind's defaults, then
+    `hyperparameters`, which must be ones the kind reads."""
+    info = _info(kind)
+    unknown = set(hyperparameters) - set(info["hyperparameters"])
+    if unknown:
+        raise ValueError(f"optimizer {info['name']!r} has no settings {sorted(unknown)}: it reads "
+                         f"{sorted(info['hyperparameters'])}")
+    c = _C.OptimConfig()
+    c.kind = info["kind"]
+    for key, value in dict(info["hyperparameters"], **hyperparameters).items():
+        setattr(c, key, value)
+    return c
+
+
+def _info(kind):
+    """KINDS' entry of a kind given by name or number."""
+    return KINDS[KIND_NAMES[kind] if isinstance(kind, int) else kind]
+
+
+def _defaults(kind):
+    return KINDS[kind]["hyperparameters"]
 
 
 class Optimizer:
-    kind = SGD
-    # A row-wise kind keeps state per embedding row, which a dense tensor does not have: dense
-    # tensors are stepped by this element-wise kind instead, with the same settings.
-    dense_kind = None
+    """Steps parameters by the rule of kind `kind` (a name of KINDS). The classes below name the
+    kinds and their settings; `optimizer(name, ...)` makes any kind by name."""
+    kind = "sgd"
 
-    def __init__(self, learning_rate=0.01, l2reg=0.0, embedding_dtype="fp32", **rule):
+    def __init__(self, learning_rate=0.01, l2reg=None, embedding_dtype="fp32", *, kind=None, **rule):
         if embedding_dtype not in EMBEDDING_DTYPES:
             raise ValueError(f"embedding_dtype {embedding_dtype!r}: expected one of {sorted(EMBEDDING_DTYPES)}")
+        if kind is not None:
+            self.kind = kind
+        if l2reg is not None:
+            rule["l2reg"] = l2reg
         self.lr = as_scheduler(learning_rate)
         self.embedding_dtype = embedding_dtype
-        self.config = _config(self.kind, l2reg, rule)   # embedding rows
+        self.config = config(self.kind, **rule)   # embedding rows
         self.config.storage = EMBEDDING_DTYPES[embedding_dtype]
-        self.dense_config = _config(self.kind if self.dense_kind is None else self.dense_kind, l2reg, rule)
-        self.l2reg = l2reg
+        # A row-wise kind keeps state per embedding row, which a dense tensor does not have: dense
+        # tensors are stepped by the kind's element-wise dense kind instead, with the same settings.
+        self.dense_config = _C.OptimConfig()
+        self.dense_config.kind = _info(self.kind)["dense_kind"]
+        for key in _C.optimizer_hyperparameters():
+            setattr(self.dense_config, key, getattr(self.config, key))
+        self.l2reg = self.config.l2reg
 
     def state_width(self, width, dense=False):
         """Floats of optimizer state beside an embedding row of `width` floats, or with `dense`
@@ -49,10 +77,9 @@ class Optimizer:
 
     def rule(self, dense=False):
         """The update rule of embedding rows (with `dense`: of dense tensors) as plain values:
-        what a parameter server needs to apply it."""
+        what a parameter server needs to apply it. {"kind": name, hyperparameter: value}."""
         c = self.dense_config if dense else self.config
-        return {"kind": KIND_NAMES[c.kind], "momentum": c.momentum, "beta1": c.beta1, "beta2": c.beta2,
-                "eps": c.eps, "l2reg": c.l2reg, "weight_decay": c.weight_decay}
+        return dict(kind=KIND_NAMES[c.kind], **{key: getattr(c, key) for key in _C.optimizer_hyperparameters()})
 
     def round_rows(self, table):
         """An embedding table's values rounded, in place, to the type its rows are stored in (what
@@ -91,23 +118,32 @@ class Optimizer:
         _C.apply_rows(self.config, lr, table, state, steps, *summed)
 
 
-class SGDOptimizer(Optimizer):
-    kind = SGD
+def optimizer(name, learning_rate=0.01, embedding_dtype="fp32", **hyperparameters):
+    """An Optimizer of the kind `name` (a name of KINDS): its defaults, then `hyperparameters`."""
+    if name not in KINDS:
+        raise ValueError(f"optimizer {name!r}: expected one of {sorted(KINDS)}")
+    return Optimizer(learning_rate, embedding_dtype=embedding_dtype, kind=name, **hyperparameters)
 
-    def __init__(self, learning_rate=0.01, l2reg=0.0, embedding_dtype="fp32"):
+
+class SGDOptimizer(Optimizer):
+    kind = "sgd"
+
+    def __init__(self, learning_rate=0.01, l2reg=_defaults("sgd")["l2reg"], embedding_dtype="fp32"):
         super().__init__(learning_rate, l2reg, embedding_dtype)
 
 
 class MomentumOptimizer(Optimizer):
-    def __init__(self, learning_rate=0.01, momentum=0.9, nesterov=False, l2reg=0.0, embedding_dtype="fp32"):
-        self.kind = NESTEROV if nesterov else MOMENTUM
+    def __init__(self, learning_rate=0.01, momentum=_defaults("momentum")["momentum"], nesterov=False,
+                 l2reg=_defaults("momentum")["l2reg"], embedding_dtype="fp32"):
+        self.kind = "nesterov" if nesterov else "momentum"
         super().__init__(learning_rate, l2reg, embedding_dtype, momentum=momentum)
 
 
 class AdaGradOptimizer(Optimizer):
-    kind = ADAGRAD
+    kind = "adagrad"
 
-    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0, embedding_dtype="fp32"):
+    def __init__(self, learning_rate=0.01, eps=_defaults("adagrad")["eps"], l2reg=_defaults("adagrad")["l2reg"],
+                 embedding_dtype="fp32"):
         super().__init__(learning_rate, l2reg, embedding_dtype, eps=eps)
 
 
@@ -115,26 +151,28 @@ class RowwiseAdaGradOptimizer(Optimizer):
     """FBGEMM's exact row-wise AdaGrad for embedding tables: one accumulator per row, grown by the
     mean of the row's squared gradient. Dense tensors take element-wise AdaGrad (as TorchRec's
     DLRM trains them)."""
-    kind = ROWWISE_ADAGRAD
-    dense_kind = ADAGRAD
+    kind = "rowwise_adagrad"
 
-    def __init__(self, learning_rate=0.01, eps=1e-7, l2reg=0.0, embedding_dtype="fp32"):
+    def __init__(self, learning_rate=0.01, eps=_defaults("rowwise_adagrad")["eps"],
+                 l2reg=_defaults("rowwise_adagrad")["l2reg"], embedding_dtype="fp32"):
         super().__init__(learning_rate, l2reg, embedding_dtype, eps=eps)
 
 
 class AdamOptimizer(Optimizer):
-    kind = ADAM
+    kind = "adam"
 
-    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, l2reg=0.0, embedding_dtype="fp32"):
+    def __init__(self, learning_rate=0.01, beta1=_defaults("adam")["beta1"], beta2=_defaults("adam")["beta2"],
+                 epsilon=_defaults("adam")["eps"], l2reg=_defaults("adam")["l2reg"], embedding_dtype="fp32"):
         super().__init__(learning_rate, l2reg, embedding_dtype, beta1=beta1, beta2=beta2, eps=epsilon)
 
 
 class AdamWOptimizer(Optimizer):
-    kind = ADAMW
+    kind = "adamw"
 
-    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0.01,
+    def __init__(self, learning_rate=0.01, beta1=_defaults("adamw")["beta1"], beta2=_defaults("adamw")["beta2"],
+                 epsilon=_defaults("adamw")["eps"], weight_decay=_defaults("adamw")["weight_decay"],
                  embedding_dtype="fp32"):
-        super().__init__(learning_rate, 0.0, embedding_dtype, beta1=beta1, beta2=beta2, eps=epsilon,
+        super().__init__(learning_rate, None, embedding_dtype, beta1=beta1, beta2=beta2, eps=epsilon,
                          weight_decay=weight_decay)
 
 
@@ -205,89 +243,52 @@ def local_update(state, optimizer, param, grad, lr):
         optimizer.step_dense(lr, value, opt_state, steps, grad, state.update_guard)
 
 
-# The GPU form of src/common/optim_rules.h: the same rules, written the same way element by
-# element and compiled without fused multiply-adds, so a device step rounds as the host's does.
+# The device's step: the kernels below over the rules of src/common/optim_step.h (installed as
+# hetu/include/optim_step.h), whose text is prepended to them, so the device runs the host's
+# arithmetic (compiled without fused multiply-adds: it rounds as the host does). The
+# hyperparameters come as floats, in the registry's order.
 _STEP_KERNELS = r"""
+__device__ hetu::optim::Config hetu_optim_config(int kind, HYPERPARAMETERS) {
+  hetu::optim::Config c;
+  c.kind = kind;
+  CONFIG
+  return c;
+}
+
 // Steps rows[i] (or row i where rows is null) of `w` with grads[i, :], for i < *count (or n
 // where count is null), unless *guard != -1. A grid-stride loop over the elements; the row's
 // step count is read here and advanced by hetu_optim_count afterwards.
-extern "C" __global__ void hetu_optim_step(int kind, float lr, float momentum, float beta1, float beta2,
-                                           float eps, float l2reg, float weight_decay, float* w, float* state,
+extern "C" __global__ void hetu_optim_step(int kind, float lr, HYPERPARAMETERS, float* w, float* state,
                                            const long long* steps, const float* grads, const long long* rows,
                                            const long long* count, long long n, long long width,
                                            const long long* guard) {
   if (guard != nullptr && *guard != -1) return;
+  const hetu::optim::Config c = hetu_optim_config(kind, ARGUMENTS);
+  const long long sw = hetu::optim::state_width(kind, width);
   long long end = (count != nullptr ? *count : n) * width;
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < end;
        e += (long long)gridDim.x * blockDim.x) {
-  long long i = e / width, j = e - i * width;
-  long long r = rows != nullptr ? rows[i] : i;
-  long long t = steps[r] + 1;
-  float* wr = w + r * width;
-  float g = grads[i * width + j];
-  switch (kind) {
-    case 0:  // SGD
-      wr[j] -= lr * (g + l2reg * wr[j]);
-      break;
-    case 1:  // Momentum
-    case 2: {  // Nesterov
-      float* v = state + r * width;
-      float gi = g + l2reg * wr[j];
-      v[j] = momentum * v[j] + gi;
-      wr[j] -= lr * (kind == 2 ? gi + momentum * v[j] : v[j]);
-      break;
-    }
-    case 3: {  // AdaGrad
-      float* acc = state + r * width;
-      float gi = g + l2reg * wr[j];
-      acc[j] += gi * gi;
-      wr[j] -= lr * gi / (sqrtf(acc[j]) + eps);
-      break;
-    }
-    case 4:  // Adam
-    case 5: {  // AdamW
-      float* m = state + r * 2 * width;
-      float* v = m + width;
-      float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-      float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
-      bool decoupled = kind == 5;
-      if (decoupled) wr[j] -= lr * weight_decay * wr[j];
-      float gi = decoupled ? g : g + l2reg * wr[j];
-      m[j] = beta1 * m[j] + (1.0f - beta1) * gi;
-      v[j] = beta2 * v[j] + (1.0f - beta2) * gi * gi;
-      float mhat = m[j] / bc1;
-      float vhat = v[j] / bc2;
-      wr[j] -= lr * mhat / (sqrtf(vhat) + eps);
-      break;
-    }
-  }
+    long long i = e / width, j = e - i * width;
+    long long r = rows != nullptr ? rows[i] : i;
+    hetu::optim::step_element(c, lr, w + r * width + j, state + r * sw + j, width, grads[i * width + j],
+                              steps[r] + 1);
   }
 }
 
-// Row-wise AdaGrad: a row's accumulator needs the row's whole squared gradient first, so one
-// thread steps one row (a grid-stride loop over rows), summing in index order as the host does.
-extern "C" __global__ void hetu_rowwise_adagrad_step(float lr, float eps, float l2reg, float* w, float* acc,
-                                                     const float* grads, const long long* rows,
-                                                     const long long* count, long long n, long long width,
-                                                     const long long* guard) {
+// The row-wise kinds: a row's state needs the row's whole gradient first, so one thread steps
+// one row (a grid-stride loop over rows), summing in index order as the host does.
+extern "C" __global__ void hetu_optim_step_rowwise(int kind, float lr, HYPERPARAMETERS, float* w, float* state,
+                                                   const float* grads, const long long* rows,
+                                                   const long long* count, long long n, long long width,
+                                                   const long long* guard) {
   if (guard != nullptr && *guard != -1) return;
+  const hetu::optim::Config c = hetu_optim_config(kind, ARGUMENTS);
+  const long long sw = hetu::optim::state_width(kind, width);
   long long end = count != nullptr ? *count : n;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < end;
        i += (long long)gridDim.x * blockDim.x) {
     long long r = rows != nullptr ? rows[i] : i;
-    float* wr = w + r * width;
-    const float* g = grads + i * width;
-    float sum_sq = 0.0f;
-    for (long long j = 0; j < width; ++j) {
-      float gi = g[j] + l2reg * wr[j];
-      sum_sq += gi * gi;
-    }
-    acc[r] += sum_sq / (float)width;
-    float denom = sqrtf(acc[r]) + eps;
-    for (long long j = 0; j < width; ++j) {
-      float gi = g[j] + l2reg * wr[j];
-      wr[j] -= lr * gi / denom;
-    }
+    hetu::optim::step_rowwise(c, lr, w + r * width, state + r * sw, grads + i * width, width);
   }
 }
 
@@ -300,30 +301,42 @@ extern "C" __global__ void hetu_optim_count(long long* steps, const long long* r
   steps[rows != nullptr ? rows[i] : i] += 1;
 }
 """
+_step_source_text = None
 
 
-def _gpu_step(config, lr, w, state, steps, grads, rows, count, n, width, guard):
+def step_source():
+    """The CUDA source of the device's step kernels: optim_step.h, then _STEP_KERNELS."""
+    global _step_source_text
+    if _step_source_text is None:
+        names = list(_C.optimizer_hyperparameters())
+        with open(os.path.join(os.path.dirname(__file__), "include", "optim_step.h")) as f:
+            rules = f.read()
+        _step_source_text = rules + (_STEP_KERNELS.replace("HYPERPARAMETERS", ", ".join(f"float {h}" for h in names))
+                                     .replace("ARGUMENTS", ", ".join(names))
+                                     .replace("CONFIG", " ".join(f"c.{h} = {h};" for h in names)))
+    return _step_source_text
+
+
+def _gpu_step(c, lr, w, state, steps, grads, rows, count, n, width, guard):
     """One step of n rows of width `width` on the device (see _STEP_KERNELS)."""
     cp = cuda.cupy()
     null = np.intp(0)   # a null pointer argument
     grads = cp.ascontiguousarray(grads, dtype=np.float32)
-    c = config
-    f = np.float32
     rows_arg = rows if rows is not None else null
     count_arg = count if count is not None else null
     guard_arg = guard if guard is not None else null
-    if c.kind == ROWWISE_ADAGRAD:
-        cuda.launch(cuda.raw_kernel("hetu_rowwise_adagrad_step", _STEP_KERNELS), n,
-                    (f(lr), f(c.eps), f(c.l2reg), w, state, grads, rows_arg, count_arg, np.int64(n),
-                     np.int64(width), guard_arg), max_blocks=cuda.STRIDE_BLOCKS)
+    head = (np.int32(c.kind), np.float32(lr), *(np.float32(getattr(c, h)) for h in _C.optimizer_hyperparameters()),
+            w, state if state.size else w)
+    tail = (grads, rows_arg, count_arg, np.int64(n), np.int64(width), guard_arg)
+    if KINDS[KIND_NAMES[c.kind]]["rowwise"]:
+        cuda.launch(cuda.raw_kernel("hetu_optim_step_rowwise", step_source()), n, head + tail,
+                    max_blocks=cuda.STRIDE_BLOCKS)
     else:
-        cuda.launch(cuda.raw_kernel("hetu_optim_step", _STEP_KERNELS), n * width,
-                    (np.int32(c.kind), f(lr), f(c.momentum), f(c.beta1), f(c.beta2), f(c.eps), f(c.l2reg),
-                     f(c.weight_decay), w, state if state.size else w, steps, grads, rows_arg, count_arg,
-                     np.int64(n), np.int64(width), guard_arg), max_blocks=cuda.STRIDE_BLOCKS)
-    cuda.launch(cuda.raw_kernel("hetu_optim_count", _STEP_KERNELS), n,
+        cuda.launch(cuda.raw_kernel("hetu_optim_step", step_source()), n * width, head + (steps,) + tail,
+                    max_blocks=cuda.STRIDE_BLOCKS)
+    cuda.launch(cuda.raw_kernel("hetu_optim_count", step_source()), n,
                 (steps, rows_arg, count_arg, np.int64(n), guard_arg))
 
 
-__all__ = ["Optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "RowwiseAdaGradOptimizer",
+__all__ = ["Optimizer", "optimizer", "SGDOptimizer", "MomentumOptimizer", "AdaGradOptimizer", "RowwiseAdaGradOptimizer",
            "AdamOptimizer", "AdamWOptimizer", "OptimizerOp"]

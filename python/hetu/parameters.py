@@ -1,10 +1,9 @@
 """The parameters an executor holds itself: values of local parameters (and the local copies of
 dense parameters on the servers), their optimizer state, and ops' running statistics. Tables on
-the servers are theirs (hetu.dist.ps)."""
+the servers are theirs (hetu.rows.servers.RemoteTable)."""
 import numpy as np
 
 from . import _C, cuda
-from .dist.ps import RemoteDense
 
 
 class ParameterStore:
@@ -21,7 +20,7 @@ class ParameterStore:
         remote = self.graph.remote
         for p in self.graph.parameters:
             if p.id in remote:
-                if isinstance(remote[p.id], RemoteDense):
+                if remote[p.id].dense:
                     self.values[p.id] = self.xp.asarray(np.array(remote[p.id].fetch(), np.float32).reshape(p.shape))
                 continue
             if p.value is not None:

@@ -55,6 +55,7 @@ inline void check_rows(const Array<float>& rows, int64_t n, int64_t width, const
 }
 
 // Each area's classes and functions, added to the module in this order.
+void bind_optim(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_cache(py::module_& m);
 void bind_herald(py::module_& m);

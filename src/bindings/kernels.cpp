@@ -152,19 +152,6 @@ void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int
 }  // namespace
 
 void bind_kernels(py::module_& m) {
-  py::class_<Config>(m, "OptimConfig")
-      .def(py::init<>())
-      .def_readwrite("kind", &Config::kind)
-      .def_readwrite("momentum", &Config::momentum)
-      .def_readwrite("beta1", &Config::beta1)
-      .def_readwrite("beta2", &Config::beta2)
-      .def_readwrite("eps", &Config::eps)
-      .def_readwrite("l2reg", &Config::l2reg)
-      .def_readwrite("weight_decay", &Config::weight_decay)
-      .def_readwrite("storage", &Config::storage, "the rows' storage type: 0 fp32, 1 bf16, 2 fp16");
-  m.def("optim_state_width", &hetu::optim::state_width, "floats of optimizer state beside a row of `width` floats",
-        py::arg("kind"), py::arg("width"));
-
   m.def("gather_rows", &gather_rows, "out[i] = table[ids[i]]; returns None or (position, id) of a bad id");
   m.def("pool_bags", &pool_bags, py::arg("table"), py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"),
         py::arg("out"), "out[s, k] = sum (mean) of table rows of bag k of sample s (-1: empty slot); None or "

@@ -3,6 +3,7 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hetu CPU kernels";
+  hetu::bindings::bind_optim(m);
   hetu::bindings::bind_kernels(m);
   hetu::bindings::bind_cache(m);
   hetu::bindings::bind_herald(m);

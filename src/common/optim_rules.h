@@ -1,54 +1,75 @@
 // Row-wise optimizer steps, shared by every place that updates parameters: hetu's local
 // dense and sparse updates, the parameter server's tables and the worker caches. One
-// definition keeps a parameter-server run bit-compatible with a single-process run.
+// definition keeps a parameter-server run bit-compatible with a single-process run; the rules'
+// arithmetic is in optim_step.h, which the GPU kernels compile too.
 //
 // A "row" is `width` contiguous floats. A dense tensor is updated as one row of its full size
 // (element-wise kinds only: see `rowwise`). Optimizer state lives beside the row:
 // `state_width(kind, width)` floats, plus a per-row step count (used by Adam's bias correction;
 // each row counts its own steps, which for a dense tensor is the global step).
+//
+// The registry (kHyperparameters, kKinds) is where every other place reads the kinds from:
+// hetu._C binds it (src/bindings/optim.cpp), and hetu.optim, hetu.ps, the CLI and the benches
+// take their names, hyperparameters and defaults from there.
 #pragma once
-#include <cmath>
 #include <cstdint>
 
+#include "common/optim_step.h"
 #include "common/storage.h"
 
 namespace hetu {
 namespace optim {
 
-enum Kind : int { kSGD = 0, kMomentum = 1, kNesterov = 2, kAdaGrad = 3, kAdam = 4, kAdamW = 5, kRowwiseAdaGrad = 6 };
-constexpr int kNumKinds = 7;
+static_assert(storage::kF32 == Config{}.storage, "Config's default storage is float32");
 
-struct Config {
-  int kind = kSGD;
-  float momentum = 0.9f;      // Momentum, Nesterov
-  float beta1 = 0.9f;         // Adam, AdamW
-  float beta2 = 0.999f;       // Adam, AdamW
-  float eps = 1e-7f;          // AdaGrad, Adam, AdamW, row-wise AdaGrad
-  float l2reg = 0.0f;         // added to the gradient: g + l2reg * w (all kinds but AdamW)
-  float weight_decay = 0.0f;  // AdamW's decoupled decay
-  // The rows' storage type (hetu::storage::Type): a step computes in float32 and rounds the row
-  // to it. Embedding rows only; dense tensors are float32.
-  int storage = storage::kF32;
+// A hyperparameter: its name (Python's keyword) and the float of Config that holds it.
+struct Hyperparameter {
+  const char* name;
+  float Config::*member;
+};
+constexpr Hyperparameter kHyperparameters[] = {
+    {"momentum", &Config::momentum}, {"beta1", &Config::beta1}, {"beta2", &Config::beta2},
+    {"eps", &Config::eps},           {"l2reg", &Config::l2reg}, {"weight_decay", &Config::weight_decay},
+};
+constexpr int kNumHyperparameters = sizeof(kHyperparameters) / sizeof(kHyperparameters[0]);
+
+// A hyperparameter a kind reads, with the kind's default: Config's, unless the kind has its own.
+struct Setting {
+  float Config::*member;
+  float value;
+};
+constexpr Setting uses(float Config::*member) { return {member, Config{}.*member}; }
+constexpr Setting uses(float Config::*member, float own_default) { return {member, own_default}; }
+
+// A kind as Python names it: the hyperparameters it reads (then empty Settings), and the kind
+// dense tensors take under it (itself, or a row-wise kind's element-wise sibling).
+struct KindInfo {
+  const char* name;
+  Kind kind;
+  Kind dense_kind;
+  Setting settings[kNumHyperparameters];
+};
+constexpr KindInfo kKinds[] = {
+    {"sgd", kSGD, kSGD, {uses(&Config::l2reg)}},
+    {"momentum", kMomentum, kMomentum, {uses(&Config::momentum), uses(&Config::l2reg)}},
+    {"nesterov", kNesterov, kNesterov, {uses(&Config::momentum), uses(&Config::l2reg)}},
+    {"adagrad", kAdaGrad, kAdaGrad, {uses(&Config::eps), uses(&Config::l2reg)}},
+    {"adam", kAdam, kAdam, {uses(&Config::beta1), uses(&Config::beta2), uses(&Config::eps), uses(&Config::l2reg)}},
+    // AdamW decays by 0.01 unless told otherwise (torch's default); a server table made by name
+    // alone keeps Config's 0.
+    {"adamw", kAdamW, kAdamW,
+     {uses(&Config::beta1), uses(&Config::beta2), uses(&Config::eps), uses(&Config::weight_decay, 0.01f)}},
+    {"rowwise_adagrad", kRowwiseAdaGrad, kAdaGrad, {uses(&Config::eps), uses(&Config::l2reg)}},
 };
 
-// Whether the kind's state belongs to the row as a whole rather than to its elements. Such a
-// rule steps embedding rows only: a dense tensor cut into pieces (threads, server shards) would
-// change its result, so dense tensors take the optimizer's element-wise dense rule instead.
-inline bool rowwise(int kind) { return kind == kRowwiseAdaGrad; }
+constexpr int kNumKinds = sizeof(kKinds) / sizeof(kKinds[0]);
 
-// Floats of optimizer state beside a row of `width` floats: whole arrays of `width` floats for
-// the element-wise kinds (Adam's m, then v), one accumulator for row-wise AdaGrad.
-inline int64_t state_width(int kind, int64_t width) {
-  switch (kind) {
-    case kMomentum:
-    case kNesterov:
-    case kAdaGrad: return width;
-    case kAdam:
-    case kAdamW: return 2 * width;
-    case kRowwiseAdaGrad: return 1;
-    default: return 0;
-  }
+constexpr bool kinds_in_order() {
+  for (int k = 0; k < kNumKinds; ++k)
+    if (kKinds[k].kind != k || rowwise(kKinds[k].dense_kind)) return false;
+  return true;
 }
+static_assert(kinds_in_order(), "kKinds lists every Kind once, in order, each with an element-wise dense kind");
 
 // Adam's bias corrections for one step count, kept by a caller that steps many rows: rows
 // stepped together mostly share their count, and two pow() per 128-float row cost as much as
@@ -60,73 +81,43 @@ struct BiasCache {
 
 // One step of one row. w: the row; state: state_width(kind, width) floats (may be null for SGD);
 // step: the row's step count, incremented here; g: the row's summed gradient; cache: optional,
-// used by one thread at a time.
+// used by one thread at a time. The kinds hetu ships loop over their own rule, so that each
+// loop vectorizes; any other element-wise kind goes through step_element.
 inline void step_row(const Config& c, float lr, float* w, float* state, int64_t* step, const float* g,
                      int64_t width, BiasCache* cache = nullptr) {
   const int64_t t = ++*step;
   switch (c.kind) {
     case kSGD:
-      for (int64_t i = 0; i < width; ++i) w[i] -= lr * (g[i] + c.l2reg * w[i]);
+      for (int64_t i = 0; i < width; ++i) sgd(c, lr, w[i], g[i]);
       break;
     case kMomentum:
-    case kNesterov: {
-      float* v = state;
-      for (int64_t i = 0; i < width; ++i) {
-        const float gi = g[i] + c.l2reg * w[i];
-        v[i] = c.momentum * v[i] + gi;
-        w[i] -= lr * (c.kind == kNesterov ? gi + c.momentum * v[i] : v[i]);
-      }
+    case kNesterov:
+      for (int64_t i = 0; i < width; ++i) momentum(c, lr, w[i], state[i], g[i]);
       break;
-    }
-    case kAdaGrad: {
-      float* acc = state;
-      for (int64_t i = 0; i < width; ++i) {
-        const float gi = g[i] + c.l2reg * w[i];
-        acc[i] += gi * gi;
-        w[i] -= lr * gi / (std::sqrt(acc[i]) + c.eps);
-      }
+    case kAdaGrad:
+      for (int64_t i = 0; i < width; ++i) adagrad(c, lr, w[i], state[i], g[i]);
       break;
-    }
-    case kRowwiseAdaGrad: {
-      // FBGEMM's EXACT_ROWWISE_ADAGRAD: the accumulator grows by the mean of the row's squared
-      // gradient, summed in index order (every build and device sums it the same way).
-      float sum_sq = 0.0f;
-      for (int64_t i = 0; i < width; ++i) {
-        const float gi = g[i] + c.l2reg * w[i];
-        sum_sq += gi * gi;
-      }
-      *state += sum_sq / static_cast<float>(width);
-      const float denom = std::sqrt(*state) + c.eps;
-      for (int64_t i = 0; i < width; ++i) {
-        const float gi = g[i] + c.l2reg * w[i];
-        w[i] -= lr * gi / denom;
-      }
-      break;
-    }
     case kAdam:
     case kAdamW: {
-      float* m = state;
-      float* v = state + width;
       BiasCache local;
       BiasCache& bc = cache ? *cache : local;
       if (bc.t != t) {
-        bc.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(t)));
-        bc.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(t)));
+        bc.bc1 = bias_correction(c.beta1, t);
+        bc.bc2 = bias_correction(c.beta2, t);
         bc.t = t;
       }
       const float bc1 = bc.bc1, bc2 = bc.bc2;
-      const bool decoupled = c.kind == kAdamW;
-      for (int64_t i = 0; i < width; ++i) {
-        if (decoupled) w[i] -= lr * c.weight_decay * w[i];
-        const float gi = decoupled ? g[i] : g[i] + c.l2reg * w[i];
-        m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * gi;
-        v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * gi * gi;
-        const float mhat = m[i] / bc1;
-        const float vhat = v[i] / bc2;
-        w[i] -= lr * mhat / (std::sqrt(vhat) + c.eps);
-      }
+      float* m = state;
+      float* v = state + width;
+      for (int64_t i = 0; i < width; ++i) adam(c, lr, w[i], m[i], v[i], g[i], bc1, bc2);
       break;
     }
+    default:
+      if (rowwise(c.kind)) {
+        step_rowwise(c, lr, w, state, g, width);
+      } else {
+        for (int64_t i = 0; i < width; ++i) step_element(c, lr, w + i, state ? state + i : nullptr, width, g[i], t);
+      }
   }
   storage::round_row(c.storage, w, width);
 }

@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +19,32 @@ void ParallelFor(Pool* pool, int64_t n, int64_t min_chunk, Fn fn) {
   } else {
     fn(int64_t(0), n);
   }
+}
+
+// Parallel loops give each thread at least this many samples.
+constexpr int64_t kMinSamples = 128;
+
+// From this many threads on, a batch's lists are made by parts of its samples in parallel (on 2,
+// the parts' bookkeeping costs about what the second thread gives).
+constexpr int kPartsFromThreads = 3;
+
+// The pool for steps that pay from kPartsFromThreads threads on: `pool` there, else null (the
+// calling thread).
+inline Pool* PartsPool(Pool* pool) { return pool && pool->threads() >= kPartsFromThreads ? pool : nullptr; }
+
+// The parts of n samples made apart: one per thread, each of at least kMinSamples samples; one
+// part below kPartsFromThreads threads.
+inline int64_t SampleParts(Pool* pool, int64_t n) {
+  if (!PartsPool(pool)) return 1;
+  return std::clamp<int64_t>(n / kMinSamples, 1, pool->threads());
+}
+
+// fn(p, first, last) for each part p of [0, n) cut in `parts`, the parts on the pool's threads.
+template <typename Fn>
+void EachPart(Pool* pool, int64_t n, int64_t parts, Fn fn) {
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) fn(p, PartBegin(n, p, parts), PartBegin(n, p + 1, parts));
+  });
 }
 
 // A global batch's samples as the rows they read: sample s reads rows[begin[s] .. begin[s + 1]),
@@ -41,7 +68,8 @@ struct SampleRows {
 
 // Herald's allocators: which worker trains which sample of a global batch of n samples. Each
 // worker receives exactly per_worker samples (n == num_workers * per_worker). Both are
-// deterministic: every worker computes the same assignment.
+// deterministic: every worker computes the same assignment. GreedyAllocate and ColocateAllocate's
+// placement are defined in placement.cpp, its trades in trades.cpp, what ties them in allocate.cpp.
 
 // The rows ColocateAllocate scores, by sample: those several but few enough samples of the batch
 // read to be traded over (light), among them those the placement scores (lightest), and apart from

@@ -5,8 +5,8 @@
 //
 // A step is Begin (the policy, checked against the plan; cached valid rows copied out) and
 // Finish (owner rows stepped and kept, shared rows' copies dropped, invalidations, the planned
-// write-back gathered). The pulls and the push are the caller's (hetu.herald.HeraldTable). Only
-// the training thread uses it: no lock.
+// write-back gathered). The pulls and the push are the caller's (hetu.rows.herald.HeraldTable).
+// Only the training thread uses it: no lock.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -9,7 +9,7 @@ and takes the answers. The C++ planner (hetu._C.Planner,
 src/herald/planner.cpp) keeps a model of every worker's cache (the CachePolicy that the real
 caches use, plus which cached rows are valid and which are dirty) and, per iteration:
 
-1. allocates the global batch, b samples per worker (src/herald/allocate.cpp). "greedy" is the
+1. allocates the global batch, b samples per worker (src/herald/allocate.cpp, placement.cpp, trades.cpp). "greedy" is the
    rule of docs/design.md: score(s, w) = rows of sample s valid in w's cache, each sample to its
    best-scoring worker with room. "colocate" (the default) places samples in the same order
    but on the worker where each adds the fewest row transmissions, which also counts rows that
@@ -39,10 +39,7 @@ import numpy as np
 
 from .. import _C
 from ..dataloader import SamplePlan
-
-
-ALLOCATORS = ("colocate", "greedy", "none")
-PLANNERS = ("host", "worker")   # one planner per host, or one per worker
+from .options import HeraldOptions
 
 
 class Plan:
@@ -71,21 +68,12 @@ class Scheduler(SamplePlan):
     dataloader which samples this worker trains (SamplePlan.samples), to the HeraldTables which
     rows move (plan)."""
 
-    def __init__(self, sparse, batches, num_workers, rank, batch_size, capacity, policy="lru", lookahead=2,
-                 allocator="colocate", pin_threshold=8, timeout=600.0, planner_threads=0, comm=None,
-                 planners="host"):
-        if lookahead < 1:
-            raise ValueError(f"Herald needs --lookahead >= 1 (got {lookahead}): the write-back plan of iteration t "
-                             f"depends on which worker reads which rows at t+1")
-        if allocator not in ALLOCATORS:
-            raise ValueError(f"unknown allocator {allocator!r}: expected one of {', '.join(ALLOCATORS)}")
+    def __init__(self, sparse, batches, num_workers, rank, batch_size, capacity, policy="lru",
+                 lookahead=HeraldOptions.lookahead, allocator=HeraldOptions.allocator, pin_threshold=8, timeout=600.0,
+                 planner_threads=HeraldOptions.planner_threads, comm=None, planners=HeraldOptions.planners):
+        HeraldOptions(lookahead, allocator, planners=planners, planner_threads=planner_threads)   # checks them
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
-        if planner_threads < 0:
-            raise ValueError(f"Herald: {planner_threads} planner threads; 0 (the default: HETU_PLANNER_THREADS, "
-                             f"else one per worker planned for) or more")
-        if planners not in PLANNERS:
-            raise ValueError(f"unknown Herald planners {planners!r}: expected one of {', '.join(PLANNERS)}")
         if batches.batch_num < 1:
             raise ValueError(f"Herald: {batches.samples} samples make no global batch of "
                              f"{num_workers} x {batch_size}")

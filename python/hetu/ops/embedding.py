@@ -6,6 +6,8 @@ Row kernels, CPU (hetu._C) and GPU (below) side by side: gather with a bounds ch
 unique-and-sum, which sorts ids stably and sums each id's rows in the order they occur (on the
 device in pieces of 32 rows, added in order), so the sum is the same from run to run whatever
 the hardware's thread count."""
+import time
+
 import numpy as np
 
 from .. import _C, cuda
@@ -427,6 +429,70 @@ class EmbeddingBagGradOp(EmbeddingLookupGradOp):
         shape = vals[2].shape if len(vals) > 2 else self.table.shape
         indices, values = self.bags.gradient(ids, g, shape[1])
         return IndexedSlices(indices, values, shape)
+
+
+class PSEmbeddingLookupOp(Op):
+    """table[ids] for a table on the servers, or, with `bags` (Bags), the table's rows pooled per
+    bag (-1: an empty slot, which reads nothing): the lookup that the bind_ps pass puts in place
+    of an EmbeddingLookupOp. Each distinct id is fetched once from `source`, the table's
+    RowSource (hetu.rows): the servers, or the worker's cache in front of them. On a GPU the ids
+    are read on the host and the distinct rows, with each id's position among them, reach the
+    device in one pinned copy; the device expands them to the batch's rows or pools them."""
+    capturable = False
+    host_inputs = True
+
+    def __init__(self, ids, source, bags=None, ctx=None):
+        super().__init__(ids, ctx=ctx, name=None)
+        self.source = source
+        self.bags = bags
+        self._to_device = None   # hetu.cuda.HostToDevice, on a GPU
+
+    def infer_shape(self, s):
+        return self._out_shape(tuple(s[0]))
+
+    def _out_shape(self, ids_shape):
+        width = self.source.param.shape[1]
+        return self.bags.out_shape(ids_shape, width) if self.bags is not None else ids_shape + (width,)
+
+    def compute(self, vals, state):
+        ids = cuda.to_host(vals[0])
+        if ids.dtype != np.int64:
+            raise TypeError(f"{self.name}: ids are {ids.dtype}, expected int64")
+        flat = ids.reshape(-1)
+        rows = self.source.param.shape[0]
+        lowest = -1 if self.bags is not None else 0
+        if flat.size and (flat.min() < lowest or flat.max() >= rows):
+            bad = int(flat.max() if flat.max() >= rows else flat.min())
+            raise IndexError(f"{self.name}: id {bad} outside the table {self.source.param.name} of {rows} rows")
+        if self.bags is not None:
+            filled = flat >= 0
+            uniq, inverse = np.unique(flat[filled], return_inverse=True)
+            positions = np.full(ids.shape, -1, np.int64)
+            positions.reshape(-1)[filled] = inverse
+        else:
+            uniq, positions = np.unique(flat, return_inverse=True)
+        # Reads outside training (validation) go straight to the servers, after the executor
+        # flushed every cache, and are not counted as training transmissions.
+        if state.training:
+            started = time.perf_counter()
+            pulled = self.source.lookup(uniq)
+            self.source.counters.add(pull_seconds=time.perf_counter() - started)
+        else:
+            pulled = self.source.read(uniq)
+        width = pulled.shape[1]
+        out = state.buffer(self, self._out_shape(ids.shape), np.float32)
+        if state.xp is np:
+            if self.bags is not None:
+                return self.bags.pool(self.name, pulled, positions, out)
+            np.take(pulled, positions, axis=0, out=out.reshape(flat.size, width))
+            return out
+        if self._to_device is None:
+            self._to_device = cuda.HostToDevice()
+        rows, positions = self._to_device.send([np.ascontiguousarray(pulled, np.float32),
+                                                positions.reshape(ids.shape).astype(np.int64, copy=False)])
+        if self.bags is not None:
+            return self.bags.pool(self.name, rows, positions, out, state.checks)
+        return gather(self.name, rows, positions.reshape(-1), out, state.checks)
 
 
 def embedding_lookup_op(table, ids, ctx=None):

@@ -3,9 +3,10 @@ table on the parameter server is read and updated through a per-worker cache of
 `cache_limit_ratio` x rows (or `cache_limit` rows) with staleness bound `cache_bound`."""
 import math
 
-from ..cache import CachedTable
 from ..dataloader import DataloaderOp
-from ..dist.ps import PSEmbeddingLookupOp, RemoteTable, route_through_caches
+from ..ops.embedding import PSEmbeddingLookupOp
+from ..rows.het import CachedTable
+from ..updaters import PSSparseUpdater
 
 
 def cache_capacity(config, rows):
@@ -21,19 +22,36 @@ def bind_cache(graph):
     policy = graph.config.cstable_policy
     if policy is None or graph.caches:
         return graph
-    if not any(isinstance(r, RemoteTable) for r in graph.remote.values()):
+    tables = embedding_tables(graph)
+    if not tables:
         raise ValueError(f"cstable_policy={policy!r} caches embedding tables on the parameter server: "
                          f"use comm_mode 'PS' or 'Hybrid'")
-    for pid, remote in graph.remote.items():
-        if not isinstance(remote, RemoteTable):
-            continue
+    for pid, remote in tables.items():
         _, opt_op, _ = graph.ps_params[pid]
         graph.caches[pid] = CachedTable(remote, policy, cache_capacity(graph.config, remote.param.shape[0]),
-                                        graph.config.cache_bound, opt_op.optimizer, graph.counters)
+                                        graph.config.cache_bound, opt_op.optimizer)
     route_through_caches(graph)
     if graph.config.prefetch:
         _prefetch_from_dataloaders(graph)
     return graph
+
+
+def embedding_tables(graph):
+    """param id -> RemoteTable of every embedding table on the servers (bind_ps)."""
+    return {pid: remote for pid, remote in graph.remote.items() if not remote.dense}
+
+
+def route_through_caches(graph):
+    """Points every PS lookup and sparse updater at its table's worker-side cache (graph.caches:
+    param id -> CachedTable or HeraldTable), where the table has one."""
+    for order in graph.topo.values():
+        for node in order:
+            if isinstance(node, PSEmbeddingLookupOp) and node.source.param.id in graph.caches:
+                node.source = graph.caches[node.source.param.id]
+    for opt_op in graph.optimizer_ops:
+        for updater in opt_op.updaters.values():
+            if isinstance(updater, PSSparseUpdater) and updater.source.param.id in graph.caches:
+                updater.source = graph.caches[updater.source.param.id]
 
 
 def _prefetch_from_dataloaders(graph):

@@ -1,9 +1,10 @@
 """Parameter-server binding: the parameters that the distribution pass placed on the PS are
 created on the servers (same initializer, seed and stream as a local run), embedding lookups of
 PS tables become sparse pulls, and their updates become pushes tagged with the iteration."""
-from ..dist.ps import (PSDenseUpdater, PSEmbeddingLookupOp, PSSparseUpdater, RemoteDense, RemoteTable, SyncMode,
-                       launched_as_ps_worker, start_worker)
-from ..ops.embedding import EmbeddingLookupOp
+from ..ops.embedding import EmbeddingLookupOp, PSEmbeddingLookupOp
+from ..rows.plain import PlainRows
+from ..rows.servers import RemoteTable, SyncMode, launched_as_ps_worker, start_worker
+from ..updaters import PSDenseUpdater, PSSparseUpdater
 
 
 def bind_ps(graph):
@@ -17,25 +18,27 @@ def bind_ps(graph):
         return graph
     import hetu.ps as ps
     client, sync, seed = ps.client(), SyncMode(graph.config.bsp), graph.config.seed
+    tables = {}   # param id -> the plain-PS RowSource of an embedding table
     for param, opt_op, sparse in graph.ps_params.values():
+        remote = graph.remote[param.id] = RemoteTable(client, param, opt_op.optimizer, seed, sync, graph.counters,
+                                                      dense=not sparse)
         if sparse:
-            remote = RemoteTable(client, param, opt_op.optimizer, seed, sync, graph.counters)
-            opt_op.updaters[param.id] = PSSparseUpdater(remote)
+            tables[param.id] = PlainRows(remote)
+            opt_op.updaters[param.id] = PSSparseUpdater(tables[param.id])
         else:
-            remote = RemoteDense(client, param, opt_op.optimizer, seed, sync)
-            opt_op.updaters[param.id] = PSDenseUpdater(remote, graph.counters)
-        graph.remote[param.id] = remote
-    _replace_lookups(graph)
+            opt_op.updaters[param.id] = PSDenseUpdater(remote)
+    _replace_lookups(graph, tables)
     return graph.refresh()
 
 
-def _replace_lookups(graph):
-    """Rewires every consumer of a PS table lookup (or bag) to a PSEmbeddingLookupOp."""
+def _replace_lookups(graph, tables):
+    """Rewires every consumer of a PS table lookup (or bag) to a PSEmbeddingLookupOp that reads
+    the table's rows from `tables`."""
     replacements = {}
     for order in graph.topo.values():
         for node in order:
-            if isinstance(node, EmbeddingLookupOp) and node.inputs[0].id in graph.remote:
-                replacements[node.id] = PSEmbeddingLookupOp(node.inputs[1], graph.remote[node.inputs[0].id],
+            if isinstance(node, EmbeddingLookupOp) and node.inputs[0].id in tables:
+                replacements[node.id] = PSEmbeddingLookupOp(node.inputs[1], tables[node.inputs[0].id],
                                                             bags=node.bags, ctx=node.ctx)
     if not replacements:
         return

@@ -8,7 +8,7 @@
 from ..autodiff import GradientSeedOp
 from ..dist import strategy_from_config
 from ..dist.comm import MPICommunicator
-from ..dist.updaters import AllReduceUpdater
+from ..updaters import AllReduceUpdater
 
 
 def distribute(graph):

@@ -1,8 +1,8 @@
 """The object that passes take and return: the executor's subgraphs and what compiling found."""
-from ..cache.counters import Counters
 from ..dataloader import DataloaderOp
 from ..graph import Variable, topo_sort
 from ..optim import OptimizerOp
+from ..rows.counters import Counters
 
 
 class Graph:
@@ -16,7 +16,7 @@ class Graph:
         self.comm = None          # MPICommunicator between the workers; None in one process (distribute)
         self.rank, self.num_workers = 0, 1   # this worker among the job's (distribute)
         self.ps_params = {}       # param id -> (param, optimizer op, sparse): on the servers (distribute)
-        self.remote = {}          # param id -> RemoteTable / RemoteDense (bind_ps)
+        self.remote = {}          # param id -> RemoteTable (bind_ps)
         self.caches = {}          # param id -> the RowSource in front of its RemoteTable (bind_cache, Herald)
         self.scheduler = None     # Herald's Scheduler (schedule_embeddings)
         self.refresh()

@@ -1,25 +1,26 @@
-"""Herald pass: with `herald=True`, the training inputs of every worker are the samples the
-scheduler allocates to it, and the parameter-server tables are read and updated through a
-HeraldTable that follows the scheduler's plan (instead of the HET cache protocol)."""
+"""Herald pass: with `herald` (True, or hetu.herald.HeraldOptions), the training inputs of every
+worker are the samples the scheduler allocates to it, and the parameter-server tables are read
+and updated through a HeraldTable that follows the scheduler's plan (instead of the HET cache
+protocol)."""
 import sys
 
 from ..dataloader import DataloaderOp
-from ..dist.ps import PSEmbeddingLookupOp, RemoteTable, route_through_caches
-from ..herald import HeraldTable, Scheduler
-from .bind_cache import cache_capacity
+from ..herald import HeraldOptions, Scheduler
+from ..ops.embedding import PSEmbeddingLookupOp
+from ..rows.herald import HeraldTable
+from .bind_cache import cache_capacity, embedding_tables, route_through_caches
 
 
 def schedule_embeddings(graph):
-    extra = graph.config.extra
-    if not extra.get("herald"):
+    options = HeraldOptions.of_executor(graph.config.extra)
+    if options is None:
         return graph
-    protocol = extra.get("herald_protocol", "herald")
-    if protocol == "herald" and (graph.config.bsp != 0 or graph.config.cache_bound != 0):
+    if options.protocol == "herald" and (graph.config.bsp != 0 or graph.config.cache_bound != 0):
         # The plan's pulls read what every worker pushed in the iteration before: without the
         # servers' iteration barrier (bsp 0) a pull may run ahead of another worker's push.
         raise ValueError(f"Herald trains exactly synchronously: it needs bsp=0 and cache_bound=0 "
                          f"(got bsp={graph.config.bsp}, cache_bound={graph.config.cache_bound})")
-    tables = {pid: r for pid, r in graph.remote.items() if isinstance(r, RemoteTable)}
+    tables = embedding_tables(graph)
     if not tables:
         raise ValueError("Herald schedules embedding tables on the parameter server: use comm_mode 'PS' or 'Hybrid'")
     lookups = [n for order in graph.topo.values() for n in order if isinstance(n, PSEmbeddingLookupOp)]
@@ -35,9 +36,8 @@ def schedule_embeddings(graph):
         print("Herald with one worker: every row is stepped locally and the plan equals the cache alone",
               file=sys.stderr)
     scheduler = Scheduler(sparse_loader.data, sparse_loader.batches, graph.num_workers, graph.rank, sparse_loader.batch_size,
-                          capacity, policy, extra.get("lookahead", 2), extra.get("allocator", "colocate"),
-                          planner_threads=extra.get("planner_threads", 0), comm=graph.comm,
-                          planners=extra.get("planners", "host"))
+                          capacity, policy, options.lookahead, options.allocator,
+                          planner_threads=options.planner_threads, comm=graph.comm, planners=options.planners)
     graph.scheduler = scheduler
     if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
         print(f"Herald: worker {graph.rank} plans for this host's workers "
@@ -45,13 +45,12 @@ def schedule_embeddings(graph):
     for loader_op in graph.dataloaders:
         if "train" in loader_op.dataloaders:
             loader_op.dataloaders["train"].set_plan(scheduler)
-    if protocol == "het":
+    if options.protocol == "het":
         # Ablation "allocator only": Herald's allocation, the HET cache protocol (bind_cache).
         return graph
     for i, (pid, remote) in enumerate(sorted(tables.items())):
         _, opt_op, _ = graph.ps_params[pid]
         graph.caches[pid] = HeraldTable(remote, scheduler, cache_capacity(graph.config, remote.param.shape[0]),
-                                        policy, opt_op.optimizer, graph.counters, primary=(i == 0),
-                                        prefetch=graph.config.prefetch)
+                                        policy, opt_op.optimizer, primary=(i == 0), prefetch=graph.config.prefetch)
     route_through_caches(graph)
     return graph

@@ -51,7 +51,7 @@ import os
 
 import numpy as np
 
-from hetu import _ps
+from hetu import _C, _ps
 
 __all__ = [
     "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
@@ -61,8 +61,10 @@ __all__ = [
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
-OPTIMIZERS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adagrad": 3, "adam": 4, "adamw": 5, "rowwise_adagrad": 6}
-_OPTIM_DEFAULTS = dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0)
+# The optimizer kinds by name, and every hyperparameter with OptimConfig's default: the registry
+# of src/common/optim_rules.h (a table made by kind name alone takes these defaults).
+OPTIMIZERS = {k["name"]: k["kind"] for k in _C.optimizer_kinds()}
+_OPTIM_DEFAULTS = _C.optimizer_hyperparameters()
 _GROUPS = {"workers": _ps.WORKERS, "servers": _ps.SERVERS, "all": _ps.ALL}
 
 
@@ -389,7 +391,7 @@ class Client:
         stream = _ps.name_stream(name) if stream is None else int(stream)
         table = Table(name, rows, width, opt, dense, _shape, storage)
         table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed), stream=stream,
-                      optim_kind=OPTIMIZERS[opt], bsp=bool(bsp), staleness=int(staleness), **c).wait(timeout)
+                      optimizer=dict(c, kind=OPTIMIZERS[opt]), bsp=bool(bsp), staleness=int(staleness)).wait(timeout)
         return table
 
     def init_dense(self, name, shape, init=("constant", 0.0), **kwargs):

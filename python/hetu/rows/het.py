@@ -30,23 +30,22 @@ middle of the dense AllReduce (README), hence off by default."""
 import numpy as np
 
 from .. import _C
-from ..rows import RowSource
-from .counters import Counters
+from . import RowSource
 
 
 class CachedTable(RowSource):
-    """A worker's cache in front of one RemoteTable (hetu.dist.ps): HET's RowSource."""
+    """A worker's cache in front of one RemoteTable (servers.py): HET's RowSource."""
 
     def __init__(self, remote, policy, capacity, bound, optimizer, counters=None, pin_threshold=8):
+        super().__init__(remote, counters)
         rows, width = remote.param.shape
         if capacity < 1:
             raise ValueError(f"cache for {remote.param.name}: capacity {capacity} rows; it must hold at least 1 row "
                              f"(raise --cache-limit-ratio)")
-        self.remote, self.param, self.bound, self.width = remote, remote.param, int(bound), width
+        self.bound, self.width = int(bound), width
         self.store = _C.RowCache(policy, int(min(capacity, rows)), width, self.bound, optimizer.config, pin_threshold)
         # Optimizer state travels with pulled rows only when the rule keeps any.
         self.with_state = self.store.state_width > 0
-        self.counters = counters or Counters()
         self._outbox = []         # (keys, grads, counts or None) to push with this iteration's push
         self.next_ids = None      # callable: the next training step's ids (see Prefetch above)
         self._prefetched = None   # a _request for the next step, sent after this step's push
@@ -113,7 +112,7 @@ class CachedTable(RowSource):
             keys, grads, counts = np.empty(0, np.int64), np.empty((0, self.width), np.float32), None
         self._outbox = []
         self.remote.push(keys, grads, lr, counts)
-        self.counters.add(rows_pushed=len(keys), bytes_pushed=len(keys) * (self.remote.grad_bytes + 8))
+        self.count_push(len(keys))
 
     def flush(self, lr):
         """Pushes every pending local update (before validation, a checkpoint or the end). With
@@ -129,14 +128,3 @@ class CachedTable(RowSource):
         if len(pending[0]):
             self._outbox.append(pending)
         self._flush_outbox(lr)
-
-    def read(self, uniq):
-        return self.remote.pull(uniq)
-
-    # A checkpoint is taken after a flush, which leaves nothing here that the servers lack: the
-    # table's clock is all there is, and a resumed cache starts empty.
-    def state(self):
-        return self.remote.state()
-
-    def restore(self, state, step):
-        self.remote.restore(state, step)

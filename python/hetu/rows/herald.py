@@ -20,7 +20,7 @@ this worker sent before it."""
 import numpy as np
 
 from .. import _C
-from ..rows import RowSource
+from . import RowSource
 
 
 class PlanMismatch(RuntimeError):
@@ -28,14 +28,14 @@ class PlanMismatch(RuntimeError):
 
 
 class HeraldTable(RowSource):
-    """Herald's RowSource: a worker's cache of one RemoteTable (hetu.dist.ps), run by the plans
-    of `scheduler`."""
+    """Herald's RowSource: a worker's cache of one RemoteTable (servers.py), run by the plans of
+    `scheduler` (hetu.herald.Scheduler)."""
 
-    def __init__(self, remote, scheduler, capacity, policy, optimizer, counters, primary=True, pin_threshold=8,
+    def __init__(self, remote, scheduler, capacity, policy, optimizer, primary=True, pin_threshold=8,
                  prefetch=False):
+        super().__init__(remote)
         rows, width = remote.param.shape
-        self.remote, self.param, self.scheduler, self.counters = remote, remote.param, scheduler, counters
-        self.width = width
+        self.scheduler, self.width = scheduler, width
         self.primary = primary  # the table that records per-iteration scheduler figures
         # The rows themselves, their policy, valid and dirty flags: src/herald/plan_cache.h.
         self.store = _C.PlanCache(policy, int(min(capacity, rows)), width, optimizer.config, pin_threshold)
@@ -89,8 +89,7 @@ class HeraldTable(RowSource):
         with_state = plan.owner[pulled].astype(bool)
         handle = None
         if len(pulled):
-            tag = self.remote.sync.tag(self.remote.clock)
-            handle = self.remote.table.pull_with_state(plan.keys[pulled], iteration=tag, with_state=with_state)
+            handle = self.remote.pull_with_state(plan.keys[pulled], with_state)
         return _Fetch((plan.iteration, self.remote.clock), pulled, with_state, handle, plan_wait)
 
     @staticmethod
@@ -115,9 +114,7 @@ class HeraldTable(RowSource):
         shared = ~plan.owner
         self.remote.push(keys[shared], np.ascontiguousarray(summed[shared]), lr,
                          write_back=(wb_keys, wb_vals, wb_state, wb_steps, 1) if len(wb_keys) else None)
-        pushed = int(np.count_nonzero(shared))
-        self.counters.add(rows_pushed=pushed + len(wb_keys),
-                          bytes_pushed=pushed * (self.remote.grad_bytes + 8) + len(wb_keys) * self._row_bytes())
+        self.count_push(int(np.count_nonzero(shared)), len(wb_keys), len(wb_keys) * self._row_bytes())
         self._step = None
         self.t += 1
         if self.prefetch:
@@ -128,19 +125,12 @@ class HeraldTable(RowSource):
         """A written-back row: key, values, optimizer state, step count and version increment."""
         return self.remote.row_bytes + self.state_width * 4 + 16
 
-    def read(self, uniq):
-        return self.remote.pull(uniq)
-
-    def state(self):
-        """The table's clock: a checkpoint is taken after a flush, which leaves no dirty row."""
-        return self.remote.state()
-
     def restore(self, state, step):
         """The next lookup is step `step` of a resumed run, nothing cached yet (the scheduler
         restarts its plans there too)."""
         if self._step is not None or self.t != 0:
             raise RuntimeError(f"{self.remote.param.name}: a resumed table must not have trained (at step {self.t})")
-        self.remote.restore(state, step)
+        super().restore(state, step)
         self.t = int(step)
 
     def flush(self, lr):
@@ -150,8 +140,7 @@ class HeraldTable(RowSource):
         self._drop(self._prefetched)
         self._prefetched = None
         keys, vals, state, steps = self.store.drain()
-        if len(keys):
-            self.counters.add(rows_pushed=len(keys), bytes_pushed=len(keys) * self._row_bytes())
+        self.count_push(0, len(keys), len(keys) * self._row_bytes())
         self.remote.push(np.empty(0, np.int64), np.empty((0, self.width), np.float32), lr,
                          write_back=(keys, vals, state, steps, 1) if len(keys) else None)
 
