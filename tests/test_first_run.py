@@ -2,13 +2,14 @@
 it, and the start line says how many samples it has; every rate says whose it is; each process
 takes its share of the host's cores (hetu.threads); a refusal names the flag at fault."""
 import importlib.util
+import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
+import jobs
 from conftest import REPO
 from dist_harness import COMMON, run_cluster, run_single
 
@@ -99,7 +100,7 @@ def test_cluster_lines_give_the_job_rate_and_the_threads(tmp_path, data_home):
            sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, "--comm", "PS", "--bsp", "0",
            "--batch-size", "32"]
     env = {k: v for k, v in os.environ.items() if k not in threads.THREAD_VARS}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, HETU_DATA_HOME=data_home), timeout=300)
+    proc = jobs.run(cmd, capture_output=True, text=True, env=dict(env, HETU_DATA_HOME=data_home), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     share = threads.default_threads(threads.usable_cores(), 3)
     start = [line for line in proc.stdout.splitlines() if "] wdl_criteo: " in line]
@@ -116,7 +117,6 @@ def test_cluster_lines_give_the_job_rate_and_the_threads(tmp_path, data_home):
 
 
 def train_summaries(stdout):
-    import json
     return [json.loads(line.split("summary ", 1)[1]) for line in stdout.splitlines() if "summary {" in line]
 
 
@@ -180,13 +180,13 @@ def test_configure_keeps_the_environment_unless_told():
 def test_worker_shim_gives_each_worker_its_share():
     env = {k: v for k, v in os.environ.items() if k not in threads.THREAD_VARS}
     env.update(HETU_PROCS_ON_HOST="3", HETU_PYTHON=sys.executable, OMPI_COMM_WORLD_RANK="1")
-    out = subprocess.run(["/bin/sh", "-c", WORKER_SHIM, "hetu-worker", "sh", "-c",
+    out = jobs.run(["/bin/sh", "-c", WORKER_SHIM, "hetu-worker", "sh", "-c",
                           "echo $DMLC_WORKER_ID $OMP_NUM_THREADS $HETU_NUM_THREADS"],
                          env=env, capture_output=True, text=True, timeout=60).stdout.split()
     share = str(threads.default_threads(threads.usable_cores(), 3))
     assert out == ["1", share, share]
     env["OMP_NUM_THREADS"] = "7"   # the user's own setting is kept
-    out = subprocess.run(["/bin/sh", "-c", WORKER_SHIM, "hetu-worker", "sh", "-c", "echo $OMP_NUM_THREADS"],
+    out = jobs.run(["/bin/sh", "-c", WORKER_SHIM, "hetu-worker", "sh", "-c", "echo $OMP_NUM_THREADS"],
                          env=env, capture_output=True, text=True, timeout=60).stdout.split()
     assert out == ["7"]
 
