@@ -136,8 +136,11 @@ def load(args):
 
 def readable_fields(args, meta):
     """The data's fields, which the model must be able to read (one that reads one id per field
-    refuses multi-hot data)."""
-    fields = meta.fields
+    refuses multi-hot data, and none reads hashed ids yet)."""
+    try:
+        fields = meta.fields
+    except ValueError as e:
+        raise SystemExit(f"{args.data_dir or args.dataset}: {e}") from None
     reason = MODELS[args.model].refusal(fields)
     if reason is not None:
         readers = sorted(name for name, model in MODELS.items() if model.refusal(fields) is None)

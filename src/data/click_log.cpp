@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/key_hash.h"
 #include "common/parallel.h"
 
 namespace hetu {
@@ -173,9 +174,13 @@ bool ClickLogEncoder::ForEachLine(const std::vector<std::string_view>& lines, Ta
   return clean;
 }
 
+bool ClickLogEncoder::CheckChunk(const std::vector<std::string_view>& lines) const {
+  return ForEachLine(lines, [](int64_t, const std::vector<std::string_view>&) {});
+}
+
 bool ClickLogEncoder::CountChunk(const std::vector<std::string_view>& lines) {
   // Every line is checked first: a chunk is counted whole or not at all.
-  if (!ForEachLine(lines, [](int64_t, const std::vector<std::string_view>&) {})) return false;
+  if (!CheckChunk(lines)) return false;
   // Each thread counts the values of its own fields, so that no field's table is shared, and
   // splits every line again for them (cheap next to the hash-table probes of a large field).
   const auto& categorical = layout_.categorical_columns;
@@ -195,17 +200,31 @@ std::vector<int64_t> ClickLogEncoder::Build(int64_t min_count) {
   return sizes;
 }
 
-bool ClickLogEncoder::EncodeChunk(const std::vector<std::string_view>& lines, const std::vector<int64_t>& offsets,
-                                  float* labels, int64_t* dense, int64_t* sparse) const {
+template <typename Key>
+bool ClickLogEncoder::EncodeLines(const std::vector<std::string_view>& lines, float* labels, int64_t* dense,
+                                  int64_t* sparse, Key key) const {
   const auto& categorical = layout_.categorical_columns;
   const auto& dense_columns = layout_.dense_columns;
-  if (offsets.size() != categorical.size()) throw std::invalid_argument("EncodeChunk: one offset per field");
   const int64_t nf = static_cast<int64_t>(categorical.size()), nd = static_cast<int64_t>(dense_columns.size());
   return ForEachLine(lines, [&](int64_t r, const std::vector<std::string_view>& columns) {
     labels[r] = columns[layout_.label_column] == "1" ? 1.0f : 0.0f;
     for (int64_t k = 0; k < nd; ++k) ParseInteger(columns[dense_columns[k]], &dense[r * nd + k]);
-    for (int64_t f = 0; f < nf; ++f) sparse[r * nf + f] = fields_[f].Id(columns[categorical[f]]) + offsets[f];
+    for (int64_t f = 0; f < nf; ++f) sparse[r * nf + f] = key(f, columns[categorical[f]]);
   });
+}
+
+bool ClickLogEncoder::EncodeChunk(const std::vector<std::string_view>& lines, const std::vector<int64_t>& offsets,
+                                  float* labels, int64_t* dense, int64_t* sparse) const {
+  if (offsets.size() != layout_.categorical_columns.size())
+    throw std::invalid_argument("EncodeChunk: one offset per field");
+  return EncodeLines(lines, labels, dense, sparse,
+                     [&](int64_t f, std::string_view value) { return fields_[f].Id(value) + offsets[f]; });
+}
+
+bool ClickLogEncoder::HashChunk(const std::vector<std::string_view>& lines, float* labels, int64_t* dense,
+                                int64_t* sparse) const {
+  return EncodeLines(lines, labels, dense, sparse,
+                     [](int64_t f, std::string_view value) { return KeyHash(static_cast<uint32_t>(f), value); });
 }
 
 }  // namespace data

@@ -1,5 +1,6 @@
 // The hot loop of `python -m hetu.data.prepare criteo|avazu`: splitting lines, checking them,
-// counting each field's categorical values (pass 1) and encoding them as local ids (pass 2).
+// counting each field's categorical values (pass 1) and encoding them as local ids (pass 2), or,
+// for hashed ids, encoding them as their keys in one pass (HashChunk).
 //
 // hetu.data.tabular keeps the semantics and the error messages. This code takes only chunks
 // whose every line is plainly clean, where the Python parser is known to give the same result:
@@ -72,6 +73,8 @@ class ClickLogEncoder {
   // them is not plainly clean.
   bool CountChunk(const std::vector<std::string_view>& lines);
   void CountValue(int field, std::string_view value) { fields_.at(field).Count(value); }
+  // Hashed ids' first pass: only checks that every line is plainly clean (no counting).
+  bool CheckChunk(const std::vector<std::string_view>& lines) const;
 
   // Builds every field's vocabulary; returns the field sizes.
   std::vector<int64_t> Build(int64_t min_count);
@@ -82,6 +85,10 @@ class ClickLogEncoder {
                    int64_t* dense, int64_t* sparse) const;
   int64_t Id(int field, std::string_view value) const { return fields_.at(field).Id(value); }
 
+  // Hashed ids (`--ids hashed`): like EncodeChunk, with no vocabulary, each value's key
+  // KeyHash(field, value) (common/key_hash.h), the field being its categorical field's index.
+  bool HashChunk(const std::vector<std::string_view>& lines, float* labels, int64_t* dense, int64_t* sparse) const;
+
   const ClickLogLayout& layout() const { return layout_; }
   int num_fields() const { return static_cast<int>(fields_.size()); }
 
@@ -91,6 +98,10 @@ class ClickLogEncoder {
   // Calls take(i, columns) for every line, on several threads; false if one is not clean.
   template <typename Take>
   bool ForEachLine(const std::vector<std::string_view>& lines, Take take) const;
+  // Writes each line's label, raw integers and key(field, value) of each categorical value.
+  template <typename Key>
+  bool EncodeLines(const std::vector<std::string_view>& lines, float* labels, int64_t* dense, int64_t* sparse,
+                   Key key) const;
   static constexpr int64_t kLinesPerPart = 4096;
 
   ClickLogLayout layout_;

@@ -10,7 +10,8 @@ Folder format (written by every reader and by the generator): ``dense.npy`` floa
 consecutive columns of sparse.npy (one when meta.json has no ``field_slots``); a field listed in
 ``bag_fields`` is multi-hot, its ids left-aligned and padded with -1 (``DatasetPart.bag`` gives
 the jagged values and offsets). What a model reads of it (fields, slots, rows, dense width) is
-``DatasetMeta.fields``, a ``Fields``.
+``DatasetMeta.fields``, a ``Fields``. Prepared with ``--ids hashed`` (``meta.ids``), sparse.npy
+holds each value's 64-bit key instead (keys.py), with no vocabulary and no field offsets.
 
 The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``; the rest needs
 no compiled code.

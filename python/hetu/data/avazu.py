@@ -26,7 +26,7 @@ LAYOUT = TableLayout(
 
 def prepare_avazu(input_path, output_dir, *, rows=None, min_count=1, skip_bad_lines=False,
                   val_fraction=0.1, shuffle_seed=None, overwrite=False, progress=True,
-                  chunk_bytes=1 << 24, log=None):
+                  chunk_bytes=1 << 24, log=None, ids="indexed"):
     """Encode the Avazu ``train`` CSV (with its header row) into a dataset folder.
 
     The ``id`` column is dropped, ``click`` is the label, the other 22 columns are categorical
@@ -34,4 +34,4 @@ def prepare_avazu(input_path, output_dir, *, rows=None, min_count=1, skip_bad_li
     return prepare_table(LAYOUT, input_path, output_dir, rows=rows, min_count=min_count,
                          skip_bad_lines=skip_bad_lines, val_fraction=val_fraction,
                          shuffle_seed=shuffle_seed, chunk_bytes=chunk_bytes,
-                         overwrite=overwrite, progress=progress, log=log)
+                         overwrite=overwrite, progress=progress, log=log, ids=ids)

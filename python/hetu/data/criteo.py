@@ -25,7 +25,7 @@ LAYOUT = TableLayout(
 
 def prepare_criteo(input_path, output_dir, *, rows=None, min_count=1, skip_bad_lines=False,
                    val_fraction=0.1, shuffle_seed=None, overwrite=False, progress=True,
-                   chunk_bytes=1 << 24, log=None):
+                   chunk_bytes=1 << 24, log=None, ids="indexed"):
     """Encode Criteo ``train.txt`` into a dataset folder.
 
     Categorical values seen fewer than ``min_count`` times, and missing ones, share local id 0 of
@@ -35,4 +35,4 @@ def prepare_criteo(input_path, output_dir, *, rows=None, min_count=1, skip_bad_l
     return prepare_table(LAYOUT, input_path, output_dir, rows=rows, min_count=min_count,
                          skip_bad_lines=skip_bad_lines, val_fraction=val_fraction,
                          shuffle_seed=shuffle_seed, chunk_bytes=chunk_bytes,
-                         overwrite=overwrite, progress=progress, log=log)
+                         overwrite=overwrite, progress=progress, log=log, ids=ids)

@@ -13,6 +13,10 @@ from .synthetic import parse_synthetic_name
 PREPARED_NAMES = ("criteo", "avazu", "movielens")
 
 
+HASHED_REFUSAL = ("the data was prepared with --ids hashed (keys, not table rows): training on it "
+                  "needs dynamic tables, which hetu does not have yet; prepare it without --ids hashed")
+
+
 class BadBatch(ValueError):
     """A batch holds an entry its dataset cannot have (DatasetPart.checker): the message names the
     file, row, column and value, which is all a user needs; no traceback adds to it."""
@@ -33,6 +37,7 @@ class DatasetMeta:
     info: dict  # the whole meta.json
     field_slots: tuple = None  # sparse.npy columns of each field; None: one each
     bag_fields: tuple = ()     # names of the multi-hot fields (ids left-aligned, -1 padded)
+    ids: str = "indexed"       # or "hashed": sparse.npy holds keys (keys.py), no vocabulary
 
     def __post_init__(self):
         if self.field_slots is None:
@@ -48,11 +53,14 @@ class DatasetMeta:
             num_embeddings=meta["num_embeddings"], train_rows=meta["split"]["train_rows"],
             val_rows=meta["split"]["val_rows"], info=meta,
             field_slots=None if slots is None else tuple(slots),
-            bag_fields=tuple(meta.get("bag_fields", ())))
+            bag_fields=tuple(meta.get("bag_fields", ())), ids=meta.get("ids", "indexed"))
 
     @property
     def fields(self):
-        """What a model reads of this dataset (hetu.data.Fields)."""
+        """What a model reads of this dataset (hetu.data.Fields). Hashed ids have no table
+        rows to size a model by: a ValueError says so."""
+        if self.ids == "hashed":
+            raise ValueError(HASHED_REFUSAL)
         return Fields.from_meta(self)
 
     @property
@@ -134,17 +142,21 @@ class DatasetPart:
                                             if meta.field_slots[f] > 1 else "")
                      for c, f in enumerate(column_field)]
             wanted = "an id outside its field's rows"
+            hashed = meta.ids == "hashed"   # every key is good but the padding
 
             def bad_entries(batch):
                 padding = (batch == store.BAG_PADDING) & bag_column
-                bad = ((batch < low) | (batch >= high)) & ~padding
+                outside = (batch == store.BAG_PADDING) if hashed else (batch < low) | (batch >= high)
+                bad = outside & ~padding
                 if follows_slot.any():
                     bad[:, 1:] |= padding[:, :-1] & ~padding[:, 1:] & follows_slot[1:]
                 return bad
 
             def describe(value, c):
                 f = column_field[c]
-                if low[c] <= value < high[c]:
+                if hashed and value == store.BAG_PADDING and not bag_column[c]:
+                    return f"the padding ({store.BAG_PADDING}) in field {f}, which is no bag"
+                if hashed or low[c] <= value < high[c]:
                     return f"an id after its bag's padding ({store.BAG_PADDING}), " \
                            f"field {f} keeps its ids left-aligned"
                 padding = f" or {store.BAG_PADDING} after the bag's ids" if bag_column[c] else ""

@@ -25,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import store
+from .keys import check_ids, hash_values
 from .movielens_side import (BAG_FIELDS, UNKNOWN_YEAR, ZIP_PREFIX_LENGTH, check_described,
                              encode_side_features, read_items, read_users)
 from .tabular import permute_into_place, shuffle_into_place
@@ -107,16 +108,24 @@ class FieldLayout:
     """The fields of the output (user, item, then the side tables' fields) and the encoding of
     a chunk of ratings into their sparse.npy columns."""
 
-    def __init__(self, user_ids, item_ids, side_tables):
-        self.user_ids, self.item_ids = user_ids, item_ids
+    def __init__(self, user_ids, item_ids, side_tables, hashed=False):
+        self.user_ids, self.item_ids, self.hashed = user_ids, item_ids, hashed
         self.field_names = list(FIELD_NAMES)
         self.field_sizes = [len(user_ids), len(item_ids)]
         self.field_slots = [1, 1]
         self.field_values = {}
+        # each raw user's and item's id: its global id, or its key (the decimal text hashed)
+        if hashed:
+            self.user_column = hash_values(0, [str(u) for u in user_ids])
+            self.item_column = hash_values(1, [str(i) for i in item_ids])
+        else:
+            self.user_column = np.arange(len(user_ids), dtype=np.int64)
+            self.item_column = np.arange(len(item_ids), dtype=np.int64) + len(user_ids)
         self.side_blocks = []   # (table kind, local ids [raw ids, slots]), in column order
         for table in side_tables:
+            first_field = len(self.field_names) if hashed else None
             fields, local = encode_side_features(table, user_ids if table.kind == "user"
-                                                 else item_ids)
+                                                 else item_ids, first_field)
             for field in fields:
                 self.field_names.append(field.name)
                 self.field_sizes.append(len(field.values))
@@ -125,6 +134,8 @@ class FieldLayout:
             self.side_blocks.append((table.kind, local))
         self.bag_fields = [name for name in self.field_names if name in BAG_FIELDS]
         self.num_slots = sum(self.field_slots)
+        if hashed:
+            return
         # global ids: local id + its field's offset, in every column but a bag's padding
         column_offsets = np.repeat(store.field_offsets(self.field_sizes), self.field_slots)
         column = 2
@@ -137,7 +148,7 @@ class FieldLayout:
         """[n, num_slots] global ids of n ratings."""
         rows = {"user": np.searchsorted(self.user_ids, users),
                 "item": np.searchsorted(self.item_ids, items)}
-        blocks = [rows["user"][:, None], rows["item"][:, None] + self.field_sizes[0]]
+        blocks = [self.user_column[rows["user"]][:, None], self.item_column[rows["item"]][:, None]]
         blocks += [block[rows[kind]] for kind, block in self.side_blocks]
         return np.hstack(blocks)
 
@@ -145,9 +156,10 @@ class FieldLayout:
         """meta.json keys describing the side fields (none without side files)."""
         if not self.side_blocks:
             return {}
+        order = {} if self.hashed else {
+            "local_id_order": "ascending raw value: numbers by value, then text"}
         return {"side_features": {
-            "field_values": self.field_values,
-            "local_id_order": "ascending raw value: numbers by value, then text",
+            "field_values": self.field_values, **order,
             "zip": f"the zip code's first {ZIP_PREFIX_LENGTH} character(s)",
             "year": f"100K: release date's year; 1M: the title's (YYYY); else {UNKNOWN_YEAR!r}",
         }}
@@ -162,17 +174,20 @@ def make_labels(ratings, label, threshold):
 def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
                       skip_bad_lines=False, val_fraction=0.1, shuffle_seed=0, time_order=False,
                       users_path=None, items_path=None, overwrite=False, progress=True,
-                      chunk_lines=500_000, log=None):
+                      chunk_lines=500_000, log=None, ids="indexed"):
     """Encode a MovieLens ratings file into a dataset folder (two passes: distinct ids, encode).
 
     Ratings files are sorted by user (or time), so rows are shuffled with ``shuffle_seed`` by
     default before the contiguous train/validation split; pass ``shuffle_seed=None`` to keep
     file order, or ``time_order=True`` (with ``shuffle_seed=None``) to sort them by timestamp.
     ``users_path`` (u.user, users.dat) and ``items_path`` (u.item, movies.dat) add their side
-    fields; every rated user or item must be in them (else an error names the rating's line)."""
+    fields; every rated user or item must be in them (else an error names the rating's line).
+    ``ids="hashed"``: each value's key (keys.py): users and items by their decimal text, the side
+    fields' values by their text, each genre of the bag by its name."""
     log = log if log is not None else sys.stderr
     if label not in LABEL_KINDS:
         raise ValueError(f"label must be one of {LABEL_KINDS}, got {label!r}")
+    hashed = check_ids(ids) == "hashed"
     if time_order and shuffle_seed is not None:
         raise ValueError(f"time order and a shuffle (seed {shuffle_seed}) exclude each other")
     order = "time" if time_order else "file" if shuffle_seed is None else "shuffled"
@@ -192,7 +207,7 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
         num_rows += len(users)
     if num_rows == 0:
         raise DataFormatError(f"{path}: no usable rows")
-    layout = FieldLayout(user_ids, item_ids, side_tables)
+    layout = FieldLayout(user_ids, item_ids, side_tables, hashed)
     train_rows, val_rows = store.contiguous_split(num_rows, val_fraction)
 
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
@@ -235,7 +250,7 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]"},
             raw_id_ranges={"user": [int(user_ids[0]), int(user_ids[-1])],
                            "item": [int(item_ids[0]), int(item_ids[-1])]},
-            **layout.side_meta()))
+            ids=ids, **layout.side_meta()))
     summary = tracker.summary(path)
     if summary:
         print(summary, file=log)

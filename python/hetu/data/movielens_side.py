@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .keys import hash_values
 from .store import BAG_PADDING
 from .textio import BadLine, DataFormatError, require_input_file
 
@@ -162,17 +163,20 @@ class SideField:
     slots: int        # sparse.npy columns: 1, or the largest bag
 
 
-def encode_side_features(table, raw_ids):
+def encode_side_features(table, raw_ids, first_field=None):
     """(fields, local ids int64 [len(raw_ids), sum of slots]) of the given raw ids, all of
     which the table describes. A bag's ids are left-aligned in its slots, the rest BAG_PADDING.
-    Only the values of these ids are numbered, so every id of a field is used."""
+    Only the values of these ids are numbered, so every id of a field is used. With
+    ``first_field`` (hashed ids), each value's key (keys.py) instead of its local id, the table's
+    fields being fields first_field, first_field + 1, ... of the dataset."""
     records = [table.records[int(raw_id)] for raw_id in raw_ids]
     fields, blocks = [], []
     for f, name in enumerate(table.field_names):
         column = [record[f] for record in records]
         bags = column if name in BAG_FIELDS else [(value,) for value in column]
         values = sorted({value for bag in bags for value in bag}, key=value_order)
-        local_id = {value: i for i, value in enumerate(values)}
+        ids = range(len(values)) if first_field is None else hash_values(first_field + f, values)
+        local_id = dict(zip(values, ids))
         slots = max([1] + [len(bag) for bag in bags])
         local = np.full((len(bags), slots), BAG_PADDING, dtype=np.int64)
         for row, bag in enumerate(bags):

@@ -10,6 +10,9 @@
                                           [--hotness-scale K] [--sessions [--session-length L] ...]
                                           [--law 1|2]
 
+Every command takes --ids indexed|hashed: hashed writes each categorical value as its 64-bit key
+(hetu.data.keys) instead of an index, for dynamic tables: no vocabulary pass, no field offsets.
+
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
 import argparse
@@ -18,6 +21,7 @@ import sys
 
 from .avazu import prepare_avazu
 from .criteo import prepare_criteo
+from .keys import HASH_NAME, ID_KINDS
 from .movielens import prepare_movielens
 from .store import read_meta
 from .synthetic import LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
@@ -41,6 +45,14 @@ def add_common(parser, shuffle_default):
                              f"{'keep file order' if shuffle_default is None else 'shuffled'})")
     parser.add_argument("--force", action="store_true", help="replace an existing output")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_ids(parser)
+
+
+def add_ids(parser):
+    parser.add_argument("--ids", choices=ID_KINDS, default="indexed",
+                        help="indexed: each field's values numbered by a vocabulary pass, with "
+                             "field offsets (default); hashed: each value's 64-bit key, "
+                             f"{HASH_NAME} (hetu.data.keys), no vocabulary, for dynamic tables")
 
 
 def add_click_log(subparsers, name, help_text):
@@ -104,6 +116,7 @@ def build_parser():
                                 "whatever the table's rows)")
     synthetic.add_argument("--force", action="store_true")
     synthetic.add_argument("--quiet", action="store_true")
+    add_ids(synthetic)
     return parser
 
 
@@ -113,7 +126,8 @@ def run(args):
         prepare = prepare_criteo if args.command == "criteo" else prepare_avazu
         return prepare(args.input, args.output, rows=args.rows, min_count=args.min_count,
                        skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
-                       shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress)
+                       shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress,
+                       ids=args.ids)
     if args.command == "movielens":
         # prepare_movielens refuses a seed given with --time-order
         shuffle_seed = args.shuffle_seed if args.shuffle_seed is not None \
@@ -122,11 +136,12 @@ def run(args):
                                  threshold=args.threshold, skip_bad_lines=args.skip_bad_lines,
                                  val_fraction=args.val_fraction, shuffle_seed=shuffle_seed,
                                  time_order=args.time_order, users_path=args.users,
-                                 items_path=args.items, overwrite=args.force, progress=progress)
+                                 items_path=args.items, overwrite=args.force, progress=progress,
+                                 ids=args.ids)
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
         "interaction_signal", "val_fraction", "seed", "sessions", "session_length",
-        "concurrent_sessions", "session_switch", "hotness_scale", "law")}
+        "concurrent_sessions", "session_switch", "hotness_scale", "law", "ids")}
     if args.scale is not None:
         params["scale"] = args.scale
     spec = synthetic_spec(args.shape, **params)
@@ -144,6 +159,8 @@ def main(argv=None):
     summary = {key: meta[key] for key in ("name", "num_rows", "num_fields", "num_dense",
                                           "num_embeddings")}
     summary["split"] = meta["split"]
+    if "ids" in meta:
+        summary["ids"] = meta["ids"]
     if "measured" in meta["source"]:
         summary["measured"] = meta["source"]["measured"]
     print(f"wrote {output}: {json.dumps(summary)}")

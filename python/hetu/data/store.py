@@ -5,7 +5,8 @@ A dataset folder holds ``dense.npy`` (float32 [N, D]), ``sparse.npy`` (int64 [N,
 consecutive columns ("slots") of sparse.npy, in field order (meta.json's ``field_slots``; absent
 means one slot per field, S = number of fields). A field named in ``bag_fields`` is a multi-hot
 bag: a sample's ids sit left-aligned in the field's slots and the slots after them hold
-``BAG_PADDING`` (-1); an empty bag is all padding. -1 appears nowhere else.
+``BAG_PADDING`` (-1); an empty bag is all padding. -1 appears nowhere else. With hashed ids
+(meta.json ``"ids": "hashed"``, keys.py) sparse.npy holds keys, not field offset + local id.
 
 A folder is only ever created under a hidden
 temporary name and renamed into place once every file is written, so a folder that carries a
@@ -21,6 +22,8 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+
+from .keys import HASH_NAME
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -245,10 +248,16 @@ def slot_offsets(field_slots):
 
 def dataset_meta(name, num_rows, num_dense, field_names, field_sizes, train_rows, val_rows,
                  val_fraction, shuffle_seed, source, label, field_slots=None, bag_fields=(),
-                 **extra):
+                 ids="indexed", **extra):
     """The meta.json content every writer produces (readers and the generator alike).
     ``field_slots`` and ``bag_fields`` are written only for datasets with a multi-slot field or
-    a bag, so a one-id-per-field dataset keeps the meta it always had."""
+    a bag, so a one-id-per-field dataset keeps the meta it always had. Hashed ids (keys.py) have
+    no vocabulary: ``field_sizes`` (None) become 0, and so do ``field_offsets`` and
+    ``num_embeddings``; meta.json says ``"ids": "hashed"`` and names the hash. Indexed data
+    writes no ``ids`` (absent means indexed)."""
+    if ids == "hashed":
+        field_sizes = [0] * len(field_names)
+        extra.update(ids="hashed", hash=HASH_NAME)
     sizes = [int(s) for s in field_sizes]
     meta = {
         "format_version": FORMAT_VERSION,

@@ -34,6 +34,8 @@ sizes, 214 ids a sample, times ``hotness_scale``: max(1, round(size x hotness_sc
   ``session_length``) and its slot opens a new one, whose ids are drawn from the fields' laws.
   So consecutive samples reuse ids the way a time-ordered log does (Herald's scheduler exploits
   that); the other fields stay independent. Defaults fitted by ``bench/session_fit.py``.
+* Hashed ids (``ids="hashed"``): the same draws, labels and dense features, each id written as
+  its key (keys.py): the hash of (field, its field-local id as 8 little-endian bytes).
 * Rows are i.i.d. (or drift, or sessions, in stream order), so the split is simply the last
   ``val_fraction`` of rows. Everything is a function of the spec, seed included: same spec, same
   bytes.
@@ -46,6 +48,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 
 from . import avazu, criteo, store
+from .keys import check_ids, hash_ids
 from .schema import Fields
 from .stats import rank_auc, top_rows_lookup_share
 
@@ -125,6 +128,7 @@ class SyntheticSpec:
     session_switch: float = FIT_SESSION_SWITCH
     hotness_scale: float = 1.0   # multi-hot shapes: bag sizes times this (at least 1)
     law: int = 0                 # how ids and the hidden model are drawn (module docstring); 0: by size
+    ids: str = "indexed"         # or "hashed": each id written as its key (keys.py)
 
     def __post_init__(self):
         if self.shape not in SHAPES:
@@ -140,6 +144,7 @@ class SyntheticSpec:
             raise ValueError(f"hotness_scale must be positive: {self}")
         if self.law not in (0,) + LAWS:
             raise ValueError(f"law must be one of {LAWS} (or 0: by the table's size): {self}")
+        check_ids(self.ids)
 
     @property
     def drawn_law(self):
@@ -166,6 +171,8 @@ class SyntheticSpec:
         params["law"] = self.drawn_law
         if params["law"] == 1:
             del params["law"]   # law 1's datasets keep their cache folder and meta
+        if self.ids == "indexed":
+            del params["ids"]   # so do indexed datasets
         return params
 
 
@@ -495,6 +502,14 @@ class HiddenModel:
             column += slots
         return ids
 
+    def keys(self, ids):
+        """[n, S] global ids -> their keys: the hash of (field, field-local id)."""
+        keys = np.empty_like(ids)
+        for f, offset in enumerate(self.offsets):
+            start, stop = self.slot_offsets[f], self.slot_offsets[f + 1]
+            keys[:, start:stop] = hash_ids(f, ids[:, start:stop] - offset)
+        return keys
+
     def pool(self, values):
         """[n, S, ...] values of the slots -> [n, F, ...] mean over each field's bag."""
         if not self.bags:
@@ -564,7 +579,7 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
                 chunk_dense, chunk_ids, chunk_labels, chunk_logits = \
                     model.generate_chunk(index, start, stop - start, sessions)
                 dense.write(chunk_dense)
-                sparse.write(chunk_ids)
+                sparse.write(model.keys(chunk_ids) if spec.ids == "hashed" else chunk_ids)
                 labels.write(chunk_labels[:, None])
                 positives += int(np.count_nonzero(chunk_labels))
                 kept = max(0, min(stop, auc_rows) - start)
@@ -573,8 +588,10 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
                 report.update(stop)
         generated = time.perf_counter()
         read_rows = max(1, (1 << 23) // model.num_slots)
+        # keys are no row indices: their lookup share is the indexed dataset's (same draws)
         measured = measure(lambda: store.npy_row_chunks(tmp_dir / store.SPARSE_FILE, read_rows),
-                           positives / n, auc_labels, logits, model.num_embeddings)
+                           positives / n, auc_labels, logits,
+                           None if spec.ids == "hashed" else model.num_embeddings)
         if auc_rows < n:
             measured["hidden_logit_auc_rows"] = auc_rows
         measured["seconds"] = round(time.perf_counter() - started, 3)
@@ -586,7 +603,7 @@ def generate_synthetic(output_dir, spec=None, *, overwrite=False, progress=True,
             train_rows, val_rows, spec.val_fraction, None, source,
             label={"kind": "click", "values": [0.0, 1.0]},
             field_slots=model.field_slots, bag_fields=shape.field_names if model.bags else (),
-            dense_names=[f"I{i}" for i in range(1, model.num_dense + 1)]))
+            dense_names=[f"I{i}" for i in range(1, model.num_dense + 1)], ids=spec.ids))
     report.finish(generated - started, time.perf_counter() - generated)
     return output_dir
 
@@ -621,12 +638,12 @@ class Progress:
 
 def measure(sparse_chunks, positive_rate, labels, logits, num_embeddings):
     """meta's figures: ``sparse_chunks()`` yields the ids afresh for each pass; the AUC is over
-    the rows of ``labels`` and ``logits`` (the first ``AUC_ROWS``)."""
-    measured = {
-        "positive_rate": round(float(positive_rate), 4),
-        "top1pct_lookup_share": round(top_rows_lookup_share(sparse_chunks, num_embeddings, 0.01,
-                                                            id_range=COUNT_RANGE), 4),
-    }
+    the rows of ``labels`` and ``logits`` (the first ``AUC_ROWS``). ``num_embeddings`` None
+    (hashed ids): no lookup share."""
+    measured = {"positive_rate": round(float(positive_rate), 4)}
+    if num_embeddings is not None:
+        measured["top1pct_lookup_share"] = round(top_rows_lookup_share(
+            sparse_chunks, num_embeddings, 0.01, id_range=COUNT_RANGE), 4)
     if 0 < labels.sum() < len(labels):
         measured["hidden_logit_auc"] = round(rank_auc(labels, logits), 4)
     return measured

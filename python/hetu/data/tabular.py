@@ -11,6 +11,10 @@ The counting, the dictionaries and the encoding of clean chunks are native
 (``hetu._C.ClickLogEncoder``, src/data/click_log.cpp). A chunk with anything unusual in it (a bad
 line, non-ASCII bytes, an integer written as "+5") is parsed here by ``parse_chunk``, which
 defines the format and words the errors; its values go to the same dictionaries.
+
+With hashed ids (``ids="hashed"``, keys.py) pass 1 only checks the lines and counts the rows,
+and pass 2 writes each value's key (``hash_chunk``, or ``keys.hash_values`` for the Python
+parser's chunks).
 """
 import io
 import sys
@@ -21,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import store
+from .keys import check_ids, hash_values
 from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
                      parse_int_column, require_input_file, split_lines)
 
@@ -175,22 +180,24 @@ def click_log_encoder(layout):
                               list(layout.dense_columns), list(layout.categorical_columns))
 
 
-def count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress):
+def count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress, vocabulary=True):
     """Pass 1: the number of good rows (at most ``rows``), each field's values counted in
-    ``encoder``. Plainly clean chunks are counted natively; any other chunk is parsed by
-    ``parse_chunk``, which reports its bad lines."""
-    reader = ChunkReader(layout, path, chunk_bytes, progress, f"{layout.name} pass 1/2 (count)")
+    ``encoder`` (with ``vocabulary``; hashed ids only count the rows). Plainly clean chunks are
+    counted natively; any other chunk is parsed by ``parse_chunk``, which reports its bad lines."""
+    what = "count" if vocabulary else "check"
+    reader = ChunkReader(layout, path, chunk_bytes, progress, f"{layout.name} pass 1/2 ({what})")
+    count_chunk = encoder.count_chunk if vocabulary else encoder.check_chunk
     num_rows, line_number = 0, reader.first_line
     for text in reader:
         remaining = -1 if rows is None else rows - num_rows
-        taken = encoder.count_chunk(text, remaining)
+        taken = count_chunk(text, remaining)
         if taken >= 0:
             # every line taken is a row; fewer lines than the chunk's only at the row limit
             line_number += taken
         else:
             lines = python_lines(text)
             chunk = parse_chunk(layout, path, line_number, lines, tracker, None if rows is None else remaining)
-            for field, values in enumerate(chunk.categorical):
+            for field, values in enumerate(chunk.categorical if vocabulary else ()):
                 encoder.count_values(field, values)
             taken, line_number = len(chunk), line_number + len(lines)
         num_rows += taken
@@ -201,21 +208,25 @@ def count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress):
 
 def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
                   skip_bad_lines=False, val_fraction=0.1, shuffle_seed=None,
-                  chunk_bytes=1 << 24, overwrite=False, progress=True, log=None):
-    """Read ``input_path`` and write a dataset folder at ``output_dir``; returns its path."""
+                  chunk_bytes=1 << 24, overwrite=False, progress=True, log=None, ids="indexed"):
+    """Read ``input_path`` and write a dataset folder at ``output_dir``; returns its path.
+    ``ids="hashed"``: each categorical value becomes its key (keys.py; the field index is the
+    categorical field's, 0 for the first), with no vocabulary, offsets or min-count."""
     log = log if log is not None else sys.stderr
     path = require_input_file(input_path)
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    hashed = check_ids(ids) == "hashed"
+    if min_count < 1 or (hashed and min_count != 1):
+        raise ValueError(f"min_count must be >= 1 (and 1 with hashed ids), got {min_count}")
     if rows is not None and rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     tracker = BadLineTracker(skip_bad_lines, stream=log)
     encoder = click_log_encoder(layout)
-    num_rows = count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress)
+    num_rows = count_values(layout, path, encoder, tracker, rows, chunk_bytes, progress,
+                            vocabulary=not hashed)
     if num_rows == 0:
         raise DataFormatError(f"{path}: no usable rows")
-    field_sizes = encoder.build(min_count)
-    offsets = store.field_offsets(field_sizes)
+    field_sizes = None if hashed else encoder.build(min_count)
+    offsets = None if hashed else store.field_offsets(field_sizes)
     train_rows, val_rows = store.contiguous_split(num_rows, val_fraction)
 
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
@@ -227,16 +238,18 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
             "min_count": int(min_count), "skip_bad_lines": bool(skip_bad_lines),
             "bad_lines_skipped": tracker.skipped, "truncated": tracker.truncated,
         }
+        dense_encoding = "log(max(x, 0) + 1), missing -> 0"
+        encoding = {"categorical": "key of the column's UTF-8 text (empty: missing)",
+                    "dense": dense_encoding} if hashed else {
+            "missing_or_rare_local_id": MISSING_OR_RARE_ID,
+            "local_id_order": "descending count, ties by value",
+            "dense": dense_encoding,
+        }
         store.write_meta(tmp_dir, store.dataset_meta(
             layout.name, num_rows, len(layout.dense_columns), layout.field_names, field_sizes,
             train_rows, val_rows, val_fraction, shuffle_seed, source,
             label={"kind": "click", "values": [0.0, 1.0]},
-            dense_names=list(layout.dense_names),
-            encoding={
-                "missing_or_rare_local_id": MISSING_OR_RARE_ID,
-                "local_id_order": "descending count, ties by value",
-                "dense": "log(max(x, 0) + 1), missing -> 0",
-            }))
+            dense_names=list(layout.dense_names), encoding=encoding, ids=ids))
     if summary:
         print(summary, file=log)
     return Path(output_dir)
@@ -244,20 +257,31 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
 
 def write_encoded(layout, path, out_dir, num_rows, encoder, offsets, rows, chunk_bytes,
                   progress, shuffle_seed):
-    """Pass 2: encode every good row into memmapped arrays (then shuffle them if asked)."""
+    """Pass 2: encode every good row into memmapped arrays (then shuffle them if asked).
+    ``offsets`` None: hashed ids, each value's key."""
     suffix = ".unshuffled.npy" if shuffle_seed is not None else ".npy"
     names = ["dense" + suffix, "sparse" + suffix, "labels" + suffix]
     num_dense = len(layout.dense_columns)
     dense = store.create_array(out_dir, names[0], np.float32, (num_rows, num_dense))
-    sparse = store.create_array(out_dir, names[1], np.int64, (num_rows, len(offsets)))
+    sparse = store.create_array(out_dir, names[1], np.int64, (num_rows, len(layout.field_names)))
     labels = store.create_array(out_dir, names[2], np.float32, (num_rows, 1))
     quiet = BadLineTracker(skip_bad_lines=True, max_reported=0)  # pass 1 already reported
-    offsets = [int(offset) for offset in offsets]
+    if offsets is None:
+        encode_chunk = encoder.hash_chunk
+        encode_values = hash_values
+    else:
+        offsets = [int(offset) for offset in offsets]
+
+        def encode_chunk(text, remaining):
+            return encoder.encode_chunk(text, remaining, offsets)
+
+        def encode_values(f, values):
+            return encoder.encode_values(f, values) + offsets[f]
     reader = ChunkReader(layout, path, chunk_bytes, progress, f"{layout.name} pass 2/2 (encode)")
     start, line_number = 0, reader.first_line
     for text in reader:
         remaining = num_rows - start
-        encoded = encoder.encode_chunk(text, remaining, offsets)
+        encoded = encode_chunk(text, remaining)
         if encoded is not None:
             n, chunk_labels, raw_dense, chunk_sparse = encoded
             stop = start + n
@@ -272,7 +296,7 @@ def write_encoded(layout, path, out_dir, num_rows, encoder, offsets, rows, chunk
             dense[start:stop] = chunk.dense
             labels[start:stop, 0] = chunk.labels
             for f, values in enumerate(chunk.categorical):
-                sparse[start:stop, f] = encoder.encode_values(f, values) + offsets[f]
+                sparse[start:stop, f] = encode_values(f, values)
             line_number += len(lines)
         start = stop
         if start >= num_rows:
