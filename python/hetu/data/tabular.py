@@ -215,8 +215,10 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
     log = log if log is not None else sys.stderr
     path = require_input_file(input_path)
     hashed = check_ids(ids) == "hashed"
-    if min_count < 1 or (hashed and min_count != 1):
-        raise ValueError(f"min_count must be >= 1 (and 1 with hashed ids), got {min_count}")
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    if hashed and min_count != 1:
+        raise ValueError(f"hashed ids keep every value: min_count must be 1, got {min_count}")
     if rows is not None and rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     tracker = BadLineTracker(skip_bad_lines, stream=log)
