@@ -60,6 +60,7 @@ void bind_kernels(py::module_& m);
 void bind_cache(py::module_& m);
 void bind_herald(py::module_& m);
 void bind_data(py::module_& m);
+void bind_dynamic(py::module_& m);
 
 }  // namespace bindings
 }  // namespace hetu

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   hetu::bindings::bind_cache(m);
   hetu::bindings::bind_herald(m);
   hetu::bindings::bind_data(m);
+  hetu::bindings::bind_dynamic(m);
 }
