@@ -22,22 +22,28 @@ void SortPairs(std::vector<int64_t>* keys, std::vector<int64_t>* slots) {
   for (size_t i = 0; i < pairs.size(); ++i) std::tie((*keys)[i], (*slots)[i]) = pairs[i];
 }
 
-// The ways [0, n) of one bucket, as seen by its keys and last reads (base: the bucket's first
-// slot): the free ones ascending, then the ones whose key was not read at t, oldest last read
-// first (ties: the smaller key). The order in which a bucket gives up its slots.
-std::vector<int64_t> WaysToGive(const int64_t* key, const int64_t* last_read, int64_t n, int64_t t) {
-  std::vector<int64_t> ways, old;
+// The first `wanted` ways of [0, n) in the order a bucket gives them up, as seen by its keys and
+// last reads: the free ones ascending, then the ones whose key was not read at t, oldest last
+// read first (ties: the smaller key). Fewer when the others all hold keys read at t.
+void WaysToGive(const int64_t* key, const int64_t* last_read, int64_t n, int64_t t, int64_t wanted,
+                std::vector<int64_t>* ways, std::vector<int64_t>* old) {
+  ways->clear();
+  old->clear();
   for (int64_t w = 0; w < n; ++w) {
     if (key[w] == kFree)
-      ways.push_back(w);
+      ways->push_back(w);
     else if (last_read[w] < t)
-      old.push_back(w);
+      old->push_back(w);
   }
-  std::sort(old.begin(), old.end(), [&](int64_t a, int64_t b) {
+  if (static_cast<int64_t>(ways->size()) >= wanted) {
+    ways->resize(wanted);
+    return;
+  }
+  const auto more = std::min<int64_t>(wanted - static_cast<int64_t>(ways->size()), static_cast<int64_t>(old->size()));
+  std::partial_sort(old->begin(), old->begin() + more, old->end(), [&](int64_t a, int64_t b) {
     return last_read[a] != last_read[b] ? last_read[a] < last_read[b] : key[a] < key[b];
   });
-  ways.insert(ways.end(), old.begin(), old.end());
-  return ways;
+  ways->insert(ways->end(), old->begin(), old->begin() + more);
 }
 
 }  // namespace
@@ -82,8 +88,13 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
   // 1. Counts and last reads; the keys without a row take their counts out of probation.
   std::vector<Pending> newcomers, waiting;
   const bool expires = config_.ttl > 0;
+  constexpr size_t kAhead = 8;  // lookups whose cache misses overlap
   for (size_t i = 0; i < out.keys.size(); ++i) {
     const int64_t k = out.keys[i];
+    if (i + kAhead < out.keys.size()) {
+      slot_of_.Prefetch(out.keys[i + kAhead]);
+      probation_of_.Prefetch(out.keys[i + kAhead]);
+    }
     if (const int64_t* slot = slot_of_.Find(k)) {
       ++count_[*slot];
       last_read_[*slot] = t;
@@ -150,10 +161,9 @@ void KeyDirectory::SweepExpired(int64_t t, StepResult* out) {
 void KeyDirectory::Admit(int64_t t, const Pending* first, const Pending* last, StepResult* out,
                          std::vector<Pending>* waiting) {
   const int64_t base = first->bucket * ways_;
-  const int64_t wanted = last - first;
-  std::vector<int64_t> ways = WaysToGive(&key_[base], &last_read_[base], ways_, t);
-  const int64_t admitted = std::min<int64_t>(wanted, static_cast<int64_t>(ways.size()));
-  ways.resize(admitted);
+  std::vector<int64_t>& ways = scratch_ways_;
+  WaysToGive(&key_[base], &last_read_[base], ways_, t, last - first, &ways, &scratch_old_);
+  const auto admitted = static_cast<int64_t>(ways.size());
   for (int64_t w : ways)
     if (key_[base + w] != kFree) Evict(base + w, out);
   std::sort(ways.begin(), ways.end());
@@ -177,9 +187,10 @@ void KeyDirectory::Admit(int64_t t, const Pending* first, const Pending* last, S
 void KeyDirectory::KeepCounts(int64_t t, const Pending* first, const Pending* last) {
   if (probation_ways_ == 0) return;
   const int64_t base = first->bucket * probation_ways_;
-  const std::vector<int64_t> places =
-      WaysToGive(&probation_key_[base], &probation_last_read_[base], probation_ways_, t);
-  const int64_t kept = std::min<int64_t>(last - first, static_cast<int64_t>(places.size()));
+  std::vector<int64_t>& places = scratch_ways_;
+  WaysToGive(&probation_key_[base], &probation_last_read_[base], probation_ways_, t, last - first, &places,
+             &scratch_old_);
+  const auto kept = static_cast<int64_t>(places.size());
   for (int64_t i = 0; i < kept; ++i) {
     const int64_t j = base + places[i];
     if (probation_key_[j] != kFree) probation_of_.Erase(probation_key_[j]);

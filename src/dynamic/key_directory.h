@@ -116,6 +116,8 @@ class KeyDirectory {
   // have expired are at its front. An entry is stale once its slot was read again or changed key.
   std::deque<std::pair<int64_t, int64_t>> reads_;
 
+  std::vector<int64_t> scratch_ways_, scratch_old_;  // Admit's and KeepCounts' working lists
+
   int64_t step_ = 0;
   bool stepped_ = false;
   int64_t resident_ = 0, admitted_ = 0, evicted_ = 0, missed_ = 0;
