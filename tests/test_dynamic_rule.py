@@ -284,3 +284,37 @@ def test_key_rows_depend_on_the_key_alone(kind, a, b):
         other = np.empty((5, 6), np.float32)
         _C.key_rows(kind, a, b, 9, _C.name_stream("other"), keys, other)
         assert not np.array_equal(rows, other)
+
+
+def test_buckets_decide_alone_so_servers_holding_some_of_them_agree():
+    """Servers holding buckets b with b mod S = s, each stepping its own keys only, take the whole
+    table's decisions, also when a state saved whole is split over another number of servers."""
+    rng = np.random.default_rng(3)
+    batches = list(drifting_batches(rng, 60, 200, 400, 8))
+    whole = _C.KeyDirectory(64, 16, 2, 4)
+
+    def split(state, servers):
+        buckets = state["slots"] // whole.ways
+        pbuckets = state["probation_index"] // whole.probation_ways
+        parts = []
+        for s in range(servers):
+            part = dict(state, admitted=0, evicted=0, missed=0)
+            for c in STATE_COLUMNS:
+                part[c] = state[c][(pbuckets if c.startswith("probation") else buckets) % servers == s]
+            d = _C.KeyDirectory(64, 16, 2, 4)
+            d.restore(part)
+            parts.append(d)
+        return parts
+
+    parts = split(whole.state(), 2)
+    for t, keys in enumerate(batches):
+        if t == 30:
+            parts = split(whole.state(), 3)
+        want = whole.step(t, keys)
+        owner = whole.bucket_of(keys) % len(parts)
+        got = [d.step(t, keys[owner == s]) for s, d in enumerate(parts)]
+        for name in ("keys", "slots", "admitted_keys", "admitted_slots", "evicted_keys", "evicted_slots"):
+            merged = np.concatenate([g[name] for g in got])
+            order = np.argsort(np.concatenate([g[name.replace("slots", "keys")] for g in got]), kind="stable")
+            assert np.array_equal(merged[order], want[name]), (t, name)
+        assert sum(g["resident"] for g in got) == want["resident"]
