@@ -82,6 +82,7 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
   out.keys.erase(std::unique(out.keys.begin(), out.keys.end()), out.keys.end());
   if (!out.keys.empty() && out.keys.front() == kFree) throw std::invalid_argument("KeyDirectory: INT64_MIN is not a key");
   out.slots.assign(out.keys.size(), -1);
+  admitted_at_.assign(out.keys.size(), 0);
   step_ = t;
   stepped_ = true;
 
@@ -132,7 +133,11 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
   }
 
   missed_ += std::count(out.slots.begin(), out.slots.end(), int64_t{-1});
-  SortPairs(&out.admitted_keys, &out.admitted_slots);
+  for (size_t i = 0; i < out.keys.size(); ++i) {  // in key order, as out.keys
+    if (!admitted_at_[i]) continue;
+    out.admitted_keys.push_back(out.keys[i]);
+    out.admitted_slots.push_back(out.slots[i]);
+  }
   SortPairs(&out.evicted_keys, &out.evicted_slots);
   // Stale reads would pile up under a long ttl: keep the queue within a few times the capacity.
   if (expires && reads_.size() > 2 * key_.size() + 1024) RebuildExpiryQueue();
@@ -175,8 +180,7 @@ void KeyDirectory::Admit(int64_t t, const Pending* first, const Pending* last, S
     last_read_[slot] = t;
     slot_of_.Insert(p.key, slot);
     out->slots[p.position] = slot;
-    out->admitted_keys.push_back(p.key);
-    out->admitted_slots.push_back(slot);
+    admitted_at_[p.position] = 1;
     if (config_.ttl > 0) reads_.emplace_back(t, slot);
   }
   resident_ += admitted;

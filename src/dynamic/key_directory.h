@@ -117,6 +117,7 @@ class KeyDirectory {
   std::deque<std::pair<int64_t, int64_t>> reads_;
 
   std::vector<int64_t> scratch_ways_, scratch_old_;  // Admit's and KeepCounts' working lists
+  std::vector<uint8_t> admitted_at_;                 // per distinct key of the step: admitted now
 
   int64_t step_ = 0;
   bool stepped_ = false;
