@@ -1,0 +1,290 @@
+#include "dynamic/key_directory.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "common/rng.h"
+
+namespace hetu {
+namespace dynamic {
+
+namespace {
+
+constexpr int64_t kFree = FlatMap<int64_t>::kEmpty;
+
+// Sorts (key, slot) pairs by key into the two columns.
+void SortPairs(std::vector<int64_t>* keys, std::vector<int64_t>* slots) {
+  std::vector<std::pair<int64_t, int64_t>> pairs(keys->size());
+  for (size_t i = 0; i < pairs.size(); ++i) pairs[i] = {(*keys)[i], (*slots)[i]};
+  std::sort(pairs.begin(), pairs.end());
+  for (size_t i = 0; i < pairs.size(); ++i) std::tie((*keys)[i], (*slots)[i]) = pairs[i];
+}
+
+// The first `wanted` ways of [0, n) in the order a bucket gives them up, as seen by its keys and
+// last reads: the free ones ascending, then the ones whose key was not read at t, oldest last
+// read first (ties: the smaller key). Fewer when the others all hold keys read at t.
+void WaysToGive(const int64_t* key, const int64_t* last_read, int64_t n, int64_t t, int64_t wanted,
+                std::vector<int64_t>* ways, std::vector<int64_t>* old) {
+  ways->clear();
+  old->clear();
+  for (int64_t w = 0; w < n; ++w) {
+    if (key[w] == kFree)
+      ways->push_back(w);
+    else if (last_read[w] < t)
+      old->push_back(w);
+  }
+  if (static_cast<int64_t>(ways->size()) >= wanted) {
+    ways->resize(wanted);
+    return;
+  }
+  const auto more = std::min<int64_t>(wanted - static_cast<int64_t>(ways->size()), static_cast<int64_t>(old->size()));
+  std::partial_sort(old->begin(), old->begin() + more, old->end(), [&](int64_t a, int64_t b) {
+    return last_read[a] != last_read[b] ? last_read[a] < last_read[b] : key[a] < key[b];
+  });
+  ways->insert(ways->end(), old->begin(), old->begin() + more);
+}
+
+}  // namespace
+
+uint64_t BucketHash(int64_t key) { return rng::splitmix64(static_cast<uint64_t>(key)); }
+
+KeyDirectory::KeyDirectory(const DirectoryConfig& config) : config_(config) {
+  if (config.buckets < 1) throw std::invalid_argument("KeyDirectory: buckets must be at least 1");
+  if (config.capacity < config.buckets || config.capacity % config.buckets != 0)
+    throw std::invalid_argument("KeyDirectory: capacity " + std::to_string(config.capacity) +
+                                " must be a positive multiple of buckets " + std::to_string(config.buckets));
+  if (config.admit_after < 1) throw std::invalid_argument("KeyDirectory: admit_after must be at least 1");
+  if (config.ttl < 0) throw std::invalid_argument("KeyDirectory: ttl must be 0 (off) or positive");
+  ways_ = config.capacity / config.buckets;
+  probation_ways_ = config.probation_ways < 0 ? ways_ : config.probation_ways;
+  config_.probation_ways = probation_ways_;
+  key_.assign(config.capacity, kFree);
+  count_.assign(config.capacity, 0);
+  last_read_.assign(config.capacity, 0);
+  const int64_t probation = config.buckets * probation_ways_;
+  probation_key_.assign(probation, kFree);
+  probation_count_.assign(probation, 0);
+  probation_last_read_.assign(probation, 0);
+}
+
+int64_t KeyDirectory::BucketOf(int64_t key) const {
+  return static_cast<int64_t>(BucketHash(key) % static_cast<uint64_t>(config_.buckets));
+}
+
+StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
+  if (stepped_ && t <= step_)
+    throw std::invalid_argument("KeyDirectory: step " + std::to_string(t) + " after step " + std::to_string(step_));
+  StepResult out;
+  out.keys.assign(keys, keys + n);
+  std::sort(out.keys.begin(), out.keys.end());
+  out.keys.erase(std::unique(out.keys.begin(), out.keys.end()), out.keys.end());
+  if (!out.keys.empty() && out.keys.front() == kFree) throw std::invalid_argument("KeyDirectory: INT64_MIN is not a key");
+  out.slots.assign(out.keys.size(), -1);
+  admitted_at_.assign(out.keys.size(), 0);
+  step_ = t;
+  stepped_ = true;
+
+  // 1. Counts and last reads; the keys without a row take their counts out of probation.
+  std::vector<Pending> newcomers, waiting;
+  const bool expires = config_.ttl > 0;
+  constexpr size_t kAhead = 8;  // lookups whose cache misses overlap
+  for (size_t i = 0; i < out.keys.size(); ++i) {
+    const int64_t k = out.keys[i];
+    if (i + kAhead < out.keys.size()) {
+      slot_of_.Prefetch(out.keys[i + kAhead]);
+      probation_of_.Prefetch(out.keys[i + kAhead]);
+    }
+    if (const int64_t* slot = slot_of_.Find(k)) {
+      ++count_[*slot];
+      last_read_[*slot] = t;
+      out.slots[i] = *slot;
+      if (expires) reads_.emplace_back(t, *slot);
+      continue;
+    }
+    int64_t count = 1;
+    if (const int64_t* p = probation_of_.Find(k)) {
+      const int64_t j = *p;
+      count += probation_count_[j];
+      probation_key_[j] = kFree;
+      probation_of_.Erase(k);
+    }
+    const Pending pending{BucketOf(k), k, count, static_cast<int64_t>(i)};
+    (count >= config_.admit_after ? newcomers : waiting).push_back(pending);
+  }
+
+  // 2. Keys past their ttl leave before anything is admitted.
+  if (expires) SweepExpired(t, &out);
+
+  // 3, 4. Per bucket, in key order within each.
+  auto by_bucket = [](const Pending& a, const Pending& b) {
+    return a.bucket != b.bucket ? a.bucket < b.bucket : a.key < b.key;
+  };
+  std::sort(newcomers.begin(), newcomers.end(), by_bucket);
+  for (size_t lo = 0, hi; lo < newcomers.size(); lo = hi) {
+    for (hi = lo + 1; hi < newcomers.size() && newcomers[hi].bucket == newcomers[lo].bucket;) ++hi;
+    Admit(t, newcomers.data() + lo, newcomers.data() + hi, &out, &waiting);
+  }
+  std::sort(waiting.begin(), waiting.end(), by_bucket);
+  for (size_t lo = 0, hi; lo < waiting.size(); lo = hi) {
+    for (hi = lo + 1; hi < waiting.size() && waiting[hi].bucket == waiting[lo].bucket;) ++hi;
+    KeepCounts(t, waiting.data() + lo, waiting.data() + hi);
+  }
+
+  missed_ += std::count(out.slots.begin(), out.slots.end(), int64_t{-1});
+  for (size_t i = 0; i < out.keys.size(); ++i) {  // in key order, as out.keys
+    if (!admitted_at_[i]) continue;
+    out.admitted_keys.push_back(out.keys[i]);
+    out.admitted_slots.push_back(out.slots[i]);
+  }
+  SortPairs(&out.evicted_keys, &out.evicted_slots);
+  // Stale reads would pile up under a long ttl: keep the queue within a few times the capacity.
+  if (expires && reads_.size() > 2 * key_.size() + 1024) RebuildExpiryQueue();
+  return out;
+}
+
+void KeyDirectory::Evict(int64_t slot, StepResult* out) {
+  out->evicted_keys.push_back(key_[slot]);
+  out->evicted_slots.push_back(slot);
+  slot_of_.Erase(key_[slot]);
+  key_[slot] = kFree;
+  count_[slot] = 0;
+  last_read_[slot] = 0;
+  --resident_;
+  ++evicted_;
+}
+
+void KeyDirectory::SweepExpired(int64_t t, StepResult* out) {
+  while (!reads_.empty() && t - reads_.front().first > config_.ttl) {
+    const auto [read_at, slot] = reads_.front();
+    reads_.pop_front();
+    if (key_[slot] != kFree && last_read_[slot] == read_at) Evict(slot, out);
+  }
+}
+
+void KeyDirectory::Admit(int64_t t, const Pending* first, const Pending* last, StepResult* out,
+                         std::vector<Pending>* waiting) {
+  const int64_t base = first->bucket * ways_;
+  std::vector<int64_t>& ways = scratch_ways_;
+  WaysToGive(&key_[base], &last_read_[base], ways_, t, last - first, &ways, &scratch_old_);
+  const auto admitted = static_cast<int64_t>(ways.size());
+  for (int64_t w : ways)
+    if (key_[base + w] != kFree) Evict(base + w, out);
+  std::sort(ways.begin(), ways.end());
+  for (int64_t i = 0; i < admitted; ++i) {
+    const Pending& p = first[i];
+    const int64_t slot = base + ways[i];
+    key_[slot] = p.key;
+    count_[slot] = p.count;
+    last_read_[slot] = t;
+    slot_of_.Insert(p.key, slot);
+    out->slots[p.position] = slot;
+    admitted_at_[p.position] = 1;
+    if (config_.ttl > 0) reads_.emplace_back(t, slot);
+  }
+  resident_ += admitted;
+  admitted_ += admitted;
+  waiting->insert(waiting->end(), first + admitted, last);
+}
+
+void KeyDirectory::KeepCounts(int64_t t, const Pending* first, const Pending* last) {
+  if (probation_ways_ == 0) return;
+  const int64_t base = first->bucket * probation_ways_;
+  std::vector<int64_t>& places = scratch_ways_;
+  WaysToGive(&probation_key_[base], &probation_last_read_[base], probation_ways_, t, last - first, &places,
+             &scratch_old_);
+  const auto kept = static_cast<int64_t>(places.size());
+  for (int64_t i = 0; i < kept; ++i) {
+    const int64_t j = base + places[i];
+    if (probation_key_[j] != kFree) probation_of_.Erase(probation_key_[j]);
+    probation_key_[j] = first[i].key;
+    probation_count_[j] = first[i].count;
+    probation_last_read_[j] = t;
+    probation_of_.Insert(first[i].key, j);
+  }
+}
+
+void KeyDirectory::RebuildExpiryQueue() {
+  std::vector<std::pair<int64_t, int64_t>> reads;
+  reads.reserve(resident_);
+  for (size_t s = 0; s < key_.size(); ++s)
+    if (key_[s] != kFree) reads.emplace_back(last_read_[s], static_cast<int64_t>(s));
+  std::sort(reads.begin(), reads.end());
+  reads_.assign(reads.begin(), reads.end());
+}
+
+void KeyDirectory::Lookup(const int64_t* keys, int64_t n, int64_t* slots) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t* slot = keys[i] == kFree ? nullptr : slot_of_.Find(keys[i]);
+    slots[i] = slot ? *slot : -1;
+  }
+}
+
+DirectoryCounters KeyDirectory::counters() const {
+  return DirectoryCounters{resident_, config_.capacity, admitted_, evicted_, missed_};
+}
+
+DirectoryState KeyDirectory::Save() const {
+  DirectoryState s;
+  s.step = step_;
+  s.stepped = stepped_;
+  for (size_t i = 0; i < key_.size(); ++i) {
+    if (key_[i] == kFree) continue;
+    s.keys.push_back(key_[i]);
+    s.slots.push_back(static_cast<int64_t>(i));
+    s.counts.push_back(count_[i]);
+    s.last_read.push_back(last_read_[i]);
+  }
+  for (size_t j = 0; j < probation_key_.size(); ++j) {
+    if (probation_key_[j] == kFree) continue;
+    s.probation_keys.push_back(probation_key_[j]);
+    s.probation_index.push_back(static_cast<int64_t>(j));
+    s.probation_counts.push_back(probation_count_[j]);
+    s.probation_last_read.push_back(probation_last_read_[j]);
+  }
+  s.admitted = admitted_;
+  s.evicted = evicted_;
+  s.missed = missed_;
+  return s;
+}
+
+void KeyDirectory::Load(const DirectoryState& s) {
+  const size_t n = s.keys.size(), m = s.probation_keys.size();
+  if (s.slots.size() != n || s.counts.size() != n || s.last_read.size() != n || s.probation_index.size() != m ||
+      s.probation_counts.size() != m || s.probation_last_read.size() != m)
+    throw std::invalid_argument("KeyDirectory: state arrays of different lengths");
+  KeyDirectory loaded(config_);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = s.keys[i], slot = s.slots[i];
+    if (k == kFree || slot < 0 || slot >= config_.capacity || slot / ways_ != BucketOf(k) ||
+        loaded.key_[slot] != kFree || !loaded.slot_of_.Insert(k, slot).second)
+      throw std::invalid_argument("KeyDirectory: resident key " + std::to_string(k) + " cannot hold slot " +
+                                  std::to_string(slot));
+    loaded.key_[slot] = k;
+    loaded.count_[slot] = s.counts[i];
+    loaded.last_read_[slot] = s.last_read[i];
+  }
+  for (size_t i = 0; i < m; ++i) {
+    const int64_t k = s.probation_keys[i], j = s.probation_index[i];
+    if (k == kFree || j < 0 || j >= static_cast<int64_t>(loaded.probation_key_.size()) ||
+        j / probation_ways_ != BucketOf(k) || loaded.probation_key_[j] != kFree || loaded.slot_of_.Find(k) ||
+        !loaded.probation_of_.Insert(k, j).second)
+      throw std::invalid_argument("KeyDirectory: probation key " + std::to_string(k) + " cannot hold place " +
+                                  std::to_string(j));
+    loaded.probation_key_[j] = k;
+    loaded.probation_count_[j] = s.probation_counts[i];
+    loaded.probation_last_read_[j] = s.probation_last_read[i];
+  }
+  loaded.step_ = s.step;
+  loaded.stepped_ = s.stepped;
+  loaded.resident_ = static_cast<int64_t>(n);
+  loaded.admitted_ = s.admitted;
+  loaded.evicted_ = s.evicted;
+  loaded.missed_ = s.missed;
+  if (config_.ttl > 0) loaded.RebuildExpiryQueue();
+  *this = std::move(loaded);
+}
+
+}  // namespace dynamic
+}  // namespace hetu
