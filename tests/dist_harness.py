@@ -10,6 +10,10 @@ import jobs
 from conftest import REPO
 
 COMMON = ["--no-progress", "--rows", "20000", "--embedding-size", "8", "--iters-per-epoch", "30"]
+# OpenBLAS's float32 GEMM rounds differently at another thread count, so the single process and
+# every process of a cluster run on the same count: by default each would take its own share of
+# the host's cores, and a one-worker job would no longer equal the single process bit for bit.
+THREADS = {"HETU_NUM_THREADS": "1"}
 
 
 def _summary(stdout):
@@ -20,7 +24,7 @@ def _summary(stdout):
 
 def run_single(tmp_path, data_home, script, args, global_batch):
     out = tmp_path / "single.npz"
-    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    env = dict(os.environ, HETU_DATA_HOME=data_home, **THREADS)
     cmd = [sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
            "--batch-size", str(global_batch), "--save-params", str(out)]
     proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -30,7 +34,7 @@ def run_single(tmp_path, data_home, script, args, global_batch):
 
 def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300, van="zmq"):
     out = tmp_path / f"cluster-{workers}w{servers}s.npz"
-    env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20")
+    env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20", **THREADS)
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--van", van,
            "--timeout", str(timeout - 20), sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
            "--batch-size", str(batch), "--save-params", str(out)]

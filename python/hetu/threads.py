@@ -148,5 +148,5 @@ def _set_loaded_openblas(threads):
                 break
 
 
-if __name__ == "__main__":   # the worker shim: the default count, for the variables not set
-    print(default_threads(usable_cores(), processes_on_host()))
+if __name__ == "__main__":   # the worker shim: the count configure() takes, for the variables not set
+    print(configure(environ=dict(os.environ))[0])
