@@ -19,6 +19,7 @@ process, bench/quality.py's train_hetu), from hetu's own initial draw of the see
 
     python bench/adam_semantics.py --dataset synthetic-movielens --rows 100000 --seeds 1 2 3 --hetu
     python bench/adam_semantics.py --dataset synthetic-criteo-multihot --rows 50000 --seeds 1 2 3 --hetu
+    python bench/adam_semantics.py --dataset $HETU_DATA_HOME/ml100k-side-time --epochs 3 --seeds 1 2 3
 """
 import argparse
 import json
@@ -42,8 +43,9 @@ def median_range(values):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", choices=sorted(MODELS), required=True)
-    ap.add_argument("--rows", type=int, required=True, help="synthetic samples (train and validation)")
+    ap.add_argument("--dataset", required=True,
+                    help=f"{', '.join(sorted(MODELS))}, or a prepared folder (trained as the bare dlrm)")
+    ap.add_argument("--rows", type=int, default=None, help="synthetic samples (train and validation)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=0.001)
@@ -57,10 +59,11 @@ def main():
     torch.set_num_threads(THREADS)
     from hetu.data import load_dataset
     from hetu.data.dataset import resolve_dataset_dir
-    folder = str(resolve_dataset_dir(args.dataset, rows=args.rows))
+    synthetic = {} if args.rows is None else {"rows": args.rows}
+    folder = str(resolve_dataset_dir(args.dataset, **synthetic))
     data = load_dataset(folder)
     # bench/quality.py's case settings, so that its train_hetu runs the driver on this folder
-    cfg = {"case": args.dataset, "model": MODELS[args.dataset], "data_dir": folder, "batch": args.batch,
+    cfg = {"case": os.path.basename(folder), "model": MODELS.get(args.dataset, "dlrm"), "data_dir": folder, "batch": args.batch,
            "epochs": args.epochs, "optimizer": "adam", "lr": args.lr, "emb": args.emb}
     meta = data.meta
     print(f"{args.dataset}: {cfg['model']}, {len(data.train)} train / {len(data.val)} val samples, "
