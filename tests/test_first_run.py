@@ -65,6 +65,17 @@ def test_help_says_what_an_epoch_and_the_threads_are(capsys):
     assert "--threads N" in text and "usable cores" in text and "processes on the host" in text
 
 
+@pytest.mark.parametrize("herald", [False, True])
+def test_help_names_adams_semantics_on_tables(capsys, herald):
+    with pytest.raises(SystemExit):
+        train.build_parser(herald=herald).parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{" + ",".join(sorted(train.ht.optim.KINDS)) + "}" in text   # the registry's kinds, as before
+    assert "lazy row-wise steps" in text and "LazyAdam" in text
+    assert "rows not read in a step are not stepped" in text and "its own step count" in text
+    assert "dense parameters take ordinary Adam steps" in text
+
+
 # --------------------------------------------------------------------------- rates
 
 def test_rates_say_whose_they_are():

@@ -74,7 +74,12 @@ def build_parser(herald):
     p.add_argument("--cache-limit-ratio", type=RATIO, default=0.1, help="cache rows / table rows")
     p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to --csv-dir")
     p.add_argument("--csv-dir", default="csv", help="folder for --cache-perf files")
-    p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
+    p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS),
+                   help="a kind of the optimizer registry (default: sgd). Embedding tables are stepped row by "
+                        "row, only the rows a step reads: adam and adamw take lazy row-wise steps, as FBGEMM's "
+                        "and TF's LazyAdam (rows not read in a step are not stepped, their moments do not "
+                        "decay; each row keeps its own step count for the bias correction); dense parameters "
+                        "take ordinary Adam steps")
     p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=0.01)
     p.add_argument("--embedding-dtype", default="fp32", choices=sorted(ht.optim.EMBEDDING_DTYPES),
                    help="type embedding rows are stored and moved in; steps compute in fp32 and round to it, "

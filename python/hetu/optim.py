@@ -159,6 +159,11 @@ class RowwiseAdaGradOptimizer(Optimizer):
 
 
 class AdamOptimizer(Optimizer):
+    """Adam. Embedding tables take lazy row-wise steps, as FBGEMM's and TF's LazyAdam: a row not
+    read in a step is not stepped (its moments do not decay, it does not move), and each row keeps
+    its own step count for the bias correction. Dense parameters take ordinary Adam steps (the
+    step count is the global step). In PyTorch terms: torch.optim.SparseAdam with per-row step
+    counts on the tables, not torch.optim.Adam; docs/results.md measures the two apart."""
     kind = "adam"
 
     def __init__(self, learning_rate=0.01, beta1=_defaults("adam")["beta1"], beta2=_defaults("adam")["beta2"],
@@ -167,6 +172,8 @@ class AdamOptimizer(Optimizer):
 
 
 class AdamWOptimizer(Optimizer):
+    """AdamW (decoupled weight decay), stepped as AdamOptimizer: lazy row-wise on tables, a row's
+    decay applied only at the steps that read it."""
     kind = "adamw"
 
     def __init__(self, learning_rate=0.01, beta1=_defaults("adamw")["beta1"], beta2=_defaults("adamw")["beta2"],
