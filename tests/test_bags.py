@@ -52,6 +52,14 @@ def test_one_bag_of_all_slots_pools_to_samples_by_width():
     np.testing.assert_array_equal(got, pooled_by_numpy(table, IDS, (6,), "sum")[:, 0])
 
 
+@pytest.mark.parametrize("slots", [SLOTS, None])
+def test_no_samples_pool_to_an_empty_batch(slots):
+    """A worker's part of the last validation batch can hold no sample."""
+    table = rng.standard_normal((6, 1)).astype(np.float32)
+    got = run(table, IDS[:0], slots, "sum")
+    assert got.shape == ((0, len(SLOTS), 1) if slots else (0, 1))
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_bag_gradient(mode):
     table = rng.standard_normal((6, 4)).astype(np.float32)

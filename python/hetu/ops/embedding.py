@@ -355,7 +355,7 @@ class Bags:
         offsets = self.offsets(slots)
         num_rows, width = rows.shape
         if not cuda.is_device_array(rows):
-            bad = _C.pool_bags(rows, ids, offsets, self.mean, out.reshape(n, -1, width))
+            bad = _C.pool_bags(rows, ids, offsets, self.mean, out.reshape(n, len(offsets) - 1, width))  # n may be 0
             if bad is not None:
                 raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {num_rows} rows")
             return out
