@@ -12,7 +12,7 @@ import pytest
 
 import jobs
 from conftest import REPO
-from dist_harness import COMMON, assert_same_parameters, run_cluster, run_single
+from dist_harness import COMMON, THREADS, assert_same_parameters, run_cluster, run_single
 
 # lr 0.001, as every equivalence test: at 0.01 this model's 60 Adam steps are chaotic, and the
 # single process alone moves by 1e-1 when OpenBLAS's kernel changes (bench/exactness_envelope.py).
@@ -28,7 +28,7 @@ def test_single_process_resume_is_bit_identical(tmp_path, data_home, optimizer):
     straight, _ = run_single(tmp_path, data_home, "run_hetu.py", [*optimizer, "--nepoch", "2"], global_batch=64)
     ckpt = tmp_path / "ckpt"
     # 14 of the epoch's 20 steps, a checkpoint every 6: after steps 6, 12 and 14 (the end).
-    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    env = dict(os.environ, HETU_DATA_HOME=data_home, **THREADS)
     proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *optimizer,
                      "--batch-size", "64", "--nepoch", "0.7", "--checkpoint", str(ckpt), "--checkpoint-every", "6"],
                     capture_output=True, text=True, env=env, timeout=300)
@@ -119,7 +119,7 @@ def test_a_resume_whose_saved_shards_do_not_add_up_is_refused(tmp_path, data_hom
     ckpt = tmp_path / "ckpt"
     args = ["--comm", "Hybrid", "--bsp", "0", *SGD]
     run_cluster(tmp_path, data_home, "run_hetu.py", [*args, "--nepoch", "1", "--checkpoint", str(ckpt)], 2, 2, 32)
-    env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20")
+    env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20", **THREADS)
 
     def resume(folder, workers, servers, batch):
         cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--timeout",
@@ -145,7 +145,7 @@ def test_a_resume_whose_saved_shards_do_not_add_up_is_refused(tmp_path, data_hom
 
 
 def _run(data_home, script, *args, launcher=()):
-    env = dict(os.environ, HETU_DATA_HOME=data_home)
+    env = dict(os.environ, HETU_DATA_HOME=data_home, **THREADS)
     cmd = [*launcher, sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args]
     return jobs.run(cmd, capture_output=True, text=True, env=env, timeout=200)
 
@@ -215,7 +215,7 @@ def test_resume_of_an_interrupted_first_save_names_its_temporary_folder(tmp_path
     ckpt = tmp_path / "ckpt"
     proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *SGD, "--batch-size", "64",
                      "--iters-per-epoch", "2", "--checkpoint", str(ckpt)], capture_output=True, text=True,
-                    env=dict(os.environ, HETU_DATA_HOME=data_home, HETU_CHECKPOINT_STOP_AT="written"),
+                    env=dict(os.environ, HETU_DATA_HOME=data_home, HETU_CHECKPOINT_STOP_AT="written", **THREADS),
                     timeout=200)
     assert proc.returncode == -9, proc.stdout + proc.stderr   # killed after writing, before the swap
     [unfinished] = [p for p in os.listdir(tmp_path) if p.startswith(".tmp-ckpt.")]
@@ -234,7 +234,7 @@ def test_a_save_that_runs_out_of_space_ends_in_one_line_and_leaves_nothing(tmp_p
                                      "--batch-size", "64", "--iters-per-epoch", "3", "--checkpoint", str(small / "ckpt")]))
     proc = jobs.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=512k tmpfs {shlex.quote(str(small))} "
                      f"&& {{ {run}; rc=$?; ls -A {shlex.quote(str(small))}; exit $rc; }}"],
-                    capture_output=True, text=True, env=dict(os.environ, HETU_DATA_HOME=data_home), timeout=200)
+                    capture_output=True, text=True, env=dict(os.environ, HETU_DATA_HOME=data_home, **THREADS), timeout=200)
     if "mount" in proc.stderr and "epoch 0" not in proc.stdout:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
