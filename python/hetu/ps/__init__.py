@@ -374,8 +374,9 @@ class Client:
             (seed, stream, element index), so the values equal ``hetu._C.init_fill`` of the table.
         stream: defaults to ``name_stream(name)``, as hetu's local initializers use.
         optimizer: 'sgd' | 'momentum' | 'nesterov' | 'adagrad' | 'adam' | 'adamw' |
-            'rowwise_adagrad' (embedding tables only), or a pair (kind, dict of momentum, beta1,
-            beta2, eps, l2reg, weight_decay). lr comes with each push.
+            'rowwise_adagrad' (embedding tables only), a pair (kind, dict of momentum, beta1,
+            beta2, eps, l2reg, weight_decay), or an Optimizer.rule() ({"kind": kind, setting:
+            value}). lr comes with each push.
         bsp: buffer iteration-tagged pushes and apply each iteration once (see module doc);
             staleness k > 0 lets a pull for t proceed once t-1-k is applied (SSP).
         storage: 'fp32' | 'bf16' | 'fp16', the type the rows are stored and moved in (embedding
@@ -383,7 +384,12 @@ class Client:
             an assign rounds them; every step computes in float32 and rounds the row to it.
         """
         kind, a, b = (tuple(init) + (0.0, 0.0))[:3]
-        opt, cfg = (optimizer, {}) if isinstance(optimizer, str) else optimizer
+        if isinstance(optimizer, str):
+            opt, cfg = optimizer, {}
+        elif isinstance(optimizer, dict):   # hetu.optim's Optimizer.rule(): {"kind": name, setting: value}
+            opt, cfg = optimizer["kind"], {k: v for k, v in optimizer.items() if k != "kind"}
+        else:
+            opt, cfg = optimizer
         unknown = set(cfg) - set(_OPTIM_DEFAULTS)
         if unknown:
             raise ValueError(f"unknown optimizer settings {sorted(unknown)}")

@@ -69,7 +69,7 @@ class RemoteTable:
         self.param, self.sync, self.counters, self.dense = param, sync, counters, dense
         self.clock = 0
         settings = dict(init=init_spec(param), seed=seed, stream=_C.name_stream(param.name),
-                        optimizer=_server_rule(optimizer.rule(dense=dense)), bsp=sync.synchronous,
+                        optimizer=optimizer.rule(dense=dense), bsp=sync.synchronous,
                         staleness=sync.staleness)
         if dense:
             self._table = client.init_dense(param.name, param.shape, **settings)
@@ -133,7 +133,3 @@ class RemoteTable:
     def restore(self, state, step):
         self.clock = state
 
-
-def _server_rule(rule):
-    """An Optimizer.rule() as hetu.ps takes it: (kind, settings)."""
-    return rule["kind"], {k: v for k, v in rule.items() if k != "kind"}
