@@ -53,6 +53,8 @@ done
 [ "${PARTS[*]}" = all ] && PARTS=(install check single cluster cores)
 mkdir -p "$OUT" || die "cannot create $OUT"
 OUT=$(cd "$OUT" && pwd)
+# Absolute: the bundle's programs go on PATH, and mpirun looks its ssh up from other folders.
+[ ! -d "$BUNDLE" ] || BUNDLE=$(cd "$BUNDLE" && pwd)
 PY=${PYTHON:-python3}
 
 # Seconds a part may take (scaled by --minutes): each part stops there and keeps what it has.

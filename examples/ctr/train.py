@@ -18,6 +18,7 @@ import hetu as ht
 import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
 from hetu.data import BadBatch, load_dataset
 from hetu.dist import devices
+from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
 from models import MODELS
@@ -84,6 +85,17 @@ def build_parser(herald):
     p.add_argument("--embedding-dtype", default="fp32", choices=sorted(ht.optim.EMBEDDING_DTYPES),
                    help="type embedding rows are stored and moved in; steps compute in fp32 and round to it, "
                         "optimizer state stays fp32")
+    p.add_argument("--table-capacity", type=POSITIVE_INT, default=None, metavar="ROWS",
+                   help="dynamic embedding tables of ROWS rows keyed by the data's ids (any int64 keys: data "
+                        "prepared with --ids hashed needs it): keys are admitted and evicted by the batch "
+                        "sequence alone (docs/design.md section 13)")
+    p.add_argument("--admit-after", type=POSITIVE_INT, default=1, metavar="K",
+                   help="dynamic tables: a key gets a row once K global batches have read it (default 1)")
+    p.add_argument("--evict-ttl", type=NONNEGATIVE_INT, default=0, metavar="STEPS",
+                   help="dynamic tables: a key unread for STEPS steps leaves its row (default 0: off)")
+    p.add_argument("--table-buckets", type=NONNEGATIVE_INT, default=0, metavar="B",
+                   help="dynamic tables: B buckets, a divisor of the capacity (default: capacity / w for the "
+                        "largest w of 16, 8, 4, 2, 1 that divides it)")
     p.add_argument("--dataset", default="synthetic", help="dataset name or prepared folder (default: synthetic)")
     p.add_argument("--data-dir", default=None, help="a prepared dataset folder (overrides --dataset)")
     p.add_argument("--rows", type=POSITIVE_INT, default=None, help="synthetic data: number of samples")
@@ -139,11 +151,25 @@ def load(args):
         raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {source}: {e}") from None
 
 
-def readable_fields(args, meta):
-    """The data's fields, which the model must be able to read (one that reads one id per field
-    refuses multi-hot data, and none reads hashed ids yet)."""
+def dynamic_table(args):
+    """The dynamic tables' rule of --table-capacity and its options (None without it)."""
+    if args.table_capacity is None:
+        for flag in ("admit_after", "evict_ttl", "table_buckets"):
+            if getattr(args, flag) != {"admit_after": 1}.get(flag, 0):
+                raise SystemExit(f"--{flag.replace('_', '-')} sets a dynamic table: give --table-capacity ROWS")
+        return None
     try:
-        fields = meta.fields
+        return DynamicTable(args.table_capacity, admit_after=args.admit_after, ttl=args.evict_ttl,
+                            buckets=args.table_buckets)
+    except ValueError as e:
+        raise SystemExit(f"--table-capacity: {e}") from None
+
+
+def readable_fields(args, meta, dynamic=None):
+    """The data's fields, which the model must be able to read (one that reads one id per field
+    refuses multi-hot data), read through `dynamic` tables if given (hashed ids need them)."""
+    try:
+        fields = meta.fields_for(dynamic)
     except ValueError as e:
         raise SystemExit(f"{args.data_dir or args.dataset}: {e}") from None
     reason = MODELS[args.model].refusal(fields)
@@ -465,8 +491,9 @@ def train(argv, herald):
     data = load(args)
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
+    dynamic = dynamic_table(args)
     loss, prediction, y_, train_op = MODELS[args.model](
-        dense_input, sparse_input, y_, readable_fields(args, meta), embedding_size=args.embedding_size,
+        dense_input, sparse_input, y_, readable_fields(args, meta, dynamic), embedding_size=args.embedding_size,
         optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype))
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
                            ctx=ctx, seed=args.seed, cuda_graph=args.cuda_graph, **options)
@@ -486,7 +513,9 @@ def train(argv, herald):
         raise SystemExit(f"--resume {args.resume}: the checkpoint is at step {first}, and --nepoch {args.nepoch:g} "
                          f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train "
                          f"(with --val: validate it only)")
-    print(f"{args.model}: {meta.num_embeddings} embedding rows x {args.embedding_size}, "
+    table_text = f"{meta.num_embeddings} embedding rows" if dynamic is None else \
+        f"embedding tables {dynamic.describe()}"
+    print(f"{args.model}: {table_text} x {args.embedding_size}, "
           f"{len(data.train)} train / {len(data.val)} val samples; " + epoch_text(per_epoch, workers, args) +
           f"; {total} iterations" + (f" on {ctx}" if ctx.is_gpu else "") +
           f", {threads} thread{'s' * (threads != 1)} per process" +
@@ -516,6 +545,10 @@ def train(argv, herald):
         save_params(executor, args.save_params)
     executor.barrier()   # no worker's failing report ends the job before they are written
     print(executor.counters.summary_line(), flush=True)
+    if executor.graph.rank == 0:
+        for keys in executor.graph.dynamic_keys:
+            for table in keys.tables.values():
+                print("\n".join(keys.counter_lines(table.name)), flush=True)
     failed_report = write_counters(executor, args, herald) if args.cache_perf else None
     summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
                "iterations": total - first, "first_step": first, "seconds": elapsed,
@@ -534,7 +567,7 @@ def train(argv, herald):
 def save_params(executor, path):
     tmp = path + ".tmp.npz"
     try:
-        np.savez(tmp, **executor.parameters())
+        np.savez(tmp, **by_key(executor.parameters(), executor.graph.dynamic_keys))
         os.replace(tmp, path)
     except OSError as e:
         _remove_quietly(tmp)

@@ -248,8 +248,19 @@ class DataloaderOp(Op):
     def infer_shape(self, s):
         return None
 
+    keys = None   # hetu.dynamic.TableKeys where the batches are a dynamic table's keys (bind_dynamic)
+
     def compute(self, vals, state):
-        return self.loader(state.subgraph).next_batch()
+        loader = self.loader(state.subgraph)
+        if self.keys is None:
+            return loader.next_batch()
+        # A dynamic table's keys become slots: in training, after the directory takes the step's
+        # whole global batch (every worker reads it, so every replica decides alike).
+        step = loader.position
+        batch = loader.next_batch()
+        if not state.training:
+            return self.keys.lookup(batch)
+        return self.keys.train(step, loader.data[loader.batches.indices(step)], batch)
 
     # Checkpoints: the batch each subgraph's loader reads next, and the global batches, which a
     # resumed run must keep.

@@ -101,6 +101,7 @@ class Variable(Op):
         else:
             self.shape = None if shape is None else tuple(shape)
         self.trainable = trainable and self.is_parameter
+        self.dynamic = None   # hetu.dynamic.DynamicTable of a dynamic embedding table (ht.layers.Embedding)
 
     @property
     def is_parameter(self):

@@ -26,11 +26,22 @@ class Linear(Layer):
 
 
 class Embedding(Layer):
-    def __init__(self, num_embeddings, embedding_dim, initializer=init.random_normal, name="embedding", ctx=None):
+    """A table of `num_embeddings` rows looked up by ids; with `dynamic` (hetu.dynamic.DynamicTable)
+    a dynamic table of `dynamic.capacity` rows looked up by any int64 keys (num_embeddings None or
+    the capacity)."""
+
+    def __init__(self, num_embeddings, embedding_dim, initializer=init.random_normal, name="embedding", ctx=None,
+                 dynamic=None):
+        if dynamic is not None:
+            if num_embeddings not in (None, dynamic.capacity):
+                raise ValueError(f"Embedding {name}: {num_embeddings} rows but a dynamic table of capacity "
+                                 f"{dynamic.capacity}: give num_embeddings=None or the capacity")
+            num_embeddings = dynamic.capacity
         if initializer is init.random_normal:
             self.embedding_table = init.random_normal((num_embeddings, embedding_dim), stddev=0.01, name=name, ctx=ctx)
         else:
             self.embedding_table = initializer((num_embeddings, embedding_dim), name=name, ctx=ctx)
+        self.embedding_table.dynamic = dynamic
 
     def forward(self, ids):
         return embedding_lookup_op(self.embedding_table, ids)
@@ -42,8 +53,8 @@ class EmbeddingBag(Embedding):
     bag of all the slots ([samples, dim] out); `mode` "sum" or "mean"."""
 
     def __init__(self, num_embeddings, embedding_dim, mode="sum", slots=None, initializer=init.random_normal,
-                 name="embedding", ctx=None):
-        super().__init__(num_embeddings, embedding_dim, initializer, name, ctx)
+                 name="embedding", ctx=None, dynamic=None):
+        super().__init__(num_embeddings, embedding_dim, initializer, name, ctx, dynamic)
         self.mode, self.slots = mode, slots
 
     def forward(self, ids):

@@ -32,17 +32,19 @@ def dense_of(dense_input, fields):
     return dense_input if fields.num_dense else None
 
 
-def embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding"):
-    """One table for all fields (they share one id space) -> [batch, num_fields * embedding_size]."""
-    table = layers.Embedding(num_embeddings, embedding_size, name=name)
+def embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding", dynamic=None):
+    """One table for all fields (they share one id space; with `dynamic`, a dynamic table's key
+    space) -> [batch, num_fields * embedding_size]."""
+    table = layers.Embedding(num_embeddings, embedding_size, name=name, dynamic=dynamic)
     rows = table(sparse_input)
     return table, ht.array_reshape_op(rows, (-1, num_fields * embedding_size))
 
 
-def embed_bags(sparse_input, num_embeddings, embedding_size, field_slots, name="embedding"):
+def embed_bags(sparse_input, num_embeddings, embedding_size, field_slots, name="embedding", dynamic=None):
     """One table for all fields, each field's ids pooled by sum (a field of one id is a bag of one)
     -> [batch, fields, embedding_size]."""
-    return layers.EmbeddingBag(num_embeddings, embedding_size, mode="sum", slots=tuple(field_slots), name=name)(
+    return layers.EmbeddingBag(num_embeddings, embedding_size, mode="sum", slots=tuple(field_slots), name=name,
+                               dynamic=dynamic)(
         sparse_input)
 
 

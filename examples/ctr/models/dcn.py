@@ -14,7 +14,8 @@ def cross_layer(x0, x, width, name):
 
 def dcn(dense_input, sparse_input, y_, fields, embedding_size=128, num_cross=3, hidden=(256, 256), optimizer=None):
     dense_input = dense_of(dense_input, fields)
-    _, embedded = embed_fields(sparse_input, fields.num_embeddings, embedding_size, fields.count)
+    _, embedded = embed_fields(sparse_input, fields.num_embeddings, embedding_size, fields.count,
+                               dynamic=fields.dynamic)
     x0 = embedded if dense_input is None else ht.concat_op(embedded, dense_input, axis=1)
     width = fields.count * embedding_size + fields.num_dense
     x = x0

@@ -19,7 +19,7 @@ def cross_layer_v2(x0, x, width, rank, name):
 def dcnv2(dense_input, sparse_input, y_, fields, embedding_size=16, num_cross=3, rank=None, hidden=(256, 128),
           optimizer=None):
     dense_input = dense_of(dense_input, fields)
-    pooled = embed_bags(sparse_input, fields.num_embeddings, embedding_size, fields.slots)
+    pooled = embed_bags(sparse_input, fields.num_embeddings, embedding_size, fields.slots, dynamic=fields.dynamic)
     width = fields.count * embedding_size
     x0 = ht.array_reshape_op(pooled, (-1, width))
     if dense_input is not None:

@@ -8,8 +8,10 @@ from .common import Architecture, dense_of, embed_fields, finish, mlp
 def dfm(dense_input, sparse_input, y_, fields, embedding_size=128, hidden=(256, 256, 256), optimizer=None):
     num_embeddings, num_fields, num_dense = fields.num_embeddings, fields.count, fields.num_dense
     dense_input = dense_of(dense_input, fields)
-    _, first_order = embed_fields(sparse_input, num_embeddings, 1, num_fields, name="fm_first_order")
-    _, embedded = embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding")
+    _, first_order = embed_fields(sparse_input, num_embeddings, 1, num_fields, name="fm_first_order",
+                                   dynamic=fields.dynamic)
+    _, embedded = embed_fields(sparse_input, num_embeddings, embedding_size, num_fields, name="embedding",
+                                dynamic=fields.dynamic)
     linear = ht.reduce_sum_op(first_order, axes=1, keepdims=True)
     # FM: 0.5 * ((sum_f v_f)^2 - sum_f v_f^2), summed over the embedding dimension.
     v = ht.array_reshape_op(embedded, (-1, num_fields, embedding_size))

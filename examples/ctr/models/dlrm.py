@@ -16,7 +16,7 @@ def pairwise_dots(vectors, count):
 def dlrm(dense_input, sparse_input, y_, fields, embedding_size=16, bottom=(64, 32), top=(128, 64), optimizer=None):
     """Every field of the data, each a bag (a single id is a bag of one), and its dense features."""
     dense_input = dense_of(dense_input, fields)
-    pooled = embed_bags(sparse_input, fields.num_embeddings, embedding_size, fields.slots)   # [batch, fields, width]
+    pooled = embed_bags(sparse_input, fields.num_embeddings, embedding_size, fields.slots, dynamic=fields.dynamic)   # [batch, fields, width]
     vectors, count = pooled, fields.count
     if dense_input is not None:
         dense = mlp(fields.num_dense, tuple(bottom) + (embedding_size,), "dlrm_bottom", logit=False)(dense_input)

@@ -8,8 +8,10 @@ from .common import Architecture, finish, mlp
 
 def ncf(dense_input, sparse_input, y_, fields, embedding_size=64, hidden=(128, 64), optimizer=None):
     """sparse_input: [batch, 2] (user id, offset item id); dense features are not read."""
-    gmf_table = layers.Embedding(fields.num_embeddings, embedding_size, name="ncf_gmf_embedding")
-    mlp_table = layers.Embedding(fields.num_embeddings, embedding_size, name="ncf_mlp_embedding")
+    gmf_table = layers.Embedding(fields.num_embeddings, embedding_size, name="ncf_gmf_embedding",
+                                 dynamic=fields.dynamic)
+    mlp_table = layers.Embedding(fields.num_embeddings, embedding_size, name="ncf_mlp_embedding",
+                                 dynamic=fields.dynamic)
     gmf = ht.array_reshape_op(gmf_table(sparse_input), (-1, 2, embedding_size))
     user = ht.array_reshape_op(ht.slice_op(gmf, (0, 0, 0), (-1, 1, -1)), (-1, embedding_size))
     item = ht.array_reshape_op(ht.slice_op(gmf, (0, 1, 0), (-1, 1, -1)), (-1, embedding_size))

@@ -14,7 +14,7 @@ PREPARED_NAMES = ("criteo", "avazu", "movielens")
 
 
 HASHED_REFUSAL = ("the data was prepared with --ids hashed (keys, not table rows): training on it "
-                  "needs dynamic tables, which hetu does not have yet; prepare it without --ids hashed")
+                  "needs dynamic tables: give --table-capacity ROWS")
 
 
 class BadBatch(ValueError):
@@ -54,6 +54,13 @@ class DatasetMeta:
             val_rows=meta["split"]["val_rows"], info=meta,
             field_slots=None if slots is None else tuple(slots),
             bag_fields=tuple(meta.get("bag_fields", ())), ids=meta.get("ids", "indexed"))
+
+    def fields_for(self, dynamic=None):
+        """``fields``, read through dynamic tables (hetu.dynamic.DynamicTable) if given: of their
+        capacity, keyed by the ids, hashed or not."""
+        if dynamic is None:
+            return self.fields
+        return Fields.from_meta(self).with_dynamic(dynamic)
 
     @property
     def fields(self):

@@ -13,6 +13,7 @@ class Fields:
     num_embeddings: int
     num_dense: int = 0
     bags: tuple = ()   # the multi-hot fields' names
+    dynamic: object = None   # hetu.dynamic.DynamicTable: the table takes keys, num_embeddings is its capacity
 
     def __post_init__(self):
         if len(self.names) != len(self.slots):
@@ -32,6 +33,10 @@ class Fields:
     def multi_hot(self):
         """True when a field takes more than one column (a model reading one id per field cannot)."""
         return any(k != 1 for k in self.slots)
+
+    def with_dynamic(self, table):
+        """The same fields read through a dynamic table (hetu.dynamic.DynamicTable) of its capacity."""
+        return replace(self, num_embeddings=int(table.capacity), dynamic=table)
 
     def with_rows(self, num_embeddings):
         """The same fields over a table of ``num_embeddings`` rows (ids drawn in memory, no meta.json)."""

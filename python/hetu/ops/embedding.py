@@ -251,8 +251,23 @@ def gather(op_name, table, ids, out, checks=None):
     return out
 
 
+def gather_slots(op_name, table, slots, out):
+    """gather() of a dynamic table's slots (hetu.dynamic), host arrays: a slot of -1 (a key
+    without a row) reads zeros."""
+    missing = slots.reshape(-1) < 0
+    if len(table) == 0 or missing.all():
+        out[...] = 0
+        return out
+    if not missing.any():
+        return gather(op_name, table, slots, out)
+    gather(op_name, table, np.where(missing, 0, slots.reshape(-1)), out)
+    out.reshape(missing.size, -1)[missing] = 0
+    return out
+
+
 class EmbeddingLookupOp(Op):
     bags = None   # EmbeddingBagOp's pooling
+    dynamic = None   # a dynamic table's hetu.dynamic.TableKeys (bind_dynamic): ids are slots, -1 reads zeros
 
     def __init__(self, table, ids, ctx=None):
         super().__init__(table, ids, ctx=ctx)
@@ -268,6 +283,9 @@ class EmbeddingLookupOp(Op):
         if ids.dtype != np.int64:
             raise TypeError(f"{self.name}: ids {self.inputs[1].name} are {ids.dtype}, expected int64")
         out = state.buffer(self, ids.shape + (table.shape[1],), np.float32)
+        if self.dynamic is not None:
+            self.dynamic.admit_locally(state, self.inputs[0])
+            return gather_slots(self.name, table, ids, out)
         return gather(self.name, table, ids, out, state.checks)
 
     def gradient(self, g):
@@ -290,7 +308,11 @@ class EmbeddingLookupGradOp(Op):
     def compute(self, vals, state):
         g, ids = vals[:2]
         shape = vals[2].shape if len(vals) > 2 else self.table.shape
-        return IndexedSlices(ids.reshape(-1), g.reshape(-1, shape[1]), shape)
+        ids, g = ids.reshape(-1), g.reshape(-1, shape[1])
+        if getattr(self.table, "dynamic", None) is not None:   # a slot of -1 has no row: its gradient is dropped
+            kept = ids >= 0
+            ids, g = ids[kept], g[kept]
+        return IndexedSlices(ids, g, shape)
 
 
 class SparseSumOp(Op):
@@ -411,6 +433,8 @@ class EmbeddingBagOp(EmbeddingLookupOp):
         if ids.dtype != np.int64:
             raise TypeError(f"{self.name}: ids {self.inputs[1].name} are {ids.dtype}, expected int64")
         out = state.buffer(self, self.bags.out_shape(ids.shape, table.shape[1]), np.float32)
+        if self.dynamic is not None:
+            self.dynamic.admit_locally(state, self.inputs[0])
         return self.bags.pool(self.name, table, ids, out, state.checks)
 
     def gradient(self, g):
@@ -440,6 +464,7 @@ class PSEmbeddingLookupOp(Op):
     device in one pinned copy; the device expands them to the batch's rows or pools them."""
     capturable = False
     host_inputs = True
+    dynamic = None   # a dynamic table's hetu.dynamic.TableKeys: ids are slots, -1 reads zeros
 
     def __init__(self, ids, source, bags=None, ctx=None):
         super().__init__(ids, ctx=ctx, name=None)
@@ -460,11 +485,12 @@ class PSEmbeddingLookupOp(Op):
             raise TypeError(f"{self.name}: ids are {ids.dtype}, expected int64")
         flat = ids.reshape(-1)
         rows = self.source.param.shape[0]
-        lowest = -1 if self.bags is not None else 0
+        keyed = self.bags is not None or self.dynamic is not None   # -1: an empty slot, or a key without a row
+        lowest = -1 if keyed else 0
         if flat.size and (flat.min() < lowest or flat.max() >= rows):
             bad = int(flat.max() if flat.max() >= rows else flat.min())
             raise IndexError(f"{self.name}: id {bad} outside the table {self.source.param.name} of {rows} rows")
-        if self.bags is not None:
+        if keyed:
             filled = flat >= 0
             uniq, inverse = np.unique(flat[filled], return_inverse=True)
             positions = np.full(ids.shape, -1, np.int64)
@@ -475,6 +501,8 @@ class PSEmbeddingLookupOp(Op):
         # flushed every cache, and are not counted as training transmissions.
         if state.training:
             started = time.perf_counter()
+            if self.dynamic is not None:
+                self.source.begin_step(self.dynamic.current, uniq)
             pulled = self.source.lookup(uniq)
             self.source.counters.add(pull_seconds=time.perf_counter() - started)
         else:
@@ -484,6 +512,8 @@ class PSEmbeddingLookupOp(Op):
         if state.xp is np:
             if self.bags is not None:
                 return self.bags.pool(self.name, pulled, positions, out)
+            if self.dynamic is not None:
+                return gather_slots(self.name, pulled, positions.reshape(ids.shape), out)
             np.take(pulled, positions, axis=0, out=out.reshape(flat.size, width))
             return out
         if self._to_device is None:

@@ -38,8 +38,9 @@ def _replace_lookups(graph, tables):
     for order in graph.topo.values():
         for node in order:
             if isinstance(node, EmbeddingLookupOp) and node.inputs[0].id in tables:
-                replacements[node.id] = PSEmbeddingLookupOp(node.inputs[1], tables[node.inputs[0].id],
-                                                            bags=node.bags, ctx=node.ctx)
+                lookup = PSEmbeddingLookupOp(node.inputs[1], tables[node.inputs[0].id], bags=node.bags, ctx=node.ctx)
+                lookup.dynamic = node.dynamic
+                replacements[node.id] = lookup
     if not replacements:
         return
     for order in graph.topo.values():

@@ -18,6 +18,7 @@ class Graph:
         self.ps_params = {}       # param id -> (param, optimizer op, sparse): on the servers (distribute)
         self.remote = {}          # param id -> RemoteTable (bind_ps)
         self.caches = {}          # param id -> the RowSource in front of its RemoteTable (bind_cache, Herald)
+        self.dynamic_keys = []    # hetu.dynamic.TableKeys of the dynamic tables (bind_dynamic)
         self.scheduler = None     # Herald's Scheduler (schedule_embeddings)
         self.refresh()
 

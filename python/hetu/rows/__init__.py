@@ -30,6 +30,14 @@ class RowSource(abc.ABC):
         """The step's gradient rows of the ids lookup read, summed per id over this worker's
         samples, at learning rate `lr`."""
 
+    def begin_step(self, step, uniq):
+        """A dynamic table's step (hetu.dynamic.KeyStep) before the lookup of its distinct slots
+        `uniq`: the servers reset the rows of the keys admitted at this step that this worker reads
+        (every worker reading one sends it; the servers apply it once, after the step before)."""
+        slots, keys = step.admitted_among(uniq)
+        if len(slots):
+            self.remote.admit(slots, keys)
+
     def read(self, uniq):
         """The rows as the servers hold them, outside training (validation, after a flush);
         not counted as transmissions."""

@@ -1,0 +1,235 @@
+"""Dynamic tables (DESIGN.md section 13; docs/design.md section 13): embedding tables keyed by any
+int64 key (hashed ids, hetu.data.keys) that hold at most `capacity` rows.
+
+Which key holds which row ("slot") is decided by one rule, hetu._C.KeyDirectory, as a function of
+the sequence of global training batches alone. Every process keeps its own replica of the
+directory and steps it on each global batch as that batch is trained (each worker reads the whole
+global batch's ids from the data, as Herald's planners do), so every worker, Herald's planner and
+the single process agree on every decision without exchanging a message, whatever the number of
+workers and servers. Below the directory a dynamic table is a plain table of `capacity` rows
+addressed by slot: the servers, the HET cache and Herald move slots as they move rows today.
+
+The data path: the sparse DataloaderOp that feeds a dynamic table's lookups holds its TableKeys
+(the bind_dynamic pass attaches it) and turns each batch's keys into slots (-1: no row: it reads
+zeros and its gradient is dropped; bag padding stays -1). The step's admissions (a key's slot
+starts from the key's own initial row, zero optimizer state) and evictions reach the row sources
+through `TableKeys.current`: the single process resets its rows in the lookup (LocalRows), the PS
+row sources send their servers an admit (hetu.rows), caches drop evicted slots."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _C
+
+# Ways per bucket tried by default, largest first: the first that divides the capacity.
+DEFAULT_WAYS = (16, 8, 4, 2, 1)
+PADDING = -1   # an empty bag slot; also the slot of a key without a row
+
+
+@dataclass(frozen=True)
+class DynamicTable:
+    """A dynamic table's rule: `capacity` rows in `buckets` buckets (0: capacity / w for the
+    largest w of DEFAULT_WAYS dividing it), a key admitted when `admit_after` global batches have
+    read it, evicted when its bucket overflows (oldest last read first) or, with `ttl` > 0, after
+    `ttl` steps unread."""
+    capacity: int
+    admit_after: int = 1
+    ttl: int = 0
+    buckets: int = 0
+
+    def __post_init__(self):
+        def bad(what):
+            raise ValueError(f"dynamic table: {what}")
+        if self.capacity < 1:
+            bad(f"capacity {self.capacity}: it must hold at least one row")
+        if self.admit_after < 1:
+            bad(f"admit_after {self.admit_after}: a key is admitted after at least 1 read")
+        if self.ttl < 0:
+            bad(f"ttl {self.ttl}: 0 turns it off, else a number of steps")
+        if self.buckets < 0 or (self.buckets and self.capacity % self.buckets):
+            bad(f"{self.buckets} buckets: the capacity {self.capacity} must be a multiple of the bucket count")
+
+    @property
+    def num_buckets(self):
+        if self.buckets:
+            return self.buckets
+        ways = next(w for w in DEFAULT_WAYS if self.capacity % w == 0)
+        return self.capacity // ways
+
+    @property
+    def ways(self):
+        return self.capacity // self.num_buckets
+
+    def directory(self):
+        return _C.KeyDirectory(self.capacity, self.num_buckets, self.admit_after, self.ttl)
+
+    def describe(self):
+        return (f"dynamic, {self.capacity} rows in {self.num_buckets} buckets of {self.ways}, admitted after "
+                f"{self.admit_after} read{'s' * (self.admit_after != 1)}" +
+                (f", evicted after {self.ttl} steps unread" if self.ttl else ""))
+
+
+class KeyStep:
+    """The directory's decisions at one training step: the global batch's distinct keys
+    (ascending) with their slots, the admitted and the evicted (key, slot) pairs."""
+    __slots__ = ("step", "keys", "slots", "admitted_keys", "admitted_slots", "evicted_keys", "evicted_slots")
+
+    def __init__(self, step, result):
+        self.step = step
+        for name in self.__slots__[1:]:
+            setattr(self, name, result[name])
+
+    def admitted_among(self, slots):
+        """(slots, keys) of this step's admissions whose slot is in `slots` (ascending)."""
+        mask = np.isin(self.admitted_slots, slots, assume_unique=True)
+        order = np.argsort(self.admitted_slots[mask], kind="stable")
+        return self.admitted_slots[mask][order], self.admitted_keys[mask][order]
+
+
+class TableKeys:
+    """One dynamic table's key directory in this process. `train(step, global_keys, keys)` applies
+    training step `step` (steps come in order, once each) and maps this worker's `keys`;
+    `lookup(keys)` maps keys outside training (validation) by the directory as it stands."""
+
+    def __init__(self, table: DynamicTable, name, servers=1):
+        self.table, self.name = table, name
+        self.directory = table.directory()
+        self.current = None    # the KeyStep of the step being trained
+        self.servers = max(1, int(servers))
+        self._server_counts = np.zeros((self.servers, 3), np.int64)   # admitted, evicted, missed
+        self._resident = np.zeros(self.servers, np.int64)
+        self.tables = {}       # param id -> Variable: the tables that read these keys
+        self._reset_at = {}    # table param id -> the last step whose admissions it took (admit_locally)
+
+    # --- mapping --------------------------------------------------------------------------------
+    def train(self, step, global_keys, keys):
+        """Slots of `keys` (any shape) at training step `step`, whose global batch read
+        `global_keys` (any shape; -1 padding ignored)."""
+        if self.current is not None and step <= self.current.step:
+            raise RuntimeError(f"dynamic table {self.name}: step {step} after step {self.current.step}: "
+                               "training steps reach the key directory in order, once each")
+        flat = np.asarray(global_keys, np.int64).reshape(-1)
+        result = self.directory.step(int(step), np.ascontiguousarray(flat[flat != PADDING]))
+        self.current = KeyStep(step, result)
+        self._count(self.current)
+        return self._map(self.current.keys, self.current.slots, keys)
+
+    def lookup(self, keys):
+        keys = np.asarray(keys, np.int64)
+        slots = self.directory.lookup(np.ascontiguousarray(keys.reshape(-1))).reshape(keys.shape)
+        slots[keys == PADDING] = PADDING
+        return slots
+
+    @staticmethod
+    def _map(distinct, slots, keys):
+        keys = np.asarray(keys, np.int64)
+        flat = keys.reshape(-1)
+        out = np.full(flat.shape, PADDING, np.int64)
+        filled = flat != PADDING
+        if len(distinct):
+            out[filled] = slots[np.searchsorted(distinct, flat[filled])]
+        return out.reshape(keys.shape)
+
+    # --- a table this process holds ------------------------------------------------------------
+    def admit_locally(self, state, param):
+        """The current step's admissions in `param`, a table held by this process (the executor's
+        RunState `state`): each admitted slot's row becomes its key's initial row, rounded to the
+        rows' storage type, with zero optimizer state; once per step and table."""
+        st = self.current
+        if not state.training or st is None or self._reset_at.get(param.id) == st.step:
+            return
+        self._reset_at[param.id] = st.step
+        if not len(st.admitted_slots):
+            return
+        rows = initial_rows(param, st.admitted_keys, state.executor.config.seed)
+        optimizer = state.executor.graph.row_stepped.get(param.id)
+        if optimizer is not None:
+            optimizer.round_rows(rows)
+        state.param_value(param)[st.admitted_slots] = rows
+        if optimizer is not None:
+            opt_state, steps = state.optimizer_state(param, optimizer, rowwise=True)
+            opt_state[st.admitted_slots] = 0
+            steps[st.admitted_slots] = 0
+
+    # --- counters: per server, a bucket's server being bucket mod S -----------------------------
+    def server_of_slots(self, slots):
+        return (np.asarray(slots, np.int64) // self.table.ways) % self.servers
+
+    def _count(self, st):
+        S = self.servers
+        admitted = np.bincount(self.server_of_slots(st.admitted_slots), minlength=S)
+        evicted = np.bincount(self.server_of_slots(st.evicted_slots), minlength=S)
+        missing = st.keys[st.slots < 0]
+        buckets = (_C.bucket_hash(missing) % np.uint64(self.table.num_buckets)).astype(np.int64)
+        missed = np.bincount(buckets % S, minlength=S)
+        self._server_counts += np.stack([admitted, evicted, missed], axis=1)
+        self._resident += admitted - evicted
+
+    def counter_lines(self, name):
+        """`table <name> server <i>: <resident> resident of <capacity>, <admitted> admitted,
+        <evicted> evicted, <missed> reads of keys not resident`, one per server; capacity is the
+        server's share of the buckets."""
+        buckets = np.bincount(np.arange(self.table.num_buckets) % self.servers, minlength=self.servers)
+        return [f"table {name} server {i}: {self._resident[i]} resident of {buckets[i] * self.table.ways}, "
+                f"{a} admitted, {e} evicted, {m} reads of keys not resident"
+                for i, (a, e, m) in enumerate(self._server_counts.tolist())]
+
+    def counters(self):
+        """The directory's running counters (resident, capacity, admitted, evicted, missed)."""
+        return self.directory.counters()
+
+    # --- the table's contents by key -------------------------------------------------------------
+    def resident(self):
+        """(keys ascending, their slots) of every resident key."""
+        state = self.directory.state()
+        order = np.argsort(state["keys"], kind="stable")
+        return state["keys"][order], state["slots"][order]
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def state(self):
+        """Arrays for a checkpoint: the directory's whole state and the per-server counters."""
+        state = {f"directory/{k}": np.asarray(v) for k, v in self.directory.state().items()}
+        state["server_counts"] = self._server_counts.copy()
+        state["resident_per_server"] = self._resident.copy()
+        state["servers"] = np.int64(self.servers)
+        return state
+
+    def restore(self, arrays, step):
+        """Continues from `state()` arrays; `step`: the first step to train."""
+        directory = {k[len("directory/"):]: arrays[k] for k in arrays if k.startswith("directory/")}
+        for k in ("step", "admitted", "evicted", "missed"):
+            directory[k] = int(directory[k])
+        directory["stepped"] = bool(directory["stepped"])
+        self.directory.restore(directory)
+        self.current = None
+        if int(arrays["servers"]) == self.servers:
+            self._server_counts = np.array(arrays["server_counts"], np.int64)
+            self._resident = np.array(arrays["resident_per_server"], np.int64)
+        else:   # the buckets moved: count them afresh from the resident slots
+            _, slots = self.resident()
+            self._resident = np.bincount(self.server_of_slots(slots), minlength=self.servers)
+            self._server_counts[:] = 0
+
+
+def initial_rows(param, keys, seed):
+    """float32 [len(keys), width]: the rows `keys` start from in table `param`, drawn from its
+    initializer seeded by (executor seed, table name, key) alone, as the servers draw them
+    (src/dynamic/key_rows.h)."""
+    init = param.initializer
+    out = np.empty((len(keys), param.shape[1]), np.float32)
+    _C.key_rows(init.kind, init.a, init.b, int(seed) & (2**64 - 1), _C.name_stream(param.name),
+                np.ascontiguousarray(keys, np.int64), out)
+    return out
+
+
+def by_key(params, dynamic_keys):
+    """`params` (name -> array) with each dynamic table's rows as its keys' rows: `<name>` the
+    resident keys' rows and `<name>:keys` the keys, ascending (what --save-params writes: the
+    same whichever slots the keys took)."""
+    out = dict(params)
+    for keys in dynamic_keys:
+        resident, slots = keys.resident()
+        for table in keys.tables.values():
+            out[table.name] = params[table.name][slots]
+            out[f"{table.name}:keys"] = resident
+    return out
