@@ -513,9 +513,9 @@ def train(argv, herald):
         raise SystemExit(f"--resume {args.resume}: the checkpoint is at step {first}, and --nepoch {args.nepoch:g} "
                          f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train "
                          f"(with --val: validate it only)")
-    table_text = f"{meta.num_embeddings} embedding rows" if dynamic is None else \
-        f"embedding tables {dynamic.describe()}"
-    print(f"{args.model}: {table_text} x {args.embedding_size}, "
+    table_text = f"{meta.num_embeddings} embedding rows x {args.embedding_size}" if dynamic is None else \
+        f"embedding rows x {args.embedding_size} in tables {dynamic.describe()}"
+    print(f"{args.model}: {table_text}, "
           f"{len(data.train)} train / {len(data.val)} val samples; " + epoch_text(per_epoch, workers, args) +
           f"; {total} iterations" + (f" on {ctx}" if ctx.is_gpu else "") +
           f", {threads} thread{'s' * (threads != 1)} per process" +

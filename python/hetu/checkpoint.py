@@ -169,6 +169,7 @@ def verify(folder, meta, only=None):
 # --- an executor's checkpoint: each stateful part gives its state and takes it back ------------
 ARRAYS = "arrays.npz"
 SERVERS = "ps"   # the servers' shards of every table on them
+DYNAMIC = "dynamic.npz"   # the dynamic tables' key directories (hetu.dynamic.TableKeys.state)
 
 
 def save(executor, directory, run=None):
@@ -195,12 +196,16 @@ def _write(executor, directory, run):
         for p, _ in _on_servers(graph):
             graph.remote[p.id].save(os.path.join(tmp, SERVERS))
         np.savez(os.path.join(tmp, ARRAYS), **executor.params.state())
+        if graph.dynamic_keys:   # every worker's replica is the same: worker 0's is saved
+            np.savez(os.path.join(tmp, DYNAMIC), **{f"{i}/{k}": v for i, keys in enumerate(graph.dynamic_keys)
+                                                    for k, v in keys.state().items()})
         meta = {**executor.state.state(),
                 "optimizer_steps": {op.name: op.step_count for op in graph.optimizer_ops},
                 "workers": graph.num_workers, "servers": executor.num_servers(),
                 "clocks": {p.name: source.state() for p, source in _on_servers(graph)},
                 "tables": {p.name: list(p.shape) for p, _ in _on_servers(graph)},
                 "loaders": [op.state() for op in graph.dataloaders],
+                "dynamic": [{"name": keys.name, **vars(keys.table)} for keys in graph.dynamic_keys],
                 "global_batches": [op.global_batches() for op in graph.dataloaders],
                 "run": run}
         seal(tmp, meta)
@@ -236,6 +241,7 @@ def load(executor, directory):
         if p.name not in meta.get("clocks", {}):
             raise KeyError(f"checkpoint {directory} has no parameter {p.name} on the servers")
     executor.params.check(arrays, f"checkpoint {directory}")
+    dynamic = _dynamic_arrays(graph, directory, meta)
 
     if graph.rank == 0:
         for p, _ in _on_servers(graph):
@@ -250,8 +256,25 @@ def load(executor, directory):
         op.step_count = meta["optimizer_steps"].get(op.name, op.step_count)
     for op, positions in zip(graph.dataloaders, meta.get("loaders", [])):
         op.restore(positions)
+    for keys, arrays in zip(graph.dynamic_keys, dynamic):
+        keys.restore(arrays, step)
     if graph.scheduler is not None:
         graph.scheduler.start_at(step)   # Herald's plans restart with the caches at the step reached
+
+
+def _dynamic_arrays(graph, directory, meta):
+    """Each dynamic table's saved key directory (hetu.dynamic.TableKeys.state), checked against
+    the graph's tables and their rules."""
+    saved = meta.get("dynamic", [])
+    have = [{"name": keys.name, **vars(keys.table)} for keys in graph.dynamic_keys]
+    if saved != have:
+        raise ValueError(f"checkpoint {directory}: its dynamic tables are {saved or 'none'}, this run's "
+                         f"{have or 'none'}: resume with the same --table-capacity and rule options")
+    if not have:
+        return []
+    with np.load(os.path.join(directory, DYNAMIC)) as data:
+        return [{k.split("/", 1)[1]: data[k] for k in data.files if k.split("/", 1)[0] == str(i)}
+                for i in range(len(have))]
 
 
 def _check_shape(graph, directory, meta):
