@@ -15,6 +15,7 @@ zeros and its gradient is dropped; bag padding stays -1). The step's admissions 
 starts from the key's own initial row, zero optimizer state) and evictions reach the row sources
 through `TableKeys.current`: the single process resets its rows in the lookup (LocalRows), the PS
 row sources send their servers an admit (hetu.rows), caches drop evicted slots."""
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,26 +152,38 @@ class TableKeys:
             opt_state[st.admitted_slots] = 0
             steps[st.admitted_slots] = 0
 
-    # --- counters: per server, a bucket's server being bucket mod S -----------------------------
+    # --- counters: per server, by where the servers keep the slots -------------------------------
     def server_of_slots(self, slots):
-        return (np.asarray(slots, np.int64) // self.table.ways) % self.servers
+        """The server holding each slot: the table's row placement (PS_ROW_PLACEMENT, as
+        ps-lite/src/row_placement.h: strided, slot mod S, or contiguous ranges)."""
+        slots = np.asarray(slots, np.int64)
+        if os.environ.get("PS_ROW_PLACEMENT", "strided") == "contiguous":
+            per = -(-self.table.capacity // self.servers)
+            return np.minimum(slots // per, self.servers - 1)
+        return slots % self.servers
 
     def _count(self, st):
         S = self.servers
         admitted = np.bincount(self.server_of_slots(st.admitted_slots), minlength=S)
         evicted = np.bincount(self.server_of_slots(st.evicted_slots), minlength=S)
+        # A read of a key without a row counts on the server of its bucket's first slot.
         missing = st.keys[st.slots < 0]
         buckets = (_C.bucket_hash(missing) % np.uint64(self.table.num_buckets)).astype(np.int64)
-        missed = np.bincount(buckets % S, minlength=S)
+        missed = np.bincount(self.server_of_slots(buckets * self.table.ways), minlength=S)
         self._server_counts += np.stack([admitted, evicted, missed], axis=1)
         self._resident += admitted - evicted
 
     def counter_lines(self, name):
         """`table <name> server <i>: <resident> resident of <capacity>, <admitted> admitted,
-        <evicted> evicted, <missed> reads of keys not resident`, one per server; capacity is the
-        server's share of the buckets."""
-        buckets = np.bincount(np.arange(self.table.num_buckets) % self.servers, minlength=self.servers)
-        return [f"table {name} server {i}: {self._resident[i]} resident of {buckets[i] * self.table.ways}, "
+        <evicted> evicted, <missed> reads of keys not resident`, one per server; its capacity is
+        the slots it holds."""
+        C, S = self.table.capacity, self.servers
+        if os.environ.get("PS_ROW_PLACEMENT", "strided") == "contiguous":
+            per = -(-C // S)
+            held = [min(C, per * (i + 1)) - min(C, per * i) for i in range(S)]
+        else:
+            held = [(C - 1 - i) // S + 1 if i < C else 0 for i in range(S)]
+        return [f"table {name} server {i}: {self._resident[i]} resident of {held[i]}, "
                 f"{a} admitted, {e} evicted, {m} reads of keys not resident"
                 for i, (a, e, m) in enumerate(self._server_counts.tolist())]
 
