@@ -29,8 +29,8 @@ std::atomic<int64_t> g_admitted{0};
 // "" if every slot is a row of the table held here and no slot is given two keys (in this
 // request, or by an earlier admit of the same iteration), else the error. `fresh`: the
 // positions of the pairs still to apply, a slot's first.
-std::string FreshPairs(const TableShard& t, const int64_t* slots, const int64_t* keys, int64_t n, int64_t iteration,
-                 std::vector<int64_t>* fresh) {
+std::string FreshPairs(const TableShard& t, const int64_t* slots, const int64_t* keys, int64_t n,
+                       int64_t iteration, std::vector<int64_t>* fresh) {
   const std::string& name = t.name();
   const int64_t rows = t.spec().rows();
   const bool recorded = iteration >= 0 && iteration == t.admit_iteration;
