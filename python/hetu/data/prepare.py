@@ -12,6 +12,8 @@
 
 Every command takes --ids indexed|hashed: hashed writes each categorical value as its 64-bit key
 (hetu.data.keys) instead of an index, for dynamic tables: no vocabulary pass, no field offsets.
+synthetic --ids hashed --drift D is an open world: new values keep being born, old ones fade,
+so the distinct keys grow without bound with the rows.
 
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
@@ -24,7 +26,8 @@ from .criteo import prepare_criteo
 from .keys import HASH_NAME, ID_KINDS
 from .movielens import prepare_movielens
 from .store import read_meta
-from .synthetic import LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec, generate_synthetic, synthetic_spec
+from .synthetic import (DRIFT_ROWS, LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec,
+                        generate_synthetic, synthetic_spec)
 from .textio import DataFormatError
 
 DEFAULTS = SyntheticSpec()
@@ -94,7 +97,15 @@ def build_parser():
                            + ", ".join(f"{k} {v.default_scale}" for k, v in SHAPES.items()) + ")")
     synthetic.add_argument("--min-field-size", type=int, default=DEFAULTS.min_field_size)
     synthetic.add_argument("--zipf-exponent", type=float, default=DEFAULTS.zipf_exponent)
-    synthetic.add_argument("--drift", type=float, default=DEFAULTS.drift)
+    synthetic.add_argument("--drift", type=float, default=DEFAULTS.drift, metavar="D",
+                           help="0: none (default). Indexed ids: the hot set rotates by D x "
+                                "field size ranks over the whole stream, within the field's "
+                                "values. With --ids hashed, an open world: every field replaces "
+                                f"the share D of its values per {DRIFT_ROWS:,} rows (D x field "
+                                "size new values), each born the hottest, one rank cooler with "
+                                "every birth after it and never drawn again after 1/D million "
+                                "rows, so distinct keys grow without bound with the rows "
+                                "(drawn by law 2)")
     synthetic.add_argument("--positive-rate", type=float, default=DEFAULTS.positive_rate)
     synthetic.add_argument("--linear-signal", type=float, default=DEFAULTS.linear_signal)
     synthetic.add_argument("--interaction-signal", type=float,

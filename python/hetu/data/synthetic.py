@@ -17,8 +17,18 @@ sizes, 214 ids a sample, times ``hotness_scale``: max(1, round(size x hotness_sc
   network with cycle walking; an id's weight and factors are normals hashed from the id.
   Law 1 (the data written before law 2 existed, byte for byte) draws the permutation and
   the per-id weights from the seed's stream, so it holds about 64 bytes per table row.
-* Drift (optional): the rank -> id mapping rotates by ``drift * field_size`` positions over the
-  stream, so the hot set slides slowly (ids climb one rank at a time, the hottest drop out).
+* Drift (optional), indexed ids: the rank -> id mapping rotates by ``drift * field_size``
+  positions over the stream, so the hot set slides slowly (ids climb one rank at a time, the
+  hottest drop out and come back as the coldest); the set of ids stays the field's.
+* Open-world drift (``drift`` D > 0 with ``ids="hashed"``): values are born and fade, so the
+  distinct keys grow without bound with the rows. D is the share of a field's values replaced
+  per ``DRIFT_ROWS`` (a million) rows, the same at any ``rows``. Each field numbers its values in
+  order of birth from a seeded start s; by row i, b(i) = floor(i x D x size / ``DRIFT_ROWS``)
+  values have been born, and rank r is the value s + b(i) + size - 1 - r: the ``size`` latest
+  born, the newest the hottest. So a value is born at rank 0, cools by one rank with every birth
+  after it (its reads decay like a power of its age) and is never drawn again after 1/D million
+  rows. Drawn by law 2: a value's weight and factors are hashed from (field, value), so the
+  generator's memory is law 2's, with no per-value state, whatever the rows.
 * Labels: Bernoulli(sigmoid(logit)) of a hidden model: a bias (set for ``positive_rate``), a
   weight per id, weights on the standardised dense features (the linear part, std
   ``linear_signal``), plus a factorisation-machine style pairwise term over field embeddings
@@ -34,8 +44,9 @@ sizes, 214 ids a sample, times ``hotness_scale``: max(1, round(size x hotness_sc
   ``session_length``) and its slot opens a new one, whose ids are drawn from the fields' laws.
   So consecutive samples reuse ids the way a time-ordered log does (Herald's scheduler exploits
   that); the other fields stay independent. Defaults fitted by ``bench/session_fit.py``.
-* Hashed ids (``ids="hashed"``): the same draws, labels and dense features, each id written as
-  its key (keys.py): the hash of (field, its field-local id as 8 little-endian bytes).
+* Hashed ids (``ids="hashed"``): without drift the same draws, labels and dense features, each
+  id written as its key (keys.py): the hash of (field, its field-local id as 8 little-endian
+  bytes); with drift the values of the open world above, each written the same way.
 * Rows are i.i.d. (or drift, or sessions, in stream order), so the split is simply the last
   ``val_fraction`` of rows. Everything is a function of the spec, seed included: same spec, same
   bytes.
@@ -107,6 +118,12 @@ HEAD_RANKS = 1 << 16
 AUC_ROWS = 1 << 23       # meta's hidden_logit_auc: over the first rows only, to bound memory
 COUNT_RANGE = 1 << 24    # ids counted per pass over sparse.npy for top1pct_lookup_share
 PROGRESS_SECONDS = 10.0
+# open-world drift: ``drift`` is the share of a field's values replaced per this many rows
+DRIFT_ROWS = 1_000_000
+# open-world drift: field f's values are global ids [f << OPEN_FIELD_BITS, (f + 1) << ...), each
+# field's birth numbering starting at a seeded value below 1 << FIRST_VALUE_BITS
+OPEN_FIELD_BITS = 58
+FIRST_VALUE_BITS = 40
 
 
 @dataclass(frozen=True)
@@ -145,12 +162,23 @@ class SyntheticSpec:
         if self.law not in (0,) + LAWS:
             raise ValueError(f"law must be one of {LAWS} (or 0: by the table's size): {self}")
         check_ids(self.ids)
+        if self.open_world and self.law == 1:
+            raise ValueError(f"drift with ids='hashed' (open-world) is drawn by law 2, as law 1 "
+                             f"holds a weight per value: law 1 asked for in {self}")
+
+    @property
+    def open_world(self):
+        """Whether values are born and fade (drift with hashed ids), not drawn from fixed fields."""
+        return self.drift > 0 and self.ids == "hashed"
 
     @property
     def drawn_law(self):
-        """The law the data is drawn by: ``law``, or with law 0 the one the table's size picks."""
+        """The law the data is drawn by: ``law``, or with law 0 the one the table's size picks
+        (law 2 for an open world, whose values no table holds)."""
         if self.law:
             return self.law
+        if self.open_world:
+            return LATEST_LAW
         rows = scaled_field_sizes(SHAPES[self.shape].real_sizes, self.scale, self.min_field_size).sum()
         return 1 if rows <= LAW1_MAX_TABLE_ROWS else LATEST_LAW
 
@@ -380,6 +408,8 @@ class HiddenModel:
         rng = np.random.default_rng([spec.seed, 0])
         self.field_sizes = scaled_field_sizes(shape.real_sizes, spec.scale, spec.min_field_size)
         self.offsets = store.field_offsets(self.field_sizes)
+        if spec.open_world:
+            self._init_open_world(len(self.field_sizes))
         self.bags = shape.hotness is not None
         self.field_slots = scaled_hotness(shape.hotness, spec.hotness_scale) if self.bags \
             else np.ones(len(self.field_sizes), dtype=np.int64)
@@ -405,6 +435,20 @@ class HiddenModel:
         self._init_interactions(rng, len(self.field_sizes))
         self.bias = 0.0
         self.bias = self._bias_for_rate(rng, spec.positive_rate)
+
+    def _init_open_world(self, num_fields):
+        """Global ids of unbounded fields: field f's values from f << OPEN_FIELD_BITS on, and
+        each field's first value (its birth numbering's seeded start)."""
+        spec = self.spec
+        self.offsets = np.arange(num_fields, dtype=np.int64) << OPEN_FIELD_BITS
+        # a stream of its own, so the other draws stay those of the closed-world dataset
+        self.first_values = np.random.default_rng([spec.seed, 4]).integers(
+            0, 1 << FIRST_VALUE_BITS, size=num_fields, dtype=np.int64)
+        last_values = self.first_values + self.field_sizes + \
+            np.floor(spec.rows * (spec.drift * self.field_sizes / DRIFT_ROWS))
+        if last_values.max() >= 1 << OPEN_FIELD_BITS:
+            raise ValueError(f"drift {spec.drift} over {spec.rows} rows gives a field more than "
+                             f"2^{OPEN_FIELD_BITS} values: ask for a smaller drift or fewer rows")
 
     def _init_linear(self, rng, num_fields):
         spec = self.spec
@@ -489,18 +533,26 @@ class HiddenModel:
         at stream positions ``rows`` (the position sets the drift)."""
         n = len(rows)
         ids = np.empty((n, len(self.slot_columns(field_indices))), dtype=np.int64)
-        position = (np.asarray(rows) / self.spec.rows)[:, None]
+        rows = np.asarray(rows)[:, None]
         column = 0
         for f in field_indices:
-            size, perm = self.field_sizes[f], self.permutations[f]
             slots = int(self.field_slots[f])
             ranks = self.ranks[f](rng.random(n * slots)).reshape(n, slots)
-            if self.spec.drift:
-                ranks = (ranks + np.floor(self.spec.drift * size * position).astype(np.int64)) \
-                    % size
-            ids[:, column:column + slots] = perm[ranks] + self.offsets[f]
+            ids[:, column:column + slots] = self.rank_values(f, ranks, rows) + self.offsets[f]
             column += slots
         return ids
+
+    def rank_values(self, f, ranks, rows):
+        """Field f's local values of ``ranks`` [n, slots] drawn at stream positions ``rows``
+        [n, 1] (the module docstring's drift and open-world drift)."""
+        size, drift = self.field_sizes[f], self.spec.drift
+        if self.spec.open_world:
+            born = np.floor(rows * (drift * size / DRIFT_ROWS)).astype(np.int64)
+            return self.first_values[f] + born + (size - 1 - ranks)
+        if drift:
+            ranks = (ranks + np.floor(drift * size * (rows / self.spec.rows)).astype(np.int64)) \
+                % size
+        return self.permutations[f][ranks]
 
     def keys(self, ids):
         """[n, S] global ids -> their keys: the hash of (field, field-local id)."""
