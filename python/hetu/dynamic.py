@@ -113,23 +113,13 @@ class TableKeys:
         result = self.directory.step(int(step), np.ascontiguousarray(flat[flat != PADDING]))
         self.current = KeyStep(step, result)
         self._count(self.current)
-        return self._map(self.current.keys, self.current.slots, keys)
+        return self.lookup(keys)   # the directory as the step left it: the step's slots
 
     def lookup(self, keys):
         keys = np.asarray(keys, np.int64)
         slots = self.directory.lookup(np.ascontiguousarray(keys.reshape(-1))).reshape(keys.shape)
         slots[keys == PADDING] = PADDING
         return slots
-
-    @staticmethod
-    def _map(distinct, slots, keys):
-        keys = np.asarray(keys, np.int64)
-        flat = keys.reshape(-1)
-        out = np.full(flat.shape, PADDING, np.int64)
-        filled = flat != PADDING
-        if len(distinct):
-            out[filled] = slots[np.searchsorted(distinct, flat[filled])]
-        return out.reshape(keys.shape)
 
     # --- a table this process holds ------------------------------------------------------------
     def admit_locally(self, state, param):
