@@ -122,7 +122,8 @@ def test_command_line_counters_and_parameters_by_key(hashed, tmp_path):
     assert refused.returncode != 0 and "multiple of the bucket count" in refused.stderr, refused.stderr
 
     out = tmp_path / "p.npz"
-    proc = run_hetu(*FLAGS, "--data-dir", hashed, "--table-capacity", "512", "--admit-after", "2", "--save-params", out)
+    proc = run_hetu(*FLAGS, "--data-dir", hashed, "--table-capacity", "512", "--admit-after", "2", "--save-params", out,
+                    "--cache-perf", "--csv-dir", tmp_path)
     assert proc.returncode == 0, proc.stderr
     line = [x for x in proc.stdout.splitlines() if x.startswith("table embedding server 0:")]
     assert len(line) == 1, proc.stdout
@@ -130,6 +131,10 @@ def test_command_line_counters_and_parameters_by_key(hashed, tmp_path):
     assert capacity == 512 and 0 < resident <= 512 and admitted - evicted == resident and evicted > 0 and missed > 0
     assert line[0] == (f"table embedding server 0: {resident} resident of 512, {admitted} admitted, {evicted} evicted, "
                        f"{missed} reads of keys not resident")
+    per_step = np.genfromtxt(tmp_path / "wdl_criteo-single-embedding-dynamic.csv", delimiter=",", names=True,
+                             dtype=None, encoding="utf-8")
+    assert per_step["resident"][-1] == resident and per_step["admitted"].sum() == admitted
+    assert per_step["evicted"].sum() == evicted and per_step["missed"].sum() == missed
     saved = np.load(out)
     keys = saved["embedding:keys"]
     assert len(keys) == resident and np.all(np.diff(keys) > 0)

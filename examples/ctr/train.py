@@ -582,6 +582,12 @@ def write_counters(executor, args, herald):
     try:
         executor.counters.write_csv(path)
         print(f"per-iteration counters written to {path}", flush=True)
+        if executor.graph.rank == 0:
+            for keys in executor.graph.dynamic_keys:
+                for table in keys.tables.values():
+                    path = f"{prefix}-{table.name}-dynamic.csv"
+                    keys.write_csv(path, table.name)
+                    print(f"per-iteration counters of dynamic table {table.name} written to {path}", flush=True)
         if executor.graph.remote and executor.graph.rank == 0:
             path = f"{prefix}-servers.csv"
             ht.ps.write_server_stats(path, ht.ps.server_stats())

@@ -100,7 +100,8 @@ class TableKeys:
         self._server_counts = np.zeros((self.servers, 3), np.int64)   # admitted, evicted, missed
         self._resident = np.zeros(self.servers, np.int64)
         self.tables = {}       # param id -> Variable: the tables that read these keys
-        self._reset_at = {}    # table param id -> the last step whose admissions it took (admit_locally)
+        self._reset_at = {}
+        self.per_step = []     # (step, resident, admitted, evicted, missed per server): --cache-perf    # table param id -> the last step whose admissions it took (admit_locally)
 
     # --- mapping --------------------------------------------------------------------------------
     def train(self, step, global_keys, keys):
@@ -162,6 +163,18 @@ class TableKeys:
         missed = np.bincount(self.server_of_slots(buckets * self.table.ways), minlength=S)
         self._server_counts += np.stack([admitted, evicted, missed], axis=1)
         self._resident += admitted - evicted
+        self.per_step.append((st.step, self._resident.copy(), admitted, evicted, missed))
+
+    def write_csv(self, path, name):
+        """--cache-perf: per step and server, the resident rows after the step and the step's
+        admissions, evictions and reads of keys not resident."""
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("iteration,table,server,resident,admitted,evicted,missed\n")
+            for step, resident, admitted, evicted, missed in self.per_step:
+                for i in range(self.servers):
+                    f.write(f"{step},{name},{i},{resident[i]},{admitted[i]},{evicted[i]},{missed[i]}\n")
+        os.replace(tmp, path)
 
     def counter_lines(self, name):
         """`table <name> server <i>: <resident> resident of <capacity>, <admitted> admitted,
