@@ -41,3 +41,25 @@ def test_dynamic_tables_equal_single_process(tmp_path, data_home, mode, workers,
     resident, admitted, evicted, missed = counters(stdout)
     assert evicted > 0 and missed > 0 and resident == admitted - evicted <= 1024
     assert_same_parameters(reference, got, exact_rows=(opt == "sgd"))
+
+
+def test_16bit_rows_equal_single_process(tmp_path, data_home):
+    """Admitted rows are rounded to the rows' storage type on the servers as in the single process."""
+    args = [*dynamic_args(2, 0), *OPTIMIZERS["adam"], "--embedding-dtype", "bf16"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=60)
+    got, _ = run_cluster(tmp_path, data_home, "run_hetu.py", [*MODES["PS"], "--bsp", "0", *args], 1, 2, 60)
+    assert_same_parameters(reference, got, exact_rows=False)
+
+
+def test_a_checkpoint_resumes_on_other_workers_and_servers(tmp_path, data_home):
+    """Keys, rows, state, counts and last reads resume exactly: two epochs straight through in one
+    process equal one epoch on 2 workers and 1 server, then one more on 3 workers and 2 servers."""
+    args = [*dynamic_args(2, 6), *OPTIMIZERS["sgd"]]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", [*args, "--nepoch", "2"], global_batch=60)
+    ckpt = tmp_path / "ckpt"
+    run_cluster(tmp_path, data_home, "run_hetu.py", [*MODES["HET"], "--bsp", "0", *args, "--nepoch", "1",
+                                                     "--checkpoint", str(ckpt)], 2, 1, 30)
+    got, stdout = run_cluster(tmp_path, data_home, "run_hetu.py", [*MODES["HET"], "--bsp", "0", *args, "--nepoch", "2",
+                                                                   "--resume", str(ckpt)], 3, 2, 20)
+    assert "resumed" in stdout
+    assert_same_parameters(reference, got, exact_rows=True)
