@@ -30,6 +30,7 @@ struct PyFace;   // py_face.h
   X(kLoad, 9, kLoadOp)           \
   X(kClear, 10, kClearOp)        \
   X(kStats, 11, kStatsOp)        \
+  X(kAdmit, 12, kAdmitOp)        \
   /* one line per op, above this one */
 
 enum Op : int {

@@ -135,6 +135,8 @@ void TableShard::Reset() {
   pending.clear();
   arrived.clear();
   applied = -1;
+  admit_iteration = -1;
+  admitted_keys.clear();
 }
 
 std::string TableShard::CheckKeys(const int64_t* keys, int64_t n) const {
@@ -650,6 +652,8 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
   *bytes_read = t_read_bytes;
   pending.clear();
   arrived.clear();
+  admit_iteration = -1;
+  admitted_keys.clear();
   return "";
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/optim_rules.h"
@@ -85,6 +86,10 @@ class TableShard {
   std::map<int64_t, std::vector<Message>> pending;
   std::map<int64_t, int> arrived;
   int64_t applied = -1;
+  // Dynamic tables (ops/admit.cc): the slots admitted at iteration `admit_iteration`, with their
+  // keys, so that the same admit sent by every worker that reads the key resets a row once.
+  int64_t admit_iteration = -1;
+  std::unordered_map<int64_t, int64_t> admitted_keys;
 
  private:
   std::string FileName(const std::string& dir, int rank, int num_servers) const;

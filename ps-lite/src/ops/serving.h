@@ -42,4 +42,7 @@ std::string AssignRows(TableShard& t, const Message& msg, size_t first);
 // The rows of a pull for `iteration` (ops/pull.cc), also the answer of a push-pull.
 bool ServePull(Serving& s, int64_t iteration);
 
+// Rows reset by admits in this process so far (ops/admit.cc), for the server's stats.
+int64_t AdmittedRows();
+
 }  // namespace ps

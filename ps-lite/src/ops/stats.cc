@@ -14,6 +14,7 @@ namespace {
   X(rows, int64_t)     /* embedding rows: the keys of sparse requests */                                   \
   X(bytes, int64_t)    /* data both ways */                                                                \
   X(busy_seconds, double) /* handling requests */                                                         \
+  X(admitted, int64_t) /* rows of dynamic tables reset by admits */                                       \
   /* checkpoint files written and read, seconds from open to close (fsync included) */                     \
   X(checkpoint_saves, int64_t) X(checkpoint_saved_bytes, int64_t) X(checkpoint_save_seconds, double)       \
   X(checkpoint_loads, int64_t) X(checkpoint_loaded_bytes, int64_t) X(checkpoint_load_seconds, double)
@@ -37,6 +38,7 @@ struct ServerStats {
     s.rows = c.rows;
     s.bytes = c.bytes;
     s.busy_seconds = c.busy_seconds;
+    s.admitted = AdmittedRows();
     s.checkpoint_saves = k.saves;
     s.checkpoint_saved_bytes = k.saved_bytes;
     s.checkpoint_save_seconds = k.save_seconds;

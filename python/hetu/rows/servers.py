@@ -102,6 +102,11 @@ class RemoteTable:
         self._table.push(keys, grads, iteration=self._tag(), lr=lr, counts=counts, write_back=write_back).wait()
         self.clock += 1
 
+    def admit(self, slots, keys):
+        """Dynamic tables: `keys` start from their initial rows in `slots` as of this step (after
+        every push before it, before this step's push). It does not advance the clock."""
+        self._table.admit(slots, keys, iteration=self._tag()).wait()
+
     # --- a dense tensor ---------------------------------------------------------------------------
     def push_pull(self, grad, lr):
         """Pushes the gradient; returns the tensor as the servers stepped it."""
