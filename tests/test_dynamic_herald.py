@@ -2,14 +2,59 @@
 from a key directory of its own, and a slot re-assigned to another key is forgotten by every
 modelled cache and by the real caches alike, so the plans stay exact: equal to the single process
 parameter by parameter."""
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import hetu as ht
+from dist_harness import assert_same_parameters, run_cluster, run_single
 from hetu import _C
 from hetu.dynamic import DynamicTable, TableKeys
+from hetu.herald import Scheduler
+from test_dist_equivalence import OPTIMIZERS
 
 WIDTH, LR = 3, 0.5
+HERALD = ["--comm", "PS", "--cache", "lru", "--bound", "0", "--bsp", "0", "--cache-limit-ratio", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def hashed_data(tmp_path_factory):
+    """Criteo-shaped synthetic data whose ids are 64-bit hashed keys (hetu.data.keys)."""
+    out = tmp_path_factory.mktemp("hashed") / "data"
+    subprocess.run([sys.executable, "-m", "hetu.data.prepare", "synthetic", "--output", str(out), "--rows", "6000",
+                    "--ids", "hashed", "--scale", "0.001"], check=True, capture_output=True, timeout=120)
+    return str(out)
+
+
+def _moves(stdout):
+    """(admitted, evicted) summed over worker 0's counter lines, one per server."""
+    lines = re.findall(r"\[worker 0\] table embedding server \d+: \d+ resident of \d+, (\d+) admitted, (\d+) evicted",
+                       stdout)
+    assert lines, stdout[-2000:]
+    return tuple(sum(int(line[i]) for line in lines) for i in (0, 1))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers,servers,opt,table,herald_only", [
+    (2, 1, "sgd", ["--table-capacity", "512"], []),
+    (3, 2, "adam", ["--table-capacity", "512", "--admit-after", "3", "--evict-ttl", "2"], []),
+    (2, 2, "rowwise_adagrad", ["--table-capacity", "1024", "--evict-ttl", "2"], []),
+    (3, 1, "sgd", ["--table-capacity", "512", "--admit-after", "3"], ["--planners", "worker"]),
+])
+def test_herald_with_a_dynamic_table_equals_single_process(tmp_path, data_home, hashed_data, workers, servers, opt,
+                                                          table, herald_only):
+    """Keys are evicted and admitted again while cached (the table holds fewer rows than the
+    data's keys); a host's planner (the default) or every worker's own plans them."""
+    args = ["--model", "wdl_criteo", "--data-dir", hashed_data, *table, *OPTIMIZERS[opt]]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=48)
+    got, out = run_cluster(tmp_path, data_home, "run_laia.py", [*HERALD, *herald_only, *args], workers, servers,
+                           48 // workers)
+    admitted, evicted = _moves(out)
+    assert evicted > 0 and admitted > evicted   # keys left their rows, and others took them
+    assert_same_parameters(reference, got, exact_rows=(opt == "sgd"))
 
 
 def _key_batches(steps, samples, fields, distinct, seed=0):
@@ -169,3 +214,39 @@ def test_a_forgotten_row_is_pulled_and_never_written_back():
     assert cache.begin(keys, plan1[3], plan1[4], vals, state, steps)[0] == ""   # pulled, as planned
     with pytest.raises(RuntimeError, match="between a step's begin and finish"):
         cache.forget(keys)
+
+
+def test_a_resumed_scheduler_plans_from_the_training_directory():
+    """start_at(step) restarts the planner's directory from the training replica, which has taken
+    steps 0 to step-1 (a checkpoint restores it): the plans are those of a planner that starts
+    there with empty caches, fed the training replica's slots."""
+    table = DynamicTable(32, buckets=8)
+    sparse = np.concatenate(_key_batches(12, 8, 3, 150))
+    loader = ht.Dataloader(sparse, 4, "train")
+    loader.set_worker(0, 2)
+    training = TableKeys(table, "embedding")
+    scheduler = Scheduler(sparse, loader.batches, 2, 0, 4, 10, keys=training)
+    try:
+        for t in range(5):
+            batch = sparse[loader.batches.indices(t)]
+            training.train(t, batch, batch)
+        fresh = TableKeys(table, "fresh")
+        fresh.train(5, sparse[loader.batches.indices(5)], sparse[loader.batches.indices(5)])
+        scheduler.start_at(5)
+        direct = _C.Planner(2, 0, 4, "lru", 10)
+        for t in range(5, 10):
+            batch = sparse[loader.batches.indices(t)]
+            slots = training.train(t, batch, batch)
+            if t == 5:   # a directory started afresh would plan other slots
+                assert not np.array_equal(fresh.current.slots, training.current.slots)
+            direct.forget(training.current.reassigned_slots())
+            want_samples, want = direct.advance(slots, t - 5)
+            np.testing.assert_array_equal(scheduler.samples(t), want_samples)
+            if want is None:
+                continue
+            got, _ = scheduler.plan(t - 1)
+            assert got.iteration == t - 1
+            for i, field in enumerate(("samples", "keys", "hit", "pull", "owner", "invalidate", "writeback"), 1):
+                np.testing.assert_array_equal(getattr(got, field), want[i], err_msg=f"{field}, step {t - 1}")
+    finally:
+        scheduler.close()
