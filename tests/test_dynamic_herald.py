@@ -38,17 +38,20 @@ def _moves(stdout):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers,servers,opt,table,herald_only", [
+@pytest.mark.parametrize("workers,servers,opt,flags,herald_only", [
     (2, 1, "sgd", ["--table-capacity", "512"], []),
     (3, 2, "adam", ["--table-capacity", "512", "--admit-after", "3", "--evict-ttl", "2"], []),
     (2, 2, "rowwise_adagrad", ["--table-capacity", "1024", "--evict-ttl", "2"], []),
     (3, 1, "sgd", ["--table-capacity", "512", "--admit-after", "3"], ["--planners", "worker"]),
+    # Caches flushed for validation between epochs, the plans running on across the epoch's end.
+    (3, 2, "sgd", ["--table-capacity", "512", "--evict-ttl", "2", "--nepoch", "2", "--iters-per-epoch", "15",
+                   "--val"], []),
 ])
 def test_herald_with_a_dynamic_table_equals_single_process(tmp_path, data_home, hashed_data, workers, servers, opt,
-                                                          table, herald_only):
+                                                          flags, herald_only):
     """Keys are evicted and admitted again while cached (the table holds fewer rows than the
     data's keys); a host's planner (the default) or every worker's own plans them."""
-    args = ["--model", "wdl_criteo", "--data-dir", hashed_data, *table, *OPTIMIZERS[opt]]
+    args = ["--model", "wdl_criteo", "--data-dir", hashed_data, *flags, *OPTIMIZERS[opt]]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=48)
     got, out = run_cluster(tmp_path, data_home, "run_laia.py", [*HERALD, *herald_only, *args], workers, servers,
                            48 // workers)
