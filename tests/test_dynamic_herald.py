@@ -228,7 +228,7 @@ def test_a_resumed_scheduler_plans_from_the_training_directory():
     loader = ht.Dataloader(sparse, 4, "train")
     loader.set_worker(0, 2)
     training = TableKeys(table, "embedding")
-    scheduler = Scheduler(sparse, loader.batches, 2, 0, 4, 10, keys=training)
+    scheduler = Scheduler(sparse, loader.batches, 2, 0, 4, 10, table_keys=training)
     try:
         for t in range(5):
             batch = sparse[loader.batches.indices(t)]

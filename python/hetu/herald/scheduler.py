@@ -79,7 +79,7 @@ class Scheduler(SamplePlan):
     def __init__(self, sparse, batches, num_workers, rank, batch_size, capacity, policy="lru",
                  lookahead=HeraldOptions.lookahead, allocator=HeraldOptions.allocator, pin_threshold=8, timeout=600.0,
                  planner_threads=HeraldOptions.planner_threads, comm=None, planners=HeraldOptions.planners,
-                 keys=None):
+                 table_keys=None):
         HeraldOptions(lookahead, allocator, planners=planners, planner_threads=planner_threads)   # checks them
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
@@ -110,12 +110,12 @@ class Scheduler(SamplePlan):
         self._new_planner = functools.partial(_C.Planner, num_workers, self.host_ranks, batch_size, policy, capacity,
                                               pin_threshold, allocator=allocator, threads=planner_threads)
         self._ids = np.ascontiguousarray(sparse)
-        # A dynamic table's ids are keys (`keys`: the training replica of its directory, a
+        # A dynamic table's ids are keys (`table_keys`: the training replica of its directory, a
         # hetu.dynamic.TableKeys): the planner's own replica turns each batch's into slots.
-        self._training_keys = keys
+        self._training_keys = table_keys
         self._planner_keys = None
-        if keys is not None and self.plans_here:
-            self._planner_keys = TableKeys(keys.table, f"{keys.name} (Herald's planner)")
+        if table_keys is not None and self.plans_here:
+            self._planner_keys = TableKeys(table_keys.table, f"{table_keys.name} (Herald's planner)")
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
         self._thread = None
         self.start_at(0)
