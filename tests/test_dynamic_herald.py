@@ -3,13 +3,13 @@ from a key directory of its own, and a slot re-assigned to another key is forgot
 modelled cache and by the real caches alike, so the plans stay exact: equal to the single process
 parameter by parameter."""
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import hetu as ht
+import jobs
 from dist_harness import assert_same_parameters, run_cluster, run_single
 from hetu import _C
 from hetu.dynamic import DynamicTable, TableKeys
@@ -24,8 +24,8 @@ HERALD = ["--comm", "PS", "--cache", "lru", "--bound", "0", "--bsp", "0", "--cac
 def hashed_data(tmp_path_factory):
     """Criteo-shaped synthetic data whose ids are 64-bit hashed keys (hetu.data.keys)."""
     out = tmp_path_factory.mktemp("hashed") / "data"
-    subprocess.run([sys.executable, "-m", "hetu.data.prepare", "synthetic", "--output", str(out), "--rows", "6000",
-                    "--ids", "hashed", "--scale", "0.001"], check=True, capture_output=True, timeout=120)
+    jobs.run([sys.executable, "-m", "hetu.data.prepare", "synthetic", "--output", str(out), "--rows", "6000",
+              "--ids", "hashed", "--scale", "0.001"], check=True, timeout=120)
     return str(out)
 
 
