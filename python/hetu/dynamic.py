@@ -80,6 +80,11 @@ class KeyStep:
         for name in self.__slots__[1:]:
             setattr(self, name, result[name])
 
+    def reassigned_slots(self):
+        """The slots (ascending) whose key changed at this step, evicted or admitted: the rows
+        their old keys left are discarded (a cached copy is dropped, never written back)."""
+        return np.union1d(self.evicted_slots, self.admitted_slots)
+
     def admitted_among(self, slots):
         """(slots, keys) of this step's admissions whose slot is in `slots` (ascending)."""
         mask = np.isin(self.admitted_slots, slots, assume_unique=True)

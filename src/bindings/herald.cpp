@@ -103,6 +103,9 @@ void bind_plan_cache(py::module_& m) {
            py::arg("vals"), py::arg("state"), py::arg("steps"), py::arg("invalidate"), py::arg("writeback"),
            "owner rows stepped and kept, shared copies dropped, invalidations; returns (error or '', the planned "
            "write-back as (keys, values, state, steps))")
+      .def("forget", [](PlanCache& c, Array<int64_t> keys) { c.Forget(keys.data(), keys.size()); }, py::arg("keys"),
+           "the cached copies of `keys` dropped, neither valid nor dirty, still resident (Planner.forget), "
+           "between steps")
       .def("drain", [](PlanCache& c) { return rows_out(c.Drain(), c); },
            "every dirty row as (keys, values, state, steps), now clean")
       .def_property_readonly("width", &PlanCache::width)

@@ -2,6 +2,7 @@
 // worker takes its samples and plans from a PlanningThread of its own or, on a host with one
 // planner, from a PlanReceiver.
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,29 +112,37 @@ void bind_planning_thread(py::module_& m) {
                                                    "Herald's planner on a thread of its own that never takes the GIL "
                                                    "(src/herald/planning_thread.h)");
   planning_thread
-      .def(py::init([](hetu::herald::Planner planner, Array<int64_t> table, int64_t history, PlanFollowers* followers,
-                       double send_timeout) {
-             if (table.ndim() != 2) throw std::invalid_argument("PlanningThread: table must be [samples, fields]");
+      .def(py::init([](hetu::herald::Planner planner, std::optional<Array<int64_t>> table, int64_t history,
+                       PlanFollowers* followers, double send_timeout) {
+             if (table && table->ndim() != 2) throw std::invalid_argument("PlanningThread: table must be [samples, fields]");
              auto h = std::make_unique<PlanningThreadHandle>();
-             h->table = table;
+             if (table) h->table = *table;
              std::vector<hetu::herald::Socket> sockets;
              if (followers) sockets = std::move(followers->sockets);
-             h->thread = std::make_unique<hetu::herald::PlanningThread>(std::move(planner), table.data(), table.shape(0),
-                                                                        table.shape(1), history, std::move(sockets),
-                                                                        send_timeout);
+             h->thread = std::make_unique<hetu::herald::PlanningThread>(
+                 std::move(planner), table ? table->data() : nullptr, table ? table->shape(0) : 0,
+                 table ? table->shape(1) : 0, history, std::move(sockets), send_timeout);
              return h;
            }),
            py::arg("planner"), py::arg("table"), py::arg("history"), py::arg("followers") = nullptr,
            py::arg("send_timeout") = 600.0,
            "plans with (a copy of) `planner` the global batches submitted, gathering their ids from `table` "
-           "(every sample's ids [N, fields], typically memory-mapped); allocations stay available `history` "
+           "(every sample's ids [N, fields], typically memory-mapped; None: each batch is submitted with its ids, "
+           "submit_ids); allocations stay available `history` "
            "iterations back. A host's planner (ranks [this worker, others...]) sends the others their samples and "
            "plans over `followers` (PlanListener.accept), giving up on one that takes nothing for `send_timeout` s")
       .def("submit", [](PlanningThreadHandle& h, int64_t iteration, Array<int64_t> samples) {
              std::vector<int64_t> v(samples.data(), samples.data() + samples.size());
              h.thread->Submit(iteration, std::move(v));
            }, py::arg("iteration"), py::arg("samples"),
-           "queues global batch `iteration` (its samples' positions in the table); iterations in order");
+           "queues global batch `iteration` (its samples' positions in the table); iterations in order")
+      .def("submit_ids", [](PlanningThreadHandle& h, int64_t iteration, Array<int64_t> ids, Array<int64_t> forget) {
+             if (ids.ndim() != 2) throw std::invalid_argument("PlanningThread.submit_ids: ids must be [samples, fields]");
+             h.thread->SubmitIds(iteration, std::vector<int64_t>(ids.data(), ids.data() + ids.size()), ids.shape(1),
+                                 std::vector<int64_t>(forget.data(), forget.data() + forget.size()));
+           }, py::arg("iteration"), py::arg("ids"), py::arg("forget"),
+           "queues global batch `iteration` by its ids [samples, fields] (-1: no row), every worker's cached copies "
+           "of the rows `forget` dropped before it is planned (Planner.forget); iterations in order");
   def_plan_source(planning_thread);
 }
 

@@ -119,6 +119,10 @@ void bind_planner(py::module_& m) {
              return advanced_to_python(r, 0);
            }, py::arg("prepared"), py::arg("iteration"),
            "advance, for a batch a BatchPreparer of this planner prepared")
+      .def("forget", [](hetu::herald::Planner& p, Array<int64_t> rows) { p.Forget(rows.data(), rows.size()); },
+           py::arg("rows"),
+           "every worker's cached copy of `rows` dropped, neither valid nor dirty, still resident: rows whose "
+           "contents are discarded (a dynamic table's re-assigned slots), before the next advance")
       .def("valid_masks", [](const hetu::herald::Planner& p, Array<int64_t> keys) {
              Array<uint64_t> out(keys.size());
              uint64_t* o = out.mutable_data();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
 namespace hetu {
@@ -132,6 +133,15 @@ std::string PlanCache::Finish(const int64_t* keys, int64_t n, const uint8_t* own
   step_keys_.clear();
   step_slots_.clear();
   return "";
+}
+
+void PlanCache::Forget(const int64_t* keys, int64_t n) {
+  if (!step_keys_.empty())
+    throw std::logic_error("PlanCache.forget: rows forgotten between a step's begin and finish");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = policy_.SlotOf(keys[i]);
+    if (slot >= 0) valid_[slot] = dirty_[slot] = 0;
+  }
 }
 
 RowsOut PlanCache::Drain() {

@@ -46,6 +46,11 @@ class PlanCache {
                      float* state, int64_t* steps, const int64_t* invalidate, int64_t num_invalidate,
                      const int64_t* writeback, int64_t num_writeback, RowsOut* out);
 
+  // The cached copies of `keys` (n of them) are dropped, neither valid nor dirty, and stay
+  // resident (Planner::Forget, which the plan followed): rows whose old contents are discarded.
+  // Between steps only (after Finish, before Begin).
+  void Forget(const int64_t* keys, int64_t n);
+
   // Every dirty row, ascending keys, now clean (before validation, a checkpoint or the end).
   RowsOut Drain();
 

@@ -173,6 +173,18 @@ void Planner::DropUncached(Pool* pool) {
   });
 }
 
+void Planner::Forget(const int64_t* rows, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    DirectoryShard& d = directory_[ShardOf(rows[i])];
+    const int32_t* e = d.entry_of.Find(rows[i]);
+    if (!e) continue;  // cached by no worker
+    const int32_t* slots = SlotsOf(rows[i], *e);
+    for (int w = 0; w < W_; ++w)
+      if (slots[w] >= 0) models_[w].valid[slots[w]] = models_[w].dirty[slots[w]] = 0;
+    d.valid[*e] = 0;
+  }
+}
+
 uint64_t Planner::ValidMask(int64_t key) const {
   const DirectoryShard& d = directory_[ShardOf(key)];
   const int32_t* e = d.entry_of.Find(key);

@@ -119,6 +119,14 @@ class Planner {
   // Global batches have num_workers * per_worker samples.
   int64_t batch_samples() const { return W_ * b_; }
 
+  // Every worker's cached copy of `rows` (n of them) is dropped, neither valid nor dirty: rows
+  // whose old contents are discarded, never written back (a dynamic table's slots re-assigned
+  // to another key, hetu.dynamic). The copies stay resident under the policy, so the hits it
+  // predicts are unchanged; a worker that reads one pulls it. Called between Advance(t-1) and
+  // Advance(t) for rows re-assigned at t: the write-back of t-1, decided in Advance(t), then
+  // leaves them out, as the real caches (PlanCache::Forget at the start of step t) do.
+  void Forget(const int64_t* rows, int64_t n);
+
   // One bit per worker whose cached copy of `key` is valid now (after the last Advance).
   uint64_t ValidMask(int64_t key) const;
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace hetu {
 namespace herald {
@@ -36,15 +37,29 @@ void PlanningThread::Stop() {
 }
 
 void PlanningThread::Submit(int64_t iteration, std::vector<int64_t> samples) {
+  if (!ids_)
+    throw std::invalid_argument("Herald planning thread: no id table to gather iteration " + std::to_string(iteration) +
+                                " from: submit its ids");
+  Queue(iteration, [this, iteration, samples = std::move(samples)] { return Gather(iteration, samples); }, fields_, {});
+}
+
+void PlanningThread::SubmitIds(int64_t iteration, std::vector<int64_t> ids, int64_t fields,
+                               std::vector<int64_t> forget) {
+  if (fields < 1)
+    throw std::invalid_argument("Herald planning thread: iteration " + std::to_string(iteration) + " submitted with " +
+                                std::to_string(fields) + " fields per sample");
+  Queue(iteration, [ids = std::move(ids)]() mutable { return std::move(ids); }, fields, std::move(forget));
+}
+
+void PlanningThread::Queue(int64_t iteration, std::function<std::vector<int64_t>()> gather, int64_t fields,
+                           std::vector<int64_t> forget) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (iteration != next_submit_)
       throw std::invalid_argument("Herald planning thread: iteration " + std::to_string(iteration) +
                                   " submitted, " + std::to_string(next_submit_) + " expected");
     ++next_submit_;
-    inbox_.emplace_back(iteration, preparer_.Submit(
-                                       [this, iteration, samples = std::move(samples)] { return Gather(iteration, samples); },
-                                       fields_));
+    inbox_.push_back(Job{iteration, preparer_.Submit(std::move(gather), fields), std::move(forget)});
   }
   book_.Submitted(iteration);
   cv_.notify_all();
@@ -54,7 +69,7 @@ void PlanningThread::Run() {
   // Named so that top, perf and /proc tell the planner's CPU from the training thread's.
   pthread_setname_np(pthread_self(), "herald-plan");
   for (;;) {
-    std::pair<int64_t, std::future<PreparedBatch>> job;
+    Job job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !inbox_.empty(); });
@@ -63,7 +78,7 @@ void PlanningThread::Run() {
       inbox_.pop_front();
     }
     try {
-      PlanOne(job.first, job.second.get());
+      PlanOne(std::move(job));
     } catch (...) {
       book_.Fail(std::current_exception());
       return;
@@ -85,9 +100,12 @@ std::vector<int64_t> PlanningThread::Gather(int64_t iteration, const std::vector
   return ids;
 }
 
-void PlanningThread::PlanOne(int64_t iteration, PreparedBatch batch) {
+void PlanningThread::PlanOne(Job job) {
+  PreparedBatch batch = job.batch.get();
+  const int64_t iteration = job.iteration;
   const auto start = std::chrono::steady_clock::now();
   const double prepared_seconds = batch.seconds;
+  planner_.Forget(job.forget.data(), static_cast<int64_t>(job.forget.size()));
   Advanced r = planner_.Advance(std::move(batch), iteration);
   // The planner's time on both of its threads.
   const double seconds =

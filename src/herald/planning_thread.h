@@ -13,9 +13,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "herald/batch_preparer.h"
@@ -28,7 +29,8 @@ namespace herald {
 
 class PlanningThread {
  public:
-  // ids: [num_samples, fields], every sample's row ids; it must outlive this object. history:
+  // ids: [num_samples, fields], every sample's row ids (null: none, every batch comes with its
+  // ids, SubmitIds); it must outlive this object. history:
   // how many iterations back allocations stay available (data loaders read a few behind).
   // followers: one connected socket per planner rank after the first (a host's planner), in
   // order; a send that makes no progress for send_timeout_s fails the planner.
@@ -41,16 +43,31 @@ class PlanningThread {
   // Queues global batch `iteration`: its samples' positions in the id table. Iterations come in
   // order 0, 1, 2, ...
   void Submit(int64_t iteration, std::vector<int64_t> samples);
+  // Queues global batch `iteration` by its ids: [samples, fields] row-major, -1 naming no row
+  // (a bag's padding, a dynamic table's key without a row), and `forget`: the rows whose cached
+  // copies every worker drops before the batch is planned (Planner::Forget; a dynamic table's
+  // slots re-assigned at this iteration). Iterations in order, as for Submit.
+  void SubmitIds(int64_t iteration, std::vector<int64_t> ids, int64_t fields, std::vector<int64_t> forget);
   // This worker's answers (PlanBook).
   PlanBook& book() { return book_; }
   // Stops after the iteration being planned; waits that are not yet answered then fail.
   void Stop();
 
  private:
+  // A submitted iteration: its batch, prepared (or being prepared) by preparer_, and the rows to
+  // forget before planning it.
+  struct Job {
+    int64_t iteration = -1;
+    std::future<PreparedBatch> batch;
+    std::vector<int64_t> forget;
+  };
+  // Queues `iteration`, whose ids `gather` returns on the preparer's thread.
+  void Queue(int64_t iteration, std::function<std::vector<int64_t>()> gather, int64_t fields,
+             std::vector<int64_t> forget);
   void Run();
   // Batch `iteration`'s ids from the id table (on the preparer's thread).
   std::vector<int64_t> Gather(int64_t iteration, const std::vector<int64_t>& samples) const;
-  void PlanOne(int64_t iteration, PreparedBatch batch);
+  void PlanOne(Job job);
 
   Planner planner_;
   const int64_t* ids_;
@@ -61,8 +78,7 @@ class PlanningThread {
 
   std::mutex mu_;  // guards the inbox
   std::condition_variable cv_;
-  // Each submitted iteration's batch, prepared (or being prepared) by preparer_ as it comes.
-  std::deque<std::pair<int64_t, std::future<PreparedBatch>>> inbox_;
+  std::deque<Job> inbox_;  // submitted, not yet planned
   int64_t next_submit_ = 0;
   double unfinished_seconds_ = 0;  // planner time of the iteration whose plan is not final yet
   std::atomic<bool> stop_{false};

@@ -24,6 +24,13 @@ caches use, plus which cached rows are valid and which are dirty) and, per itera
 The write-back of iteration t depends on who reads what at t+1, so plan(t) is final once
 iteration t+1 is allocated: the lookahead is at least 1.
 
+A dynamic table (hetu.dynamic) is planned by its slots. The planner runs ahead of training, so it
+keeps a key directory of its own, stepped on each global batch as it is submitted, which gives the
+slots the training replica gives at that step (the same rule on the same batches). Before an
+iteration is planned, the slots it re-assigns are forgotten by every modelled cache (Planner.forget),
+as the real caches forget them before the step's lookup (HeraldTable.begin_step): their old keys'
+rows are discarded, never written back.
+
 One planner per host (planners="host", the default with several workers on a host): the host's
 first worker (lowest rank) plans for all of the host's workers, on as many threads as the host
 has workers (at most its cores) unless told otherwise, and sends each of the others its samples and plans over a
@@ -39,6 +46,7 @@ import numpy as np
 
 from .. import _C
 from ..dataloader import SamplePlan
+from ..dynamic import TableKeys
 from .options import HeraldOptions
 
 
@@ -70,7 +78,8 @@ class Scheduler(SamplePlan):
 
     def __init__(self, sparse, batches, num_workers, rank, batch_size, capacity, policy="lru",
                  lookahead=HeraldOptions.lookahead, allocator=HeraldOptions.allocator, pin_threshold=8, timeout=600.0,
-                 planner_threads=HeraldOptions.planner_threads, comm=None, planners=HeraldOptions.planners):
+                 planner_threads=HeraldOptions.planner_threads, comm=None, planners=HeraldOptions.planners,
+                 table_keys=None):
         HeraldOptions(lookahead, allocator, planners=planners, planner_threads=planner_threads)   # checks them
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
@@ -101,6 +110,12 @@ class Scheduler(SamplePlan):
         self._new_planner = functools.partial(_C.Planner, num_workers, self.host_ranks, batch_size, policy, capacity,
                                               pin_threshold, allocator=allocator, threads=planner_threads)
         self._ids = np.ascontiguousarray(sparse)
+        # A dynamic table's ids are keys (`table_keys`: the training replica of its directory, a
+        # hetu.dynamic.TableKeys): the planner's own replica turns each batch's into slots.
+        self._training_keys = table_keys
+        self._planner_keys = None
+        if table_keys is not None and self.plans_here:
+            self._planner_keys = TableKeys(table_keys.table, f"{table_keys.name} (Herald's planner)")
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
         self._thread = None
         self.start_at(0)
@@ -113,16 +128,22 @@ class Scheduler(SamplePlan):
         servers) at the checkpoint's step. All workers call it with the same step."""
         if self._thread is not None:
             self._thread.close()
+        if self._planner_keys is not None:
+            # The training replica has taken exactly the steps before `step` (a new run: none; a
+            # resumed one: those its checkpoint restored).
+            self._planner_keys.restore(self._training_keys.state(), step)
         # Data loaders ask for allocations up to a few steps behind the plans taken.
         history = 2 * self.lookahead + 8
+        # With a dynamic table each batch is submitted with its slots: no id table to gather from.
+        table = self._ids if self._planner_keys is None else None
         if len(self.host_ranks) == 1:
-            self._thread = _C.PlanningThread(self._new_planner(), self._ids, history=history)
+            self._thread = _C.PlanningThread(self._new_planner(), table, history=history)
         elif self.plans_here:
             # The host's other workers connect to this worker's planner, which sends them their plans.
             listener = _C.PlanListener()
             self._local.bcast(listener.name, root=0)
             followers = listener.accept(self.host_ranks[1:], self.timeout)
-            self._thread = _C.PlanningThread(self._new_planner(), self._ids, history=history, followers=followers,
+            self._thread = _C.PlanningThread(self._new_planner(), table, history=history, followers=followers,
                                              send_timeout=self.timeout)
         else:
             name = self._local.bcast(None, root=0)
@@ -163,7 +184,14 @@ class Scheduler(SamplePlan):
             return
         with self._lock:
             while self._submitted <= last:
-                self._thread.submit(self._submitted - self._first, self.batches.indices(self._submitted))
+                step, samples = self._submitted, self.batches.indices(self._submitted)
+                if self._planner_keys is None:
+                    self._thread.submit(step - self._first, samples)
+                else:
+                    global_keys = self._ids[samples]
+                    slots = self._planner_keys.train(step, global_keys, global_keys)
+                    self._thread.submit_ids(step - self._first, slots,
+                                            self._planner_keys.current.reassigned_slots())
                 self._submitted += 1
 
     def _answer(self, wait, t):

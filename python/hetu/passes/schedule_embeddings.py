@@ -28,7 +28,8 @@ def schedule_embeddings(graph):
     if len(id_sources) != 1 or not isinstance(next(iter(id_sources.values())), DataloaderOp):
         raise ValueError("Herald needs every embedding lookup to read its ids from one dataloader op "
                          f"(found {len(id_sources)} id sources)")
-    sparse_loader = next(iter(id_sources.values())).loader("train")
+    sparse_op = next(iter(id_sources.values()))
+    sparse_loader = sparse_op.loader("train")
     policy = graph.config.cstable_policy or "lru"
     rows = {r.param.shape[0] for r in tables.values()}
     capacity = cache_capacity(graph.config, max(rows))
@@ -37,7 +38,8 @@ def schedule_embeddings(graph):
               file=sys.stderr)
     scheduler = Scheduler(sparse_loader.data, sparse_loader.batches, graph.num_workers, graph.rank, sparse_loader.batch_size,
                           capacity, policy, options.lookahead, options.allocator,
-                          planner_threads=options.planner_threads, comm=graph.comm, planners=options.planners)
+                          planner_threads=options.planner_threads, comm=graph.comm, planners=options.planners,
+                          table_keys=sparse_op.keys)   # a dynamic table's (bind_dynamic): the planner plans its slots
     graph.scheduler = scheduler
     if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
         print(f"Herald: worker {graph.rank} plans for this host's workers "

@@ -49,6 +49,13 @@ class HeraldTable(RowSource):
         return PlanMismatch(f"{self.remote.param.name}, iteration {self.t}: {what}")
 
     # --- forward ------------------------------------------------------------------------------
+    def begin_step(self, step, uniq):
+        """A dynamic table's step: the copies of the slots it re-assigns are dropped here, as the
+        scheduler's model drops them before planning the step (so neither writes them back nor
+        reads them), then the servers take the admissions."""
+        self.store.forget(np.ascontiguousarray(step.reassigned_slots(), np.int64))
+        super().begin_step(step, uniq)
+
     def lookup(self, uniq):
         plan, waited = self.scheduler.plan(self.t)
         if not np.array_equal(uniq, plan.keys):
