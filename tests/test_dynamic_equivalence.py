@@ -63,3 +63,16 @@ def test_a_checkpoint_resumes_on_other_workers_and_servers(tmp_path, data_home):
                                                                    "--resume", str(ckpt)], 3, 2, 20)
     assert "resumed" in stdout
     assert_same_parameters(reference, got, exact_rows=True)
+
+
+def test_herald_resumes_a_dynamic_table_exactly(tmp_path, data_home):
+    """Herald's planner takes its key directory from the checkpoint's: the resumed plans are exact."""
+    args = [*dynamic_args(1, 6), *OPTIMIZERS["sgd"]]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", [*args, "--nepoch", "2"], global_batch=60)
+    ckpt = tmp_path / "ckpt"
+    herald = [*MODES["HET"], "--bsp", "0", *args]
+    run_cluster(tmp_path, data_home, "run_laia.py", [*herald, "--nepoch", "1", "--checkpoint", str(ckpt)], 2, 1, 30)
+    got, stdout = run_cluster(tmp_path, data_home, "run_laia.py", [*herald, "--nepoch", "2", "--resume", str(ckpt)],
+                              3, 2, 20)
+    assert "resumed" in stdout
+    assert_same_parameters(reference, got, exact_rows=True)
