@@ -159,6 +159,11 @@ class Dataloader:
             return batch[n * w // workers:n * (w + 1) // workers]
         return batch[self.plan.samples(step)]
 
+    def global_rows(self, step):
+        """The rows of every worker's samples of global batch `step` (a dynamic table's directory
+        takes the whole global batch's keys)."""
+        return self.data[self.batches.indices(step)]
+
     def load(self, step):
         idx = self.indices(step)
         out = self._host_batch(step, len(idx))
@@ -260,7 +265,7 @@ class DataloaderOp(Op):
         batch = loader.next_batch()
         if not state.training:
             return self.keys.lookup(batch)
-        return self.keys.train(step, loader.data[loader.batches.indices(step)], batch)
+        return self.keys.train(step, loader.global_rows(step), batch)
 
     # Checkpoints: the batch each subgraph's loader reads next, and the global batches, which a
     # resumed run must keep.
