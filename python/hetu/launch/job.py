@@ -25,9 +25,13 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 # The scheduler and servers end when every worker has finalized its node, which workers do as
 # they exit; workers still running this long after one of them ended were left without it.
 END_GRACE = 10.0
-# Local variables that remote processes need to find the same interpreter and libraries.
+# Local variables that remote processes need to find the same interpreter and libraries: a
+# relocated Open MPI (an offline bundle's wheel) finds its own files through OPAL_PREFIX, and
+# mpi4py its libmpi through MPI4PY_LIBMPI; a rank without them loads another Open MPI where the
+# host has one, which fails MPI_Init against this mpirun.
 SECRET_VAR = "HETU_JOB_SECRET"
-PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+PASSTHROUGH_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED", "OPAL_PREFIX",
+                   "MPI4PY_LIBMPI")
 # Settings every process must share, on whichever host it runs: how keys split over the servers,
 # and how Herald's colocating allocator trades (each planner computes the allocation on its own).
 AGREED_ENV = ("PS_ROW_PLACEMENT", "HETU_PLANNER_TRADE_SHARED")
