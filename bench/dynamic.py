@@ -15,6 +15,8 @@ Parts (each prints its own table; --parts picks them):
   process: the vocabulary-prepared folder against hashed ids with a capacity above the distinct
   keys, then capacities of 50% and 25% of the distinct keys with admission after 1 and 2 reads:
   validation AUC and rows resident.
+- rows: Herald against HET on MovieLens 100K in time order with hashed ids and a capacity of half
+  the distinct keys, W workers, 1 server: rows moved.
 - memory: one worker and 2 servers over a drifting stream (prepare synthetic --ids hashed
   --drift) that brings --memory-multiple times the capacity in distinct keys: the counter lines
   (resident never above the capacity) and each server's peak RSS against its rows and optimizer
@@ -198,6 +200,33 @@ def part_quality(args, work):
               f"{counts[1]!s:>9} {counts[2]!s:>8}")
 
 
+# --- rows moved: Herald vs HET on hashed MovieLens -------------------------------------------------
+def part_rows(args, work):
+    if not args.ml100k:
+        print("\n# rows: skipped (give --ml100k DIR with u.data, u.user, u.item)")
+        return
+    hashed = prepare("movielens", os.path.join(work, "ml-hashed"), "--input", os.path.join(args.ml100k, "u.data"),
+                     "--users", os.path.join(args.ml100k, "u.user"), "--items", os.path.join(args.ml100k, "u.item"),
+                     "--time-order", "--ids", "hashed")
+    keys = distinct_keys(hashed)
+    capacity = keys // 2 // 16 * 16
+    print(f"\n# rows: dlrm_movielens on MovieLens 100K in time order, hashed ids, capacity {capacity} (half of the "
+          f"{keys} distinct keys), W = {args.workers}, 1 server, b = 256, --cache-limit-ratio 0.2, one epoch; rows "
+          "pulled + pushed by all workers (loopback)")
+    print(f"{'mode':8} {'rows':>10} {'/HET':>6} {'samples/s':>10}")
+    moved = {}
+    for mode in ("HET", "Herald"):
+        script, flags = MODES[mode]
+        cmd = [PYTHON, os.path.join(ROOT, "python/runner.py"), "-w", str(args.workers), "-s", "1", "--timeout", "900",
+               PYTHON, os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0", "--model", "dlrm_movielens",
+               "--data-dir", hashed, "--table-capacity", str(capacity), "--batch-size", "256", "--embedding-size", "16",
+               "--cache-limit-ratio", "0.2", "--no-progress"]
+        out = summary(run(cmd))
+        c = out["counters"]
+        moved[mode] = c["rows_pulled"] + c["rows_pushed"]
+        print(f"{mode:8} {moved[mode]:10d} {moved[mode] / moved['HET']:6.2f} {out['samples_per_second']:10.0f}")
+
+
 # --- memory -------------------------------------------------------------------------------------
 def part_memory(args, work):
     capacity, width = args.memory_capacity, 16
@@ -226,8 +255,8 @@ def part_memory(args, work):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parts", nargs="+", default=["speed", "directory", "quality", "memory"],
-                   choices=["speed", "directory", "quality", "memory"])
+    p.add_argument("--parts", nargs="+", default=["speed", "directory", "quality", "rows", "memory"],
+                   choices=["speed", "directory", "quality", "rows", "memory"])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=1024)
