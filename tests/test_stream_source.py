@@ -110,6 +110,8 @@ def test_movielens_stream_with_side_files_equals_prepare_hashed(tmp_path):
     pairs = [(int(rng.choice([22, 186, 196])), int(rng.choice([242, 302, 377, 9])), int(rng.integers(1, 6)))
              for _ in range(400)]
     lines = [f"{u}\t{i}\t{r}\t{880000000 + t}\n" for t, (u, i, r) in enumerate(pairs)]
+    lines[7] = "022\t0377\t4.5\t880000007\n"     # ids as int() reads them, a half star
+    lines[8] = "186\t302\t3.99\t880000008\r\n"
     data = "".join(lines).encode()
     (tmp_path / "u.data").write_bytes(data)
     out = prepare_movielens(tmp_path / "u.data", tmp_path / "out", users_path=users, items_path=items,
@@ -117,8 +119,10 @@ def test_movielens_stream_with_side_files_equals_prepare_hashed(tmp_path):
                             progress=False)
     logs = tmp_path / "logs"
     split_lines_into(logs, data, 3)
-    # one file in the 1M layout: the same ratings with '::'
+    # one file in the 1M layout: the same ratings with '::'; one a ratings.csv with its header
     (logs / "part-001").write_bytes((logs / "part-001").read_bytes().replace(b"\t", b"::"))
+    (logs / "part-002").write_bytes(b"userId,movieId,rating,timestamp\n" +
+                                    (logs / "part-002").read_bytes().replace(b"\t", b","))
     with StreamSource(logs, "movielens", users=users, items=items) as source:
         fields = source.fields
         assert fields.names == ("user", "item", "gender", "age", "occupation", "zip", "year", "genres")
@@ -348,3 +352,66 @@ def test_standard_input(tmp_path, seek):
     got = np.load(out)
     np.testing.assert_array_equal(got, want[20:] if seek else want)
     assert json.loads(run.stdout) == {"file": "-", "offset": len(data) - 1, "line": 50, "samples": 50}
+
+
+class _Native:
+    """The native encoder, counting the lines it encodes; with ``refuse``, taking none, so that the
+    formats' Python definitions parse every line."""
+
+    def __init__(self, encoder, refuse):
+        self.encoder, self.refuse, self.encoded = encoder, refuse, 0
+
+    def set_side(self, *args):
+        self.encoder.set_side(*args)
+
+    def encode(self, text, start, max_lines, final):
+        n, *arrays = self.encoder.encode(text, start, max_lines, final)
+        n = 0 if self.refuse else n
+        self.encoded += n
+        return (n, *arrays)
+
+
+SCHEMA_LINES = ("1,1,3.5,-0.25,u1,a|b,paris\n"
+                "2,0,+7,1_000,u2,,z\u00fcrich\n"       # numbers only Python's float() reads
+                "3,0.5,1e-3,.5,u\u00e9,c,\n"
+                "4,1,,5.,u3,a|a,rome\r\n"
+                "5,1,2,3,u\xff,b,x\n")                 # not UTF-8: Python's replacement character
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "movielens", "schema"])
+def test_native_and_python_definitions_give_the_same_samples(tmp_path, monkeypatch, fmt):
+    from hetu.data import stream_formats
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    options = {}
+    if fmt == "criteo":
+        data = clean_criteo(np.random.default_rng(8), 50) + messy_criteo(np.random.default_rng(9), 300) + b"\n"
+    elif fmt == "movielens":
+        options["users"], options["items"] = write_side_files(tmp_path)
+        data = b"22\t242\t5\t1\n0196\t9\t1\t2\n186\t302\t4.0\t3\r\n22::377::2::4\n186\t1_5\t2\t5\n"
+    else:
+        (tmp_path / "s.yaml").write_text(SCHEMA.replace("header: 1", "header: 0"))
+        options["schema"] = tmp_path / "s.yaml"
+        data = SCHEMA_LINES.encode("utf-8").replace("\xff".encode("utf-8"), b"\xff")
+    (logs / "a").write_bytes(data)
+    samples, encoders, native = [], [], stream_formats.native_encoder
+    for python_only in (False, True):
+        monkeypatch.setattr(stream_formats, "native_encoder",
+                            lambda *a: encoders.append(_Native(native(*a), python_only)) or encoders[-1])
+        with StreamSource(logs, fmt, skip_bad_lines=True, **options) as source:
+            block = source.read(10000, timeout=WAIT)
+            assert source.read(1, timeout=0.2) is None
+            samples.append((block, source.bad_lines))
+    (native_block, native_bad), (python_block, python_bad) = samples
+    assert encoders[0].encoded >= 2 and encoders[-1].encoded == 0
+    assert native_bad == python_bad
+    for name in ("dense", "sparse", "labels"):
+        assert getattr(native_block, name).tobytes() == getattr(python_block, name).tobytes(), name
+    assert native_block.position == python_block.position
+    if fmt == "movielens":
+        # "22::377::2::4" is one column of a tab separated file; int("1_5") is 15, not in u.item
+        assert len(native_block) == 3 and native_bad == 2
+    if fmt == "schema":
+        assert len(native_block) == 5
+        assert native_block.sparse[2, 0] == key(0, "u\u00e9") and native_block.sparse[4, 0] == key(0, "u\ufffd")
+        assert native_block.dense[1].tolist() == [np.float32(np.log1p(7.0)), 1000.0]

@@ -33,12 +33,53 @@ bool ForEachPiece(std::string_view s, std::string_view separator, Take take) {
   }
 }
 
+// Valid UTF-8 (as Python's strict decoder: no overlong forms, surrogates or code points above
+// U+10FFFF) without a '\r'. Python decodes such a line to the same bytes it hashes; any other
+// line it decodes with replacement characters, or splits at the '\r'.
+bool PlainText(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* const end = p + s.size();
+  auto continuation = [&end](const unsigned char* q, int n) {
+    if (end - q < n) return false;
+    for (int i = 0; i < n; ++i)
+      if ((q[i] & 0xC0) != 0x80) return false;
+    return true;
+  };
+  while (p < end) {
+    const unsigned char c = *p;
+    if (c < 0x80) {
+      if (c == '\r') return false;
+      ++p;
+      continue;
+    }
+    int n;
+    unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    } else {
+      return false;
+    }
+    if (!continuation(p + 1, n) || p[1] < low || p[1] > high) return false;
+    p += 1 + n;
+  }
+  return true;
+}
+
 }  // namespace
 
 StreamLineEncoder::StreamLineEncoder(StreamLayout layout) : layout_(std::move(layout)) {
   if (layout_.delimiter.empty()) throw std::invalid_argument("StreamLineEncoder: an empty delimiter");
   for (const StreamColumn& c : layout_.columns) {
-    const bool keyed = c.kind == StreamColumn::kCategorical || c.kind == StreamColumn::kBag || c.kind == StreamColumn::kId;
+    const bool keyed =
+        c.kind == StreamColumn::kCategorical || c.kind == StreamColumn::kBag || c.kind == StreamColumn::kId;
     const int width = c.kind == StreamColumn::kBag ? c.slots : 1;
     if (keyed && (c.output < 0 || c.output + width > layout_.num_sparse || c.field < 0))
       throw std::invalid_argument("StreamLineEncoder: a keyed column outside the sparse columns");
@@ -67,8 +108,7 @@ void StreamLineEncoder::SetSide(int side, const std::vector<int64_t>& raw_ids, c
 
 bool StreamLineEncoder::EncodeLine(std::string_view line, float* label, double* dense, int64_t* sparse) const {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  for (char ch : line)
-    if (static_cast<unsigned char>(ch) >= 0x80 || ch == '\r') return false;  // for the Python definition
+  if (!PlainText(line)) return false;  // for the Python definition
   size_t column = 0;
   const size_t num_columns = layout_.columns.size();
   const bool ok = ForEachPiece(line, layout_.delimiter, [&](std::string_view value) {

@@ -4,7 +4,7 @@
 //
 // hetu.data.stream_formats keeps the semantics and the error messages, as hetu.data.tabular does
 // for ClickLogEncoder: this code takes only plainly clean lines, where the Python definition is
-// known to give the same sample (ASCII bytes, '\n' or "\r\n" ends, exactly the layout's columns,
+// known to give the same sample (valid UTF-8, '\n' or "\r\n" ends, exactly the layout's columns,
 // numbers written plainly: an optional '-' and digits, a float as std::from_chars reads it and
 // finite, ids known to their side table). It stops before the first other line, which the
 // Python definition then parses (or reports as bad), and is called again after it.
@@ -23,7 +23,7 @@ struct StreamColumn {
     kIgnore,          // any text
     kClickLabel,      // "0" or "1"
     kThresholdLabel,  // a number in (low, high]; label 1 when >= threshold
-    kInteger,         // an integer (empty: 0 when allow_empty) -> dense[output] as a double, or only checked (output < 0)
+    kInteger,         // an integer (empty: 0 when allow_empty) -> dense[output] as a double; output < 0: checked only
     kNumber,          // a finite number (empty: 0) -> dense[output]
     kCategorical,     // the text's key -> sparse[output]
     kBag,             // values split by separator, up to slots keys -> sparse[output..], -1 padded

@@ -15,16 +15,16 @@ naming both.
 
 A background thread reads the files, parses and hashes them natively (``hetu._C``, the GIL
 released) and puts blocks of samples in a queue of at most ``max_buffered`` samples: it waits
-while the queue is full, so memory is bounded whatever the log. The native parsers take the
-chunks whose every line is plainly clean; any other chunk is parsed here by the format's Python
-definition (tabular.parse_chunk, movielens.parse_ratings_chunk, or the schema's), which words the
-errors, exactly as prepare does. A bad line stops the reader with an error naming file and line
+while the queue is full, so memory is bounded whatever the log. The native encoder
+(``_C.StreamLineEncoder``) takes the plainly clean lines; any other line is parsed by the
+format's Python definition (stream_formats.py: tabular.parse_chunk, movielens.parse_ratings_chunk,
+or the schema's), which words the errors, as prepare does. A bad line stops the reader with an error naming file and line
 (read() raises it after the samples before it), or, with ``skip_bad_lines``, is skipped and
 counted in ``bad_lines``.
 
 Formats: ``criteo`` (Kaggle train.txt), ``movielens`` (ratings ``user::item::rating::timestamp``,
 tab separated, or ratings.csv with its header; label rating >= 4; side features from ``users``
-and ``items`` files read at start), ``schema:FILE`` (stream_schema.py: any delimited log).
+and ``items`` files read at start), ``schema:FILE`` (any delimited log; stream_formats.py).
 """
 import os
 import select
@@ -334,13 +334,15 @@ class _DirectoryReader:
     def list(self):
         now = time.time()
         names = sorted(e.name for e in os.scandir(self.dir) if self.eligible(e))
+        # after the first listing, a new file must sort after the one read (or sought to)
+        passed = (self.current or self.skip_before) if self.last_listing else None
         for name in names:
             if name in self.found:
                 continue
             self.found[name] = now
-            if self.current is not None and name < self.current:
+            if passed is not None and name < passed:
                 raise DataFormatError(
-                    f"{self.dir}: new file {name!r} sorts before {self.current!r}, already read "
+                    f"{self.dir}: new file {name!r} sorts before {passed!r}, already read "
                     "(files are read in name order: name new files so that they sort last)")
         self.last_listing = now
         return names
