@@ -65,15 +65,13 @@ class StreamBlock:
 
 def make_format(fmt, users=None, items=None):
     """The parser of a stream format: ``criteo``, ``movielens`` or ``schema:FILE``."""
+    if fmt != "movielens" and (users is not None or items is not None):
+        raise ValueError(f"users and items files are side features of the movielens format, not {fmt!r}")
     if fmt == "criteo":
-        if users is not None or items is not None:
-            raise ValueError("users and items files are side features of the movielens format")
         return stream_formats.CriteoFormat()
     if fmt == "movielens":
         return stream_formats.MovieLensFormat(users, items)
     if isinstance(fmt, str) and fmt.startswith("schema:"):
-        if users is not None or items is not None:
-            raise ValueError("users and items files are side features of the movielens format")
         return stream_formats.SchemaFormat.from_file(fmt[len("schema:"):])
     raise ValueError(f"unknown stream format {fmt!r}: expected criteo, movielens or schema:FILE")
 
