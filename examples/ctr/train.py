@@ -106,6 +106,9 @@ def build_parser(herald):
                    help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
     p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None, metavar="N",
                    help="with --checkpoint: also save every N steps within an epoch")
+    p.add_argument("--checkpoint-full-every", type=POSITIVE_INT, default=1, metavar="K",
+                   help="with --checkpoint: every K-th save is a full checkpoint, the ones between are deltas "
+                        "(the rows and state changed since the save before, the dense parameters, the position)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run of the checkpoint in this folder up to --nepoch epochs in all")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
@@ -303,6 +306,8 @@ def check_outputs(parser, args):
                      f"(--comm PS or Hybrid): a table on the GPU is stepped in fp32 only")
     if args.checkpoint_every and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint DIR")
+    if args.checkpoint_full_every > 1 and not args.checkpoint:
+        parser.error("--checkpoint-full-every needs --checkpoint DIR")
     for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -365,7 +370,8 @@ def checkpoint_rate_lines(before, after, kind):
 def save_checkpoint(executor, args):
     before, t0 = checkpoint_stats(executor), time.time()
     try:
-        executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
+        kind = executor.save(args.checkpoint, run=run_record(args),   # every worker: a collective
+                             full_every=args.checkpoint_full_every)
     except ht.ps.JobFailed:
         raise
     except (OSError, RuntimeError) as e:   # RuntimeError: a server's own write failed (its message names it)
@@ -374,7 +380,7 @@ def save_checkpoint(executor, args):
                          f"{e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
     if executor.graph.rank == 0:
         print(f"checkpoint at step {executor.state.iteration} written to {args.checkpoint} "
-              f"in {time.time() - t0:.3f} s", flush=True)
+              f"in {time.time() - t0:.3f} s ({kind})", flush=True)
         if before is not None:
             print("\n".join(checkpoint_rate_lines(before, checkpoint_stats(executor), "saved")), flush=True)
 
