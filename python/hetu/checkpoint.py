@@ -28,8 +28,8 @@ one whose base is not the mark they hold, so a delta never counts its rows from 
 Load takes the full checkpoint and applies its deltas in order; the next full save swaps the
 whole chain out.
 
-HETU_CHECKPOINT_STOP_AT=POINT kills the saving process (SIGKILL) at one of STOP_POINTS, to
-test that every step of the swap leaves a checkpoint to resume from.
+HETU_CHECKPOINT_STOP_AT=POINT kills the saving process (SIGKILL) at one of STOP_POINTS or
+DELTA_STOP_POINTS, to test that every step of a save leaves a checkpoint to resume from.
 """
 import hashlib
 import json
@@ -46,7 +46,8 @@ from . import cuda
 
 META = "meta.json"
 PREVIOUS = ".previous"
-STOP_POINTS = ("written", "old-set-aside", "new-in-place", "delta-written")
+STOP_POINTS = ("written", "old-set-aside", "new-in-place")   # a full checkpoint's swap
+DELTA_STOP_POINTS = ("delta-written",)   # a delta sealed, not yet renamed into place
 
 
 def _stop_point(point):
@@ -508,8 +509,8 @@ def resumed_from(executor, directory):
     meta = info(directory)
     tables = len(meta.get("tables", meta.get("clocks", {})))
     deltas = meta.get("delta", 0)
-    return (f"resumed {directory} at step {meta['iteration']}"
-            + (f" (a full checkpoint and {deltas} delta{'s' * (deltas != 1)})" if deltas else "") + ": written by {meta.get('workers', 1)} worker(s) and "
-            f"{meta.get('servers', 0)} server(s), continued by {executor.graph.num_workers} and "
+    chain = f" (a full checkpoint and {deltas} delta{'s' * (deltas != 1)})" if deltas else ""
+    return (f"resumed {directory} at step {meta['iteration']}{chain}: written by {meta.get('workers', 1)} worker(s) "
+            f"and {meta.get('servers', 0)} server(s), continued by {executor.graph.num_workers} and "
             f"{executor.num_servers()}; every file's sha256 checked"
             + (f", the servers' rows of {tables} table(s) counted as loaded" if tables else ""))
