@@ -50,6 +50,8 @@ def checkpoints_table(args):
     """Rows: full and delta saves of the incremental job, and the saves of the all-full job."""
     iters = args.steps
     nepoch = 1
+    # Enough samples for the steps and the resumed job's (a tenth is the validation split).
+    args.samples = max(args.samples, (iters + args.every) * args.batch * args.workers * 10 // 9 + args.batch)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as work:
         restore = {}
