@@ -98,7 +98,7 @@ def test_every_mode_equals_the_single_process(tmp_path, data_home, stream_files,
         [(w["first_sample"], w["last_sample"]) for w in expected]
     for w, e in zip(windows, expected):
         assert abs(w["auc"] - e["auc"]) < 1e-6 and abs(w["logloss"] - e["logloss"]) < 1e-6, (w, e)
-    lines = [line for line in stdout.splitlines() if re.match(r"(\[\d+\] )?window \d+: samples", line)]
+    lines = [line for line in stdout.splitlines() if re.match(r"\[worker 0\] window \d+: samples", line)]
     assert len(lines) == len(expected), stdout[-3000:]
 
 
