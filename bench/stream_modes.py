@@ -5,7 +5,11 @@ the windows' AUC and the lag.
 Each mode trains dlrm_movielens (side features from u.user / u.item) through a dynamic table
 on the ratings sorted by timestamp, written into a fresh directory as --files files, one every
 --interval seconds while the job follows the directory; the job ends --idle-exit seconds after
-the last. Samples/s counts the job's time from its first step to its last (it may wait for files:
+the last.
+
+    python bench/stream.py --parts modes
+
+Samples/s counts the job's time from its first step to its last (it may wait for files:
 with a short interval it does not); AUC is the windows' mean over the run (progressive
 validation: each sample predicted before it is trained); lag is the mean over windows from
 the arrival of a window's last sample to its update."""
@@ -34,12 +38,12 @@ def add_arguments(p):
                    help="modes: a folder with MovieLens 100K's u.data, u.user, u.item")
     p.add_argument("--modes-workers", type=int, default=2, help="modes: workers W (1 server)")
     p.add_argument("--modes-batch", type=int, default=128, help="modes: per-worker batch b")
-    p.add_argument("--files", type=int, default=10, help="modes: the stream's files")
-    p.add_argument("--interval", type=float, default=0.5, help="modes: seconds between two files landing")
-    p.add_argument("--idle-exit", type=float, default=3.0, help="modes: --stream-idle-exit of the jobs")
+    p.add_argument("--modes-files", type=int, default=10, help="modes: the stream's files")
+    p.add_argument("--modes-interval", type=float, default=0.5, help="modes: seconds between two files landing")
+    p.add_argument("--modes-idle-exit", type=float, default=3.0, help="modes: --stream-idle-exit of the jobs")
     p.add_argument("--modes-window", type=int, default=10000, help="modes: --window")
-    p.add_argument("--table-capacity", type=int, default=4096, help="modes: --table-capacity")
-    p.add_argument("--cache-ratio", type=float, default=0.1, help="modes: --cache-limit-ratio")
+    p.add_argument("--modes-table-capacity", type=int, default=4096, help="modes: --table-capacity")
+    p.add_argument("--modes-cache-ratio", type=float, default=0.1, help="modes: --cache-limit-ratio")
     p.add_argument("--modes-timeout", type=int, default=600, help="modes: seconds a job may take")
 
 
@@ -74,12 +78,12 @@ def run_stream_mode(mode, lines, args, work):
     cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(args.modes_workers), "-s", "1",
            "--timeout", str(args.modes_timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script), *flags,
            "--bsp", "0", "--model", "dlrm_movielens", "--batch-size", str(args.modes_batch),
-           "--embedding-size", "16", "--cache-limit-ratio", str(args.cache_ratio),
-           "--table-capacity", str(args.table_capacity), "--stream", folder, "--stream-format", "movielens",
+           "--embedding-size", "16", "--optimizer", "adam", "--learning-rate", "0.001", "--cache-limit-ratio", str(args.modes_cache_ratio),
+           "--table-capacity", str(args.modes_table_capacity), "--stream", folder, "--stream-format", "movielens",
            "--users", os.path.join(ml, "u.user"), "--items", os.path.join(ml, "u.item"),
-           "--stream-idle-exit", str(args.idle_exit), "--window", str(args.modes_window), "--no-progress",
+           "--stream-idle-exit", str(args.modes_idle_exit), "--window", str(args.modes_window), "--no-progress",
            "--csv-dir", os.path.join(work, f"{mode}-csv")]
-    writer = threading.Thread(target=land_files, args=(lines, folder, args.files, args.interval))
+    writer = threading.Thread(target=land_files, args=(lines, folder, args.modes_files, args.modes_interval))
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     writer.start()
     try:
@@ -99,7 +103,11 @@ def run_stream_mode(mode, lines, args, work):
 
 
 def modes_table(args):
-    """The table's lines: one per mode."""
+    """Prints the table: one line per mode."""
+    print("\n".join(modes_lines(args)), flush=True)
+
+
+def modes_lines(args):
     if not os.path.exists(os.path.join(args.movielens, "u.data")):
         return [f"modes: no MovieLens 100K at {args.movielens} (scripts/get_movielens100k.py fetches it)"]
     lines = time_ordered_ratings(args.movielens)
@@ -108,8 +116,8 @@ def modes_table(args):
         for mode in MODE_FLAGS:
             results[mode] = run_stream_mode(mode, lines, args, work)
     out = [f"PS vs HET vs Herald on a stream: MovieLens 100K in time order ({len(lines)} ratings), "
-           f"{args.files} files landing {args.interval:g} s apart, W = {args.modes_workers} x b = {args.modes_batch}, "
-           f"1 server, loopback (unshaped), dlrm_movielens, --table-capacity {args.table_capacity}",
+           f"{args.modes_files} files landing {args.modes_interval:g} s apart, W = {args.modes_workers} x b = {args.modes_batch}, "
+           f"1 server, loopback (unshaped), dlrm_movielens (adam, lr 0.001), --table-capacity {args.modes_table_capacity}",
            "| mode | samples trained | rows moved | vs HET | samples/s | window AUC (mean) | lag (mean, s) |",
            "|---|---|---|---|---|---|---|"]
     het = results["HET"]["rows"] or 1
@@ -123,4 +131,4 @@ if __name__ == "__main__":
     import argparse
     parser = argparse.ArgumentParser(description=__doc__)
     add_arguments(parser)
-    print("\n".join(modes_table(parser.parse_args())))
+    modes_table(parser.parse_args())

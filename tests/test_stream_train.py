@@ -137,6 +137,25 @@ def test_standard_input_ends_the_stream(tmp_path, stream_files):
     assert _summary(proc.stdout.decode())["iterations"] == TRAINED // GLOBAL_BATCH
 
 
+def test_a_bad_line_stops_the_job_naming_file_and_line(tmp_path, stream_files):
+    """Without --skip-bad-lines a bad line ends the job in one line naming it; with it, it is
+    skipped and counted."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    first = sorted(stream_files.iterdir())[0]
+    (folder / first.name).write_bytes(first.read_bytes())
+    (folder / "part-99999.txt").write_text("1\tnot a line of criteo\n")
+    cmd = [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), *COMMON, *MODEL, "--stream", str(folder),
+           "--stream-idle-exit", "1", "--csv-dir", str(tmp_path), "--batch-size", str(GLOBAL_BATCH)]
+    proc = jobs.run(cmd, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and "part-99999.txt:1: " in err and "Traceback" not in err, err
+    proc = jobs.run([*cmd, "--skip-bad-lines"], timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "; 1 bad lines skipped" in proc.stdout.decode()
+    assert _summary(proc.stdout.decode())["iterations"] == PER_FILE // GLOBAL_BATCH
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--stream", "DIR"], "--stream: a stream's ids are hashed keys, which need dynamic tables: give --table-capacity"),
     (["--stream", "DIR", "--table-capacity", "64", "--val"], "--stream: --val is for a prepared folder"),

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 import hetu as ht
 import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
-from hetu.data import BadBatch, load_dataset
+from hetu.data import BadBatch, DataFormatError, load_dataset
 from hetu.dist import devices
 from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
@@ -487,8 +487,9 @@ def device_of(args):
     return ctx
 
 
-# Errors whose message says all there is to say: a bad entry in the data, a dead or lost peer.
-ONE_LINE_ERRORS = (BadBatch, ht.ps.JobFailed)
+# Errors whose message says all there is to say: a bad entry in the data (a stream's bad line), a dead or
+# lost peer.
+ONE_LINE_ERRORS = (BadBatch, DataFormatError, ht.ps.JobFailed)
 
 
 def main(argv=None, herald=False):
