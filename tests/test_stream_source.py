@@ -79,6 +79,7 @@ def test_criteo_stream_equals_prepare_hashed(tmp_path):
     out = prepare_criteo(tmp_path / "all.txt", tmp_path / "out", ids="hashed", val_fraction=0.0,
                          skip_bad_lines=True, progress=False, log=open(tmp_path / "log", "w"))
     split_lines_into(tmp_path / "logs", data, 5)
+    (tmp_path / "logs/part-002-empty").write_bytes(b"")   # passed over
     rows = len(np.load(out / "labels.npy"))
     with StreamSource(tmp_path / "logs", "criteo", skip_bad_lines=True) as source:
         assert source.fields.names[0] == "C1" and source.fields.num_dense == 13

@@ -276,44 +276,37 @@ class StreamSource:
             self._queue.finish("error", error)
 
     def _emit(self, name, where, text, offset, line, arrival, final=False):
-        """Parses ``text`` (complete lines of file ``name``, ``where`` in messages, starting at byte ``offset``, after
-        line ``line``; ``final``: the input's last line may lack its newline) into the queue.
-        Returns the lines consumed; raises the first bad line unless skipping."""
-        data = np.frombuffer(text, dtype=np.uint8)
-        ends = np.flatnonzero(data == 10)
-        if final and (len(ends) == 0 or ends[-1] != len(text) - 1):
-            ends = np.append(ends, len(text) - 1)
-        start = 0
-        while start < len(ends):
-            stop = min(start + self.max_buffered, len(ends))
-            begin = 0 if start == 0 else int(ends[start - 1]) + 1
-            piece = text[begin:int(ends[stop - 1]) + 1]
-            parsed, bad = self.format.parse(piece, where, line + start + 1)
+        """Parses ``text`` (complete lines of file ``name``, ``where`` in messages, starting at
+        byte ``offset``, after line ``line``; ``final``: the input's last line may lack its
+        newline) into the queue, at most max_buffered lines at a time. Returns the lines
+        consumed; raises the first bad line (after queueing the samples before it) unless
+        skipping."""
+        start, lines = 0, 0
+        while start < len(text):
+            parsed, bad, used, stop = self.format.parse(text, start, where, line + lines + 1,
+                                                        self.max_buffered, final)
+            if used == 0:
+                raise AssertionError(f"{where}: the parser took no line at byte {offset + start}")
             if bad and not self.skip_bad_lines:
-                first = bad[0].line_number - (line + start + 1)
-                keep = parsed.line_index < first
-                self._put(name, parsed, keep, offset + begin, ends[start:stop] - begin, line + start,
-                          arrival)
+                keep = parsed.line_index < bad[0].line_number - (line + lines + 1)
+                self._put(name, parsed, keep, offset, line + lines, arrival)
                 raise DataFormatError(bad[0].describe() + " (skip such lines with skip_bad_lines)")
-            for b in bad:
+            for b in bad:   # counted before the samples after them can be read
                 if self.bad_lines < MAX_REPORTED_BAD_LINES:
                     print(f"skipping bad line: {b.describe()}", file=sys.stderr)
                 self.bad_lines += 1
-            self._put(name, parsed, None, offset + begin, ends[start:stop] - begin, line + start,
-                      arrival)
-            start = stop
-        return len(ends)
+            self._put(name, parsed, None, offset, line + lines, arrival)
+            start, lines = stop, lines + used
+        return lines
 
-    def _put(self, name, parsed, keep, offset, ends, line, arrival):
-        index = parsed.line_index
-        dense, sparse, labels = parsed.dense, parsed.sparse, parsed.labels
+    def _put(self, name, parsed, keep, offset, line, arrival):
         if keep is not None:
-            index, dense, sparse, labels = index[keep], dense[keep], sparse[keep], labels[keep]
-        if len(index) == 0:
+            parsed = parsed.select(keep)
+        if len(parsed.labels) == 0:
             return
-        offsets = offset + ends[index].astype(np.int64) + 1
-        chunk = _Chunk(name, dense, sparse, labels.astype(np.float32, copy=False),
-                       arrival(offsets), offsets, line + 1 + index.astype(np.int64))
+        offsets = offset + parsed.ends
+        chunk = _Chunk(name, parsed.dense, parsed.sparse, parsed.labels, arrival(offsets), offsets,
+                       line + 1 + parsed.line_index)
         if not self._queue.put(chunk):
             raise _Stopped()
 
@@ -362,6 +355,10 @@ class _DirectoryReader:
                 return name
         return None
 
+    def later_file_exists(self, name):
+        self.list()
+        return any(other > name for other in self.found)
+
     def wait(self):
         if self.source._stop.wait(self.source.poll_seconds):
             raise _Stopped()
@@ -392,7 +389,10 @@ class _DirectoryReader:
         with open(path, "rb") as f:
             first = f.readline()
             while not first.endswith(b"\n"):   # the header or first line decides the layout
+                if not first and self.later_file_exists(name):
+                    return   # an empty file
                 self.wait()
+                self.list()
                 f.seek(0)
                 first = f.readline()
             header = source.format.begin_file(first.decode("utf-8", errors="replace"), str(path))
@@ -418,8 +418,7 @@ class _DirectoryReader:
                     offset += len(text)
                     continue
                 # at the end of what is there: move on once a later file exists and no line waits
-                self.list()
-                if not carry and any(other > name for other in self.found):
+                if not carry and self.later_file_exists(name):
                     return
                 self.wait()
                 size = os.fstat(f.fileno()).st_size

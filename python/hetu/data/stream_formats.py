@@ -41,11 +41,24 @@ MOVIELENS_THRESHOLD = 4.0   # label 1 when rating >= 4, as prepare movielens
 
 @dataclass
 class ParsedLines:
-    """One chunk's samples, and for each the index of the line (in the chunk) it came from."""
+    """A chunk's samples; for each, the index of its line (from the chunk's first) and the byte
+    offset just after that line in the text."""
     dense: np.ndarray       # float32 [n, num_dense]
     sparse: np.ndarray      # int64 [n, slots]
     labels: np.ndarray      # float32 [n]
     line_index: np.ndarray  # int64 [n]
+    ends: np.ndarray        # int64 [n]
+
+    def select(self, rows):
+        return ParsedLines(self.dense[rows], self.sparse[rows], self.labels[rows],
+                           self.line_index[rows], self.ends[rows])
+
+    @classmethod
+    def concatenate(cls, parts):
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, name) for p in parts])
+                     for name in ("dense", "sparse", "labels", "line_index", "ends")))
 
 
 class BadLineRecorder(BadLineTracker):
@@ -59,22 +72,15 @@ class BadLineRecorder(BadLineTracker):
         self.bad.append(bad)
 
 
-def clean_parse(dense, sparse, labels):
-    return ParsedLines(dense, sparse, labels.astype(np.float32, copy=False),
-                       np.arange(len(labels), dtype=np.int64))
-
-
 def python_parse(text, path, first_line, parse_lines):
-    """A chunk by a format's Python definition: ``parse_lines(lines, recorder)`` gets the lines
-    decoded as prepare's Python parser reads them (each keeping its newline) and returns the
-    (dense, sparse, labels) of the good ones, reporting the others to ``recorder``. A stream's
-    lines end at "\\n" (or "\\r\\n"): a line with a carriage return inside is bad."""
+    """Lines by a format's Python definition: ``parse_lines(lines, recorder)`` gets the lines of
+    ``text`` decoded as prepare's Python parser reads them (each keeping its newline) and returns
+    the (dense, sparse, labels) of the good ones, reporting the others to ``recorder``. A
+    stream's lines end at "\\n" (or "\\r\\n"): a line with a carriage return inside is bad."""
     raw = text.split(b"\n")
-    if raw[-1] == b"":
+    ended = raw[-1] == b""
+    if ended:
         raw.pop()
-        ended = True
-    else:
-        ended = False   # the input's last line, without its newline
     lines, inner_cr = [], set()
     for i, line in enumerate(raw):
         decoded = line.decode("utf-8", errors="replace")
@@ -91,29 +97,72 @@ def python_parse(text, path, first_line, parse_lines):
     good = np.array([i for i in range(len(lines)) if i not in bad], dtype=np.int64)
     for i in inner_cr:
         bad.setdefault(i, BadLine(path, first_line + i, 0, "a carriage return inside the line"))
-    keep = ~np.isin(good, list(inner_cr))
-    parsed = ParsedLines(dense[keep], sparse[keep], np.asarray(labels, np.float32)[keep], good[keep])
-    return parsed, [bad[i] for i in sorted(bad)]
+    ends = np.cumsum([len(line) + 1 for line in raw], dtype=np.int64)
+    ends[-1:] = np.minimum(ends[-1:], len(text))
+    parsed = ParsedLines(dense, sparse, np.asarray(labels, np.float32), good, ends[good])
+    return parsed.select(~np.isin(good, list(inner_cr))), [bad[i] for i in sorted(bad)]
 
 
-class CriteoFormat:
-    """Criteo's train.txt (criteo.LAYOUT); clean chunks by hetu._C.ClickLogEncoder.hash_chunk."""
-
-    def __init__(self):
-        self.layout = criteo.LAYOUT
-        self.encoder = click_log_encoder(self.layout)
-        self.fields = Fields(criteo.FIELD_NAMES, (1,) * criteo.NUM_FIELDS, 0, criteo.NUM_DENSE)
+class NativeFormat:
+    """A format whose plainly clean lines hetu._C.StreamLineEncoder encodes (``native``), each
+    other line going to the Python definition ``parse_lines(lines, path, first_line, recorder)``.
+    ``log1p_dense``: the dense columns that dense_transform takes (the others are cast)."""
+    native = None
+    log1p_dense = ()
 
     def begin_file(self, first_line, path):
         return 0
 
-    def parse(self, text, path, first_line):
-        encoded = self.encoder.hash_chunk(text, -1)
-        if encoded is not None:
-            _, labels, raw_dense, sparse = encoded
-            return clean_parse(dense_transform(raw_dense), sparse, labels), []
-        return python_parse(text, path, first_line, lambda lines, recorder: self.parse_lines(
-            lines, path, first_line, recorder))
+    def parse(self, text, start, path, first_line, max_lines, final):
+        """(ParsedLines, bad lines, lines used, the byte after them) of up to ``max_lines``
+        lines of text[start:] (all complete but the last, when ``final``)."""
+        parts, bad, used, pos = [], [], 0, start
+        while pos < len(text) and used < max_lines:
+            n, labels, dense, sparse, ends = self.native.encode(text, pos, max_lines - used, final)
+            if n:
+                parts.append(ParsedLines(self.finish_dense(dense[:n]), sparse[:n], labels[:n],
+                                         used + np.arange(n, dtype=np.int64), ends[:n]))
+                used, pos = used + n, int(ends[n - 1])
+            if n == len(labels):   # every line it could see (a cut last line waits)
+                break
+            end = text.find(b"\n", pos)
+            end = len(text) if end < 0 else end + 1
+            parsed, line_bad = python_parse(text[pos:end], path, first_line + used, lambda lines, recorder:
+                                            self.parse_lines(lines, path, first_line + used, recorder))
+            parsed.line_index += used
+            parsed.ends += pos
+            parts.append(parsed)
+            bad += line_bad
+            used, pos = used + 1, end
+        empty = ParsedLines(np.zeros((0, self.fields.num_dense), np.float32),
+                            np.zeros((0, sum(self.fields.slots)), np.int64), np.zeros(0, np.float32),
+                            np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return ParsedLines.concatenate(parts or [empty]), bad, used, pos
+
+    def finish_dense(self, raw):
+        """float32 dense features from the native doubles, exactly as the Python definition."""
+        dense = raw.astype(np.float32)
+        for k in self.log1p_dense:
+            dense[:, k] = dense_transform(raw[:, k])
+        return dense
+
+
+def native_encoder(delimiter, columns, fields):
+    from .. import _C  # imported here so that hetu.data stays importable without the build
+    return _C.StreamLineEncoder(delimiter, columns, fields.num_dense, sum(fields.slots))
+
+
+class CriteoFormat(NativeFormat):
+    """Criteo's train.txt (criteo.LAYOUT): the label, 13 integers (log1p of max(x, 0)), 26 keys."""
+
+    def __init__(self):
+        self.layout = criteo.LAYOUT
+        self.fields = Fields(criteo.FIELD_NAMES, (1,) * criteo.NUM_FIELDS, 0, criteo.NUM_DENSE)
+        self.log1p_dense = range(criteo.NUM_DENSE)
+        columns = [{"kind": "click_label"}]
+        columns += [{"kind": "integer", "output": k} for k in range(criteo.NUM_DENSE)]
+        columns += [{"kind": "categorical", "field": f, "output": f} for f in range(criteo.NUM_FIELDS)]
+        self.native = native_encoder(self.layout.delimiter, columns, self.fields)
 
     def parse_lines(self, lines, path, first_line, recorder):
         chunk = parse_chunk(self.layout, path, first_line, lines, recorder)
@@ -140,7 +189,7 @@ class SideKeys:
         return self.keys[at], found
 
 
-class MovieLensFormat:
+class MovieLensFormat(NativeFormat):
     """MovieLens ratings, each file's layout told by its first line (movielens.detect_line_format):
     fields user, item and the side files' fields, label rating >= 4."""
 
@@ -151,20 +200,29 @@ class MovieLensFormat:
             if path is None:
                 continue
             side = SideKeys(read(path), len(names))
+            side.output = sum(slots)
             names += [field.name for field in side.fields]
             slots += [field.slots for field in side.fields]
             self.side.append(side)
         self.fields = Fields(tuple(names), tuple(slots), 0, 0,
                              tuple(name for name in names if name in BAG_FIELDS))
         self.delimiter = None
+        self.encoders = {}   # delimiter -> native encoder
 
     def begin_file(self, first_line, path):
         self.delimiter, header = movielens.detect_line_format(first_line, path)
+        if self.delimiter not in self.encoders:
+            sides = {side.table.kind: k for k, side in enumerate(self.side)}
+            columns = [{"kind": "id", "field": f, "output": f, "side": sides.get(kind, -1)}
+                       for f, kind in enumerate(("user", "item"))]
+            columns += [{"kind": "threshold_label", "threshold": MOVIELENS_THRESHOLD, "low": 0.0, "high": 10.0},
+                        {"kind": "integer", "allow_empty": False}]
+            encoder = native_encoder(self.delimiter, columns, self.fields)
+            for k, side in enumerate(self.side):
+                encoder.set_side(k, side.raw_ids, side.keys, side.output)
+            self.encoders[self.delimiter] = encoder
+        self.native = self.encoders[self.delimiter]
         return header
-
-    def parse(self, text, path, first_line):
-        return python_parse(text, path, first_line, lambda lines, recorder: self.parse_lines(
-            lines, path, first_line, recorder))
 
     def parse_lines(self, lines, path, first_line, recorder):
         users, items, ratings, _, line_numbers = movielens.parse_ratings_chunk(
@@ -211,7 +269,7 @@ def finite_number(text):
     return value if math.isfinite(value) else None
 
 
-class SchemaFormat:
+class SchemaFormat(NativeFormat):
     """Any delimited log described by a schema file (the module's docstring)."""
 
     def __init__(self, columns, delimiter="\t", header=0, where="schema"):
@@ -223,6 +281,22 @@ class SchemaFormat:
         self.fields = Fields(tuple(c.name for c in keyed), tuple(c.slots for c in keyed), 0,
                              sum(c.role == "dense" for c in self.columns),
                              tuple(c.name for c in keyed if c.role == "bag"))
+        dense = [c for c in self.columns if c.role == "dense"]
+        self.log1p_dense = [k for k, c in enumerate(dense) if c.transform == "log1p"]
+        native, outputs = [], {"dense": 0, "sparse": 0}
+        for c in self.columns:
+            if c.role == "label":
+                native.append({"kind": "threshold_label", "threshold": c.threshold})
+            elif c.role == "dense":
+                native.append({"kind": "number", "output": outputs["dense"]})
+                outputs["dense"] += 1
+            elif c.role in ("categorical", "bag"):
+                native.append({"kind": c.role, "field": c.field, "output": outputs["sparse"],
+                               "separator": c.separator or "", "slots": c.slots})
+                outputs["sparse"] += c.slots
+            else:
+                native.append({"kind": "ignore"})
+        self.native = native_encoder(self.delimiter, native, self.fields)
 
     @classmethod
     def from_file(cls, path):
@@ -294,10 +368,6 @@ class SchemaFormat:
 
     def begin_file(self, first_line, path):
         return self.header
-
-    def parse(self, text, path, first_line):
-        return python_parse(text, path, first_line, lambda lines, recorder: self.parse_lines(
-            lines, path, first_line, recorder))
 
     def parse_lines(self, lines, path, first_line, recorder):
         """The schema's definition, line by line."""
