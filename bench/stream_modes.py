@@ -126,9 +126,3 @@ def modes_lines(args):
                    f"{r['auc']:.4f} | {r['lag']:.2f} |")
     return out
 
-
-if __name__ == "__main__":
-    import argparse
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_arguments(parser)
-    modes_table(parser.parse_args())
