@@ -1,112 +1,160 @@
-"""Training on a stream: what it costs (DESIGN.md section 14).
+"""Streams (docs/design.md section 14): what a stream costs, part by part.
 
---parts checkpoints: incremental against full checkpoints on a dynamic table of a few million
-rows (--capacity) on the parameter server: one job saves a full checkpoint every --every steps,
-another saves a full one every --full-every saves and deltas between. Per kind of save: the
-bytes it writes (the files its meta.json lists), the seconds to write it (the trainer's own
-"checkpoint at step" line, flush and barriers included), its share of the time of the steps
-between two saves, and the seconds to restore the last checkpoint (full, or full and deltas) in
-a job that resumes from it.
+Parts (each prints its own table; --parts picks them):
 
-    python bench/stream.py --parts checkpoints
-    python bench/stream.py --parts checkpoints --capacity 4194304 --steps 120 --every 20
+- ingest: lines/s of hetu.data.stream.StreamSource alone, on one core (HETU_NUM_THREADS=1 and the
+  process pinned to one CPU), reading a directory of generated text files from the start to the
+  last sample: Criteo-like lines (label, 13 integers, 26 hex values, as train.txt) and MovieLens
+  ratings (user::item::rating::timestamp, with and without generated users and items side files).
+  The reader thread parses and hashes; the reading thread only takes blocks, as a trainer would.
+
+    python bench/stream.py --parts ingest                # --ingest-mb 256 of each format
+
+- modes: PS vs HET vs Herald training on a stream of MovieLens 100K in time order, its files
+  landing while the job runs, W = 2, one server, on loopback: rows moved, samples/s, the windows'
+  AUC and lag (bench/stream_modes.py).
+
+    python bench/stream.py --parts modes                 # --movielens DIR with u.data, u.user, u.item
+
+- checkpoints: incremental against full checkpoints (--checkpoint-full-every) on a dynamic table
+  of a few million rows on the parameter server: bytes, seconds to write, share of the steps'
+  time, restore time (bench/stream_checkpoints.py).
+
+    python bench/stream.py --parts checkpoints           # --ckpt-capacity 4194304 --ckpt-every 100
 """
 import argparse
-import glob
-import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
+import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-
-def _train(args, folder, extra, label):
-    """Runs run_hetu.py on --workers and --servers; its output."""
-    cmd = [sys.executable, os.path.join(REPO, "python/runner.py"), "-w", str(args.workers), "-s", str(args.servers),
-           sys.executable, os.path.join(REPO, "examples/ctr/run_hetu.py"), "--no-progress", "--comm", "PS",
-           "--model", "wdl_criteo", "--embedding-size", str(args.width), "--optimizer", args.optimizer,
-           "--learning-rate", "0.001", "--table-capacity", str(args.capacity), "--batch-size", str(args.batch),
-           "--rows", str(args.samples), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HETU_DATA_HOME=folder))
-    if proc.returncode != 0:
-        sys.exit(f"bench/stream.py: the {label} job failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return proc.stdout
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stream_checkpoints  # noqa: E402  (the checkpoints part)
+import stream_modes  # noqa: E402  (the modes part)
+DISTINCT_LINES = 100_000   # generated once per format, then written again until the size is reached
 
 
-def _meta_bytes(folder):
-    with open(os.path.join(folder, "meta.json")) as f:
-        meta = json.load(f)
-    return sum(entry["bytes"] for entry in meta["files"].values()) + os.path.getsize(os.path.join(folder, "meta.json"))
+def criteo_lines(rng, n):
+    """n Criteo-like lines: a 0/1 label, 13 integers (20% missing), 26 hex values (5% missing)."""
+    labels = rng.integers(0, 2, n)
+    ints = rng.zipf(1.3, (n, 13)).clip(max=1 << 30) - 1
+    missing_int = rng.random((n, 13)) < 0.2
+    cats = rng.integers(0, 1 << 32, (n, 26), dtype=np.uint64)
+    missing_cat = rng.random((n, 26)) < 0.05
+    out = []
+    for r in range(n):
+        columns = [str(labels[r])]
+        columns += ["" if missing_int[r, k] else str(ints[r, k]) for k in range(13)]
+        columns += ["" if missing_cat[r, k] else "%08x" % cats[r, k] for k in range(26)]
+        out.append("\t".join(columns))
+    return ("\n".join(out) + "\n").encode()
 
 
-def _summary(out):
-    return json.loads([line for line in out.splitlines() if "summary {" in line][-1].split("summary ", 1)[1])
+def movielens_lines(rng, n, users, items):
+    u = rng.integers(1, users + 1, n)
+    i = rng.integers(1, items + 1, n)
+    r = rng.integers(1, 6, n)
+    t = 978300760 + np.arange(n)
+    return "".join(f"{a}::{b}::{c}::{d}\n" for a, b, c, d in zip(u, i, r, t)).encode()
+
+
+def side_files(rng, folder, users, items):
+    genres = ["Action", "Adventure", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller"]
+    with open(os.path.join(folder, "users.dat"), "w") as f:
+        for u in range(1, users + 1):
+            f.write(f"{u}::{'FM'[u % 2]}::{[1, 18, 25, 35, 45, 50, 56][u % 7]}::{u % 21}::{10000 + u}\n")
+    with open(os.path.join(folder, "movies.dat"), "w") as f:
+        for i in range(1, items + 1):
+            picked = rng.choice(genres, size=int(rng.integers(1, 4)), replace=False)
+            f.write(f"{i}::Movie {i} ({1950 + i % 60})::{'|'.join(picked)}\n")
+    return os.path.join(folder, "users.dat"), os.path.join(folder, "movies.dat")
+
+
+def write_files(folder, distinct, megabytes, files):
+    """Files of `distinct` written again and again, about `megabytes` MB in all; the line count."""
+    os.makedirs(folder, exist_ok=True)
+    repeats = max(1, int(megabytes * 1e6 / len(distinct) / files))
+    for k in range(files):
+        with open(os.path.join(folder, f"part-{k:04d}"), "wb") as f:
+            for _ in range(repeats):
+                f.write(distinct)
+    return distinct.count(b"\n") * repeats * files, len(distinct) * repeats * files
+
+
+def drain(folder, fmt, lines, **options):
+    """Seconds from the source's start to its last sample."""
+    from hetu.data.stream import StreamSource
+    start = time.perf_counter()
+    with StreamSource(folder, fmt, **options) as source:
+        read = 0
+        while read < lines:
+            block = source.read(1 << 16, timeout=30.0)
+            if block is None:
+                raise RuntimeError(f"{folder}: only {read} of {lines} lines arrived")
+            read += len(block)
+    return time.perf_counter() - start
+
+
+def ingest_table(args):
+    """The ingest part: lines/s of each format through StreamSource alone, on one core."""
+    os.environ["HETU_NUM_THREADS"] = "1"   # before hetu._C's pool is made
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    rng = np.random.default_rng(0)
+    work = args.work or tempfile.mkdtemp(prefix="hetu-stream-")
+    os.makedirs(work, exist_ok=True)
+    users, items = 6040, 3706   # MovieLens 1M's
+    users_file, items_file = side_files(rng, work, users, items)
+    cases = [
+        ("criteo", "criteo", criteo_lines(rng, DISTINCT_LINES), {}),
+        ("movielens", "movielens", movielens_lines(rng, DISTINCT_LINES, users, items), {}),
+        ("movielens + side files", "movielens", None, {"users": users_file, "items": items_file}),
+    ]
+    print(f"# ingest: StreamSource alone, HETU_NUM_THREADS=1, one CPU, {args.ingest_mb} MB a format, "
+          f"data in {work}")
+    print(f"{'format':<24} {'lines':>11} {'MB':>7} {'seconds':>8} {'lines/s':>11} {'MB/s':>7}")
+    folders = {}
+    for name, fmt, distinct, options in cases:
+        if distinct is not None:
+            folders[fmt] = os.path.join(work, fmt)
+            folders[fmt, "size"] = write_files(folders[fmt], distinct, args.ingest_mb, args.files)
+        lines, size = folders[fmt, "size"]
+        seconds = min(drain(folders[fmt], fmt, lines, **options) for _ in range(args.repeats))
+        print(f"{name:<24} {lines:>11,} {size / 1e6:>7.0f} {seconds:>8.2f} {lines / seconds:>11,.0f} "
+              f"{size / 1e6 / seconds:>7.1f}")
+        sys.stdout.flush()
+
+
+def modes_table(args):
+    """PS vs HET vs Herald on a stream (bench/stream_modes.py)."""
+    stream_modes.modes_table(args)
 
 
 def checkpoints_table(args):
-    """Rows: full and delta saves of the incremental job, and the saves of the all-full job."""
-    iters = args.steps
-    nepoch = 1
-    # Enough samples for the steps and the resumed job's (a tenth is the validation split).
-    args.samples = max(args.samples, (iters + args.every) * args.batch * args.workers * 10 // 9 + args.batch)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as work:
-        restore = {}
-        for name, full_every in (("full only", 1), (f"full every {args.full_every}", args.full_every)):
-            ckpt = os.path.join(work, f"ckpt-{full_every}")
-            out = _train(args, work, ["--iters-per-epoch", str(iters), "--nepoch", str(nepoch),
-                                      "--checkpoint", ckpt, "--checkpoint-every", str(args.every),
-                                      "--checkpoint-full-every", str(full_every)], name)
-            saves = [(int(s), float(t), kind) for s, t, kind in
-                     re.findall(r"\[worker 0\] checkpoint at step (\d+) written to \S+ in ([\d.]+) s \(([^)]+)\)", out)]
-            seconds = _summary(out)["seconds"]
-            spent = sum(t for _, t, _ in saves)
-            step_seconds = (seconds - spent) / iters   # the steps alone
-            # What each kind writes: the last chain on disk (a full one and its deltas).
-            deltas = sorted(glob.glob(os.path.join(ckpt, "deltas", "[0-9]" * 6)))
-            sizes = {"full": _meta_bytes(ckpt), "delta": [_meta_bytes(d) for d in deltas]}
-            for kind in ("full", "delta"):
-                times = [t for _, t, k in saves if k.split()[0] == kind]
-                if not times:
-                    continue
-                size = sizes["full"] if kind == "full" else (sum(sizes["delta"]) / len(sizes["delta"])
-                                                             if sizes["delta"] else float("nan"))
-                mean = sum(times) / len(times)
-                rows.append((name, kind, len(times), size, mean, mean / (args.every * step_seconds)))
-            resumed = _train(args, work, ["--iters-per-epoch", str(iters + args.every), "--nepoch", "1",
-                                          "--resume", ckpt], f"{name} resumed")
-            restore[name] = (float(re.search(r"resumed .* in ([\d.]+) s", resumed)[1]), len(deltas))
-    print(f"checkpoints: dynamic table of {args.capacity} rows x {args.width} ({args.optimizer}), "
-          f"{args.workers} worker(s), {args.servers} server(s), a save every {args.every} steps of "
-          f"{args.workers} x {args.batch} samples")
-    print(f"{'job':<16} {'save':<6} {'count':>5} {'MB each':>10} {'s each':>8} {'of steps':>9}")
-    for name, kind, count, size, mean, share in rows:
-        print(f"{name:<16} {kind:<6} {count:>5} {size / 1e6:>10.2f} {mean:>8.3f} {share:>8.1%}")
-    for name, (seconds, deltas) in restore.items():
-        print(f"restore ({name}): {seconds:.3f} s, a full checkpoint and {deltas} delta(s)")
+    """Incremental against full checkpoints (bench/stream_checkpoints.py)."""
+    stream_checkpoints.checkpoints_table(args)
 
 
-PARTS = {"checkpoints": checkpoints_table}
+PARTS = {"ingest": ingest_table, "modes": modes_table, "checkpoints": checkpoints_table}
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=sorted(PARTS))
-    p.add_argument("--capacity", type=int, default=2 ** 22, help="checkpoints: the dynamic table's rows")
-    p.add_argument("--width", type=int, default=16, help="checkpoints: the embedding width")
-    p.add_argument("--optimizer", default="adam", choices=["sgd", "adam"])
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--every", type=int, default=20, help="checkpoints: steps between two saves")
-    p.add_argument("--full-every", type=int, default=5, help="checkpoints: every K-th save is full")
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--samples", type=int, default=200000, help="synthetic samples (hashed keys)")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--servers", type=int, default=1)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    p.add_argument("--ingest", action="store_true", help="the ingest part alone (as --parts ingest)")
+    p.add_argument("--ingest-mb", type=float, default=256, help="ingest: MB of text of each format")
+    p.add_argument("--files", type=int, default=8, help="ingest: files of each format")
+    p.add_argument("--repeats", type=int, default=1, help="ingest: runs of each format (the fastest counts)")
+    p.add_argument("--work", default=None, help="folder for the generated files (default: a temporary one)")
+    stream_modes.add_arguments(p)
+    stream_checkpoints.add_arguments(p)
     args = p.parse_args()
-    for part in args.parts:
+    parts = ["ingest"] if args.ingest else args.parts
+    print(f"# bench/stream.py, {os.cpu_count()} cores")
+    for part in parts:
         PARTS[part](args)
 
 

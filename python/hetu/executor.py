@@ -185,6 +185,8 @@ class Executor:
         loaders = [d.loader(name) for d in self.graph.dataloaders if name in d.dataloaders]
         if not loaders:
             raise ValueError(f"subgraph {name!r} has no dataloader")
+        if any(d.batch_num is None for d in loaders):
+            return None   # a stream (hetu.streaming): it has no length; it ends when its data stop
         return min(d.batch_num for d in loaders)
 
     # --- parameters ----------------------------------------------------------------------------

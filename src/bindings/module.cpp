@@ -10,4 +10,5 @@ PYBIND11_MODULE(_C, m) {
   hetu::bindings::bind_data(m);
   hetu::bindings::bind_key_hash(m);
   hetu::bindings::bind_dynamic(m);
+  hetu::bindings::bind_stream(m);
 }

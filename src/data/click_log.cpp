@@ -22,8 +22,8 @@ uint64_t HashBytes(std::string_view s) {
   return h ? h : 1;
 }
 
-// Empty -> 0; otherwise an optional '-' and 1-18 digits (so no overflow). Anything else is left
-// to Python's int(), which also accepts '+', spaces and underscores.
+}  // namespace
+
 bool ParseInteger(std::string_view s, int64_t* out) {
   if (s.empty()) {
     *out = 0;
@@ -43,8 +43,6 @@ bool ParseInteger(std::string_view s, int64_t* out) {
   *out = negative ? -v : v;
   return true;
 }
-
-}  // namespace
 
 FieldVocabulary::FieldVocabulary() : cells_(1024), mask_(1023) {}
 

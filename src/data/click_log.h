@@ -59,6 +59,10 @@ class FieldVocabulary {
   bool built_ = false;
 };
 
+// Empty -> 0; otherwise an optional '-' and 1-18 digits (so no overflow). Anything else is left
+// to Python's int(), which also accepts '+', spaces and underscores.
+bool ParseInteger(std::string_view s, int64_t* out);
+
 constexpr size_t kMaxValueBytes = size_t{1} << 24;  // values are stored with a 24-bit length
 
 class ClickLogEncoder {

@@ -43,7 +43,12 @@ RATINGS_FILE = "ratings.npy"
 def detect_format(path):
     """(delimiter, header lines) of a ratings file, from its first line."""
     with open(path, "r", encoding="utf-8", errors="replace") as f:
-        first = f.readline().rstrip("\r\n")
+        return detect_line_format(f.readline(), path)
+
+
+def detect_line_format(first, path):
+    """(delimiter, header lines) of a ratings file whose first line is ``first``."""
+    first = first.rstrip("\r\n")
     if first.split(",")[:2] == list(CSV_HEADER[:2]):
         return ",", 1
     if "::" in first:

@@ -1,0 +1,482 @@
+"""Samples of a growing log (docs/design.md section 14): a directory of log files read in name
+order and followed for new ones, or standard input, parsed and hashed into the samples that
+``python -m hetu.data.prepare <fmt> ... --ids hashed`` writes for the same lines.
+
+    source = StreamSource("logs/", "criteo")          # or "movielens", "schema:FILE", and "-" for stdin
+    block = source.read(4096, timeout=1.0)           # a StreamBlock of 1..4096 samples, or None
+    saved = block.position                           # JSON-able; StreamSource(...).seek(saved) resumes
+
+Directory rules: regular files in name order, each read once from start to end. A file counts
+once it is complete: names starting with "." or ending ".tmp"/".part" are ignored (writers write
+there and rename), and only lines ending in "\\n" are read (an incomplete last line waits). The
+reader follows the newest file while it grows and moves on once a later file exists and the
+current one ends with "\\n". A new file whose name sorts before one already read is an error
+naming both.
+
+A background thread reads the files, parses and hashes them natively (``hetu._C``, the GIL
+released) and puts blocks of samples in a queue of at most ``max_buffered`` samples: it waits
+while the queue is full, so memory is bounded whatever the log. The native parsers take the
+chunks whose every line is plainly clean; any other chunk is parsed here by the format's Python
+definition (tabular.parse_chunk, movielens.parse_ratings_chunk, or the schema's), which words the
+errors, exactly as prepare does. A bad line stops the reader with an error naming file and line
+(read() raises it after the samples before it), or, with ``skip_bad_lines``, is skipped and
+counted in ``bad_lines``.
+
+Formats: ``criteo`` (Kaggle train.txt), ``movielens`` (ratings ``user::item::rating::timestamp``,
+tab separated, or ratings.csv with its header; label rating >= 4; side features from ``users``
+and ``items`` files read at start), ``schema:FILE`` (stream_schema.py: any delimited log).
+"""
+import os
+import select
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import stream_formats
+from .textio import DataFormatError
+
+STDIN = "-"
+STDIN_NAME = "<stdin>"   # in messages
+IGNORED_SUFFIXES = (".tmp", ".part")
+CHUNK_BYTES = 1 << 20
+MAX_REPORTED_BAD_LINES = 10
+
+
+@dataclass
+class StreamBlock:
+    """Samples in stream order, one row each: ``dense`` float32 [n, num_dense], ``sparse`` int64
+    [n, slots] (keys; -1 pads a bag), ``labels`` float32 [n, 1], ``arrival`` float64 [n] (the
+    time.time() at which the sample's bytes were found in a complete file), and ``position``,
+    the stream position after the block's last sample."""
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray
+    arrival: np.ndarray
+    position: dict
+
+    def __len__(self):
+        return len(self.labels)
+
+
+def make_format(fmt, users=None, items=None):
+    """The parser of a stream format: ``criteo``, ``movielens`` or ``schema:FILE``."""
+    if fmt == "criteo":
+        if users is not None or items is not None:
+            raise ValueError("users and items files are side features of the movielens format")
+        return stream_formats.CriteoFormat()
+    if fmt == "movielens":
+        return stream_formats.MovieLensFormat(users, items)
+    if isinstance(fmt, str) and fmt.startswith("schema:"):
+        if users is not None or items is not None:
+            raise ValueError("users and items files are side features of the movielens format")
+        return stream_formats.SchemaFormat.from_file(fmt[len("schema:"):])
+    raise ValueError(f"unknown stream format {fmt!r}: expected criteo, movielens or schema:FILE")
+
+
+class _Chunk:
+    """Parsed samples of one file, with each sample's end offset and line number."""
+    __slots__ = ("file", "dense", "sparse", "labels", "arrival", "offsets", "lines")
+
+    def __init__(self, file, dense, sparse, labels, arrival, offsets, lines):
+        self.file, self.dense, self.sparse, self.labels = file, dense, sparse, labels
+        self.arrival, self.offsets, self.lines = arrival, offsets, lines
+
+    def __len__(self):
+        return len(self.labels)
+
+    def split(self, k):
+        """(the first k samples, the rest)."""
+        cut = lambda a: (a[:k], a[k:])  # noqa: E731
+        head, tail = zip(*(cut(a) for a in (self.dense, self.sparse, self.labels, self.arrival,
+                                            self.offsets, self.lines)))
+        return _Chunk(self.file, *head), _Chunk(self.file, *tail)
+
+
+class _BoundedQueue:
+    """Chunks between the reader thread and read(): at most ``capacity`` samples; a put waits
+    while they would not fit. An error or the end of the input is the last item."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.items = deque()
+        self.samples = 0
+        self.end = None          # None, or ("error", exception) / ("ended", None)
+        self.closed = False
+        self.cond = threading.Condition()
+
+    def put(self, chunk):
+        with self.cond:
+            while not self.closed and self.samples + len(chunk) > self.capacity:
+                self.cond.wait()
+            if self.closed:
+                return False
+            self.items.append(chunk)
+            self.samples += len(chunk)
+            self.cond.notify_all()
+            return True
+
+    def finish(self, kind, error=None):
+        with self.cond:
+            if self.end is None:
+                self.end = (kind, error)
+            self.cond.notify_all()
+
+    def close(self):
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def take(self, n, timeout):
+        """Up to n samples' chunks (the last one cut to fit): waits up to ``timeout`` seconds for
+        the first. [] when none came; raises the reader's error once its samples are taken."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.items and self.end is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self.cond.wait(left)
+            taken, count = [], 0
+            while self.items and count < n:
+                chunk = self.items.popleft()
+                if count + len(chunk) > n:
+                    chunk, rest = chunk.split(n - count)
+                    self.items.appendleft(rest)
+                taken.append(chunk)
+                count += len(chunk)
+            self.samples -= count
+            self.cond.notify_all()
+            if not taken and self.end is not None and self.end[0] == "error":
+                raise self.end[1]
+            return taken
+
+
+class StreamSource:
+    """Samples of a growing log: files of DIR in name order (or stdin for "-"), parsed and hashed in
+    C++ on a background thread into a bounded queue."""
+
+    def __init__(self, path, fmt, *, schema=None, users=None, items=None, skip_bad_lines=False,
+                 poll_seconds=0.2, max_buffered=1 << 20):
+        if schema is not None:
+            if fmt not in (None, "schema"):
+                raise ValueError(f"a schema file goes with the schema format, not {fmt!r}")
+            fmt = f"schema:{schema}"
+        if max_buffered < 1:
+            raise ValueError(f"max_buffered must be >= 1 sample, got {max_buffered}")
+        if poll_seconds <= 0:
+            raise ValueError(f"poll_seconds must be > 0, got {poll_seconds}")
+        self.path = path if path == STDIN else Path(path)
+        if self.path != STDIN and not self.path.is_dir():
+            raise FileNotFoundError(f"stream directory not found: {self.path}")
+        self.format = make_format(fmt, users, items)
+        self.fields = self.format.fields
+        self.skip_bad_lines = bool(skip_bad_lines)
+        self.poll_seconds = float(poll_seconds)
+        self.max_buffered = int(max_buffered)
+        self.bad_lines = 0
+        self._queue = _BoundedQueue(self.max_buffered)
+        self._start = {"file": None, "offset": 0, "line": 0, "samples": 0}
+        self._position = dict(self._start)
+        self._thread = None
+        self._stop = threading.Event()
+
+    # -- the training thread's side --------------------------------------------------------
+
+    def read(self, n, timeout):
+        """A StreamBlock of 1..n samples in stream order, or None if none arrived within
+        ``timeout`` seconds (or the input ended: see ``ended``). Raises the reader's error (a bad
+        line, a file out of order) once the samples before it are read."""
+        if n < 1:
+            raise ValueError(f"read: n must be >= 1, got {n}")
+        self._ensure_started()
+        chunks = self._queue.take(int(n), float(timeout))
+        if not chunks:
+            return None
+        last = chunks[-1]
+        count = sum(len(c) for c in chunks)
+        self._position = {"file": last.file, "offset": int(last.offsets[-1]),
+                          "line": int(last.lines[-1]), "samples": self._position["samples"] + count}
+        join = (lambda arrays: arrays[0]) if len(chunks) == 1 else np.concatenate
+        return StreamBlock(
+            dense=join([c.dense for c in chunks]), sparse=join([c.sparse for c in chunks]),
+            labels=join([c.labels for c in chunks]).reshape(-1, 1),
+            arrival=join([c.arrival for c in chunks]), position=dict(self._position))
+
+    def position(self):
+        """The position after the last sample read: {"file": name in DIR ("-" for stdin; None
+        before any sample), "offset": bytes of it consumed, "line": its last line consumed,
+        "samples": samples read so far}."""
+        return dict(self._position)
+
+    def seek(self, position):
+        """Before any read: continue after ``position`` (a position() or a block's): files that
+        sort before its file are skipped, its file continues at its offset. On stdin, the offset's
+        bytes are read and dropped (the same input replayed)."""
+        if self._thread is not None:
+            raise RuntimeError("StreamSource.seek: only before the first read")
+        missing = {"file", "offset", "line", "samples"} - set(position)
+        if missing:
+            raise ValueError(f"StreamSource.seek: the position lacks {sorted(missing)}: {position!r}")
+        if position["file"] is not None and (self.path == STDIN) != (position["file"] == STDIN):
+            raise ValueError(f"StreamSource.seek: position {position!r} is not of {self.path}")
+        self._start = {"file": position["file"], "offset": int(position["offset"]),
+                       "line": int(position["line"]), "samples": int(position["samples"])}
+        self._position = dict(self._start)
+
+    @property
+    def buffered(self):
+        """Samples parsed and waiting in the queue."""
+        return self._queue.samples
+
+    @property
+    def ended(self):
+        """True once standard input ended and every sample was read (a directory never ends)."""
+        q = self._queue
+        return q.end is not None and q.end[0] == "ended" and not q.items
+
+    def close(self):
+        self._stop.set()
+        self._queue.close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to tell at interpreter exit
+            pass
+
+    # -- the reader thread ---------------------------------------------------------------------
+
+    def _ensure_started(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="stream-reader", daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        try:
+            if self.path == STDIN:
+                _StdinReader(self).run()
+            else:
+                _DirectoryReader(self).run()
+        except _Stopped:
+            pass
+        except BaseException as error:  # noqa: BLE001 - handed to read()
+            self._queue.finish("error", error)
+
+    def _emit(self, name, where, text, offset, line, arrival, final=False):
+        """Parses ``text`` (complete lines of file ``name``, ``where`` in messages, starting at
+        byte ``offset``, after line ``line``; ``final``: the input's last line may lack its
+        newline) into the queue, at most max_buffered lines at a time. Returns the lines
+        consumed; raises the first bad line (after queueing the samples before it) unless
+        skipping."""
+        start, lines = 0, 0
+        while start < len(text):
+            parsed, bad, used, stop = self.format.parse(text, start, where, line + lines + 1,
+                                                        self.max_buffered, final)
+            if used == 0:
+                raise AssertionError(f"{where}: the parser took no line at byte {offset + start}")
+            if bad and not self.skip_bad_lines:
+                keep = parsed.line_index < bad[0].line_number - (line + lines + 1)
+                self._put(name, parsed, keep, offset, line + lines, arrival)
+                raise DataFormatError(bad[0].describe() + " (skip such lines with skip_bad_lines)")
+            for b in bad:   # counted before the samples after them can be read
+                if self.bad_lines < MAX_REPORTED_BAD_LINES:
+                    print(f"skipping bad line: {b.describe()}", file=sys.stderr)
+                self.bad_lines += 1
+            self._put(name, parsed, None, offset, line + lines, arrival)
+            start, lines = stop, lines + used
+        return lines
+
+    def _put(self, name, parsed, keep, offset, line, arrival):
+        if keep is not None:
+            parsed = parsed.select(keep)
+        if len(parsed.labels) == 0:
+            return
+        offsets = offset + parsed.ends
+        chunk = _Chunk(name, parsed.dense, parsed.sparse, parsed.labels, arrival(offsets), offsets,
+                       line + 1 + parsed.line_index)
+        if not self._queue.put(chunk):
+            raise _Stopped()
+
+
+class _Stopped(Exception):
+    """close() was called: the reader thread ends quietly."""
+
+
+class _DirectoryReader:
+    """Follows DIR: lists it every poll, reads its complete files in name order."""
+
+    def __init__(self, source):
+        self.source, self.dir = source, source.path
+        self.found = {}          # name -> time.time() of the listing that first saw it
+        self.current = None      # the file being read (or last read)
+        self.last_listing = 0.0
+        start = source._start
+        self.skip_before = start["file"]
+
+    def eligible(self, entry):
+        name = entry.name
+        return not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES) and \
+            entry.is_file(follow_symlinks=True)
+
+    def list(self):
+        now = time.time()
+        names = sorted(e.name for e in os.scandir(self.dir) if self.eligible(e))
+        for name in names:
+            if name in self.found:
+                continue
+            self.found[name] = now
+            if self.current is not None and name < self.current:
+                raise DataFormatError(
+                    f"{self.dir}: new file {name!r} sorts before {self.current!r}, already read "
+                    "(files are read in name order: name new files so that they sort last)")
+        self.last_listing = now
+        return names
+
+    def next_file(self):
+        """The first listed file after the current one (or at the seek position), or None."""
+        for name in sorted(self.found):
+            if self.current is None:
+                if self.skip_before is None or name >= self.skip_before:
+                    return name
+            elif name > self.current:
+                return name
+        return None
+
+    def later_file_exists(self, name):
+        self.list()
+        return any(other > name for other in self.found)
+
+    def wait(self):
+        if self.source._stop.wait(self.source.poll_seconds):
+            raise _Stopped()
+
+    def run(self):
+        self.list()
+        while True:
+            name = self.next_file()
+            if name is None:
+                self.wait()
+                self.list()
+                continue
+            start = self.source._start
+            resume = start["file"] == name
+            self.current = name
+            self.read_file(name, start["offset"] if resume else 0, start["line"] if resume else 0)
+
+    def read_file(self, name, offset, line):
+        """Reads ``name`` from ``offset`` until a later file exists and every line of it is read."""
+        source, path = self.source, self.dir / name
+        growth = [(os.stat(path).st_size, self.found[name])]  # (size, time it was seen)
+
+        def arrival(offsets):
+            sizes = np.array([s for s, _ in growth], dtype=np.int64)
+            times = np.array([t for _, t in growth], dtype=np.float64)
+            return times[np.minimum(np.searchsorted(sizes, offsets), len(times) - 1)]
+
+        with open(path, "rb") as f:
+            first = f.readline()
+            while not first.endswith(b"\n"):   # the header or first line decides the layout
+                if not first and self.later_file_exists(name):
+                    return   # an empty file
+                self.wait()
+                self.list()
+                f.seek(0)
+                first = f.readline()
+            header = source.format.begin_file(first.decode("utf-8", errors="replace"), str(path))
+            if offset == 0 and header:
+                offset, line = len(first), 1
+            f.seek(offset)
+            carry = b""
+            while True:
+                if time.time() - self.last_listing >= source.poll_seconds:
+                    self.list()
+                block = f.read(CHUNK_BYTES)
+                if block:
+                    data = carry + block
+                    cut = data.rfind(b"\n")
+                    if cut < 0:
+                        carry = data
+                        continue
+                    text, carry = data[:cut + 1], data[cut + 1:]
+                    size = offset + len(text)
+                    if size > growth[-1][0]:
+                        growth.append((os.fstat(f.fileno()).st_size, time.time()))
+                    line += source._emit(name, str(path), text, offset, line, arrival)
+                    offset += len(text)
+                    continue
+                # at the end of what is there: move on once a later file exists and no line waits
+                if not carry and self.later_file_exists(name):
+                    return
+                self.wait()
+                size = os.fstat(f.fileno()).st_size
+                if size > growth[-1][0]:
+                    growth.append((size, time.time()))
+
+
+class _StdinReader:
+    """Reads standard input until it ends; a sample's arrival is when its bytes were read."""
+
+    def __init__(self, source):
+        self.source = source
+        self.fd = sys.stdin.fileno()
+
+    def read(self):
+        """The next bytes of stdin (b"" at its end), polling so that close() is seen."""
+        while True:
+            ready, _, _ = select.select([self.fd], [], [], self.source.poll_seconds)
+            if self.source._stop.is_set():
+                raise _Stopped()
+            if ready:
+                return os.read(self.fd, CHUNK_BYTES)
+
+    def run(self):
+        source = self.source
+        start = source._start
+        first = b""
+        while not first.endswith(b"\n"):
+            block = self.read()
+            if not block:
+                break
+            first += block
+        cut = first.find(b"\n")
+        header = source.format.begin_file(first[:cut + 1].decode("utf-8", errors="replace"), STDIN_NAME)
+        carry, offset, line, skip = first, 0, 0, 0
+        if start["file"] == STDIN:
+            skip, line = start["offset"], start["line"]
+        elif header:
+            skip, line = cut + 1, 1
+        if skip:
+            while len(carry) < skip:
+                block = self.read()
+                if not block:
+                    break
+                carry += block
+            carry, offset = carry[skip:], skip
+        while True:
+            cut = carry.rfind(b"\n")
+            if cut >= 0:
+                text, carry = carry[:cut + 1], carry[cut + 1:]
+                now = time.time()
+                line += source._emit(STDIN, STDIN_NAME, text, offset, line, lambda o: np.full(len(o), now))
+                offset += len(text)
+            block = self.read()
+            if not block:
+                break
+            carry += block
+        if carry:
+            now = time.time()
+            source._emit(STDIN, STDIN_NAME, carry, offset, line, lambda o: np.full(len(o), now), final=True)
+        source._queue.finish("ended")
