@@ -45,7 +45,8 @@ def checkpoints_table(args):
     iters = args.ckpt_steps
     nepoch = 1
     # Enough samples for the steps and the resumed job's (a tenth is the validation split).
-    args.ckpt_samples = max(args.ckpt_samples, (iters + args.ckpt_every) * args.ckpt_batch * args.ckpt_workers * 10 // 9 + args.ckpt_batch)
+    global_batch = args.ckpt_batch * args.ckpt_workers
+    args.ckpt_samples = max(args.ckpt_samples, (iters + args.ckpt_every) * global_batch * 10 // 9 + global_batch)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as work:
         restore = {}

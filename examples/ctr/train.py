@@ -389,10 +389,33 @@ def checkpoint_rate_lines(before, after, kind):
     return lines
 
 
+def checkpoint_record(executor, args):
+    """run_record, and on a stream the source's position after the last trained sample: where a
+    resumed job's source continues, so that every sample is trained once (exactly once)."""
+    run = run_record(args)
+    feed = getattr(args, "stream_feed", None)
+    if feed is not None:
+        step = executor.state.iteration
+        # No step since the resume: the position the source was sought to still holds.
+        run["stream_position"] = feed.position_after(step - 1) if step > feed.first else args.stream_start
+    return run
+
+
+def seek_stream(executor, args, source, first):
+    """A resumed stream job: its source continues after the checkpoint's last trained sample."""
+    args.stream_start = None
+    if first:
+        args.stream_start = (ht.Executor.checkpoint_info(args.resumed_from).get("run") or {}).get("stream_position")
+        if args.stream_start is None:
+            raise SystemExit(f"--resume {args.resume}: the checkpoint records no stream position (it was not "
+                             f"written by a --stream job)")
+        source.seek(args.stream_start)
+
+
 def save_checkpoint(executor, args):
     before, t0 = checkpoint_stats(executor), time.time()
     try:
-        kind = executor.save(args.checkpoint, run=run_record(args),   # every worker: a collective
+        kind = executor.save(args.checkpoint, run=checkpoint_record(executor, args),   # every worker: a collective
                              full_every=args.checkpoint_full_every)
     except ht.ps.JobFailed:
         raise
@@ -656,6 +679,8 @@ def train_stream(args, herald, options, ctx, dynamic, threads):
                            cuda_graph=args.cuda_graph, **options)
     graph, workers = executor.graph, executor.graph.num_workers
     first = resume(executor, args)
+    seek_stream(executor, args, source, first)
+    args.stream_feed = feed   # its position goes into each checkpoint
     rank = graph.rank
     csv_path = None
     if args.csv_dir and rank == 0:
