@@ -9,6 +9,18 @@ Parts (each prints its own table; --parts picks them):
   The reader thread parses and hashes; the reading thread only takes blocks, as a trainer would.
 
     python bench/stream.py --parts ingest                # --ingest-mb 256 of each format
+
+- modes: PS vs HET vs Herald training on a stream of MovieLens 100K in time order, its files
+  landing while the job runs, W = 2, one server, on loopback: rows moved, samples/s, the windows'
+  AUC and lag (bench/stream_modes.py).
+
+    python bench/stream.py --parts modes                 # --movielens DIR with u.data, u.user, u.item
+
+- checkpoints: incremental against full checkpoints (--checkpoint-full-every) on a dynamic table
+  of a few million rows on the parameter server: bytes, seconds to write, share of the steps'
+  time, restore time (bench/stream_checkpoints.py).
+
+    python bench/stream.py --parts checkpoints           # --ckpt-capacity 4194304 --ckpt-every 100
 """
 import argparse
 import os
@@ -19,6 +31,9 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stream_checkpoints  # noqa: E402  (the checkpoints part)
+import stream_modes  # noqa: E402  (the modes part)
 DISTINCT_LINES = 100_000   # generated once per format, then written again until the size is reached
 
 
@@ -113,7 +128,17 @@ def ingest_table(args):
         sys.stdout.flush()
 
 
-PARTS = {"ingest": ingest_table}
+def modes_table(args):
+    """PS vs HET vs Herald on a stream (bench/stream_modes.py)."""
+    stream_modes.modes_table(args)
+
+
+def checkpoints_table(args):
+    """Incremental against full checkpoints (bench/stream_checkpoints.py)."""
+    stream_checkpoints.checkpoints_table(args)
+
+
+PARTS = {"ingest": ingest_table, "modes": modes_table, "checkpoints": checkpoints_table}
 
 
 def main():
@@ -124,6 +149,8 @@ def main():
     p.add_argument("--files", type=int, default=8, help="ingest: files of each format")
     p.add_argument("--repeats", type=int, default=1, help="ingest: runs of each format (the fastest counts)")
     p.add_argument("--work", default=None, help="folder for the generated files (default: a temporary one)")
+    stream_modes.add_arguments(p)
+    stream_checkpoints.add_arguments(p)
     args = p.parse_args()
     parts = ["ingest"] if args.ingest else args.parts
     print(f"# bench/stream.py, {os.cpu_count()} cores")

@@ -22,21 +22,21 @@ def _summary(stdout):
     return json.loads(lines[-1])
 
 
-def run_single(tmp_path, data_home, script, args, global_batch):
+def run_single(tmp_path, data_home, script, args, global_batch, common=COMMON):
     out = tmp_path / "single.npz"
     env = dict(os.environ, HETU_DATA_HOME=data_home, **THREADS)
-    cmd = [sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
+    cmd = [sys.executable, str(REPO / "examples/ctr" / script), *common, *args,
            "--batch-size", str(global_batch), "--save-params", str(out)]
     proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return dict(np.load(out)), _summary(proc.stdout)
 
 
-def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300, van="zmq"):
+def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300, van="zmq", common=COMMON):
     out = tmp_path / f"cluster-{workers}w{servers}s.npz"
     env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20", **THREADS)
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--van", van,
-           "--timeout", str(timeout - 20), sys.executable, str(REPO / "examples/ctr" / script), *COMMON, *args,
+           "--timeout", str(timeout - 20), sys.executable, str(REPO / "examples/ctr" / script), *common, *args,
            "--batch-size", str(batch), "--save-params", str(out)]
     proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

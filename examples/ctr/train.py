@@ -16,11 +16,12 @@ from tqdm import tqdm
 
 import hetu as ht
 import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
-from hetu.data import BadBatch, load_dataset
+from hetu.data import BadBatch, DataFormatError, load_dataset
 from hetu.dist import devices
 from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
+from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
 from models import MODELS
 
 # --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
@@ -100,12 +101,36 @@ def build_parser(herald):
     p.add_argument("--data-dir", default=None, help="a prepared dataset folder (overrides --dataset)")
     p.add_argument("--rows", type=POSITIVE_INT, default=None, help="synthetic data: number of samples")
     p.add_argument("--scale", type=POSITIVE_FLOAT, default=None, help="synthetic data: table-size scale of real Criteo")
+    p.add_argument("--stream", default=None, metavar="DIR|-",
+                   help="train on a growing log instead of a prepared folder: the files of DIR in name order, "
+                        "each taken once complete (names starting '.' or ending .tmp/.part are ignored), new ones "
+                        "followed as they land, or standard input (-); its ids are hashed keys: needs "
+                        "--table-capacity (docs/usage.md, Streams)")
+    p.add_argument("--stream-format", default="criteo", metavar="criteo|movielens|schema:FILE",
+                   help="the stream's line format: criteo (the Kaggle train.txt layout), movielens (ratings "
+                        "user item rating timestamp, '::' or tab separated; --users / --items side files), or "
+                        "schema:FILE (a YAML schema of any delimited log)")
+    p.add_argument("--users", default=None, metavar="FILE", help="--stream-format movielens: u.user / users.dat")
+    p.add_argument("--items", default=None, metavar="FILE", help="--stream-format movielens: u.item / movies.dat")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="--stream: skip malformed lines (counted at the end) instead of stopping at the first")
+    p.add_argument("--stream-idle-exit", type=POSITIVE_FLOAT, default=None, metavar="SECONDS",
+                   help="--stream: end the job cleanly once SECONDS pass with no new sample (default: follow the "
+                        "stream until it ends); the samples of an incomplete last global batch are not trained")
+    p.add_argument("--window", type=POSITIVE_INT, default=10000, metavar="N",
+                   help="--stream: progressive validation every N samples: the AUC and logloss of the "
+                        "predictions the samples got before they were trained, and the lag (default 10000)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="--stream: write the windows' AUC, logloss and lag to DIR as TensorBoard scalars")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
     p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None, metavar="N",
                    help="with --checkpoint: also save every N steps within an epoch")
+    p.add_argument("--checkpoint-full-every", type=POSITIVE_INT, default=1, metavar="K",
+                   help="with --checkpoint: every K-th save is a full checkpoint, the ones between are deltas "
+                        "(the rows and state changed since the save before, the dense parameters, the position)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run of the checkpoint in this folder up to --nepoch epochs in all")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
@@ -303,6 +328,8 @@ def check_outputs(parser, args):
                      f"(--comm PS or Hybrid): a table on the GPU is stepped in fp32 only")
     if args.checkpoint_every and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint DIR")
+    if args.checkpoint_full_every > 1 and not args.checkpoint:
+        parser.error("--checkpoint-full-every needs --checkpoint DIR")
     for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -321,7 +348,7 @@ def check_outputs(parser, args):
 # the global batch (workers x --batch-size, checked in resume(): the cluster may change shape).
 # The learning rate and the scheduler's settings may change.
 RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "embedding_dtype", "comm", "dataset", "data_dir",
-                "rows", "scale")
+                "rows", "scale", "stream", "stream_format")
 SAME_FLAGS = tuple(name for name in RESUME_FLAGS if name != "batch_size")
 
 
@@ -362,10 +389,34 @@ def checkpoint_rate_lines(before, after, kind):
     return lines
 
 
+def checkpoint_record(executor, args):
+    """run_record, and on a stream the source's position after the last trained sample: where a
+    resumed job's source continues, so that every sample is trained once (exactly once)."""
+    run = run_record(args)
+    feed = getattr(args, "stream_feed", None)
+    if feed is not None:
+        step = executor.state.iteration
+        # No step since the resume: the position the source was sought to still holds.
+        run["stream_position"] = feed.position_after(step - 1) if step > feed.first else args.stream_start
+    return run
+
+
+def seek_stream(executor, args, source, first):
+    """A resumed stream job: its source continues after the checkpoint's last trained sample."""
+    args.stream_start = None
+    if first:
+        args.stream_start = (ht.Executor.checkpoint_info(args.resumed_from).get("run") or {}).get("stream_position")
+        if args.stream_start is None:
+            raise SystemExit(f"--resume {args.resume}: the checkpoint records no stream position (it was not "
+                             f"written by a --stream job)")
+        source.seek(args.stream_start)
+
+
 def save_checkpoint(executor, args):
     before, t0 = checkpoint_stats(executor), time.time()
     try:
-        executor.save(args.checkpoint, run=run_record(args))   # every worker: a collective
+        kind = executor.save(args.checkpoint, run=checkpoint_record(executor, args),   # every worker: a collective
+                             full_every=args.checkpoint_full_every)
     except ht.ps.JobFailed:
         raise
     except (OSError, RuntimeError) as e:   # RuntimeError: a server's own write failed (its message names it)
@@ -374,7 +425,7 @@ def save_checkpoint(executor, args):
                          f"{e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
     if executor.graph.rank == 0:
         print(f"checkpoint at step {executor.state.iteration} written to {args.checkpoint} "
-              f"in {time.time() - t0:.3f} s", flush=True)
+              f"in {time.time() - t0:.3f} s ({kind})", flush=True)
         if before is not None:
             print("\n".join(checkpoint_rate_lines(before, checkpoint_stats(executor), "saved")), flush=True)
 
@@ -465,8 +516,9 @@ def device_of(args):
     return ctx
 
 
-# Errors whose message says all there is to say: a bad entry in the data, a dead or lost peer.
-ONE_LINE_ERRORS = (BadBatch, ht.ps.JobFailed)
+# Errors whose message says all there is to say: a bad entry in the data (a stream's bad line), a dead or
+# lost peer.
+ONE_LINE_ERRORS = (BadBatch, DataFormatError, ht.ps.JobFailed)
 
 
 def main(argv=None, herald=False):
@@ -485,13 +537,16 @@ def train(argv, herald):
     args = parser.parse_args(argv)
     threads = size_threads(args)
     check_outputs(parser, args)
+    check_stream_flags(parser, args)
     check_resume(parser, args)
     options = distribution_options(args, herald)
     ctx = device_of(args)
+    dynamic = dynamic_table(args)
+    if args.stream:
+        return train_stream(args, herald, options, ctx, dynamic, threads)
     data = load(args)
     meta = data.meta
     dense_input, sparse_input, y_ = make_inputs(data, args.batch_size, args.seed)
-    dynamic = dynamic_table(args)
     loss, prediction, y_, train_op = MODELS[args.model](
         dense_input, sparse_input, y_, readable_fields(args, meta, dynamic), embedding_size=args.embedding_size,
         optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype))
@@ -540,6 +595,16 @@ def train(argv, herald):
             save_checkpoint(executor, args)
     executor.flush()   # every worker: pending cached updates reach the servers
     elapsed = time.time() - start
+    summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
+               "iterations": total - first, "first_step": first, "seconds": elapsed,
+               "counters": executor.counters.totals(),
+               **job_rates(total - first, elapsed, args.batch_size, workers), "final": history[-1]}
+    return report_end(executor, args, herald, summary)
+
+
+def report_end(executor, args, herald, summary):
+    """After the last step and the flush: the parameters (--save-params), the counters and the
+    run's summary line, which it returns."""
     # The trained model first: a report that fails afterwards must not lose it.
     if args.save_params and executor.graph.rank == 0:
         save_params(executor, args.save_params)
@@ -550,10 +615,6 @@ def train(argv, herald):
             for table in keys.tables.values():
                 print("\n".join(keys.counter_lines(table.name)), flush=True)
     failed_report = write_counters(executor, args, herald) if args.cache_perf else None
-    summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
-               "iterations": total - first, "first_step": first, "seconds": elapsed,
-               "counters": executor.counters.totals(),
-               **job_rates(total - first, elapsed, args.batch_size, workers), "final": history[-1]}
     scheduler = executor.graph.scheduler
     if scheduler is not None:
         summary["planner"] = {"rank": executor.graph.rank, "host_ranks": scheduler.host_ranks,
@@ -562,6 +623,129 @@ def train(argv, herald):
     if failed_report:
         raise SystemExit(failed_report)
     return summary
+
+
+# --- training on a stream (DESIGN.md section 14; hetu.streaming) ----------------------------------
+# Flags of a prepared folder that a stream does not take.
+NOT_ON_A_STREAM = ("val", "data_dir", "rows", "scale", "iters_per_epoch")
+STREAM_ONLY = ("users", "items", "skip_bad_lines", "stream_idle_exit", "tensorboard")
+
+
+def check_stream_flags(parser, args):
+    if not args.stream:
+        given = [flag for flag in STREAM_ONLY if getattr(args, flag) not in (None, False)]
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')} needs --stream DIR|-")
+        return
+    given = [flag for flag in NOT_ON_A_STREAM if getattr(args, flag) not in (None, False)]
+    if given:
+        parser.error(f"--stream: --{given[0].replace('_', '-')} is for a prepared folder (a stream is validated "
+                     f"progressively, every --window samples, and trained until it ends)")
+    if args.table_capacity is None:
+        parser.error("--stream: a stream's ids are hashed keys, which need dynamic tables: give --table-capacity ROWS")
+    if args.tensorboard:
+        try:
+            os.makedirs(args.tensorboard, exist_ok=True)
+        except OSError as e:
+            parser.error(f"--tensorboard {args.tensorboard}: cannot create it ({e.strerror})")
+
+
+def open_stream(args):
+    """--stream's source (hetu.data.stream.StreamSource)."""
+    from hetu.data.stream import StreamSource
+    try:
+        return StreamSource(args.stream, args.stream_format, users=args.users, items=args.items,
+                            skip_bad_lines=args.skip_bad_lines)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--stream {args.stream}: {e}") from None
+
+
+def train_stream(args, herald, options, ctx, dynamic, threads):
+    """Trains on --stream until it ends (standard input closed) or --stream-idle-exit: global
+    batch t is the stream's samples [t*W*b, (t+1)*W*b); every --window samples, a progressive
+    validation line."""
+    source = open_stream(args)
+    feed = StreamFeed(source, args.batch_size, idle_exit=args.stream_idle_exit)
+    loaders = stream_loaders(feed, args.batch_size)
+    dense_input, sparse_input, y_ = (None if d is None else ht.dataloader_op([d]) for d in loaders)
+    fields = source.fields.with_dynamic(dynamic)
+    reason = MODELS[args.model].refusal(fields)
+    if reason is not None:
+        raise SystemExit(f"--model {args.model}: {reason}")
+    loss, prediction, y_, train_op = MODELS[args.model](
+        dense_input, sparse_input, y_, fields, embedding_size=args.embedding_size,
+        optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype))
+    executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ctx, seed=args.seed,
+                           cuda_graph=args.cuda_graph, **options)
+    graph, workers = executor.graph, executor.graph.num_workers
+    first = resume(executor, args)
+    seek_stream(executor, args, source, first)
+    args.stream_feed = feed   # its position goes into each checkpoint
+    rank = graph.rank
+    csv_path = None
+    if args.csv_dir and rank == 0:
+        os.makedirs(args.csv_dir, exist_ok=True)
+        csv_path = os.path.join(args.csv_dir, f"{args.model}-{mode_name(args, herald)}-windows.csv")
+    writer = tensorboard_writer(args.tensorboard) if args.tensorboard and rank == 0 else None
+    windows = ProgressiveValidation(args.window, feed, comm=graph.comm, rank=rank, csv_path=csv_path,
+                                    tensorboard=writer, first_sample=first * feed.size)
+    if rank == 0:
+        print(f"{args.model}: embedding rows x {args.embedding_size} in tables {dynamic.describe()}; stream "
+              f"{args.stream} ({args.stream_format}), global batch {workers} worker{'s' * (workers != 1)} x batch "
+              f"{args.batch_size} = {feed.size} samples; windows of {args.window} samples" +
+              (f"; ends after {args.stream_idle_exit:g} s without a new sample" if args.stream_idle_exit else "") +
+              f", {threads} thread{'s' * (threads != 1)} per process" +
+              (f", resumed at step {first} from {args.resumed_from}" if first else ""), flush=True)
+    progress = None if args.no_progress else args.log_interval
+    start = time.time()
+    steps, losses = follow_stream(executor, feed, windows, loaders[1], args, first,
+                                  ahead=1 if graph.scheduler is not None else 0, progress=progress)
+    windows.finish()
+    executor.flush()
+    elapsed = time.time() - start
+    if writer is not None:
+        writer.close()
+    trained = (first + steps) * feed.size
+    if rank == 0:
+        bad = getattr(source, "bad_lines", 0)
+        print(f"stream: {steps} global batches trained, samples {first * feed.size}-{trained - 1}; "
+              f"{feed.pending_samples} samples read after them not trained (an incomplete global batch)" +
+              (f"; {bad} bad lines skipped" if bad else ""), flush=True)
+    if args.checkpoint:
+        save_checkpoint(executor, args)
+    source.close()
+    final = {"loss": float(np.mean(losses)) if losses else float("nan"), "samples": steps * feed.size,
+             "not_trained": feed.pending_samples, "windows": windows.rows}
+    summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
+               "iterations": steps, "first_step": first, "seconds": elapsed, "counters": executor.counters.totals(),
+               **job_rates(steps, elapsed, args.batch_size, workers), "final": final}
+    return report_end(executor, args, herald, summary)
+
+
+def follow_stream(executor, feed, windows, sparse_loader, args, first, ahead, progress):
+    """Steps from global batch `first` while every worker has the batch (StreamFeed.all_ready:
+    the same decision everywhere), `ahead` batches more in hand (Herald plans batch t once t+1 is
+    allocated). Returns (steps, losses)."""
+    comm = executor.graph.comm
+    after_step = midway_checkpoints(executor, args, float("inf"))
+    losses, t, ready_through = [], first, first - 1
+    start = last_line = time.time()
+    while True:
+        while ready_through < t + ahead and feed.all_ready(ready_through + 1, comm):
+            ready_through += 1
+        if ready_through < t:
+            break
+        out = executor.run("train", convert_to_numpy_ret_vals=True)
+        losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
+        windows.add(t, sparse_loader.sample_indices(t), out[1], out[2])
+        if after_step is not None:
+            after_step()
+        t += 1
+        if progress is not None and time.time() - last_line >= progress and executor.graph.rank == 0:
+            last_line = time.time()
+            print(f"stream: step {t}, {(t - first) * feed.size} samples trained, loss {np.mean(losses[-20:]):.4f}, "
+                  f"{(t - first) / (last_line - start):.1f} it/s", flush=True)
+    return t - first, losses
 
 
 def save_params(executor, path):

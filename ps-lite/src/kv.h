@@ -18,19 +18,21 @@ struct Asked;    // py_face.h
 struct PyFace;   // py_face.h
 
 // X(enum name, its id in Meta.op (on the wire: never reused), its OpDef from its file under ops/)
-#define PS_OPS(X)                \
-  X(kInit, 1, kInitOp)           \
-  X(kPush, 2, kPushOp)           \
-  X(kPull, 3, kPullOp)           \
-  X(kPushPull, 4, kPushPullOp)   \
-  X(kPullStale, 5, kPullStaleOp) \
-  X(kPullState, 6, kPullStateOp) \
-  X(kAssign, 7, kAssignOp)       \
-  X(kSave, 8, kSaveOp)           \
-  X(kLoad, 9, kLoadOp)           \
-  X(kClear, 10, kClearOp)        \
-  X(kStats, 11, kStatsOp)        \
-  X(kAdmit, 12, kAdmitOp)        \
+#define PS_OPS(X)                 \
+  X(kInit, 1, kInitOp)            \
+  X(kPush, 2, kPushOp)            \
+  X(kPull, 3, kPullOp)            \
+  X(kPushPull, 4, kPushPullOp)    \
+  X(kPullStale, 5, kPullStaleOp)  \
+  X(kPullState, 6, kPullStateOp)  \
+  X(kAssign, 7, kAssignOp)        \
+  X(kSave, 8, kSaveOp)            \
+  X(kLoad, 9, kLoadOp)            \
+  X(kClear, 10, kClearOp)         \
+  X(kStats, 11, kStatsOp)         \
+  X(kAdmit, 12, kAdmitOp)         \
+  X(kSaveDelta, 13, kSaveDeltaOp) \
+  X(kLoadDelta, 14, kLoadDeltaOp) \
   /* one line per op, above this one */
 
 enum Op : int {

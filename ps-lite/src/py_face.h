@@ -145,6 +145,11 @@ class RemoteTable {
   TableRef t_;
 };
 
+// Sends `op` on a whole table to every server (ops/admin.cc): meta path `path`, meta arg `mark`,
+// and `args` as one int64 blob when there are any.
+Handle Admin(RemoteTable& table, int op, const std::string& path, int64_t mark,
+             const std::vector<int64_t>& args = {});
+
 // Where an op's file adds its methods (OpDef::bind).
 struct PyFace {
   py::module_& m;

@@ -85,6 +85,7 @@ void HugeArray<T>::Reset(size_t n, T fill) {
 
 template class HugeArray<char>;
 template class HugeArray<int32_t>;
+template class HugeArray<uint32_t>;
 template class HugeArray<float>;
 template class HugeArray<int64_t>;
 
@@ -132,11 +133,9 @@ void TableShard::Reset() {
   });
   state_.Reset(units_ * unit_state_width_, 0.0f);
   counters_.Reset(units_);
-  pending.clear();
-  arrived.clear();
+  ForgetPending();
   applied = -1;
-  admit_iteration = -1;
-  admitted_keys.clear();
+  saved_mark_ = -1;  // the rows changed since any save: no delta until the next marked save
 }
 
 std::string TableShard::CheckKeys(const int64_t* keys, int64_t n) const {
@@ -326,6 +325,38 @@ void Add(std::atomic<double>& total, double x) {
   total.store(total.load(std::memory_order_relaxed) + x, std::memory_order_relaxed);
 }
 
+// Runs a save (`save`) or load that reports the bytes it moved, and counts it if it succeeds.
+template <typename Run>
+std::string Counted(bool save, Run&& run) {
+  const double start = Now();
+  int64_t bytes = 0;
+  std::string error = run(&bytes);
+  if (error.empty()) {
+    (save ? g_saves : g_loads).fetch_add(1, std::memory_order_relaxed);
+    (save ? g_saved_bytes : g_loaded_bytes).fetch_add(bytes, std::memory_order_relaxed);
+    Add(save ? g_save_seconds : g_load_seconds, Now() - start);
+  }
+  return error;
+}
+
+// Writes `path` through `path`.tmp, renamed in once `write(f)` (whether its writes succeeded)
+// is synced to disk: a checkpoint that lists the file has it whole. "" or the error.
+template <typename Write>
+std::string WriteSynced(const std::string& table, const std::string& path, Write&& write) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return "table '" + table + "': cannot write " + tmp + ": " + std::strerror(errno);
+  bool ok = write(f);
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (fsync(fileno(f)) == 0) && ok;  // on disk before the checkpoint that lists it is
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return "table '" + table + "': writing " + path + " failed: " + std::strerror(errno);
+  }
+  return "";
+}
+
 }  // namespace
 
 TableShard::CheckpointCounters TableShard::Checkpoints() {
@@ -340,58 +371,41 @@ TableShard::CheckpointCounters TableShard::Checkpoints() {
 }
 
 std::string TableShard::Save(const std::string& dir, int rank, int num_servers) const {
-  const double start = Now();
-  int64_t bytes = 0;
-  std::string error = SaveFile(dir, rank, num_servers, &bytes);
-  if (error.empty()) {
-    g_saves.fetch_add(1, std::memory_order_relaxed);
-    g_saved_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    Add(g_save_seconds, Now() - start);
-  }
-  return error;
+  return Counted(true, [&](int64_t* bytes) { return SaveFile(dir, rank, num_servers, bytes); });
 }
 
 std::string TableShard::SaveFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const {
-  const std::string path = FileName(dir, rank, num_servers);
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return "table '" + name_ + "': cannot write " + tmp + ": " + std::strerror(errno);
-  FileHeader h{};
-  std::memcpy(h.magic, kMagic, 8);
-  h.rows = spec_.rows();
-  h.width = width();
-  h.dense = dense();
-  SavedRows(placement_, rank_, &h);
-  h.optim_kind = cfg_.kind;
-  h.unit_state_width = unit_state_width_;
-  h.applied = applied;
-  h.storage = storage_;
-  bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
-  *bytes = sizeof(h);
-  // Written straight from the shard's arrays: a save needs no copy of the table.
-  auto put = [&](const void* p, size_t n) {
-    ok = ok && (n == 0 || std::fwrite(p, n, 1, f) == 1);
-    *bytes += static_cast<int64_t>(n);
-  };
-  put(values_.data(), values_.size());
-  put(state_.data(), state_.size() * sizeof(float));
-  // Step counts, then versions, as int64 whatever their width here (through a bounded buffer).
-  std::vector<int64_t> counts(std::min<int64_t>(units_, int64_t(1) << 19));
-  for (int section = 0; section < 2; ++section) {
-    for (int64_t u0 = 0; u0 < units_ && ok; u0 += static_cast<int64_t>(counts.size())) {
-      const int64_t m = std::min<int64_t>(counts.size(), units_ - u0);
-      for (int64_t j = 0; j < m; ++j) counts[j] = section == 0 ? counters_.step(u0 + j) : counters_.version(u0 + j);
-      put(counts.data(), m * sizeof(int64_t));
+  return WriteSynced(name_, FileName(dir, rank, num_servers), [&](FILE* f) {
+    FileHeader h{};
+    std::memcpy(h.magic, kMagic, 8);
+    h.rows = spec_.rows();
+    h.width = width();
+    h.dense = dense();
+    SavedRows(placement_, rank_, &h);
+    h.optim_kind = cfg_.kind;
+    h.unit_state_width = unit_state_width_;
+    h.applied = applied;
+    h.storage = storage_;
+    bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
+    *bytes = sizeof(h);
+    // Written straight from the shard's arrays: a save needs no copy of the table.
+    auto put = [&](const void* p, size_t n) {
+      ok = ok && (n == 0 || std::fwrite(p, n, 1, f) == 1);
+      *bytes += static_cast<int64_t>(n);
+    };
+    put(values_.data(), values_.size());
+    put(state_.data(), state_.size() * sizeof(float));
+    // Step counts, then versions, as int64 whatever their width here (through a bounded buffer).
+    std::vector<int64_t> counts(std::min<int64_t>(units_, int64_t(1) << 19));
+    for (int section = 0; section < 2; ++section) {
+      for (int64_t u0 = 0; u0 < units_ && ok; u0 += static_cast<int64_t>(counts.size())) {
+        const int64_t m = std::min<int64_t>(counts.size(), units_ - u0);
+        for (int64_t j = 0; j < m; ++j) counts[j] = section == 0 ? counters_.step(u0 + j) : counters_.version(u0 + j);
+        put(counts.data(), m * sizeof(int64_t));
+      }
     }
-  }
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (fsync(fileno(f)) == 0) && ok;  // on disk before the checkpoint that lists it is
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return "table '" + name_ + "': writing " + path + " failed: " + std::strerror(errno);
-  }
-  return "";
+    return ok;
+  });
 }
 
 namespace {
@@ -500,15 +514,7 @@ int SavedServerCount(const std::string& dir, const std::string& prefix, std::str
 }  // namespace
 
 std::string TableShard::Load(const std::string& dir) {
-  const double start = Now();
-  int64_t bytes = 0;
-  std::string error = LoadFiles(dir, &bytes);
-  if (error.empty()) {
-    g_loads.fetch_add(1, std::memory_order_relaxed);
-    g_loaded_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    Add(g_load_seconds, Now() - start);
-  }
-  return error;
+  return Counted(false, [&](int64_t* bytes) { return LoadFiles(dir, bytes); });
 }
 
 std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
@@ -650,10 +656,204 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
     }
   }
   *bytes_read = t_read_bytes;
+  ForgetPending();
+  return "";
+}
+
+// ---- incremental checkpoints: deltas ----------------------------------------------------------
+
+namespace {
+
+// A saved delta of a sparse shard: this header, then `count` rows in five sections: their keys
+// (int64, ascending), values (in `storage`), optimizer state (float32), step counts and versions
+// (int64, or int32 when `counter_bytes` is 4: counters that fit 32 bits take 32 on disk too).
+struct DeltaHeader {
+  char magic[8];
+  int64_t rows, width, optim_kind, unit_state_width, storage, applied;
+  int64_t count, counter_bytes;
+  int64_t base;  // the mark of the save it follows
+};
+const char kDeltaMagic[8] = {'H', 'E', 'T', 'U', 'P', 'D', '0', '1'};
+
+// Rows of a delta moved per read or write: memory stays bounded whatever the delta's size.
+constexpr int64_t kDeltaChunk = int64_t(1) << 16;
+
+}  // namespace
+
+void TableShard::ForgetPending() {
   pending.clear();
   arrived.clear();
   admit_iteration = -1;
   admitted_keys.clear();
+}
+
+void TableShard::MarkSaved(int64_t mark) {
+  saved_versions_.Reset(units_, 0);
+  for (int64_t u = 0; u < units_; ++u) saved_versions_[u] = static_cast<uint32_t>(counters_.version(u));
+  saved_mark_ = mark;
+}
+
+std::string TableShard::DeltaFileName(const std::string& dir, int rank, int num_servers) const {
+  return dir + "/" + Sanitize(name_) + ".delta" + std::to_string(rank) + "-of-" + std::to_string(num_servers) + ".bin";
+}
+
+std::string TableShard::SaveDelta(const std::string& dir, int rank, int num_servers, int64_t base, int64_t mark) {
+  if (saved_mark_ < 0 || saved_mark_ != base)
+    return "table '" + name_ + "', server " + std::to_string(rank_) + ": a delta from checkpoint mark " +
+           std::to_string(base) + ", but the rows here were last saved or loaded " +
+           (saved_mark_ < 0 ? std::string("with no mark (or were cleared since)")
+                            : "as mark " + std::to_string(saved_mark_)) +
+           ": write a full checkpoint";
+  // A dense shard is one unit: its delta is the whole shard, as a full save writes it.
+  const std::string error = Counted(true, [&](int64_t* bytes) {
+    return dense() ? SaveFile(dir, rank, num_servers, bytes) : SaveDeltaFile(dir, rank, num_servers, bytes);
+  });
+  if (error.empty()) MarkSaved(mark);
+  return error;
+}
+
+std::string TableShard::SaveDeltaFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const {
+  std::vector<int64_t> changed;  // slots whose version moved since the marked save
+  for (int64_t u = 0; u < units_; ++u)
+    if (static_cast<uint32_t>(counters_.version(u)) != saved_versions_[u]) changed.push_back(u);
+  return WriteSynced(name_, DeltaFileName(dir, rank, num_servers), [&](FILE* f) {
+    DeltaHeader h{};
+    std::memcpy(h.magic, kDeltaMagic, 8);
+    h.rows = spec_.rows();
+    h.width = width();
+    h.optim_kind = cfg_.kind;
+    h.unit_state_width = unit_state_width_;
+    h.storage = storage_;
+    h.applied = applied;
+    h.count = static_cast<int64_t>(changed.size());
+    h.counter_bytes = counters_.wide() ? 8 : 4;
+    h.base = saved_mark_;
+    bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
+    *bytes = sizeof(h);
+    const int64_t n = h.count, rb = row_bytes_, sw = unit_state_width_, cb = h.counter_bytes;
+    std::vector<char> buffer(std::min(n, kDeltaChunk) * std::max<int64_t>({rb, sw * 4, 8}));
+    // Each section through the buffer, a chunk of rows at a time, gathered in slot order.
+    auto section = [&](int64_t item_bytes, auto&& fill) {
+      for (int64_t i0 = 0; i0 < n && ok; i0 += kDeltaChunk) {
+        const int64_t m = std::min(kDeltaChunk, n - i0);
+        for (int64_t j = 0; j < m; ++j) fill(changed[i0 + j], buffer.data() + j * item_bytes);
+        ok = item_bytes == 0 || std::fwrite(buffer.data(), m * item_bytes, 1, f) == 1;
+        *bytes += m * item_bytes;
+      }
+    };
+    section(8, [&](int64_t u, char* out) {
+      const int64_t key = placement_.Row(rank_, u);
+      std::memcpy(out, &key, 8);
+    });
+    section(rb, [&](int64_t u, char* out) { std::memcpy(out, &values_[u * rb], rb); });
+    section(sw * 4, [&](int64_t u, char* out) { std::memcpy(out, &state_[u * sw], sw * 4); });
+    for (int which = 0; which < 2; ++which)
+      section(cb, [&](int64_t u, char* out) {
+        const int64_t c = which == 0 ? counters_.step(u) : counters_.version(u);
+        const int32_t narrow = static_cast<int32_t>(c);
+        std::memcpy(out, cb == 8 ? static_cast<const void*>(&c) : &narrow, cb);
+      });
+    return ok;
+  });
+}
+
+std::string TableShard::LoadDelta(const std::string& dir) {
+  return Counted(false, [&](int64_t* bytes) { return dense() ? LoadFiles(dir, bytes) : LoadDeltaFiles(dir, bytes); });
+}
+
+std::string TableShard::LoadDeltaFiles(const std::string& dir, int64_t* bytes_read) {
+  // Saved by any number of servers under any placement: each file's rows are named by key, and
+  // this shard takes those it holds. Every file is checked first (headers and sizes), then read.
+  const std::string prefix = Sanitize(name_) + ".delta";
+  const std::string table = "table '" + name_ + "': ";
+  std::string error;
+  const int saved = SavedServerCount(dir, prefix, &error);
+  if (!saved) return table + error;
+  const bool was_wide = counters_.wide();
+  const int64_t w = width(), sw = unit_state_width_;
+  t_read_bytes = 0;
+  int64_t loaded_applied = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int k = 0; k < saved; ++k) {
+      const std::string path = DeltaFileName(dir, k, saved);
+      SavedShard in;
+      in.f = std::fopen(path.c_str(), "rb");
+      if (!in.f) return table + "cannot read " + path + ": " + std::strerror(errno);
+      DeltaHeader h{};
+      if (std::fread(&h, sizeof(h), 1, in.f) != 1 || std::memcmp(h.magic, kDeltaMagic, 8) != 0)
+        return table + path + " is not a saved delta";
+      if (h.rows != spec_.rows() || h.width != w || h.optim_kind != cfg_.kind || h.unit_state_width != sw)
+        return table + path + " holds a delta of a table of " + std::to_string(h.rows) + " x " +
+               std::to_string(h.width) + " stepped by optimizer " + std::to_string(h.optim_kind) + ", this one is " +
+               std::to_string(spec_.rows()) + " x " + std::to_string(w) + " stepped by optimizer " +
+               std::to_string(cfg_.kind);
+      if (h.storage < 0 || h.storage >= hetu::storage::kNumTypes)
+        return table + path + " names an unknown storage type " + std::to_string(h.storage);
+      if (h.count < 0 || (h.counter_bytes != 4 && h.counter_bytes != 8))
+        return table + path + " has a damaged header";
+      const long rb = w * hetu::storage::bytes(static_cast<int>(h.storage)), cb = h.counter_bytes;
+      const long keys_at = sizeof(h), values_at = keys_at + h.count * 8, state_at = values_at + h.count * rb,
+                 steps_at = state_at + h.count * sw * 4, versions_at = steps_at + h.count * cb,
+                 end = versions_at + h.count * cb;
+      if (std::fseek(in.f, 0, SEEK_END) != 0) return table + "cannot seek in " + path;
+      const long size = std::ftell(in.f);
+      if (size != end)
+        return table + path + " has " + std::to_string(size) + " bytes, its header says " + std::to_string(end);
+      if (k > 0 && h.applied != loaded_applied)
+        return table + "the saved deltas were applied up to different iterations (" +
+               std::to_string(loaded_applied) + " and " + std::to_string(h.applied) + " in " + path + ")";
+      loaded_applied = h.applied;
+      if (pass == 0) continue;
+      const Recode recode{static_cast<int>(h.storage), storage_, w};
+      std::vector<int64_t> keys(std::min<int64_t>(h.count, kDeltaChunk));
+      std::vector<char> values(keys.size() * rb), counts(keys.size() * cb * 2);
+      std::vector<float> state(keys.size() * sw), wide;
+      bool ok = true;
+      for (int64_t i0 = 0; i0 < h.count && ok; i0 += kDeltaChunk) {
+        const int64_t m = std::min(kDeltaChunk, h.count - i0);
+        ok = ReadAt(in.f, keys_at + i0 * 8, keys.data(), m * 8) &&
+             ReadAt(in.f, values_at + i0 * rb, values.data(), m * rb) &&
+             ReadAt(in.f, state_at + i0 * sw * 4, state.data(), m * sw * 4) &&
+             ReadAt(in.f, steps_at + i0 * cb, counts.data(), m * cb) &&
+             ReadAt(in.f, versions_at + i0 * cb, counts.data() + m * cb, m * cb);
+        for (int64_t j = 0; j < m && ok; ++j) {
+          if (keys[j] < 0 || keys[j] >= spec_.rows()) {
+            Reset();
+            return table + path + " names row " + std::to_string(keys[j]) + ", outside the table's rows [0, " +
+                   std::to_string(spec_.rows()) + "); the shard is back at its initial values";
+          }
+          if (!placement_.Holds(rank_, keys[j])) continue;
+          const int64_t r = slot_(keys[j]);
+          if (h.storage == storage_) std::memcpy(&values_[r * row_bytes_], values.data() + j * rb, rb);
+          else RecodeSlot(recode, values.data() + j * rb, &values_[r * row_bytes_], &wide);
+          if (sw) std::memcpy(&state_[r * sw], state.data() + j * sw, sw * 4);
+          int64_t step = 0, version = 0;
+          if (cb == 8) {
+            std::memcpy(&step, counts.data() + j * 8, 8);
+            std::memcpy(&version, counts.data() + (m + j) * 8, 8);
+          } else {
+            int32_t s32, v32;
+            std::memcpy(&s32, counts.data() + j * 4, 4);
+            std::memcpy(&v32, counts.data() + (m + j) * 4, 4);
+            step = s32;
+            version = v32;
+          }
+          counters_.Load(r, step, version);
+        }
+      }
+      if (!ok) {
+        Reset();  // some rows may be applied already: never leave a half-loaded shard
+        return table + "reading " + path + " failed; the shard is back at its initial values";
+      }
+    }
+  }
+  applied = loaded_applied;
+  counters_.Rebound();
+  if (!was_wide && counters_.wide())
+    PS_VLOG(0) << "table '" << name_ << "', server " << rank_
+               << ": step counts and versions are 64 bits from now on (the delta holds counts past 2^31 - 1)";
+  *bytes_read = t_read_bytes;
+  ForgetPending();
   return "";
 }
 

@@ -74,6 +74,18 @@ class TableShard {
   // error), the shard is reset to its initial values rather than left half loaded.
   std::string Load(const std::string& dir);
 
+  // Incremental checkpoints. A save or load given a mark (>= 0) records it with every row's
+  // version (MarkSaved); a delta then holds the rows whose version changed since (an update or
+  // an admit raised it), their optimizer state, steps and versions, one file per shard, and
+  // records its own mark. A delta whose base is not the recorded mark is refused: its rows would
+  // be relative to another save. A dense shard's delta is the whole shard (Save's file).
+  void MarkSaved(int64_t mark);
+  int64_t saved_mark() const { return saved_mark_; }
+  std::string SaveDelta(const std::string& dir, int rank, int num_servers, int64_t base, int64_t mark);
+  // Applies the deltas of a SaveDelta by any number of servers on top of the rows here (a load
+  // of the delta's base, or of the delta before it): the rows of this shard among them.
+  std::string LoadDelta(const std::string& dir);
+
   // What this process's shards have written and read for checkpoints, and the seconds spent
   // (files opened to closed, the fsync included): a server's checkpoint rates.
   struct CheckpointCounters {
@@ -92,9 +104,14 @@ class TableShard {
   std::unordered_map<int64_t, int64_t> admitted_keys;
 
  private:
+  // A load's rows replace everything: the BSP pushes and admits of no iteration are pending.
+  void ForgetPending();
   std::string FileName(const std::string& dir, int rank, int num_servers) const;
   std::string SaveFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const;
   std::string LoadFiles(const std::string& dir, int64_t* bytes);
+  std::string DeltaFileName(const std::string& dir, int rank, int num_servers) const;
+  std::string SaveDeltaFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const;
+  std::string LoadDeltaFiles(const std::string& dir, int64_t* bytes);
   int64_t Unit(int64_t key) const { return dense() ? 0 : slot_(key); }
   // Rows are visited in key order but scattered in memory: start loading a few ahead.
   static constexpr int64_t kAhead = 8;
@@ -123,6 +140,10 @@ class TableShard {
   HugeArray<char> values_;     // rows in slot order, row_bytes_ each
   HugeArray<float> state_;
   UnitCounters counters_;      // every unit's step count and version
+  // Incremental checkpoints: every unit's version at the marked save (its low 32 bits: a
+  // version only rises, and never by 2^32 between two saves), and that save's mark (-1: none).
+  HugeArray<uint32_t> saved_versions_;
+  int64_t saved_mark_ = -1;
 };
 
 }  // namespace ps

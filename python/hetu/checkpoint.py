@@ -14,8 +14,22 @@ so that at every instant NAME or NAME.previous holds a complete checkpoint; loca
 Temporary folders of interrupted saves are removed by the next save. Loading checks every
 file against meta.json first: a changed byte is an error naming the file.
 
-HETU_CHECKPOINT_STOP_AT=POINT kills the saving process (SIGKILL) at one of STOP_POINTS, to
-test that every step of the swap leaves a checkpoint to resume from.
+Incremental checkpoints (save's `full_every` K > 1): every K-th save is full, the ones between
+are deltas, folders NAME/deltas/000001, 000002, ... each holding what changed since the save
+before it (full or delta): the servers' rows whose version rose (an update or an admit raised
+it), the local tables' rows whose step count moved or (dynamic tables) whose slot was read,
+each with its optimizer state, steps and version; and whole, as in a full checkpoint, the
+local dense parameters, the position (step, dataloaders, the dynamic tables' key directories)
+and meta.json. A delta is written in `deltas/.tmp-NNNNNN.XXXXXXXX`, sealed as a full one is
+(synced, checksummed) and renamed into place, so a delta is there whole or not at all. Each
+save records a random mark (meta.json "mark"), also given to the servers, which keep every
+row's version at the marked save: a delta names its base's mark ("base") and the servers refuse
+one whose base is not the mark they hold, so a delta never counts its rows from another save.
+Load takes the full checkpoint and applies its deltas in order; the next full save swaps the
+whole chain out.
+
+HETU_CHECKPOINT_STOP_AT=POINT kills the saving process (SIGKILL) at one of STOP_POINTS or
+DELTA_STOP_POINTS, to test that every step of a save leaves a checkpoint to resume from.
 """
 import hashlib
 import json
@@ -24,12 +38,16 @@ import re
 import shutil
 import signal
 import tempfile
+import weakref
 
 import numpy as np
 
+from . import cuda
+
 META = "meta.json"
 PREVIOUS = ".previous"
-STOP_POINTS = ("written", "old-set-aside", "new-in-place")
+STOP_POINTS = ("written", "old-set-aside", "new-in-place")   # a full checkpoint's swap
+DELTA_STOP_POINTS = ("delta-written",)   # a delta sealed, not yet renamed into place
 
 
 def _stop_point(point):
@@ -170,17 +188,60 @@ def verify(folder, meta, only=None):
 ARRAYS = "arrays.npz"
 SERVERS = "ps"   # the servers' shards of every table on them
 DYNAMIC = "dynamic.npz"   # the dynamic tables' key directories (hetu.dynamic.TableKeys.state)
+DELTAS = "deltas"   # a full checkpoint's deltas, in order: deltas/000001, deltas/000002, ...
+ROWS = "rows.npz"   # a delta's rows of the tables this process holds
 
 
-def save(executor, directory, run=None):
+class _Baseline:
+    """What worker 0 knows of its last save or load, which a delta continues: its mark, its step,
+    and the step counts of the tables this process holds (a row whose count moved changed)."""
+
+    def __init__(self, mark, iteration, steps):
+        self.mark, self.iteration, self.steps = mark, iteration, steps
+
+
+_baselines = weakref.WeakKeyDictionary()   # executor -> _Baseline
+
+
+def _new_mark():
+    return int.from_bytes(os.urandom(8), "little") >> 2 or 1   # > 0: 0 means "no mark"
+
+
+def save(executor, directory, run=None, full_every=1):
     """Executor.save: every worker calls it at the same step. Pending cached updates are
     flushed first (a collective push); then worker 0 has the servers write their shards and
-    writes the rest itself (local parameters are the same on every worker)."""
+    writes the rest itself (local parameters are the same on every worker). With `full_every`
+    K > 1, the saves between two full ones (every K-th) are deltas of the one before. Returns
+    what worker 0 wrote, "full" or "delta N"; None on the other workers."""
+    if full_every < 1:
+        raise ValueError(f"checkpoint {directory}: a full checkpoint every {full_every} saves: it must be 1 or more")
     executor.flush()
     executor.barrier()   # every worker's pushes are in, so the servers have applied them all
+    written = None
     if executor.graph.rank == 0:
-        _write(executor, os.path.abspath(directory), run)
+        directory = os.path.abspath(directory)
+        chain = _continued_chain(executor, directory)
+        if chain is not None and len(chain) + 1 < full_every:
+            _write_delta(executor, directory, run, len(chain) + 1)
+            written = f"delta {len(chain) + 1}"
+        else:
+            _write(executor, directory, run)
+            written = "full"
     executor.barrier()   # no worker pushes again before the servers have written
+    return written
+
+
+def _continued_chain(executor, directory):
+    """The deltas of the checkpoint at `directory` when its last save (full or delta) is this
+    executor's last save or load, so that a delta can follow it; else None."""
+    baseline = _baselines.get(executor)
+    if baseline is None or not os.path.exists(os.path.join(directory, META)):
+        return None
+    try:
+        metas = [read_meta(directory)] + [m for _, m in _chain(directory)]
+    except ValueError:
+        return None   # a damaged chain: a full checkpoint starts a new one
+    return metas[1:] if metas[-1].get("mark") == baseline.mark else None
 
 
 def _on_servers(graph):
@@ -189,63 +250,173 @@ def _on_servers(graph):
     return [(p, graph.caches.get(p.id, graph.remote[p.id])) for p in graph.parameters if p.id in graph.remote]
 
 
+def _local_tables(graph):
+    """The embedding tables this process holds and steps row by row."""
+    return [p for p in graph.parameters if p.id in graph.row_stepped and p.id not in graph.remote]
+
+
+def _meta(executor, run, mark):
+    graph = executor.graph
+    return {**executor.state.state(),
+            "optimizer_steps": {op.name: op.step_count for op in graph.optimizer_ops},
+            "workers": graph.num_workers, "servers": executor.num_servers(),
+            "clocks": {p.name: source.state() for p, source in _on_servers(graph)},
+            "tables": {p.name: list(p.shape) for p, _ in _on_servers(graph)},
+            "loaders": [op.state() for op in graph.dataloaders],
+            "dynamic": [{"name": keys.name, **vars(keys.table)} for keys in graph.dynamic_keys],
+            "global_batches": [op.global_batches() for op in graph.dataloaders],
+            "mark": mark, "run": run}
+
+
+def _write_dynamic(graph, folder):
+    if graph.dynamic_keys:   # every worker's replica is the same: worker 0's is saved
+        np.savez(os.path.join(folder, DYNAMIC), **{f"{i}/{k}": v for i, keys in enumerate(graph.dynamic_keys)
+                                                   for k, v in keys.state().items()})
+
+
+def _set_baseline(executor, mark):
+    """Worker 0's record of the save or load just done (mark), which the next delta continues."""
+    params = executor.params
+    steps = {p.id: np.array(cuda.to_host(params.opt_states[p.id][1]), copy=True)
+             for p in _local_tables(executor.graph) if p.id in params.opt_states}
+    _baselines[executor] = _Baseline(mark, executor.state.iteration, steps)
+
+
 def _write(executor, directory, run):
     graph = executor.graph
     tmp = new_folder(directory)
+    mark = _new_mark()
     try:
         for p, _ in _on_servers(graph):
-            graph.remote[p.id].save(os.path.join(tmp, SERVERS))
+            graph.remote[p.id].save(os.path.join(tmp, SERVERS), mark)
         np.savez(os.path.join(tmp, ARRAYS), **executor.params.state())
-        if graph.dynamic_keys:   # every worker's replica is the same: worker 0's is saved
-            np.savez(os.path.join(tmp, DYNAMIC), **{f"{i}/{k}": v for i, keys in enumerate(graph.dynamic_keys)
-                                                    for k, v in keys.state().items()})
-        meta = {**executor.state.state(),
-                "optimizer_steps": {op.name: op.step_count for op in graph.optimizer_ops},
-                "workers": graph.num_workers, "servers": executor.num_servers(),
-                "clocks": {p.name: source.state() for p, source in _on_servers(graph)},
-                "tables": {p.name: list(p.shape) for p, _ in _on_servers(graph)},
-                "loaders": [op.state() for op in graph.dataloaders],
-                "dynamic": [{"name": keys.name, **vars(keys.table)} for keys in graph.dynamic_keys],
-                "global_batches": [op.global_batches() for op in graph.dataloaders],
-                "run": run}
-        seal(tmp, meta)
+        _write_dynamic(graph, tmp)
+        seal(tmp, _meta(executor, run, mark))
         swap_in(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _set_baseline(executor, mark)
 
 
-def info(directory):
-    """Executor.checkpoint_info: the meta.json of `directory`, or of the checkpoint before it
-    where a save was interrupted while replacing it (locate)."""
-    folder, _ = locate(directory)
+def _changed_rows(executor, p, baseline):
+    """Rows of local table `p` changed since the baseline: those whose step count moved (an
+    update), and in a dynamic table those whose slot was read since (an admission resets a row
+    and its step count; its key was read at that step)."""
+    params, n = executor.params, p.shape[0]
+    changed = np.zeros(n, bool)
+    if p.id in params.opt_states:
+        steps = cuda.to_host(params.opt_states[p.id][1])
+        changed |= steps != baseline.steps.get(p.id, 0)
+    for keys in executor.graph.dynamic_keys:
+        if p.id in keys.tables:
+            state = keys.directory.state()
+            changed[np.asarray(state["slots"])[np.asarray(state["last_read"]) >= baseline.iteration]] = True
+    return np.flatnonzero(changed)
+
+
+def _write_delta(executor, directory, run, number):
+    graph, params = executor.graph, executor.params
+    baseline = _baselines[executor]
+    deltas = os.path.join(directory, DELTAS)
+    os.makedirs(deltas, exist_ok=True)
+    final = os.path.join(deltas, f"{number:06d}")
+    tmp = new_folder(final)
+    mark = _new_mark()
+    try:
+        for p, _ in _on_servers(graph):
+            graph.remote[p.id].save_delta(os.path.join(tmp, SERVERS), baseline.mark, mark)
+        tables = _local_tables(graph)
+        rows = {}
+        for p in tables:
+            at = _changed_rows(executor, p, baseline)
+            rows[f"rows/{p.name}"] = at
+            rows[f"param/{p.name}"] = cuda.to_host(params.values[p.id][at])
+            if p.id in params.opt_states:
+                state, steps = params.opt_states[p.id]
+                rows[f"optstate/{p.name}"] = cuda.to_host(state[at])
+                rows[f"optsteps/{p.name}"] = cuda.to_host(steps[at])
+        if rows:
+            np.savez(os.path.join(tmp, ROWS), **rows)
+        whole = {f"{kind}/{p.name}" for p in tables for kind in ("param", "optstate", "optsteps")}
+        np.savez(os.path.join(tmp, ARRAYS), **{k: v for k, v in params.state().items() if k not in whole})
+        _write_dynamic(graph, tmp)
+        seal(tmp, {**_meta(executor, run, mark), "delta": number, "base": baseline.mark})
+        _stop_point("delta-written")
+        os.rename(tmp, final)
+        _fsync(deltas, folder=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _set_baseline(executor, mark)
+
+
+def _chain(folder):
+    """[(delta folder, its meta)] of the full checkpoint in `folder`, in order, each checked to
+    follow the one before (its number and base mark). Interrupted deltas (.tmp-) are not in it."""
+    deltas = os.path.join(folder, DELTAS)
+    if not os.path.isdir(deltas):
+        return []
+    names = sorted(e for e in os.listdir(deltas) if re.fullmatch(r"\d{6}", e))
+    chain, mark = [], read_meta(folder).get("mark")
+    for number, name in enumerate(names, 1):
+        path = os.path.join(deltas, name)
+        meta = read_meta(path)
+        if int(name) != number or meta.get("delta") != number:
+            raise ValueError(f"checkpoint {folder}: delta {path} is number {meta.get('delta')} of the chain, "
+                             f"where number {number} belongs (a delta is missing)")
+        if meta.get("base") != mark or mark is None:
+            raise ValueError(f"checkpoint {folder}: delta {path} follows the save marked {meta.get('base')}, the "
+                             f"one before it is marked {mark}: the chain is broken")
+        chain.append((path, meta))
+        mark = meta.get("mark")
+    return chain
+
+
+def _full_meta(folder):
     if not os.path.exists(os.path.join(folder, ARRAYS)):
         raise FileNotFoundError(f"{folder} is not a hetu checkpoint (no {ARRAYS})")
     return read_meta(folder)
 
 
+def info(directory):
+    """Executor.checkpoint_info: the meta.json of `directory` (of its last delta, if it has
+    any), or of the checkpoint before it where a save was interrupted while replacing it
+    (locate)."""
+    folder, _ = locate(directory)
+    full = _full_meta(folder)
+    chain = _chain(folder)
+    return chain[-1][1] if chain else full
+
+
 def load(executor, directory):
-    """Executor.load: every file and the shape of the run are checked before anything changes."""
+    """Executor.load: every file and the shape of the run are checked before anything changes;
+    a full checkpoint's deltas are applied in order."""
     graph = executor.graph
     directory, _ = locate(directory)
-    meta = info(directory)
+    full = _full_meta(directory)
+    chain = _chain(directory)
+    meta = chain[-1][1] if chain else full
     # The servers' shards are checked by worker 0, the one that has the servers load them.
-    verify(directory, meta, only=None if graph.rank == 0 else ARRAYS)
+    verify(directory, full, only=None if graph.rank == 0 else ARRAYS)
+    for path, delta in chain:
+        verify(path, delta, only=None if graph.rank == 0 else (ARRAYS, ROWS))
     if executor.state.iteration:
         raise RuntimeError(f"load {directory}: this executor has trained {executor.state.iteration} steps; "
                            f"load a checkpoint into a new one")
     _check_shape(graph, directory, meta)
-    with np.load(os.path.join(directory, ARRAYS)) as data:
-        arrays = {key: data[key] for key in data.files}
+    arrays = _load_arrays(graph, directory, chain)
     for p, _ in _on_servers(graph):
         if p.name not in meta.get("clocks", {}):
             raise KeyError(f"checkpoint {directory} has no parameter {p.name} on the servers")
     executor.params.check(arrays, f"checkpoint {directory}")
-    dynamic = _dynamic_arrays(graph, directory, meta)
+    dynamic = _dynamic_arrays(graph, chain[-1][0] if chain else directory, meta)
 
     if graph.rank == 0:
         for p, _ in _on_servers(graph):
-            graph.remote[p.id].load(os.path.join(directory, SERVERS))
+            graph.remote[p.id].load(os.path.join(directory, SERVERS), full.get("mark", 0))
+            for path, delta in chain:
+                graph.remote[p.id].load_delta(os.path.join(path, SERVERS), delta["mark"])
     executor.barrier()   # every table is loaded before any worker reads one
     step = meta["iteration"]
     for p, source in _on_servers(graph):
@@ -260,6 +431,34 @@ def load(executor, directory):
         keys.restore(arrays, step)
     if graph.scheduler is not None:
         graph.scheduler.start_at(step)   # Herald's plans restart with the caches at the step reached
+    if graph.rank == 0 and meta.get("mark"):
+        _set_baseline(executor, meta["mark"])
+
+
+def _load_arrays(graph, directory, chain):
+    """The local arrays of the full checkpoint with its deltas applied: each delta's dense
+    arrays replace the ones before, its rows are written into the tables'."""
+    with np.load(os.path.join(directory, ARRAYS)) as data:
+        arrays = {key: data[key] for key in data.files}
+    for path, _ in chain:
+        with np.load(os.path.join(path, ARRAYS)) as data:
+            arrays.update({key: data[key] for key in data.files})
+        if not os.path.exists(os.path.join(path, ROWS)):
+            continue
+        with np.load(os.path.join(path, ROWS)) as data:
+            rows = {key: data[key] for key in data.files}
+        for p in _local_tables(graph):
+            at = rows.get(f"rows/{p.name}")
+            if at is None:
+                raise KeyError(f"checkpoint delta {path} has no rows of table {p.name}")
+            for kind in ("param", "optstate", "optsteps"):
+                if f"{kind}/{p.name}" not in rows:
+                    continue
+                part = rows[f"{kind}/{p.name}"]
+                if f"{kind}/{p.name}" not in arrays:   # no optimizer state before this delta
+                    arrays[f"{kind}/{p.name}"] = np.zeros((p.shape[0], *part.shape[1:]), part.dtype)
+                arrays[f"{kind}/{p.name}"][at] = part
+    return arrays
 
 
 def _dynamic_arrays(graph, directory, meta):
@@ -309,7 +508,9 @@ def resumed_from(executor, directory):
     """Executor.resumed_from: the step, and the cluster that wrote the checkpoint against this one."""
     meta = info(directory)
     tables = len(meta.get("tables", meta.get("clocks", {})))
-    return (f"resumed {directory} at step {meta['iteration']}: written by {meta.get('workers', 1)} worker(s) and "
-            f"{meta.get('servers', 0)} server(s), continued by {executor.graph.num_workers} and "
+    deltas = meta.get("delta", 0)
+    chain = f" (a full checkpoint and {deltas} delta{'s' * (deltas != 1)})" if deltas else ""
+    return (f"resumed {directory} at step {meta['iteration']}{chain}: written by {meta.get('workers', 1)} worker(s) "
+            f"and {meta.get('servers', 0)} server(s), continued by {executor.graph.num_workers} and "
             f"{executor.num_servers()}; every file's sha256 checked"
             + (f", the servers' rows of {tables} table(s) counted as loaded" if tables else ""))

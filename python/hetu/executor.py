@@ -185,6 +185,8 @@ class Executor:
         loaders = [d.loader(name) for d in self.graph.dataloaders if name in d.dataloaders]
         if not loaders:
             raise ValueError(f"subgraph {name!r} has no dataloader")
+        if any(d.batch_num is None for d in loaders):
+            return None   # a stream (hetu.streaming): it has no length; it ends when its data stop
         return min(d.batch_num for d in loaders)
 
     # --- parameters ----------------------------------------------------------------------------
@@ -194,7 +196,7 @@ class Executor:
         return self.params.snapshot()
 
     # --- checkpoints (hetu.checkpoint) ---------------------------------------------------------
-    def save(self, directory, run=None):
+    def save(self, directory, run=None, full_every=1):
         """A checkpoint from which load() continues the run exactly: parameters, optimizer state,
         running statistics, the step reached and the batch every dataloader reads next. `run`:
         anything of the caller's (e.g. its flags), returned by checkpoint_info().
@@ -203,8 +205,10 @@ class Executor:
         servers write their shards of the tables, worker 0 the rest, into a new folder beside the
         old one, synced, checksummed and swapped in, so that a save interrupted at any point
         leaves a complete checkpoint to resume from. The servers write on their own hosts: across
-        hosts, the folder must be on a shared file system."""
-        checkpoint.save(self, directory, run)
+        hosts, the folder must be on a shared file system. With `full_every` K > 1, the saves
+        between every K-th (full) one are deltas: what changed since the save before. Returns
+        what worker 0 wrote ("full" or "delta N"); None on the other workers."""
+        return checkpoint.save(self, directory, run, full_every)
 
     @staticmethod
     def checkpoint_info(directory):

@@ -1,5 +1,6 @@
 // kSave, kLoad and kClear: a whole table on every server.
-//   request:  no blobs; meta path: the folder (kSave, kLoad)
+//   request:  no blobs; meta path: the folder (kSave, kLoad); meta arg: the checkpoint's mark
+//             (> 0), recorded with every row's version for the deltas that follow (ops/delta.cc)
 //   answer:   nothing; an error for a path outside the job's checkpoint folders or a failed
 //             save or load (table.h says what a shard writes and reads)
 // kClear puts the table back to its initializer's values, with no optimizer state, steps,
@@ -22,13 +23,17 @@ bool ServeSave(Serving& s) {
   }
   std::error_code ec;
   std::filesystem::create_directories(path, ec);
-  s.Reply({}, s.table().Save(path, s.server.po().rank(), s.server.po().num_servers()));
+  const std::string error = s.table().Save(path, s.server.po().rank(), s.server.po().num_servers());
+  if (error.empty() && s.msg.meta.arg() > 0) s.table().MarkSaved(s.msg.meta.arg());
+  s.Reply({}, error);
   return true;
 }
 
 bool ServeLoad(Serving& s) {
-  const std::string refused = s.server.Unconfined(s.table(), "load", s.msg.meta.path());
-  s.Reply({}, refused.empty() ? s.table().Load(s.msg.meta.path()) : refused);
+  std::string error = s.server.Unconfined(s.table(), "load", s.msg.meta.path());
+  if (error.empty()) error = s.table().Load(s.msg.meta.path());
+  if (error.empty() && s.msg.meta.arg() > 0) s.table().MarkSaved(s.msg.meta.arg());
+  s.Reply({}, error);
   return true;
 }
 
@@ -38,23 +43,31 @@ bool ServeClear(Serving& s) {
   return true;
 }
 
-Handle Admin(RemoteTable& table, int op, const std::string& path) {
+}  // namespace
+
+Handle Admin(RemoteTable& table, int op, const std::string& path, int64_t mark, const std::vector<int64_t>& args) {
   const TableRef& t = table.ref();
   auto req = Send([&](KVWorker& w) {
     auto r = w.NewRequest(t, op);
     w.AllServers(r.get());
-    w.Send(r, t.name, [&](Message& m, const Part&) { m.meta.set_path(path); });
+    w.Send(r, t.name, [&](Message& m, const Part&) {
+      m.meta.set_path(path);
+      m.meta.set_arg(mark);
+      if (!args.empty()) m.data.push_back(Blob::FromVector(std::vector<int64_t>(args)));
+    });
     return r;
   });
   return Handle(req, py::list());
 }
 
+namespace {
+
 void Bind(PyFace& f) {
-  f.table.def("save", [](RemoteTable& t, const std::string& path) { return Admin(t, kSave, path); }, py::kw_only(),
-              py::arg("path"));
-  f.table.def("load", [](RemoteTable& t, const std::string& path) { return Admin(t, kLoad, path); }, py::kw_only(),
-              py::arg("path"));
-  f.table.def("clear", [](RemoteTable& t) { return Admin(t, kClear, ""); });
+  f.table.def("save", [](RemoteTable& t, const std::string& path, int64_t mark) { return Admin(t, kSave, path, mark); },
+              py::kw_only(), py::arg("path"), py::arg("mark") = 0);
+  f.table.def("load", [](RemoteTable& t, const std::string& path, int64_t mark) { return Admin(t, kLoad, path, mark); },
+              py::kw_only(), py::arg("path"), py::arg("mark") = 0);
+  f.table.def("clear", [](RemoteTable& t) { return Admin(t, kClear, "", 0); });
 }
 
 }  // namespace

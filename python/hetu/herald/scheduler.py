@@ -83,12 +83,17 @@ class Scheduler(SamplePlan):
         HeraldOptions(lookahead, allocator, planners=planners, planner_threads=planner_threads)   # checks them
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
-        if batches.batch_num < 1:
+        # A stream (hetu.streaming.StreamFeed) has no id table and no known length: each global
+        # batch's keys are submitted as they arrive (a dynamic table's: streams are hashed).
+        self._stream = batches if batches.batch_num is None else None
+        if self._stream is not None and table_keys is None:
+            raise ValueError("Herald on a stream plans a dynamic table's keys: the stream needs --table-capacity")
+        if self._stream is None and batches.batch_num < 1:
             raise ValueError(f"Herald: {batches.samples} samples make no global batch of "
                              f"{num_workers} x {batch_size}")
         # The planning thread gathers each global batch's ids itself, without the GIL: it needs
         # the whole id table as one int64 [samples, fields] array (a memory map is not copied).
-        sparse = np.asarray(sparse)
+        sparse = np.zeros((0, 1), np.int64) if self._stream is not None else np.asarray(sparse)
         if sparse.dtype != np.int64 or sparse.ndim != 2:
             raise TypeError(f"Herald: sparse ids must be an int64 [samples, fields] array, got {sparse.dtype} "
                             f"{sparse.shape}")
@@ -150,7 +155,7 @@ class Scheduler(SamplePlan):
             self._thread = _C.PlanReceiver(name, self.rank, self.host_ranks[0], history, self.timeout)
         # The planner counts its iterations from 0: global batch `step` is its iteration 0.
         self._first = self._submitted = int(step)
-        self._submit(step + self.lookahead)
+        self._submit(step + self.lookahead, wait=False)
 
     # --- consumers ----------------------------------------------------------------------------
     def samples(self, t):
@@ -167,7 +172,7 @@ class Scheduler(SamplePlan):
         # The look-ahead is submitted after the timer: on busy cores the planning thread, woken
         # here, may take this thread's core for a plan's time, which is the planner's cost
         # ("sched s"), not a wait for this plan.
-        self._submit(t + self.lookahead + 1)
+        self._submit(t + self.lookahead + 1, wait=False)
         plan.iteration += self._first
         return plan, waited
 
@@ -175,24 +180,32 @@ class Scheduler(SamplePlan):
         """Stops the planning thread (after the iteration it is computing)."""
         self._thread.close()
 
-    def _submit(self, last):
+    def _submit(self, last, wait=True):
         """Hands the planning thread the global batches up to `last`: a plan taken asks for
         `lookahead` more, so that the thread works ahead of training. (A worker that takes its
         host's plans submits nothing: the host's planner follows its own worker's steps, which
-        synchronous training keeps within a step of this one's.)"""
+        synchronous training keeps within a step of this one's.) A stream's batches not there yet
+        are waited for if `wait`, else left to a later call."""
         if last < self._submitted or not self.plans_here:   # the loaders' usual case: handed over, no lock
             return
         with self._lock:
             while self._submitted <= last:
-                step, samples = self._submitted, self.batches.indices(self._submitted)
+                step = self._submitted
                 if self._planner_keys is None:
-                    self._thread.submit(step - self._first, samples)
+                    self._thread.submit(step - self._first, self.batches.indices(step))
                 else:
-                    global_keys = self._ids[samples]
+                    global_keys = self._global_keys(step, wait)
+                    if global_keys is None:
+                        return
                     slots = self._planner_keys.train(step, global_keys, global_keys)
                     self._thread.submit_ids(step - self._first, slots,
                                             self._planner_keys.current.reassigned_slots())
                 self._submitted += 1
+
+    def _global_keys(self, step, wait):
+        if self._stream is not None:
+            return self._stream.global_rows(step, wait)
+        return self._ids[self.batches.indices(step)]
 
     def _answer(self, wait, t):
         if t < self._first:

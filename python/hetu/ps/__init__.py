@@ -354,15 +354,28 @@ class Table:
         return flat.reshape(self.shape)
 
     # whole table
-    def save(self, directory):
+    def save(self, directory, mark=0):
         """Every server writes its shard (values, optimizer state, steps, versions) to
         directory/<name>.shard<s>-of-<S>.bin (temp file + atomic rename). Call with no pushes
-        in flight (e.g. after a barrier): buffered BSP pushes are not saved."""
-        return Handle(self._t.save(path=os.path.abspath(directory)))
+        in flight (e.g. after a barrier): buffered BSP pushes are not saved. A `mark` > 0 is
+        recorded with every row's version: save_delta(base=mark) writes the rows changed since."""
+        return Handle(self._t.save(path=os.path.abspath(directory), mark=int(mark)))
 
-    def load(self, directory):
-        """Reads what save() wrote; the table must have the same shape, optimizer and server count."""
-        return Handle(self._t.load(path=os.path.abspath(directory)))
+    def load(self, directory, mark=0):
+        """Reads what save() wrote; the table must have the same shape, optimizer and server count.
+        A `mark` > 0 is recorded as save()'s is."""
+        return Handle(self._t.load(path=os.path.abspath(directory), mark=int(mark)))
+
+    def save_delta(self, directory, base, mark):
+        """Every server writes the rows whose version changed since the save (or load) marked
+        `base` to directory/<name>.delta<s>-of-<S>.bin (a dense tensor: its whole shard) and
+        records `mark`; refused where the rows' last mark is not `base`."""
+        return Handle(self._t.save_delta(path=os.path.abspath(directory), base=int(base), mark=int(mark)))
+
+    def load_delta(self, directory, mark=0):
+        """Applies what save_delta() wrote (by any server count) on top of the rows: a load of
+        its base, then of each delta before it, in order."""
+        return Handle(self._t.load_delta(path=os.path.abspath(directory), mark=int(mark)))
 
     def clear(self):
         """Back to the initializer's values; optimizer state, steps, versions and the BSP

@@ -126,11 +126,17 @@ class RemoteTable:
 
     # Checkpoints (hetu.checkpoint): the servers write and read their shards; the clock, which
     # the loaded tables continue, is recorded beside them.
-    def save(self, folder):
-        self._table.save(folder).wait()
+    def save(self, folder, mark=0):
+        self._table.save(folder, mark).wait()
 
-    def load(self, folder):
-        self._table.load(folder).wait()
+    def load(self, folder, mark=0):
+        self._table.load(folder, mark).wait()
+
+    def save_delta(self, folder, base, mark):
+        self._table.save_delta(folder, base, mark).wait()
+
+    def load_delta(self, folder, mark):
+        self._table.load_delta(folder, mark).wait()
 
     def state(self):
         return self.clock
