@@ -8,7 +8,8 @@ bags) and on its ids alone (every model; ncf reads just these two fields) and (b
 Criteo; each row gives the validation AUC and logloss (median and range over the seeds) and the
 gap to the logistic regression (the first-order term alone) on the same split: the better of
 `lr` at the shared learning rate and `lr*` at its own (`--lr-baseline-rate`). For DLRM, the same DLRM in PyTorch started from
-hetu's initial parameters (rowwise Adam: hetu's rule) gives the `torch` column.
+hetu's initial parameters gives two columns: under hetu's rule (rowwise Adam: lazy, row-wise
+steps on the tables) and under `torch.optim.Adam` (every row stepped every batch).
 
 `--case`:
 
@@ -269,7 +270,7 @@ def table(args):
           f"embedding {settings['emb']}, {settings['epochs']} epoch(s), seeds {' '.join(map(str, args.seeds))}, "
           f"{THREADS} threads; AUC and logloss: median [min, max] over the seeds", flush=True)
     header = (f"{'data':<42} {'model':<6} {'val AUC':>8} {'range':>15} {'- LR':>8} {'logloss':>8} {'- LR':>8}"
-              f" {'torch AUC':>9} {'s/run':>6}")
+              f" {'torch AUC':>9} {'torch.optim.Adam':>16} {'s/run':>6}")
     print(header + "\n" + "-" * len(header), flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="hetu-quality-") as workdir:
@@ -284,19 +285,24 @@ def table(args):
                 auc, lo, hi = median_range([v["auc"] for v, _, _ in runs])
                 loss = statistics.median([v["logloss"] for v, _, _ in runs])
                 seconds = statistics.median([s for _, s, _ in runs])
-                torch_auc = None
+                torch_auc = dense_adam_auc = None
                 if name == "dlrm" and not args.no_torch:
                     data = load(cfg)
                     torch_auc = statistics.median([train_torch(cfg, data, seed, workdir)["driver"]["auc"]
                                                    for seed in args.seeds])
+                    if cfg["optimizer"] == "adam":
+                        dense_cfg = dict(cfg, torch_table="dense")
+                        dense_adam_auc = statistics.median([train_torch(dense_cfg, data, seed, workdir)["driver"]["auc"]
+                                                            for seed in args.seeds])
                 if name.startswith("lr"):   # the better logistic regression is the baseline
                     lr = max(lr or (auc, loss), (auc, loss))
                 row = {"data": label, "model": name, "auc": auc, "auc_range": (lo, hi), "logloss": loss,
                        "auc_minus_lr": auc - lr[0], "logloss_minus_lr": loss - lr[1], "torch_auc": torch_auc,
-                       "seconds": seconds, "command": " ".join(runs[0][2][1:]).replace(ROOT + os.sep, "")}
+                       "torch_dense_adam_auc": dense_adam_auc, "seconds": seconds, "command": " ".join(runs[0][2][1:]).replace(ROOT + os.sep, "")}
                 results.append(row)
                 below = " BELOW LR" if auc < lr[0] else ""
                 torch_cell = f"{torch_auc:>9.4f}" if torch_auc is not None else f"{'':>9}"
+                torch_cell += f" {dense_adam_auc:>16.4f}" if dense_adam_auc is not None else f" {'':>16}"
                 gaps = ((f"{'':>8}",) * 2 if name.startswith("lr")   # the baseline itself
                         else (f"{auc - lr[0]:>+8.4f}", f"{loss - lr[1]:>+8.4f}"))
                 print(f"{label:<42} {name:<6} {auc:>8.4f} {f'[{lo:.4f}, {hi:.4f}]':>15} {gaps[0]} "
