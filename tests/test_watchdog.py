@@ -3,6 +3,7 @@ steps ends with one line naming the worker and what it waits on; a worker waitin
 one idle while another trains, is no stall."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -63,8 +64,8 @@ def test_waiting_for_data_holds_the_clock_and_silence_does_not():
     watch.read(0, "hetu-progress 3 0 waiting for data")
     clock.now += 9
     assert watch.stalled({0: "a"}) is None
-    clock.now += watch.silence   # the reports stopped: stopped by a signal, or the interpreter held
-    assert watch.stalled({0: "a"}) == (f"worker 0 on a sent no progress report for {9 + watch.silence:.0f} s "
+    clock.now += 1   # the reports stopped 10 s ago: stopped by a signal, or the interpreter held
+    assert watch.stalled({0: "a"}) == ("worker 0 on a sent no progress report for 10 s "
                                        "(after step 3): it is stopped, or its Python interpreter is held")
     assert StallWatch(0, clock).stalled({}) is None
 
@@ -243,3 +244,22 @@ def test_a_worker_waiting_for_data_longer_than_the_timeout_is_no_stall(tmp_path)
     assert "[worker 0] waiting for data (not a stall)" in err, err[-4000:]
     assert "[worker 0] finished" in out
     assert "hetu-progress" not in out + err   # the reports are the launcher's, not the log's
+
+
+@needs_mpirun
+@pytest.mark.timeout(120)
+def test_a_stopped_worker_whose_reports_stop_ends_the_job(tmp_path):
+    with run_trainer(tmp_path, "server_stopped") as job:   # a long run: it is stopped midway
+        wait_for(lambda: (tmp_path / "step.0").exists(), 60, "the first step")
+        worker = int(wait_for(lambda: [p for p in descendants(job.pid) if Path(f"/proc/{p}/cmdline").read_bytes()
+                                       .endswith(b"\0server_stopped\0") and b"env\0" not in
+                                       Path(f"/proc/{p}/cmdline").read_bytes()], 10, "the worker")[0])
+        time.sleep(progress.report_interval(STALL_TIMEOUT) * 2)   # watched from its first report on
+        os.kill(worker, signal.SIGSTOP)
+        stopped = time.monotonic()
+        out, err = job.communicate(timeout=STALL_TIMEOUT + 30)
+        ended = time.monotonic() - stopped
+    assert job.returncode == 1, err[-4000:]
+    assert re.search(r"\(--stall-timeout\): worker 0 on \S+ sent no progress report for \d+ s \(after step \d+\): "
+                     "it is stopped, or its Python interpreter is held$", stall_line(err)), err[-3000:]
+    assert ended < STALL_TIMEOUT + 12, f"the job ended {ended:.1f} s after the worker stopped"

@@ -29,8 +29,8 @@ class StallWatch:
         self.clock = clock
         self.workers: Dict[int, WorkerProgress] = {}
         self.lock = threading.Lock()   # reports come on the output threads, checks on the main one
-        # Reports come at report_interval; one missed by this much more counts as silence.
-        self.silence = timeout + 2 * report_interval(timeout)
+        # Reports come every report_interval: a worker that missed a few has gone silent.
+        self.silence = 3 * report_interval(timeout)
 
     @staticmethod
     def is_report(line: str) -> bool:
