@@ -357,7 +357,7 @@ def test_the_launcher_gives_its_servers_the_folders_of_the_commands_checkpoints(
     res = run_runner(["-w", "1", "-s", "1", *cmd], tmp_path, env=fake_launcher_env(tmp_path, "wait_workers"))
     assert res.returncode == 0, res.stderr
     [server] = [json.loads(p.read_text()) for p in tmp_path.glob("ps.server.*.json")]
-    assert server["HETU_CHECKPOINT_ROOT"] == f"{tmp_path}/runs:/data/old", server.get("HETU_CHECKPOINT_ROOT")
+    assert server["HETU_CHECKPOINT_ROOT"] == f"{tmp_path}/runs/ckpt:/data/old/ckpt", server.get("HETU_CHECKPOINT_ROOT")
     res = run_runner(["-w", "1", "-s", "1", *cmd], tmp_path, env={**fake_launcher_env(tmp_path, "wait_workers"),
                                                                   "HETU_CHECKPOINT_ROOT": "/srv/ckpts"})
     assert res.returncode == 0, res.stderr

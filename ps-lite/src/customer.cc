@@ -38,6 +38,7 @@ int64_t Customer::Track(const std::shared_ptr<Request>& req) {
     return 0;
   }
   req->remaining = static_cast<int>(req->parts.size());
+  req->sent = std::chrono::steady_clock::now();
   const int64_t ts = next_ts_++;
   if (req->remaining > 0) pending_[ts] = req;
   return ts;
@@ -95,6 +96,26 @@ bool Customer::WaitSettled(const std::shared_ptr<Request>& req, double timeout_s
   std::unique_lock<std::mutex> rl(req->mu);
   return req->cv.wait_for(rl, std::chrono::duration<double>(timeout_s),
                           [&] { return req->remaining == 0 || req->abandoned; });
+}
+
+std::vector<Customer::Unanswered> Customer::InFlight() {
+  std::vector<std::shared_ptr<Request>> pending;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& kv : pending_) pending.push_back(kv.second);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<Unanswered> out;
+  for (const auto& req : pending) {
+    Unanswered u;
+    std::lock_guard<std::mutex> rl(req->mu);
+    u.what = req->what;
+    u.seconds = std::chrono::duration<double>(now - req->sent).count();
+    for (const auto& p : req->parts)
+      if (!p.answered) u.owed_by.push_back(describe_(p.node));
+    if (!u.owed_by.empty()) out.push_back(std::move(u));
+  }
+  return out;
 }
 
 std::string Customer::failure() {

@@ -2,6 +2,7 @@
 // ("part"); it completes when every part has been answered, fails with the servers' error
 // text, or fails when a peer dies. Waits always have a deadline and name who did not answer.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -50,6 +51,7 @@ struct Request {
   int storage = 0;        // the type rows move in (hetu::storage::Type)
   int64_t row_bytes = 0;  // a row as the table stores and moves it (TableRef::row_bytes)
   std::vector<Part> parts;
+  std::chrono::steady_clock::time_point sent;  // when it was tracked (Customer::InFlight)
   std::mutex mu;
   std::condition_variable cv;
   int remaining = 0;
@@ -92,6 +94,16 @@ class Customer {
   // Until every part is answered or the job failed; false on timeout. Never throws.
   bool WaitSettled(const std::shared_ptr<Request>& req, double timeout_s);
   std::string failure();
+
+  // A request still owed answers: how errors name it, seconds since it was sent, and the
+  // nodes that have not answered (described).
+  struct Unanswered {
+    std::string what;
+    double seconds = 0;
+    std::vector<std::string> owed_by;
+  };
+  // The requests in flight now (what a worker that stopped making progress waits on).
+  std::vector<Unanswered> InFlight();
 
  private:
   std::function<std::string(int)> describe_;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <set>
 
 #include "logging.h"
@@ -137,34 +136,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
   return op.serve(s);
 }
 
-KVServer::KVServer(Postoffice* po) : po_(po) {
-  const char* roots = std::getenv("HETU_CHECKPOINT_ROOT");
-  std::string all = roots ? roots : "";
-  for (size_t start = 0; start <= all.size();) {
-    size_t end = all.find(':', start);
-    if (end == std::string::npos) end = all.size();
-    const std::string root = all.substr(start, end - start);
-    std::error_code ec;
-    if (!root.empty()) checkpoint_roots_.push_back(std::filesystem::weakly_canonical(root, ec).string());
-    start = end + 1;
-  }
-}
-
-std::string KVServer::Unconfined(const TableShard& t, const char* what, const std::string& path) const {
-  namespace fs = std::filesystem;
-  if (checkpoint_roots_.empty()) return "";
-  std::error_code ec;
-  // Symbolic links and ".." resolved first: the folder actually written or read is compared.
-  const fs::path real = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  std::string roots;
-  for (const auto& root : checkpoint_roots_) {
-    const fs::path r(root);
-    if (!ec && std::mismatch(r.begin(), r.end(), real.begin(), real.end()).first == r.end()) return "";
-    roots += (roots.empty() ? "" : ", ") + root;
-  }
-  return "table '" + t.name() + "': " + what + " of " + path + " refused: it is outside the job's checkpoint " +
-         "folder (HETU_CHECKPOINT_ROOT: " + roots + ")";
-}
+KVServer::KVServer(Postoffice* po) : po_(po) {}
 
 // ---- reading and taking a push's blobs -------------------------------------------------------
 

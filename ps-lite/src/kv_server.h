@@ -66,9 +66,6 @@ class KVServer {
   // false while more chunks are to come (the chunk's error `err` kept), true at the last (`err`
   // then the push's first error).
   bool LastChunk(const Message& msg, std::string* err);
-  // Why a save or load of `path` is refused: outside every folder of HETU_CHECKPOINT_ROOT (the
-  // launcher sets it from the command's --checkpoint/--resume); empty where allowed or unset.
-  std::string Unconfined(const TableShard& t, const char* what, const std::string& path) const;
 
  private:
   // Hands the request to its op's handler; false: the request must wait (a read whose
@@ -85,7 +82,6 @@ class KVServer {
   void ServeDeferred(Entry& e);
 
   Postoffice* po_;
-  std::vector<std::string> checkpoint_roots_;  // canonical; empty: any path (a job started by hand)
   std::map<std::string, Entry> tables_;
   // Written by the one thread handling data at a time (postoffice.h), read from others.
   std::atomic<int64_t> requests_{0}, rows_{0}, bytes_{0};

@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -144,6 +145,9 @@ void Postoffice::Start() {
   const int port = van_->Bind(cfg_.host, cfg_.port);
   receiver_ = std::thread([this] { ReceiveLoop(); });
   data_thread_ = std::thread([this] { DataLoop(); });
+  // Named for top -H, gdb and the tests that stop one of them.
+  pthread_setname_np(receiver_.native_handle(), "ps-receive");
+  pthread_setname_np(data_thread_.native_handle(), "ps-data");
   Message registration;
   if (cfg_.role == kScheduler) {
     PS_VLOG(1) << "scheduler listening on " << cfg_.host << ":" << port;
@@ -207,6 +211,7 @@ void Postoffice::Start() {
     last_ack_ = NowSeconds();
   }
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  pthread_setname_np(heartbeat_.native_handle(), "ps-heartbeat");
   // Every node has connected its peers once all have reached this barrier, so no request
   // can reach a server before the server can answer it.
   if (cfg_.role != kScheduler) Barrier(kAllGroup, cfg_.start_timeout);

@@ -92,6 +92,15 @@ void BindNode(py::module_& m) {
   m.def("describe", [](int id) { return Node().po->Describe(id); });
   m.def("failure", [] { return Node().po->failure(); });
   m.def("dropped_messages", [] { return Node().po->dropped_messages(); });
+  m.def(
+      "requests_in_flight",
+      [] {
+        py::list out;
+        if (!NodeRunning()) return out;
+        for (const auto& u : Node().customer->InFlight()) out.append(py::make_tuple(u.what, u.seconds, u.owed_by));
+        return out;
+      },
+      "The requests still owed answers: (what, seconds since sent, [nodes that have not answered]).");
   m.def("van_types", [] { return Van::Types(); }, "The DMLC_PS_VAN_TYPE values this build accepts.");
 #ifdef PS_WITH_UCX
   m.def("_ucx_send_raw", [](const std::string& host, int port, const std::string& header, const std::string& payload) {

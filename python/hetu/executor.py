@@ -10,6 +10,7 @@ import numpy as np
 from . import _C, checkpoint, cuda
 from .context import cpu
 from .graph import Variable
+from .launch import progress
 from .ndarray import NDArray
 from .ops.embedding import IndexedSlices
 from .parameters import ParameterStore
@@ -98,6 +99,7 @@ class Executor:
         elif self.config.cuda_graph:
             raise ValueError("cuda_graph=True needs a GPU context (ctx=ht.gpu(i))")
         self.params = ParameterStore(self.graph, self.config.seed, self.state.xp)
+        progress.watch()   # under the launcher's --stall-timeout: this worker's steps are watched
 
     # --- running -------------------------------------------------------------------------------
     def run(self, name="default", feed_dict=None, convert_to_numpy_ret_vals=False, eval_node_list=None,
@@ -125,6 +127,7 @@ class Executor:
             self.graph.counters.add(step_seconds=time.perf_counter() - started)
             self.graph.counters.end_iteration(state.iteration)
             state.iteration += 1
+        progress.step_done()
         outputs = eval_node_list or self.graph.subgraphs[name]
         return [self._output(vals[n.id], convert_to_numpy_ret_vals) for n in outputs]
 

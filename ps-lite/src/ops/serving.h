@@ -18,6 +18,11 @@ struct Serving {
   void Reply(std::vector<Blob> data, const std::string& error) { server.Reply(msg, std::move(data), error); }
 };
 
+// Whether a save or load of the request's path (meta path) falls outside the job's checkpoints
+// (ops/admin.cc, HETU_CHECKPOINT_ROOT): if so it is logged (rate-limited) and answered with the
+// reason. `what`: "save", "load", "delta save" ...
+bool Refused(Serving& s, const char* what);
+
 // Blob i must hold exactly n elements of T; "" or the error.
 template <typename T>
 std::string Expect(const Message& msg, size_t i, int64_t n, const char* what, const std::string& table) {

@@ -11,10 +11,11 @@ its job with it (guard.py). Workers of a host with `gpus: N` in the cluster file
 with -w) get HETU_GPUS=N, from which hetu.dist.devices picks each worker's GPU.
 
 Exit status: 0 all workers succeeded and the servers shut down; 1 a process failed (or servers
-did not shut down in time); 2 bad usage or cluster file; 124 the --timeout elapsed;
-128+signal when interrupted.
+did not shut down in time, or no worker completed a step for --stall-timeout seconds); 2 bad
+usage or cluster file; 124 the --timeout elapsed; 128+signal when interrupted.
 
 Modules: cluster (the cluster file, hosts), ssh (remote command lines), processes (children and
-their output), mpirun (the workers' mpirun), guard (launcher death), job (one job's
-supervision), cli (the command line).
+their output), mpirun (the workers' mpirun), guard (launcher death), leftovers (Open MPI's files
+of a job), progress (a worker's step reports), watchdog (the launcher's stall watch), job (one
+job's supervision), cli (the command line).
 """

@@ -20,6 +20,10 @@ def parse_args(argv):
                          "to the workers as HETU_GPUS: worker w trains --gpu on GPU (w mod N)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="stop the whole job after this many seconds (exit 124)")
+    ap.add_argument("--stall-timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="stop the job when no worker completes a step for this long, naming the worker idle "
+                         "longest and what it waits on (a parameter-server request, a barrier); a worker "
+                         "waiting for data is no stall; 0: off")
     ap.add_argument("--shutdown-timeout", type=float, default=60.0,
                     help="seconds servers and scheduler get to exit after the workers finish")
     ap.add_argument("--kill-grace", type=float, default=5.0,
@@ -39,6 +43,8 @@ def cluster_from_args(args) -> Cluster:
     cluster = _cluster_shape(args)
     if args.van:
         cluster.van = args.van
+    if args.stall_timeout < 0:
+        raise ConfigError(f"--stall-timeout must not be negative, got {args.stall_timeout:g}")
     if args.threads is not None:
         if args.threads <= 0:
             raise ConfigError(f"--threads must be at least 1, got {args.threads}")
@@ -95,7 +101,7 @@ def main(argv=None) -> int:
         print(f"heturun: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     job = Job(cluster, command, args.timeout, args.shutdown_timeout, args.kill_grace,
-              args.verbose)
+              args.verbose, args.stall_timeout)
     _install_signal_handlers(job)
     try:
         return job.run()

@@ -16,16 +16,15 @@ the session folder's contact.txt, and any a process of the job had mapped).
 
     python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE JOB_MARK
 """
-import glob
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
+from .leftovers import OpenMpiFiles
 from .processes import (is_running, kill_snapshot, proc_starttime, processes_with_env, signal_group,
                         snapshot_tree)
 
@@ -85,62 +84,6 @@ def read_launcher(stream, folders=None) -> Tuple[List[Tuple[int, Optional[str], 
 
 
 MPIRUN_LABEL = "mpirun (workers)"
-SHM = "/dev/shm"
-
-
-def mpi_session_folders(mpirun_pids: List[int]) -> List[str]:
-    """Open MPI 4's session folders of these mpirun processes: TMPDIR/ompi.HOST.UID/pid.PID."""
-    base = tempfile.gettempdir()   # TMPDIR, TEMP, TMP, else /tmp: where Open MPI puts them too
-    return [f for pid in mpirun_pids for f in glob.glob(os.path.join(base, f"ompi.*.{os.getuid()}", f"pid.{pid}"))]
-
-
-def mpi_job_families(sessions: List[str]) -> List[int]:
-    """The job families of the session folders' mpirun: contact.txt begins "JOBID.VPID;"."""
-    families = []
-    for folder in sessions:
-        try:
-            with open(os.path.join(folder, "contact.txt")) as f:
-                families.append(int(f.read().split(".", 1)[0]) >> 16)
-        except (OSError, ValueError):
-            continue
-    return families
-
-
-def mapped_segments(pids) -> List[str]:
-    """The /dev/shm files these processes have mapped (Open MPI's shared-memory segments)."""
-    found = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    fields = line.split(maxsplit=5)   # address, perms, offset, dev, inode[, path]
-                    if len(fields) == 6 and fields[5].startswith(SHM + "/vader_segment."):
-                        found.add(fields[5].strip())
-        except OSError:
-            continue
-    return sorted(found)
-
-
-def family_segments(families: List[int]) -> List[str]:
-    """/dev/shm/vader_segment.HOST.UID.JOBID.RANK of these job families (JOBID in hex)."""
-    out = []
-    for path in glob.glob(os.path.join(SHM, "vader_segment.*")):
-        try:
-            if int(path.rsplit(".", 2)[1], 16) >> 16 in families:
-                out.append(path)
-        except (IndexError, ValueError):
-            continue
-    return out
-
-
-def remove_leftovers(folders: List[str], sessions: List[str], segments: List[str]):
-    for folder in folders + sessions:
-        shutil.rmtree(folder, ignore_errors=True)
-    for path in segments:
-        try:
-            os.remove(path)
-        except OSError:
-            pass
 
 
 def stop_job(started, grace: float, job_mark: str):
@@ -151,10 +94,8 @@ def stop_job(started, grace: float, job_mark: str):
     marked = [pid for pid in processes_with_env(job_mark) if pid != os.getpid()]
     tree: Dict[int, Optional[str]] = {pid: proc_starttime(pid) for pid in pids + marked}
     tree.update(snapshot_tree(pids + marked))
-    # Read while the job runs: what names its Open MPI files.
-    sessions = mpi_session_folders([pid for pid, _, label in started if label == MPIRUN_LABEL])
-    segments = mapped_segments(tree)
-    families = mpi_job_families(sessions)
+    mpi_files = OpenMpiFiles(pid for pid, _, label in started if label == MPIRUN_LABEL)
+    mpi_files.note(tree)   # read while the job runs: what names its Open MPI files
     for pid in pids:
         signal_group(pid, signal.SIGTERM)
     kill_snapshot({pid: tree[pid] for pid in marked}, signal.SIGTERM)
@@ -167,7 +108,7 @@ def stop_job(started, grace: float, job_mark: str):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(is_running(p, s) for p, s in tree.items()):
         time.sleep(0.05)   # a file is removed once no process of the job writes it again
-    return sessions, segments + family_segments(families)
+    return mpi_files
 
 
 def main(argv=None):
@@ -183,8 +124,10 @@ def main(argv=None):
               f"{', '.join(labels) or 'nothing was started'}", file=sys.stderr, flush=True)
     except OSError:
         pass   # the launcher's stderr may have gone with it; the job is stopped all the same
-    sessions, segments = stop_job(started, float(grace), job_mark)
-    remove_leftovers(folders, sessions, segments)
+    mpi_files = stop_job(started, float(grace), job_mark)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    mpi_files.remove()
     return 1
 
 

@@ -17,8 +17,12 @@ from .cluster import Cluster, Node, is_local, resolve, root_address
 from .guard import MPIRUN_LABEL, LauncherGuard
 from .mpirun import (WORKER_SHIM, MpiOutputDemux, MpirunReport, ambient_mpi_settings, given_mca,
                      mpi_interface_options, mpirun_options, pump_mpirun)
-from .processes import Proc, describe_status, emit, kill_snapshot, snapshot_tree, start_process
+from .leftovers import OpenMpiFiles
+from .processes import (Proc, describe_status, emit, is_running, kill_snapshot, proc_starttime,
+                        processes_with_env, snapshot_tree, start_process)
+from .progress import STALL_TIMEOUT_VAR
 from .ssh import Ssh, remote_command
+from .watchdog import StallWatch
 from ..threads import PROCS_VAR, oversubscribed, usable_cores
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
@@ -46,9 +50,10 @@ CHECKPOINT_FLAGS = ("--checkpoint", "--resume")
 
 
 def checkpoint_roots(command: List[str], cwd: str) -> List[str]:
-    """The folders the job's servers may save to and load from (ps-lite/README.md, Security):
-    HETU_CHECKPOINT_ROOT if set, else the folders holding the command's --checkpoint and
-    --resume (a checkpoint is written beside its old self, then swapped in); none: any."""
+    """The checkpoints the job's servers may save and load (ps-lite/README.md, Security):
+    HETU_CHECKPOINT_ROOT if set, else the command's --checkpoint and --resume. A server writes
+    only into those, their .previous and their saves' .tmp-NAME.* folders beside them; none:
+    any folder."""
     if os.environ.get(CHECKPOINT_ROOT_VAR):
         return [os.environ[CHECKPOINT_ROOT_VAR]]
     roots = []
@@ -58,7 +63,7 @@ def checkpoint_roots(command: List[str], cwd: str) -> List[str]:
             continue
         value = value if eq else (command[i + 1] if i + 1 < len(command) else "")
         if value:
-            root = os.path.dirname(os.path.abspath(os.path.join(cwd, value)))
+            root = os.path.normpath(os.path.abspath(os.path.join(cwd, value)))
             if root not in roots:
                 roots.append(root)
     return roots
@@ -72,9 +77,10 @@ class JobFailed(Exception):
 
 class Job:
     def __init__(self, cluster: Cluster, command: List[str], timeout: Optional[float],
-                 shutdown_timeout: float, kill_grace: float, verbose: bool):
+                 shutdown_timeout: float, kill_grace: float, verbose: bool, stall_timeout: float = 0.0):
         self.cluster, self.command = cluster, command
         self.timeout, self.shutdown_timeout, self.kill_grace = timeout, shutdown_timeout, kill_grace
+        self.stall_watch = StallWatch(stall_timeout)
         self.verbose = verbose
         self.procs: List[Proc] = []
         self.workdir = tempfile.mkdtemp(prefix="heturun-")
@@ -216,7 +222,7 @@ class Job:
         argv = mpirun_options(self.ssh.config if remote else None, given_mca(self.cluster.mpirun_args)) + \
             mpi_interface_options(self.cluster, self.root_uri, remote, self.log) + self.cluster.mpirun_args
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
-                  **env, "DMLC_ROLE": "worker"}
+                  **env, "DMLC_ROLE": "worker", STALL_TIMEOUT_VAR: f"{self.stall_watch.timeout:g}"}
         contexts = []
         for node in self.worker_nodes():
             # One MPI app context per node: the ranks of a context are contiguous, and each can
@@ -237,6 +243,9 @@ class Job:
         return argv
 
     def on_worker_line(self, rank: int, stream: str, line: str):
+        if stream == "stderr" and self.stall_watch.is_report(line):
+            self.stall_watch.read(rank, line)
+            return
         emit(sys.stdout if stream == "stdout" else sys.stderr, f"worker {rank}", line)
         if stream == "stderr" and line.strip():
             self.worker_last_stderr[rank] = line
@@ -316,7 +325,13 @@ class Job:
             if mpirun.poll() == 0:
                 return
             self.check_ended_early(mpirun)
+            self.check_progress()
             time.sleep(0.05)
+
+    def check_progress(self):
+        stall = self.stall_watch.stalled(self.rank_host)
+        if stall:
+            raise JobFailed(f"no training progress for {self.stall_watch.timeout:g} s (--stall-timeout): {stall}")
 
     def check_ended_early(self, mpirun: Proc):
         """A scheduler or server that ended (even with 0) while the workers go on fails the job."""
@@ -344,15 +359,24 @@ class Job:
 
     def teardown(self):
         """Stop everything still running: the signal first, SIGKILL after a grace period, and
-        SIGKILL for any descendant left behind (mpirun's workers have their own groups)."""
+        SIGKILL for any descendant left behind (mpirun's workers have their own groups) and any
+        local process with the job's mark (a worker whose mpirun was killed has left the tree).
+        Then remove Open MPI's files of the job (leftovers.py), which stay when mpirun or a rank
+        died by a signal."""
         live = [p for p in self.procs if p.poll() is None]
-        tree = snapshot_tree([p.popen.pid for p in live])
+        marked = [pid for pid in processes_with_env(f"HETU_JOB={self.job_mark}") if pid != os.getpid()]
+        tree = {pid: proc_starttime(pid) for pid in marked}
+        tree.update(snapshot_tree([p.popen.pid for p in live] + marked))
+        mpi_files = OpenMpiFiles(p.popen.pid for p in self.procs if p.role == "workers")
+        mpi_files.note(tree)
         sig = self.interrupted or signal.SIGTERM
         for p in live:
             self._close_stdin(p)   # remote watchdogs stop their command on EOF
             p.signal_group(sig)
+        kill_snapshot({pid: tree[pid] for pid in marked}, sig)
         deadline = time.monotonic() + self.kill_grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in live):
+        while time.monotonic() < deadline and (any(p.poll() is None for p in live)
+                                               or any(is_running(pid, tree[pid]) for pid in marked)):
             time.sleep(0.05)
         for p in live:
             if p.poll() is None:
@@ -364,6 +388,10 @@ class Job:
             except subprocess.TimeoutExpired:
                 self.log(f"{p.label} (pid {p.popen.pid}) did not die after SIGKILL")
             p.poll()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(is_running(pid, start) for pid, start in tree.items()):
+            time.sleep(0.05)   # a file is removed once no process of the job writes it again
+        mpi_files.remove()
 
     @staticmethod
     def _close_stdin(p: Proc):

@@ -57,26 +57,29 @@ def mpirun_options(ssh_config: Optional[str], given=()) -> List[str]:
 
 
 def mpi_interface_options(cluster, root_uri: str, remote: bool, log=None) -> List[str]:
-    """Open MPI's TCP listeners (the runtime's out-of-band channel and the TCP BTL) on the
-    job's own interfaces, not on every address of every host: loopback for a one-host job;
-    else the interfaces the cluster file names, or the network of the chief's address."""
-    if not remote:
+    """Open MPI's transports and TCP listeners on the job's own interfaces, not on every
+    address of every host. A one-host job's ranks talk through shared memory alone (`btl
+    self,vader`: the TCP BTL, which listens on every address whatever `btl_tcp_if_include`
+    says, is not even opened; ranks of one host never used it) and the runtime's out-of-band
+    channel is on loopback. A multi-host job's TCP channels use the interfaces the cluster
+    file names, or the network of the chief's address."""
+    given = given_mca(cluster.mpirun_args)   # the cluster file's own settings win: mpirun
+    if not remote:                           # refuses a parameter given twice
         nets = ["lo"]
     else:
         nets = sorted({n.interface for n in cluster.nodes if n.interface})
         if not nets:
             net = local_network(root_uri)
             nets = [net] if net else []
+    argv = ["--mca", "btl", "self,vader"] if not remote and "btl" not in given else []
     if not nets:
         if log:
             log(f"no interface of this host has {root_uri}: Open MPI listens on all of them "
                 "(set 'interface' on the cluster's nodes)")
-        return []
+        return argv
     value = ",".join(nets)
-    # The cluster file's own MCA settings win: mpirun refuses a parameter given twice.
-    given = given_mca(cluster.mpirun_args)
-    return [x for name in ("btl_tcp_if_include", "oob_tcp_if_include") if name not in given
-            for x in ("--mca", name, value)]
+    return argv + [x for name in ("btl_tcp_if_include", "oob_tcp_if_include") if name not in given
+                   for x in ("--mca", name, value)]
 
 
 def local_network(address: str) -> Optional[str]:
