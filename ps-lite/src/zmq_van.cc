@@ -7,15 +7,22 @@
 // a ZAP handler on this van's context. Either mechanism
 // also makes libzmq refuse ZMTP 1.0/2.0 peers, whose bytes would otherwise reach the parser.
 // A monitor on the ROUTER names, in a rate-limited line, the peers that never authenticated.
+//
+// On top of either, with a secret, every connection says a hello and waits for the receiver's
+// welcome before its first message, and every message goes with a tag frame before its meta
+// (message_auth.h): a password or a message seen on the wire commands nothing. The welcome is
+// the one message a ROUTER sends back on a connection; a sender reads it on its first send.
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <zmq.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -24,6 +31,7 @@
 
 #include "auth.h"
 #include "logging.h"
+#include "message_auth.h"
 #include "van.h"
 
 namespace ps {
@@ -36,6 +44,8 @@ struct Sender {
   void* socket = nullptr;
   void* monitor = nullptr;  // PAIR receiving the DEALER's handshake events
   int auth_failures = 0;
+  std::unique_ptr<auth::Outbound> session;  // with a secret: this connection's keys
+  bool refused = false;  // the peer refused our hello, or its welcome proves another secret
   std::mutex mu;  // ZMQ sockets are not thread safe; callers send from several threads
 };
 
@@ -108,6 +118,8 @@ class ZmqVan : public Van {
       return;
     }
     mechanism_ = auth::ZmqMechanism();
+    message_key_ = auth::MessageKey(secret);
+    inbound_ = std::make_unique<auth::Inbound>(message_key_);
     if (mechanism_ == "curve") {
       server_keys_ = DeriveCurveKeys(secret, "hetu ps zmq curve server");
       client_keys_ = DeriveCurveKeys(secret, "hetu ps zmq curve client");
@@ -171,19 +183,23 @@ class ZmqVan : public Van {
       if (monitor) zmq_close(monitor);
       throw std::runtime_error("cannot connect to " + addr + ": " + zmq_strerror(zmq_errno()));
     }
+    // The hello waits in the DEALER's queue until the connection is made.
+    std::unique_ptr<auth::Outbound> session;
+    if (!message_key_.empty()) {
+      session = std::make_unique<auth::Outbound>(message_key_);
+      const std::string hello = session->Hello();
+      zmq_send(s, hello.data(), hello.size(), 0);
+    }
     std::lock_guard<std::mutex> lk(mu_);
     auto& slot = senders_[id];
-    if (slot) {
-      std::lock_guard<std::mutex> lk2(slot->mu);
-      zmq_close(slot->socket);
-      if (slot->monitor) zmq_close(slot->monitor);
-      slot->socket = s;
-      slot->monitor = monitor;
-    } else {
-      slot = std::make_unique<Sender>();
-      slot->socket = s;
-      slot->monitor = monitor;
-    }
+    if (!slot) slot = std::make_unique<Sender>();
+    std::lock_guard<std::mutex> lk2(slot->mu);
+    if (slot->socket) zmq_close(slot->socket);
+    if (slot->monitor) zmq_close(slot->monitor);
+    slot->socket = s;
+    slot->monitor = monitor;
+    slot->session = std::move(session);
+    slot->refused = false;
   }
 
   std::string AuthError(int id) override {
@@ -195,6 +211,8 @@ class ZmqVan : public Van {
       sender = it->second.get();
     }
     std::lock_guard<std::mutex> lk(sender->mu);
+    if (sender->refused)
+      return "it refused this node's hello: this node's job secret (HETU_JOB_SECRET) differs from the peer's";
     std::string why;
     for (;;) {
       zmq_msg_t ev;
@@ -245,6 +263,19 @@ class ZmqVan : public Van {
     meta.set_num_blobs(static_cast<int>(msg.data.size()));
     meta.SerializeToString(&head);
     std::lock_guard<std::mutex> lk(sender->mu);
+    if (sender->session) {
+      // A registration is repeated every 2 s while the scheduler is not there yet; every other
+      // message goes to a peer that is up, and waits only for its receive thread.
+      const double wait_s = msg.meta.sender() == -1 ? 2 : 10;
+      if (!sender->session->ready() && !AwaitWelcome(sender, wait_s)) {
+        PS_VLOG(1) << "ZMQ van: no welcome from node " << id << " within " << wait_s << " s; message not sent";
+        return false;
+      }
+      std::vector<uint64_t> sizes;
+      for (const Blob& b : msg.data) sizes.push_back(b.size);
+      const std::string tag = sender->session->Seal({head.data(), head.size(), sizes});
+      if (zmq_send(sender->socket, tag.data(), tag.size(), ZMQ_SNDMORE) < 0) return false;
+    }
     const int more = msg.data.empty() ? 0 : ZMQ_SNDMORE;
     if (zmq_send(sender->socket, head.data(), head.size(), more) < 0) return false;
     for (size_t i = 0; i < msg.data.size(); ++i) {
@@ -282,14 +313,30 @@ class ZmqVan : public Van {
         more = zmq_msg_more(frame.get());
         frames.push_back(std::move(frame));
       }
-      // frames[0] is the ROUTER's peer identity (one per connection); frames[1] the meta; the rest blobs.
-      if (frames.size() < 2 || !Parse(frames, msg)) {
-        ++dropped_;
-        DropLine("dropped a malformed message of " + std::to_string(frames.size()) + " frames");
+      // frames[0] is the ROUTER's peer identity (one per connection); then, with a secret, the
+      // tag (or a hello alone); then the meta; the rest blobs.
+      if (inbound_ && frames.size() == 2 &&
+          auth::FrameKind(Bytes(frames[1]), Size(frames[1])) == auth::kHelloKind) {
+        Welcome(frames[0].get(), frames[1].get());
         continue;
       }
-      if (!Pinned(frames[0].get(), msg->meta.sender())) {
+      const size_t meta_at = inbound_ ? 2 : 1;
+      std::string connection, why;
+      if (frames.size() <= meta_at) {
+        why = "a malformed message of " + std::to_string(frames.size()) + " frames";
+      } else if (inbound_) {
+        // The tag is checked before anything of the message is parsed.
+        std::vector<uint64_t> sizes;
+        for (size_t i = meta_at + 1; i < frames.size(); ++i) sizes.push_back(Size(frames[i]));
+        why = inbound_->Open(Bytes(frames[1]), Size(frames[1]),
+                             {Bytes(frames[meta_at]), Size(frames[meta_at]), sizes}, &connection);
+      }
+      if (why.empty() && !Parse(frames, meta_at, msg))
+        why = "a malformed message of " + std::to_string(frames.size()) + " frames";
+      if (why.empty()) why = inbound_ ? inbound_->Speaks(connection, msg->meta.sender()) : Pinned(frames[0].get(), msg->meta.sender());
+      if (!why.empty()) {
         ++dropped_;
+        DropLine("dropped " + why);
         continue;
       }
       return true;
@@ -310,23 +357,55 @@ class ZmqVan : public Van {
       LogLine() << "ZMQ van: " << what << (held ? " (and " + std::to_string(held) + " more not shown)" : "");
   }
 
-  // A connection speaks for one node: the first node id it sends from is the only one it may
-  // use later (a registration, from a node without an id yet, comes first).
-  bool Pinned(zmq_msg_t* identity, int sender) {
-    if (sender < 0 && sender != -1) {
-      DropLine("dropped a message from node " + std::to_string(sender));
-      return false;
-    }
+  static const char* Bytes(const std::shared_ptr<zmq_msg_t>& m) { return static_cast<const char*>(zmq_msg_data(m.get())); }
+  static size_t Size(const std::shared_ptr<zmq_msg_t>& m) { return zmq_msg_size(m.get()); }
+
+  // Without a secret, a connection speaks for one node: the first node id it sends from is the
+  // only one it may use later (a registration, from a node without an id yet, comes first).
+  // "" when `sender` may speak on it, else why not. (With a secret, auth::Inbound::Speaks.)
+  std::string Pinned(zmq_msg_t* identity, int sender) {
+    if (sender < 0 && sender != -1) return "a message from node " + std::to_string(sender);
     const std::string conn(static_cast<const char*>(zmq_msg_data(identity)), zmq_msg_size(identity));
     auto it = pinned_.find(conn);
     if (it == pinned_.end()) {
       if (sender >= 0) pinned_[conn] = sender;
-      return true;
+      return "";
     }
-    if (it->second == sender) return true;
-    DropLine("dropped a message that claims to come from node " + std::to_string(sender) +
-             " on the connection of node " + std::to_string(it->second));
-    return false;
+    if (it->second == sender) return "";
+    return "a message that claims to come from node " + std::to_string(sender) + " on the connection of node " +
+           std::to_string(it->second);
+  }
+
+  // Answers a connection's hello on that connection (receive thread: the ROUTER is its own).
+  void Welcome(zmq_msg_t* identity, zmq_msg_t* hello) {
+    bool refused = false;
+    const std::string answer =
+        inbound_->Answer(static_cast<const char*>(zmq_msg_data(hello)), zmq_msg_size(hello), &refused);
+    if (refused) {
+      ++dropped_;
+      DropLine("refused a hello that does not prove this job's secret");
+    }
+    zmq_send(receiver_, zmq_msg_data(identity), zmq_msg_size(identity), ZMQ_SNDMORE);
+    zmq_send(receiver_, answer.data(), answer.size(), 0);
+  }
+
+  // Reads the peer's answer to our hello from the DEALER, for up to wait_s (sender->mu held).
+  bool AwaitWelcome(Sender* sender, double wait_s) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    while (!stopped_ && !sender->refused) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      zmq_pollitem_t item = {sender->socket, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, static_cast<long>(left.count())) <= 0) continue;
+      bool more = true;
+      std::string first;
+      for (int i = 0; more; ++i) {
+        const std::string frame = RecvFrame(sender->socket, &more);
+        if (i == 0) first = frame;
+      }
+      if (sender->session->Accept(first.data(), first.size(), &sender->refused)) return true;
+    }
+    return sender->session->ready();
   }
 
   void SetClientSecurity(void* s) {
@@ -428,12 +507,13 @@ class ZmqVan : public Van {
     for (int i = 0; i < 6; ++i) zmq_send(zap_, reply[i].data(), reply[i].size(), i < 5 ? ZMQ_SNDMORE : 0);
   }
 
-  static bool Parse(const std::vector<std::shared_ptr<zmq_msg_t>>& frames, Message* msg) {
-    zmq_msg_t* head = frames[1].get();
+  // frames[meta_at] is the meta, the rest blobs.
+  static bool Parse(const std::vector<std::shared_ptr<zmq_msg_t>>& frames, size_t meta_at, Message* msg) {
+    zmq_msg_t* head = frames[meta_at].get();
     msg->data.clear();
     if (!msg->meta.ParseFromArray(zmq_msg_data(head), static_cast<int>(zmq_msg_size(head)))) return false;
-    if (msg->meta.num_blobs() != static_cast<int>(frames.size()) - 2) return false;
-    for (size_t i = 2; i < frames.size(); ++i) {
+    if (msg->meta.num_blobs() != static_cast<int>(frames.size() - meta_at - 1)) return false;
+    for (size_t i = meta_at + 1; i < frames.size(); ++i) {
       Blob b;
       b.owner = frames[i];
       b.data = static_cast<const char*>(zmq_msg_data(frames[i].get()));
@@ -450,6 +530,8 @@ class ZmqVan : public Van {
   CurveKeys server_keys_, client_keys_;
   std::string client_public_;  // 32 raw bytes, as ZAP hands it to us
   std::string password_;
+  std::string message_key_;                 // "" without a secret: messages go without tags
+  std::unique_ptr<auth::Inbound> inbound_;  // the connections to our ROUTER; receive thread only
   void* zap_ = nullptr;
   void* monitor_ = nullptr;
   std::thread guard_;
