@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -44,6 +45,7 @@ struct Sender {
   void* socket = nullptr;
   void* monitor = nullptr;  // PAIR receiving the DEALER's handshake events
   int auth_failures = 0;
+  int handshakes = 0;  // ZMTP handshakes that succeeded: more than one is a reconnection
   std::unique_ptr<auth::Outbound> session;  // with a secret: this connection's keys
   bool refused = false;  // the peer refused our hello, or its welcome proves another secret
   std::mutex mu;  // ZMQ sockets are not thread safe; callers send from several threads
@@ -183,13 +185,6 @@ class ZmqVan : public Van {
       if (monitor) zmq_close(monitor);
       throw std::runtime_error("cannot connect to " + addr + ": " + zmq_strerror(zmq_errno()));
     }
-    // The hello waits in the DEALER's queue until the connection is made.
-    std::unique_ptr<auth::Outbound> session;
-    if (!message_key_.empty()) {
-      session = std::make_unique<auth::Outbound>(message_key_);
-      const std::string hello = session->Hello();
-      zmq_send(s, hello.data(), hello.size(), 0);
-    }
     std::lock_guard<std::mutex> lk(mu_);
     auto& slot = senders_[id];
     if (!slot) slot = std::make_unique<Sender>();
@@ -198,8 +193,10 @@ class ZmqVan : public Van {
     if (slot->monitor) zmq_close(slot->monitor);
     slot->socket = s;
     slot->monitor = monitor;
-    slot->session = std::move(session);
+    slot->session.reset();
     slot->refused = false;
+    slot->handshakes = 0;
+    if (!message_key_.empty()) StartSession(slot.get());
   }
 
   std::string AuthError(int id) override {
@@ -213,7 +210,19 @@ class ZmqVan : public Van {
     std::lock_guard<std::mutex> lk(sender->mu);
     if (sender->refused)
       return "it refused this node's hello: this node's job secret (HETU_JOB_SECRET) differs from the peer's";
-    std::string why;
+    ReadEvents(sender);
+    // The peer hangs up on a handshake whose keys it cannot open; ZMQ reconnects, and a
+    // peer still starting up does not get that far. Two failures in a row are a mismatch.
+    if (sender->auth_failures < 2) return "";
+    return "its handshake failed " + std::to_string(sender->auth_failures) +
+           " times: this node's job secret (HETU_JOB_SECRET) differs from the peer's";
+  }
+
+  // Reads the DEALER's handshake events (sender->mu held): counts failed handshakes, and on a
+  // handshake after the first (ZMQ reconnected, perhaps to a peer restarted on the same port,
+  // which knows no earlier hello) starts a new session with a hello of its own.
+  void ReadEvents(Sender* sender) {
+    if (!sender->monitor) return;
     for (;;) {
       zmq_msg_t ev;
       zmq_msg_init(&ev);
@@ -235,18 +244,21 @@ class ZmqVan : public Van {
       }
       if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         sender->auth_failures = 0;
+        if (++sender->handshakes > 1 && sender->session) StartSession(sender);
       } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
         sender->auth_failures += 2;  // the peer's ZAP handler said no: conclusive at once
       } else if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
         ++sender->auth_failures;
       }
     }
-    // The peer hangs up on a handshake whose keys it cannot open; ZMQ reconnects, and a
-    // peer still starting up does not get that far. Two failures in a row are a mismatch.
-    if (sender->auth_failures >= 2)
-      why = "its handshake failed " + std::to_string(sender->auth_failures) +
-            " times: this node's job secret (HETU_JOB_SECRET) differs from the peer's";
-    return why;
+  }
+
+  // A new session on the sender's connection: its hello goes out now (or waits in the DEALER's
+  // queue until the connection is made). sender->mu held, or the sender not yet shared.
+  void StartSession(Sender* sender) {
+    sender->session = std::make_unique<auth::Outbound>(message_key_);
+    const std::string hello = sender->session->Hello();
+    zmq_send(sender->socket, hello.data(), hello.size(), 0);
   }
 
   bool Send(int id, const Message& msg) override {
@@ -267,6 +279,7 @@ class ZmqVan : public Van {
       // A registration is repeated every 2 s while the scheduler is not there yet; every other
       // message goes to a peer that is up, and waits only for its receive thread.
       const double wait_s = msg.meta.sender() == -1 ? 2 : 10;
+      ReadEvents(sender);
       if (!sender->session->ready() && !AwaitWelcome(sender, wait_s)) {
         PS_VLOG(1) << "ZMQ van: no welcome from node " << id << " within " << wait_s << " s; message not sent";
         return false;
@@ -396,7 +409,10 @@ class ZmqVan : public Van {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
       zmq_pollitem_t item = {sender->socket, 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&item, 1, static_cast<long>(left.count())) <= 0) continue;
+      // Woken every 100 ms to see a reconnection (ReadEvents), which asks for a new welcome.
+      const int got = zmq_poll(&item, 1, std::min<long>(100, left.count()));
+      ReadEvents(sender);
+      if (got <= 0) continue;
       bool more = true;
       std::string first;
       for (int i = 0; more; ++i) {
