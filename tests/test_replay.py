@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jobs
-from ps_helpers import VANS, cluster_fixture, free_port
+from ps_helpers import VANS, cluster_fixture, zmq_job_dealer
 from test_security import TRAIN as SECURITY_TRAIN, meta as encode_meta, train as security_train
 
 pytestmark = pytest.mark.cluster
@@ -30,7 +30,7 @@ cluster = pytest.fixture(cluster_fixture)
 
 SERVERS, WORKERS = 1, 2
 SCHEDULER_ID, SERVER_ID, WORKER_IDS = 0, 1, (2, 3)
-K_NODE_LIST, K_EXIT, K_NODE_DEAD = 2, 7, 10          # Control, ps-lite/src/postoffice.h
+K_NODE_LIST, K_HEARTBEAT, K_EXIT, K_NODE_DEAD = 2, 5, 7, 10   # Control, ps-lite/src/postoffice.h
 K_SAVE, K_LOAD, K_CLEAR = 8, 9, 10   # Op, ps-lite/src/kv.h
 
 # test_security's BSP training (the workers stop half way until the test says go; worker 0
@@ -59,7 +59,10 @@ class Sniffer:
             self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
         except (PermissionError, AttributeError, OSError) as e:
             pytest.skip(f"cannot sniff loopback (needs CAP_NET_RAW on Linux): {e}")
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
+        try:   # a loaded machine must not make the kernel drop what the test needs
+            self.sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)
+        except OSError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
         self.sock.bind(("lo", 0))
         self.sock.settimeout(0.1)
         self.segments = defaultdict(dict)   # (sport, dport) -> {seq: payload}
@@ -270,8 +273,8 @@ def _replay_ucx(port, headers):
     jobs.run([sys.executable, "-c", code], env=env, timeout=120, check=True, capture_output=True)
 
 
-def train(cluster, tmp_path, van, ckpt, secret=None, outsider=None):
-    env = {"UCX_TLS": "tcp"}   # TCP, so that UCX's messages are on the wire too
+def train(cluster, tmp_path, van, ckpt, secret=None, outsider=None, env=None):
+    env = {"UCX_TLS": "tcp", **(env or {})}   # TCP, so that UCX's messages are on the wire too
     if secret:
         env["HETU_JOB_SECRET"] = secret
     return security_train(cluster, tmp_path, van, outsider, env, TRAIN, {"ckpt": str(ckpt)})
@@ -297,7 +300,7 @@ def test_messages_seen_on_the_wire_command_nothing(cluster, tmp_path, van):
             # alone on a new connection. An obeyed kClear or kLoad would put back the table of
             # the start; an obeyed kSave writes again.
             admin = [r for r in seen + from_first if r.is_(0, K_CLEAR)]
-            admin += [r for r in seen if r.is_(0, K_LOAD)]
+            admin += [r for r in seen + from_first if r.is_(0, K_LOAD)]
             admin += [r for r in seen + from_first if r.is_(0, K_SAVE)]
             exits = [r for r in from_first if r.is_(K_EXIT, sender=WORKER_IDS[0]) or
                      r.is_(K_EXIT, sender=WORKER_IDS[1])]
@@ -335,3 +338,55 @@ def test_messages_seen_on_the_wire_command_nothing(cluster, tmp_path, van):
     assert "forged death" not in logs, logs
     for name in ("scheduler", "server0") + (("worker1",) if van == "zmq" else ()):
         assert "dropped a " in c.log(name) or "refused a " in c.log(name), c.log(name)
+
+
+def _member(port, secret):
+    """A connection of a holder of the job's secret, as message_auth.h makes one: hello,
+    welcome, then tagged messages. Returns (close, send(meta bytes))."""
+    import hashlib
+    import hmac
+    zmq = pytest.importorskip("zmq")
+
+    def mac(key, *pieces):
+        return hmac.new(key, b"".join(pieces), hashlib.sha256).digest()
+
+    ctx = zmq.Context()
+    d = zmq_job_dealer(ctx, port, secret)
+    d.setsockopt(zmq.RCVTIMEO, 10000)
+    message_key, nonce = mac(secret.encode(), b"hetu ps message key"), os.urandom(16)
+    d.send(b"HMA1H" + nonce + mac(message_key, b"hello", nonce))
+    welcome = d.recv()
+    assert welcome[:5] == b"HMA1W" and welcome[5:21] == nonce, welcome
+    key = mac(message_key, b"connection", nonce, welcome[21:37])
+    seq = iter(range(1, 1 << 62))
+
+    def send(meta_bytes):
+        n = next(seq).to_bytes(8, "little")
+        tag = mac(key, n, len(meta_bytes).to_bytes(8, "little"), meta_bytes, bytes(8))
+        d.send_multipart([b"HMA1M" + nonce + n + tag, meta_bytes])
+
+    def close():
+        d.close()
+        ctx.term()
+    return close, send
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_speaks_only_for_the_node_it_first_sent_from(cluster, tmp_path):
+    """Even a holder of the secret: a connection that spoke as worker 1 cannot then speak as
+    the scheduler."""
+    secret = "a secret the test knows"
+
+    def outsider(ports):
+        close, send = _member(ports["server"], secret)
+        send(encode_meta(K_HEARTBEAT, WORKER_IDS[1]))   # taken (and ignored: not the scheduler's)
+        send(encode_meta(K_NODE_DEAD, SCHEDULER_ID, error=b"forged death"))
+        time.sleep(1)
+        close()
+
+    _, c = train(cluster, tmp_path, "zmq", tmp_path / "ckpt", secret, outsider, {"PS_VERBOSE": "1"})
+    log = c.log("server0")
+    assert f"ignored control {K_HEARTBEAT} from node {WORKER_IDS[1]}" in log, log
+    assert f"dropped a message that claims to come from node {SCHEDULER_ID} on the connection of node " \
+           f"{WORKER_IDS[1]}" in log, log
+    assert "forged death" not in c.logs()

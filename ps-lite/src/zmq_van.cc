@@ -346,7 +346,8 @@ class ZmqVan : public Van {
       }
       if (why.empty() && !Parse(frames, meta_at, msg))
         why = "a malformed message of " + std::to_string(frames.size()) + " frames";
-      if (why.empty()) why = inbound_ ? inbound_->Speaks(connection, msg->meta.sender()) : Pinned(frames[0].get(), msg->meta.sender());
+      if (why.empty())
+        why = inbound_ ? inbound_->Speaks(connection, msg->meta.sender()) : Pinned(frames[0].get(), msg->meta.sender());
       if (!why.empty()) {
         ++dropped_;
         DropLine("dropped " + why);
@@ -370,7 +371,9 @@ class ZmqVan : public Van {
       LogLine() << "ZMQ van: " << what << (held ? " (and " + std::to_string(held) + " more not shown)" : "");
   }
 
-  static const char* Bytes(const std::shared_ptr<zmq_msg_t>& m) { return static_cast<const char*>(zmq_msg_data(m.get())); }
+  static const char* Bytes(const std::shared_ptr<zmq_msg_t>& m) {
+    return static_cast<const char*>(zmq_msg_data(m.get()));
+  }
   static size_t Size(const std::shared_ptr<zmq_msg_t>& m) { return zmq_msg_size(m.get()); }
 
   // Without a secret, a connection speaks for one node: the first node id it sends from is the
@@ -406,7 +409,8 @@ class ZmqVan : public Van {
   bool AwaitWelcome(Sender* sender, double wait_s) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
     while (!stopped_ && !sender->refused) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      using std::chrono::milliseconds;
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
       zmq_pollitem_t item = {sender->socket, 0, ZMQ_POLLIN, 0};
       // Woken every 100 ms to see a reconnection (ReadEvents), which asks for a new welcome.
