@@ -363,7 +363,7 @@ def _member(port, secret):
     def send(meta_bytes):
         n = next(seq).to_bytes(8, "little")
         tag = mac(key, n, len(meta_bytes).to_bytes(8, "little"), meta_bytes, bytes(8))
-        d.send_multipart([b"HMA1M" + nonce + n + tag, meta_bytes])
+        d.send_multipart([b"HMA1M" + nonce + n + tag + b"\0", meta_bytes])   # the ZMQ van pads the tag frame
 
     def close():
         d.close()

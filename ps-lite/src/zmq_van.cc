@@ -104,6 +104,13 @@ std::string RecvFrame(void* s, bool* more) {
   return out;
 }
 
+// The tag frame carries one byte more than the tag, so that with ZMQ's 2-byte frame header it
+// moves the frames after it by 64 bytes in the receiver's buffer: a blob keeps the 8-byte
+// alignment it had without it, where a misaligned one would be copied (Blob::Align; at 1K rows
+// a request, that copy cost a third of the rate).
+constexpr size_t kTagFrameBytes = auth::kTagBytes + 1;
+static_assert((kTagFrameBytes + 2) % 8 == 0, "the tag frame must keep the blobs' alignment");
+
 const char* kZapEndpoint = "inproc://zeromq.zap.01";
 const char* kMonitorEndpoint = "inproc://hetu-van-monitor";
 const char* kPlainUser = "hetu";
@@ -286,7 +293,8 @@ class ZmqVan : public Van {
       }
       std::vector<uint64_t> sizes;
       for (const Blob& b : msg.data) sizes.push_back(b.size);
-      const std::string tag = sender->session->Seal({head.data(), head.size(), sizes});
+      std::string tag = sender->session->Seal({head.data(), head.size(), sizes});
+      tag.resize(kTagFrameBytes, '\0');
       if (zmq_send(sender->socket, tag.data(), tag.size(), ZMQ_SNDMORE) < 0) return false;
     }
     const int more = msg.data.empty() ? 0 : ZMQ_SNDMORE;
@@ -341,8 +349,9 @@ class ZmqVan : public Van {
         // The tag is checked before anything of the message is parsed.
         std::vector<uint64_t> sizes;
         for (size_t i = meta_at + 1; i < frames.size(); ++i) sizes.push_back(Size(frames[i]));
-        why = inbound_->Open(Bytes(frames[1]), Size(frames[1]),
-                             {Bytes(frames[meta_at]), Size(frames[meta_at]), sizes}, &connection);
+        const size_t tag = Size(frames[1]) == kTagFrameBytes ? auth::kTagBytes : Size(frames[1]);
+        why = inbound_->Open(Bytes(frames[1]), tag, {Bytes(frames[meta_at]), Size(frames[meta_at]), sizes},
+                             &connection);
       }
       if (why.empty() && !Parse(frames, meta_at, msg))
         why = "a malformed message of " + std::to_string(frames.size()) + " frames";
