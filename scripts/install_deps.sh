@@ -2,7 +2,7 @@
 # System and Python packages that hetu needs, on Debian/Ubuntu. Idempotent.
 set -euo pipefail
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config
-  libzmq3-dev protobuf-compiler libprotobuf-dev
+  libzmq3-dev libsodium-dev protobuf-compiler libprotobuf-dev
   openmpi-bin libopenmpi-dev libucx-dev
   iproute2 openssh-server openssh-client)
 missing=()

@@ -49,14 +49,14 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 # --- Debian packages ---------------------------------------------------------------------
-# The build needs the -dev packages (headers, .so links, .pc files) of libzmq and protobuf,
+# The build needs the -dev packages (headers, .so links, .pc files) of libzmq, libsodium and protobuf,
 # protoc, and pkg-config (pkgconf); the rest are the shared libraries that libzmq5 and
 # libprotobuf32 load. glibc, libstdc++, libgcc_s and zlib are taken from the target system.
 # The libraries a distribution usually has already (libbsd, libmd, the Kerberos GSSAPI stack)
 # go to lib/$TRIPLET/fallback: the bundled libraries find them there through RUNPATH, but
 # LD_LIBRARY_PATH (env.sh) names only lib/$TRIPLET, so they never shadow the system's copies
 # for other programs.
-DEBS_MAIN=(libzmq5 libzmq3-dev libsodium23 libpgm-5.3-0 libnorm1
+DEBS_MAIN=(libzmq5 libzmq3-dev libsodium23 libsodium-dev libpgm-5.3-0 libnorm1
   libprotobuf32 libprotobuf-lite32 libprotobuf-dev libprotoc32 protobuf-compiler
   pkgconf-bin libpkgconf3)
 DEBS_FALLBACK=(libbsd0 libmd0 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0

@@ -146,19 +146,19 @@ def _wait_file(path, timeout, c):
         time.sleep(0.05)
 
 
-def train(cluster, tmp_path, van, outsider=None):
+def train(cluster, tmp_path, van, outsider=None, env=None, code=TRAIN, args=None):
     """One job on fixed ports; `outsider(ports)` runs once the workers stand half way.
-    van: "zmq" (PLAIN), "zmq-curve" or "ucx"."""
+    van: "zmq" (PLAIN), "zmq-curve" or "ucx"; env, code (TRAIN's shape) and args: more of the job's."""
     # An earlier job's marks in tmp_path would let this one's outsider in at once, before this
     # job's nodes listen (a raw connection is then refused), or let its workers past half way.
     for mark in [*tmp_path.glob("worker*.mid"), *tmp_path.glob("worker*.npy"), *tmp_path.glob("go.*")]:
         mark.unlink()
     van, _, mechanism = van.partition("-")
-    c = cluster(SERVERS, WORKERS, env={"DMLC_PS_VAN_TYPE": van, "PS_AUTH": mechanism or "plain"})
+    c = cluster(SERVERS, WORKERS, env={"DMLC_PS_VAN_TYPE": van, "PS_AUTH": mechanism or "plain", **(env or {})})
     c.start_servers(fixed_ports=True)
     worker_ports = [free_port() for _ in range(WORKERS)]
     go = tmp_path / f"go.{c.port}"
-    c.start_workers(TRAIN, args={"go": str(go)},
+    c.start_workers(code, args={"go": str(go), **(args or {})},
                     env_per_worker={w: {"DMLC_NODE_PORT": str(p), "DMLC_WORKER_ID": str(w)}
                                     for w, p in enumerate(worker_ports)})
     for w in range(WORKERS):

@@ -2,11 +2,14 @@
 // A launcher makes one secret per job and hands it to every process of the job in the
 // environment (HETU_JOB_SECRET) or in a file only its user can read (HETU_JOB_SECRET_FILE);
 // it never travels on the wire: peers prove they know it (ZMQ: CURVE keys derived from it;
-// UCX: an HMAC of a fresh nonce).
+// UCX: an HMAC of a fresh nonce), and every message carries an HMAC under a key of its
+// connection (message_auth.h).
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 namespace ps {
 namespace auth {
@@ -15,9 +18,12 @@ namespace auth {
 // names a file that cannot be read or that others may read.
 std::string JobSecret();
 
-// HMAC-SHA256 (RFC 2104), 32 raw bytes.
+// HMAC-SHA256 (RFC 2104), 32 raw bytes, by libsodium (which libzmq's CURVE uses too).
 std::string HmacSha256(const std::string& key, const std::string& msg);
-std::string Sha256(const std::string& msg);
+// The same of the pieces' bytes one after another.
+std::string HmacSha256(const std::string& key, std::initializer_list<std::string_view> pieces);
+// Fresh random bytes (libsodium's randombytes: the kernel's generator).
+std::string RandomBytes(size_t n);
 // Constant-time comparison of two byte strings.
 bool SameBytes(const std::string& a, const std::string& b);
 

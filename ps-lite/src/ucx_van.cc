@@ -10,13 +10,11 @@
 // borrows alive until its callback. Messages are delivered in header-arrival order, which UCP
 // keeps per endpoint, so per-pair order is send order as the Van interface promises.
 //
-// With a job secret (auth.h), every message of a client endpoint starts with the endpoint's
-// proof: a nonce drawn when it was opened and HMAC(key, listener port, nonce), key derived from
-// the secret. The listener checks a nonce's proof once and reads nothing of a message before
-// its proof is good. The endpoint also sends that proof once as a hello with the REPLY flag,
-// which the listener answers with its own HMAC of the nonce, or with a refusal that lets the
-// client say why it cannot join. (The proof is not in a message of its own: UCX 1.13 delivers
-// a REPLY message only once the endpoint is wired up, after messages sent later without it.)
+// With a job secret (auth.h), a client endpoint first says a hello (with the REPLY flag) and
+// sends nothing else until the listener's welcome has come, or its refusal, which lets the
+// client say why it cannot join; then every message's header starts with its tag
+// (message_auth.h: the endpoint's nonce, a sequence number, an HMAC under the endpoint's key),
+// checked before anything else of the message is read.
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -28,8 +26,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -37,18 +35,16 @@
 
 #include "auth.h"
 #include "logging.h"
+#include "message_auth.h"
 #include "van.h"
 
 namespace ps {
 namespace {
 
 constexpr unsigned kAmId = 7;
-constexpr unsigned kHelloAmId = 8;    // client -> listener: magic, nonce, proof
-constexpr unsigned kWelcomeAmId = 9;  // listener -> client: magic, nonce, proof, accepted (1 byte)
+constexpr unsigned kHelloAmId = 8;    // client -> listener: auth::Outbound::Hello
+constexpr unsigned kWelcomeAmId = 9;  // listener -> client: auth::Inbound::Answer
 constexpr uint32_t kMagic = 0x31535048;  // "HPS1"
-constexpr uint32_t kAuthMagic = 0x31415048;  // "HPA1"
-constexpr size_t kNonceBytes = 16;
-constexpr size_t kHelloBytes = 4 + kNonceBytes + 32;
 constexpr size_t kAlign = 8;
 
 size_t Padded(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -81,23 +77,9 @@ struct Peer {
   std::string host;
   int port = 0;
   std::atomic<bool> failed{false};
-  std::string nonce;  // drawn when the endpoint was opened
-  std::string proof;  // magic, nonce, HMAC: the head of every message on the endpoint
-  int refusals = 0;   // hellos the listener refused
+  std::unique_ptr<auth::Outbound> session;  // with a secret: the endpoint's keys, new with each endpoint
+  int refusals = 0;  // hellos the listener refused, or answered without proof of our secret
 };
-
-std::string RandomBytes(size_t n) {
-  std::random_device rd;  // /dev/urandom
-  std::string out(n, '\0');
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(rd());
-  return out;
-}
-
-std::string AuthMessage(const std::string& nonce, const std::string& proof) {
-  std::string m(4, '\0');
-  std::memcpy(&m[0], &kAuthMagic, 4);
-  return m + nonce + proof;
-}
 
 // A send in flight: the header, the payload's pieces and the blobs' owners stay alive until
 // UCX reports the send complete (a rendezvous send ends when the peer has fetched the payload).
@@ -114,7 +96,8 @@ class UcxVan : public Van {
     max_bytes_ = MaxMessageBytes();
     const std::string secret = auth::JobSecret();
     if (secret.empty()) auth::WarnUnauthenticated("UCX");
-    else key_ = auth::HmacSha256(secret, "hetu ps ucx hello");
+    else message_key_ = auth::MessageKey(secret);
+    inbound_ = std::make_unique<auth::Inbound>(message_key_);
     // A scheduler restarted on its port must be able to bind while the old connections sit in
     // TIME_WAIT (ZMQ sets SO_REUSEADDR too). The user's own setting wins.
     setenv("UCX_CM_REUSEADDR", "y", 0);
@@ -231,14 +214,17 @@ class UcxVan : public Van {
       if (b.owner) out->owners.push_back(b.owner);
     }
     out->head += meta.SerializeAsString();
-    return Post(id, std::move(out));
+    // A registration is repeated every 2 s while the scheduler is not there yet; every other
+    // message goes to a peer that is up.
+    return Post(id, std::move(out), /*seal=*/true, msg.meta.sender() == -1 ? 2 : 10);
   }
 
-  // Starts sending one active message of `out->head` and the bytes of `out->iov`, as they are
-  // (tests use this to play a peer that speaks the protocol badly). Returns once the send is
-  // under way, like zmq_send: completion (or a dead peer) is seen later, by whichever thread
-  // progresses the worker.
-  bool Post(int id, std::unique_ptr<Outgoing> out) {
+  // Starts sending one active message of `out->head` and the bytes of `out->iov`: with a
+  // secret and `seal`, after the endpoint's welcome (waited for up to wait_s) and behind its
+  // tag; else as they are (tests use this to play a peer that speaks the protocol badly).
+  // Returns once the send is under way, like zmq_send: completion (or a dead peer) is seen
+  // later, by whichever thread progresses the worker.
+  bool Post(int id, std::unique_ptr<Outgoing> out, bool seal, double wait_s) {
     std::lock_guard<std::mutex> lk(worker_mu_);
     auto it = peers_.find(id);
     if (it == peers_.end()) return false;
@@ -248,8 +234,24 @@ class UcxVan : public Van {
       Open(peer);
     }
     out->peer = id;
-    if (!key_.empty()) out->head.insert(0, peer->proof);
+    if (seal && peer->session) {
+      if (!AwaitWelcome(peer, wait_s)) {
+        PS_VLOG(1) << "UCX van: no welcome from node " << id << " within " << wait_s << " s; message not sent";
+        return false;
+      }
+      out->head.insert(0, peer->session->Seal({out->head.data(), out->head.size(), {}}));
+    }
     return PostOn(peer->ep, kAmId, std::move(out));
+  }
+
+  // Called with worker_mu_ held: progresses the worker (which runs OnWelcome) until the
+  // listener has answered the endpoint's hello, for up to wait_s.
+  bool AwaitWelcome(Peer* peer, double wait_s) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    while (!peer->session->ready() && peer->refusals == 0 && !peer->failed && !stopped_ &&
+           std::chrono::steady_clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    return peer->session->ready();
   }
 
   // Called with worker_mu_ held.
@@ -336,20 +338,14 @@ class UcxVan : public Van {
       throw std::runtime_error("UCX van: cannot connect to " + peer->host + ":" + std::to_string(peer->port) +
                                ": " + ucs_status_string(st));
     }
-    if (key_.empty()) return;
-    // The hello goes first on the endpoint, so it reaches the listener before any message.
-    peer->nonce = RandomBytes(kNonceBytes);
-    peer->proof = AuthMessage(peer->nonce, HelloProof(peer->port, peer->nonce));
+    if (message_key_.empty()) return;
+    peer->session = std::make_unique<auth::Outbound>(message_key_);
+    peer->refusals = 0;
     auto hello = std::make_unique<Outgoing>();
-    hello->head = peer->proof;
+    hello->head = peer->session->Hello();
     hello->peer = -1;
     PostOn(peer->ep, kHelloAmId, std::move(hello));
   }
-
-  std::string HelloProof(int listener_port, const std::string& nonce) const {
-    return auth::HmacSha256(key_, "hello " + std::to_string(listener_port) + " " + nonce);
-  }
-  std::string WelcomeProof(const std::string& nonce) const { return auth::HmacSha256(key_, "welcome " + nonce); }
 
   void DropLine(const std::string& what) {
     long held = 0;
@@ -357,40 +353,27 @@ class UcxVan : public Van {
       LogLine() << "UCX van: " << what << (held ? " (and " + std::to_string(held) + " more not shown)" : "");
   }
 
-  // Called inside progress. Without a secret every message is read. With one, a message
-  // is read only if it starts with a good proof (Authenticated: its nonce, the endpoint's
-  // token, was checked once); then (Admit) only if it names the node id that the endpoint
-  // first sent from, as the ZMQ van pins its connections.
-  bool Authenticated(const void** header, size_t* header_length, std::string* token) {
-    if (key_.empty()) return true;
+  // Called inside progress. Without a secret every message is read. With one, a message is
+  // read only after its tag (auth::Inbound::Open), which is taken off the header; then
+  // (Admit) only if it names the node id that its endpoint first sent from.
+  bool Authenticated(const void** header, size_t* header_length, std::string* connection) {
+    if (message_key_.empty()) return true;
     const char* h = static_cast<const char*>(*header);
-    uint32_t magic = 0;
-    if (*header_length >= kHelloBytes) std::memcpy(&magic, h, 4);
-    if (magic == kAuthMagic) {
-      token->assign(h + 4, kNonceBytes);
-      bool good = tokens_.count(*token) > 0;
-      if (!good && auth::SameBytes(std::string(h + 4 + kNonceBytes, 32), HelloProof(port_, *token))) {
-        tokens_.emplace(*token, -2);
-        good = true;
-      }
-      if (good) {
-        *header = h + kHelloBytes;
-        *header_length -= kHelloBytes;
-        return true;
-      }
+    const size_t tag = *header_length >= auth::kTagBytes ? auth::kTagBytes : *header_length;
+    const std::string why = inbound_->Open(h, tag, {h + tag, *header_length - tag, {}}, connection);
+    if (!why.empty()) {
+      DropLine("dropped " + why);
+      return false;
     }
-    DropLine("dropped a message without a proof of this job's secret");
-    return false;
+    *header = h + tag;
+    *header_length -= tag;
+    return true;
   }
-  bool Admit(const std::string& token, int sender) {
-    if (key_.empty()) return true;
-    int& pinned = tokens_.at(token);
-    if (sender < -1) return false;
-    if (pinned == -2 && sender >= 0) pinned = sender;
-    if (pinned == sender || (pinned == -2 && sender == -1)) return true;
-    DropLine("dropped a message that claims to come from node " + std::to_string(sender) +
-             " on the endpoint of node " + std::to_string(pinned));
-    return false;
+  bool Admit(const std::string& connection, int sender) {
+    if (message_key_.empty()) return true;
+    const std::string why = inbound_->Speaks(connection, sender);
+    if (!why.empty()) DropLine("dropped " + why);
+    return why.empty();
   }
 
   std::string Address(ucp_ep_h ep) const {
@@ -494,8 +477,8 @@ class UcxVan : public Van {
     auto in = std::make_shared<Incoming>();
     std::vector<uint64_t> sizes;
     const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-    std::string token;
-    if (!self->Authenticated(&header, &header_length, &token)) {
+    std::string connection;
+    if (!self->Authenticated(&header, &header_length, &connection)) {
       ++self->dropped_;
       if (rndv) ucp_am_data_release(self->worker_, data);
       return UCS_OK;
@@ -507,7 +490,7 @@ class UcxVan : public Van {
       if (rndv) ucp_am_data_release(self->worker_, data);
       return UCS_OK;
     }
-    if (!self->Admit(token, in->msg.meta.sender())) {
+    if (!self->Admit(connection, in->msg.meta.sender())) {
       ++self->dropped_;
       if (rndv) ucp_am_data_release(self->worker_, data);
       return UCS_OK;
@@ -543,23 +526,19 @@ class UcxVan : public Van {
   static ucs_status_t OnHello(void* arg, const void* header, size_t header_length, void*, size_t,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxVan*>(arg);
-    if (self->key_.empty() || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+    if (self->message_key_.empty() || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
       return UCS_OK;
     const ucp_ep_h ep = param->reply_ep;
-    const std::string h(static_cast<const char*>(header), header_length);
-    uint32_t magic = 0;
-    if (h.size() >= 4) std::memcpy(&magic, h.data(), 4);
-    const std::string nonce = h.size() == kHelloBytes ? h.substr(4, kNonceBytes) : "";
-    const bool good = magic == kAuthMagic && !nonce.empty() &&
-                      auth::SameBytes(h.substr(4 + kNonceBytes), self->HelloProof(self->port_, nonce));
-    if (!good) {
+    bool refused = false;
+    const std::string answer = self->inbound_->Answer(static_cast<const char*>(header), header_length, &refused);
+    if (answer.empty() || refused) {
       ++self->dropped_;
       self->DropLine("refused a connection from " + self->Address(ep) + ": its hello does not prove this job's secret");
     }
-    if (nonce.empty()) return UCS_OK;
+    if (answer.empty()) return UCS_OK;
     auto out = std::make_unique<Outgoing>();
-    out->head = AuthMessage(nonce, good ? self->WelcomeProof(nonce) : std::string(32, '\0')) + (good ? "\1" : std::string(1, '\0'));
+    out->head = answer;
     out->peer = -1;
     self->PostOn(ep, kWelcomeAmId, std::move(out));
     return UCS_OK;
@@ -569,19 +548,14 @@ class UcxVan : public Van {
   static ucs_status_t OnWelcome(void* arg, const void* header, size_t header_length, void*, size_t,
                                 const ucp_am_recv_param_t*) {
     auto* self = static_cast<UcxVan*>(arg);
-    if (self->key_.empty() || header_length != kHelloBytes + 1) return UCS_OK;
-    const std::string h(static_cast<const char*>(header), header_length);
-    const std::string nonce = h.substr(4, kNonceBytes);
+    if (self->message_key_.empty()) return UCS_OK;
+    const char* h = static_cast<const char*>(header);
     for (auto& kv : self->peers_) {
       Peer& p = *kv.second;
-      if (p.nonce.empty() || !auth::SameBytes(p.nonce, nonce)) continue;
-      if (h.back() == 1) {
-        if (!auth::SameBytes(h.substr(4 + kNonceBytes, 32), self->WelcomeProof(nonce)))
-          self->DropLine("the listener at " + p.host + ":" + std::to_string(p.port) +
-                         " answered without proving this job's secret");
-      } else {
-        ++p.refusals;
-      }
+      if (!p.session || p.session->ready()) continue;
+      bool refused = false;
+      p.session->Accept(h, header_length, &refused);
+      if (refused) ++p.refusals;
     }
     return UCS_OK;
   }
@@ -660,11 +634,10 @@ class UcxVan : public Van {
   int wake_fd_ = -1;
   int64_t max_bytes_ = 0;
   int port_ = 0;     // the listener's
-  std::string key_;  // from the job secret; "" without one (no authentication)
-  // Guarded by worker_mu_ (used in callbacks): the tokens of the endpoints that said a good
-  // hello, with the node id each speaks for (-2 until its first message names one); accepted
-  // endpoints' addresses, for log lines.
-  std::unordered_map<std::string, int> tokens_;
+  std::string message_key_;  // from the job secret; "" without one (no authentication)
+  // Guarded by worker_mu_ (used in callbacks): the endpoints opened to us, which said a good
+  // hello; accepted endpoints' addresses, for log lines.
+  std::unique_ptr<auth::Inbound> inbound_;
   std::unordered_map<ucp_ep_h, std::string> addresses_;
   auth::RateLimit drop_log_;
   std::mutex worker_mu_;
@@ -683,12 +656,18 @@ std::unique_ptr<Van> MakeUcxVan() { return std::make_unique<UcxVan>(); }
 bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload) {
   UcxVan van;
   van.Connect(0, host, port);
-  auto out = std::make_unique<Outgoing>();
-  out->head = header;
   auto bytes = std::make_shared<std::string>(payload);
-  if (!bytes->empty()) out->iov.push_back({&(*bytes)[0], bytes->size()});
-  out->owners.push_back(bytes);
-  return van.Post(0, std::move(out));  // the van's destructor flushes the send
+  auto message = [&] {
+    auto out = std::make_unique<Outgoing>();
+    out->head = header;
+    if (!bytes->empty()) out->iov.push_back({&(*bytes)[0], bytes->size()});
+    out->owners.push_back(bytes);
+    return out;
+  };
+  // With this process's job secret, behind a tag of its own (the listener reads the header as
+  // the van's); without one, or where the listener refused our hello, as the bytes are.
+  // The van's destructor flushes the send.
+  return van.Post(0, message(), /*seal=*/true, 2) || van.Post(0, message(), /*seal=*/false, 0);
 }
 
 }  // namespace ps

@@ -45,7 +45,8 @@ int64_t MaxMessageBytes();
 
 std::unique_ptr<Van> MakeZmqVan();
 std::unique_ptr<Van> MakeUcxVan();
-// Tests: one UCX active message of these exact bytes to the van listening at host:port.
+// Tests: one UCX active message of these bytes to the van listening at host:port: behind this
+// process's tag when the listener welcomed it (message_auth.h), else exactly these bytes.
 bool SendRawUcxMessage(const std::string& host, int port, const std::string& header, const std::string& payload);
 
 }  // namespace ps
