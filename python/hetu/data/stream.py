@@ -288,7 +288,8 @@ class StreamSource:
             if bad and not self.skip_bad_lines:
                 keep = parsed.line_index < bad[0].line_number - (line + lines + 1)
                 self._put(name, parsed, keep, offset, line + lines, arrival)
-                raise DataFormatError(bad[0].describe() + " (skip such lines with skip_bad_lines)")
+                raise DataFormatError(bad[0].describe() + " (skip and count such lines: skip_bad_lines=True, "
+                                      "--skip-bad-lines on the command line)")
             for b in bad:   # counted before the samples after them can be read
                 if self.bad_lines < MAX_REPORTED_BAD_LINES:
                     print(f"skipping bad line: {b.describe()}", file=sys.stderr)
