@@ -29,8 +29,11 @@ WORKER = textwrap.dedent("""
     from mpi4py import MPI
     MPI.COMM_WORLD.allreduce(1)   # the shared-memory segments exist from here on
     ps.start()
-    with open(os.path.join(os.environ["OUT"], "started." + os.environ["DMLC_WORKER_ID"]), "w") as f:
+    # Written beside and renamed: the test reads a started file only when it is whole.
+    path = os.path.join(os.environ["OUT"], "started." + os.environ["DMLC_WORKER_ID"])
+    with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
     time.sleep(300)
 """)
 
@@ -81,10 +84,10 @@ def test_nothing_of_the_job_is_left_however_it_dies(tmp_path, way):
                   cwd=tmp_path) as launcher:
         log.close()
         deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("started.*"))) < 2:
+        while len(list(tmp_path.glob("started.[0-9]"))) < 2:
             assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
             time.sleep(0.1)
-        workers = [int(p.read_text()) for p in tmp_path.glob("started.*")]
+        workers = [int(p.read_text()) for p in tmp_path.glob("started.[0-9]")]
         job = descendants(launcher.pid)
         segments = segments_of(workers)
         sessions = list(tmp.glob("ompi.*/pid.*"))
