@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +45,7 @@ namespace {
 constexpr unsigned kAmId = 7;
 constexpr unsigned kHelloAmId = 8;    // client -> listener: auth::Outbound::Hello
 constexpr unsigned kWelcomeAmId = 9;  // listener -> client: auth::Inbound::Answer
+constexpr double kFailedPeerWelcomeWait = 0.2;  // seconds: Post's wait on a reopened endpoint
 constexpr uint32_t kMagic = 0x31535048;  // "HPS1"
 constexpr size_t kAlign = 8;
 
@@ -229,13 +231,18 @@ class UcxVan : public Van {
     auto it = peers_.find(id);
     if (it == peers_.end()) return false;
     Peer* peer = it->second.get();
+    bool reopened = false;
     if (peer->failed) {
       CloseEndpoint(peer->ep);
       Open(peer);
+      reopened = true;
     }
     out->peer = id;
     if (seal && peer->session) {
-      if (!AwaitWelcome(peer, wait_s)) {
+      // A peer whose endpoint failed is stopped or gone: its welcome is awaited only briefly,
+      // since every other send and receive waits on worker_mu_ meanwhile. A message it misses is
+      // dropped, as one to a dead peer is (the scheduler sends its control messages again).
+      if (!AwaitWelcome(peer, reopened ? std::min(wait_s, kFailedPeerWelcomeWait) : wait_s)) {
         PS_VLOG(1) << "UCX van: no welcome from node " << id << " within " << wait_s << " s; message not sent";
         return false;
       }
