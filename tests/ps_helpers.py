@@ -6,6 +6,7 @@ import hmac
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,8 @@ def _built_vans():
 
 
 needs_ucx = pytest.mark.skipif("ucx" not in _built_vans(), reason="hetu built without UCX (libucx-dev)")
+# For the tests whose jobs start their workers with mpirun (python/runner.py).
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (openmpi-bin) not installed")
 # Parameter for tests that run over each van.
 VANS = [pytest.param("zmq"), pytest.param("ucx", marks=needs_ucx)]
 

@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 
 import jobs
+from ps_helpers import needs_mpirun
 from hetu.launch.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "python" / "runner.py"
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
-    reason="mpirun (openmpi-bin) not installed")
+pytestmark = needs_mpirun
 
 # A worker that has its Open MPI shared-memory segment and a parameter-server node, then waits.
 WORKER = textwrap.dedent("""

@@ -1,6 +1,5 @@
 """The synthetic generator in bounded memory: law 2's memory does not grow with the table's rows,
 its documented law (ranks, permutation, hashed normals), and law 1's bytes kept as they were."""
-import hashlib
 import json
 import sys
 
@@ -8,12 +7,12 @@ import numpy as np
 import pytest
 
 import jobs
+from data_digest import arrays_digest
 from hetu.data import generate_synthetic, load_dataset, top_rows_lookup_share
 from hetu.data.store import NpyWriter, create_array, npy_row_chunks
 from hetu.data.synthetic import (HEAD_RANKS, FeistelPermutation, PowerLawRanks, ZipfRanks,
                                  hashed_normals, synthetic_spec)
 
-ARRAYS = ("dense.npy", "sparse.npy", "labels.npy")
 
 # sha256 of dense, sparse and labels .npy written by the generator before law 2 existed
 LAW1_DIGESTS = {
@@ -28,13 +27,6 @@ LAW1_DIGESTS = {
     "avazu-sessions": (dict(shape="avazu", rows=2000, sessions=True, seed=3),
                        "df69a6efc52fe71b174c6c88df5c0028be25309c02b390fb623724049b0fa321"),
 }
-
-
-def arrays_digest(folder):
-    digest = hashlib.sha256()
-    for name in ARRAYS:
-        digest.update((folder / name).read_bytes())
-    return digest.hexdigest()
 
 
 @pytest.mark.parametrize("case", sorted(LAW1_DIGESTS))

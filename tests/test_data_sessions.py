@@ -1,23 +1,14 @@
 """Synthetic sessions: determinism, ranges, the independent generator left as it was, and the
 short-distance reuse that sessions add."""
-import hashlib
 import json
 
 import numpy as np
 import pytest
 
+from data_digest import ARRAYS, arrays_digest
 from hetu.data import generate_synthetic, load_dataset, reuse_distances, reuse_share_within
 from hetu.data.cache import synthetic_dataset_dir
 from hetu.data.synthetic import SHAPES, OpenSessions, SyntheticSpec, synthetic_spec
-
-ARRAYS = ("dense.npy", "sparse.npy", "labels.npy")
-
-
-def arrays_digest(folder):
-    digest = hashlib.sha256()
-    for name in ARRAYS:
-        digest.update((folder / name).read_bytes())
-    return digest.hexdigest()
 
 
 def test_independent_generator_is_unchanged(tmp_path):

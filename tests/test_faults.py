@@ -16,7 +16,7 @@ import pytest
 import jobs
 from conftest import REPO
 from dist_harness import COMMON
-from ps_helpers import alive, cluster_fixture, zmq_job_dealer
+from ps_helpers import alive, cluster_fixture, needs_mpirun, zmq_job_dealer
 
 from hetu.checkpoint import STOP_POINTS
 from hetu.data import generate_synthetic, load_dataset
@@ -26,9 +26,6 @@ RUNNER = REPO / "python" / "runner.py"
 RUN_HETU = REPO / "examples" / "ctr" / "run_hetu.py"
 SMALL = [*COMMON, "--iters-per-epoch", "20", "--batch-size", "64"]
 
-needs_mpirun = pytest.mark.skipif(
-    subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
-    reason="mpirun (openmpi-bin) not installed")
 
 
 

@@ -9,13 +9,13 @@ import sys
 import pytest
 
 import jobs
+from ps_helpers import needs_mpirun
 from conftest import REPO
 from hetu.dist import devices
 from hetu.launch.cluster import ConfigError, Node, Cluster, parse_cluster
 from hetu.launch.job import Job
 from test_runner import py, run_runner
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (openmpi-bin) not installed")
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import jobs
+from ps_helpers import needs_mpirun
 from hetu.launch.cluster import local_cluster
 from hetu.launch.mpirun import mpi_interface_options
 from hetu.launch.processes import descendants
@@ -82,8 +83,7 @@ def test_a_one_host_job_runs_mpi_on_shared_memory_and_loopback():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
-                    reason="mpirun (openmpi-bin) not installed")
+@needs_mpirun
 def test_the_jobs_listeners_are_on_loopback_but_mpiruns_pmix_rendezvous(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path))
     with jobs.Job([sys.executable, str(RUNNER), "-w", "2", "-s", "1", "--timeout", "90", sys.executable, "-c",

@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 
 import jobs
-from ps_helpers import alive, needs_ucx
+from ps_helpers import alive, needs_mpirun, needs_ucx
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "python" / "runner.py"
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
-    reason="mpirun (openmpi-bin) not installed")
+pytestmark = needs_mpirun
 
 # Stand-in for hetu.launcher: records its environment and pid, then behaves per FAKE_MODE.
 FAKE_LAUNCHER = textwrap.dedent("""

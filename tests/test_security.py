@@ -6,7 +6,6 @@ at the test's own job; the job must end with exactly the parameters of an undist
 import json
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 import jobs
-from ps_helpers import BATCH_CODE, VANS, cluster_fixture, free_port, zmq_curve_keys, zmq_plain_password
+from ps_helpers import BATCH_CODE, VANS, cluster_fixture, free_port, needs_mpirun, zmq_curve_keys, zmq_plain_password
 from test_ps_failures import RANKS   # a job that starts, says its rank, and ends
 
 cluster = pytest.fixture(cluster_fixture)
@@ -280,8 +279,7 @@ ps.finalize()
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
-                    reason="mpirun (openmpi-bin) not installed")
+@needs_mpirun
 def test_launcher_secret_stays_off_command_lines_and_the_job_listens_on_loopback(tmp_path):
     runner = os.path.join(os.path.dirname(__file__), "..", "python", "runner.py")
     env = {k: v for k, v in os.environ.items() if k != "HETU_JOB_SECRET"}

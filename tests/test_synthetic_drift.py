@@ -1,18 +1,17 @@
 """Open-world drift (``prepare synthetic --ids hashed --drift R``): distinct keys grow with the
 rows, old keys fade, memory stays bounded, the same seed gives the same data; and drift with
 indexed ids keeps the bounded rotation it always had."""
-import hashlib
 import json
 import tracemalloc
 
 import numpy as np
 import pytest
 
+from data_digest import arrays_digest
 from hetu.data import generate_synthetic
 from hetu.data.prepare import main as prepare_main
 from hetu.data.synthetic import DRIFT_ROWS, HiddenModel, synthetic_spec
 
-ARRAYS = ("dense.npy", "sparse.npy", "labels.npy")
 WINDOW = 10_000   # rows of the first window; the stream has four
 # each field's values replaced 300 times per million rows: a value lives 3,333 rows, so the
 # stream's 40,000 rows see each field's values replaced 12 times over
@@ -118,13 +117,6 @@ def test_generator_memory_does_not_grow_with_the_stream():
         tracemalloc.stop()
     assert max(peaks) < 1.2 * peaks[0], peaks
     assert grown < 64 << 10, f"{grown} bytes held after the chunks"
-
-
-def arrays_digest(folder):
-    digest = hashlib.sha256()
-    for name in ARRAYS:
-        digest.update((folder / name).read_bytes())
-    return digest.hexdigest()
 
 
 def test_same_seed_same_bytes_other_seed_other_keys(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import jobs
+from ps_helpers import needs_mpirun
 from hetu.launch import progress
 from hetu.launch.processes import descendants
 from hetu.launch.watchdog import StallWatch
@@ -21,9 +22,6 @@ from hetu.launch.watchdog import StallWatch
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "python" / "runner.py"
 
-needs_mpirun = pytest.mark.skipif(
-    subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0,
-    reason="mpirun (openmpi-bin) not installed")
 
 
 # --------------------------------------------------------------------------- the rule, in-process
