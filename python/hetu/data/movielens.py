@@ -38,6 +38,7 @@ FIELD_NAMES = ("user", "item")
 NUM_COLUMNS = 4
 LABEL_KINDS = ("binary", "rating")
 RATINGS_FILE = "ratings.npy"
+VOCABULARY_FILE = "vocabulary.npz"   # indexed ids: each field's value texts -> ids (hetu.serve)
 
 
 def detect_format(path):
@@ -157,6 +158,21 @@ class FieldLayout:
         blocks += [block[rows[kind]] for kind, block in self.side_blocks]
         return np.hstack(blocks)
 
+    def vocabulary(self):
+        """Indexed ids: per field f, ``values/f`` its values' texts sorted (users and items by
+        their decimal text) and ``ids/f`` the global id of each, for encoding raw values later
+        as this pass encoded them (hetu.serve)."""
+        offsets = store.field_offsets(self.field_sizes)
+        texts = [[str(u) for u in self.user_ids], [str(i) for i in self.item_ids]]
+        texts += [list(self.field_values[name]) for name in self.field_names[2:]]
+        arrays = {}
+        for f, values in enumerate(texts):
+            values = np.asarray(values, dtype=str)
+            order = np.argsort(values, kind="stable")
+            arrays[f"values/{f}"] = values[order]
+            arrays[f"ids/{f}"] = order.astype(np.int64) + offsets[f]
+        return arrays
+
     def side_meta(self):
         """meta.json keys describing the side fields (none without side files)."""
         if not self.side_blocks:
@@ -236,6 +252,8 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             raw_ratings[start:stop, 0] = ratings
             start = stop
         store.flush_arrays(dense, sparse, labels, raw_ratings)
+        if not hashed:
+            np.savez(Path(tmp_dir) / VOCABULARY_FILE, **layout.vocabulary())
         if order == "shuffled":
             shuffle_into_place(tmp_dir, [dense, sparse, labels, raw_ratings], files,
                                shuffle_seed)
@@ -252,7 +270,8 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             "movielens", num_rows, 0, layout.field_names, layout.field_sizes, train_rows,
             val_rows, val_fraction, shuffle_seed, source, label=label_meta,
             field_slots=layout.field_slots, bag_fields=layout.bag_fields,
-            extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]"},
+            extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]",
+                         **({} if hashed else {VOCABULARY_FILE: "each field's value texts (sorted) -> ids"})},
             raw_id_ranges={"user": [int(user_ids[0]), int(user_ids[-1])],
                            "item": [int(item_ids[0]), int(item_ids[-1])]},
             ids=ids, **layout.side_meta()))

@@ -1,0 +1,290 @@
+"""Export of a checkpoint to a bundle and offline prediction (hetu.serve): for every model the
+bundle's probabilities of the validation split equal the trained graph's (run_hetu.py --val
+--save-predictions) within 1e-5, from encoded samples and from raw instances (synthetic data,
+MovieLens 100K-shaped files with side features, indexed and hashed), with dynamic tables, bf16
+rows and deltas; a bad instance, a missing checkpoint, an unknown model or an op without an ONNX
+mapping is one line and exit status 2."""
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import jobs
+from conftest import REPO
+
+pytest.importorskip("onnxruntime")
+
+sys.path.insert(0, str(REPO / "examples/ctr"))
+import train  # noqa: E402
+
+import hetu as ht  # noqa: E402
+from hetu import threads  # noqa: E402
+from hetu.data import load_dataset  # noqa: E402
+from hetu.data.prepare import main as prepare_main  # noqa: E402
+from hetu.data.movielens import prepare_movielens  # noqa: E402
+from hetu.data.movielens_side import GENRES_100K  # noqa: E402
+from hetu.serve import onnx_graph  # noqa: E402
+from hetu.serve.__main__ import main as serve_main  # noqa: E402
+from hetu.serve.bundle import Bundle, InstanceError  # noqa: E402
+from hetu.serve.export import ExportError, checkpoint_version, export  # noqa: E402
+
+TINY = ["--embedding-size", "4", "--batch-size", "64", "--nepoch", "1", "--no-progress", "--val"]
+TOLERANCE = 1e-5
+
+
+@pytest.fixture
+def run(monkeypatch, capsys):
+    """train.py in this process, threads at 1 (restored afterwards); its output."""
+    for name in threads.THREAD_VARS:
+        monkeypatch.setenv(name, "1")
+
+    def train_run(*flags):
+        train.main([*TINY, *flags])
+        return capsys.readouterr().out
+    return train_run
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """Tiny prepared synthetic folders: shape -> path."""
+    root = tmp_path_factory.mktemp("serve-data")
+    out = {}
+    for shape, ids in (("criteo", "indexed"), ("criteo-multihot", "indexed"), ("movielens", "indexed"),
+                       ("criteo", "hashed")):
+        path = root / f"{shape}-{ids}"
+        assert prepare_main(["synthetic", "--shape", shape, "--rows", "1500", "--scale", "0.0005", "--ids", ids,
+                             "--output", str(path), "--quiet"]) == 0
+        out[f"{shape}-{ids}"] = path
+    return out
+
+
+def trained_and_exported(run, tmp_path, data_dir, *flags):
+    """(the graph's validation probabilities, the bundle) of one tiny run."""
+    checkpoint, bundle = tmp_path / "ckpt", tmp_path / "bundle"
+    run("--data-dir", str(data_dir), "--checkpoint", str(checkpoint), "--save-predictions",
+        str(tmp_path / "graph.npy"), *flags)
+    export(str(checkpoint), str(bundle))
+    return np.load(tmp_path / "graph.npy"), Bundle.open(str(bundle))
+
+
+def split_predictions(bundle, data_dir):
+    val = load_dataset(str(data_dir)).val
+    return bundle.predict_arrays(val.dense, val.sparse)
+
+
+def synthetic_instances(data_dir):
+    """The validation split as raw instances: dense features by name, each field's local id."""
+    data = load_dataset(str(data_dir))
+    meta, val = data.meta, data.val
+    dense_names = meta.info.get("dense_names", [])
+    instances = []
+    for i in range(len(val)):
+        row = {name: float(val.dense[i, k]) for k, name in enumerate(dense_names)}
+        for f, name in enumerate(meta.field_names):
+            start, stop = meta.slot_offsets[f:f + 2]
+            ids = [int(x) - meta.field_offsets[f] for x in val.sparse[i, start:stop] if x >= 0]
+            row[name] = ids if name in meta.bag_fields else ids[0]
+        instances.append(row)
+    return instances
+
+
+@pytest.mark.parametrize("model,shape", [("wdl", "criteo"), ("dfm", "criteo"), ("dcn", "criteo"),
+                                         ("dlrm", "criteo"), ("dcnv2", "criteo"), ("ncf", "movielens"),
+                                         ("dlrm", "criteo-multihot"), ("dcnv2", "criteo-multihot")])
+def test_every_model_exports_and_predicts_as_the_graph(run, tmp_path, datasets, model, shape):
+    data_dir = datasets[f"{shape}-indexed"]
+    graph, bundle = trained_and_exported(run, tmp_path, data_dir, "--model", model)
+    assert bundle.name == model and graph.shape == (150,)
+    np.testing.assert_allclose(split_predictions(bundle, data_dir), graph, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(bundle.predict(synthetic_instances(data_dir)), graph, rtol=0, atol=TOLERANCE)
+
+
+def test_dynamic_table_in_bf16_with_deltas_exports_as_one_version(run, tmp_path, datasets):
+    """Hashed keys, a dynamic table smaller than the keys seen (keys not resident read zeros),
+    bf16 rows and a checkpoint of a full save and its deltas."""
+    data_dir = datasets["criteo-hashed"]
+    graph, bundle = trained_and_exported(run, tmp_path, data_dir, "--model", "wdl_criteo", "--table-capacity", "256",
+                                         "--embedding-dtype", "bf16", "--checkpoint-every", "7",
+                                         "--checkpoint-full-every", "3")
+    schema = bundle.schema
+    assert schema["deltas"] == 2 and bundle.version == 21 == checkpoint_version(str(tmp_path / "ckpt"))
+    table = schema["tables"]["embedding"]
+    assert table["storage"] == "bf16" and table["resident"] == 256 and schema["ids"] == "hashed"
+    assert bundle.tables["embedding"].rows.dtype == np.uint16
+    np.testing.assert_allclose(split_predictions(bundle, data_dir), graph, rtol=0, atol=TOLERANCE)
+    # The indexed folder of the same spec draws the same values: its local ids are the raw values,
+    # hashed from their 8 bytes as prepare --ids hashed hashed them.
+    np.testing.assert_allclose(bundle.predict(synthetic_instances(datasets["criteo-indexed"])), graph, rtol=0,
+                               atol=TOLERANCE)
+
+
+# --- MovieLens 100K-shaped files with side features ------------------------------------------
+OCCUPATIONS = ("writer", "executive", "student", "engineer", "other")
+
+
+def movielens_100k(folder, users=40, items=30, ratings=640, seed=5):
+    """u.user, u.item and u.data of the 100K format, random but well-formed; the ratings' raw
+    instances (in file order) with the columns ML-1M's README names, plus 100K's release date."""
+    rng = np.random.default_rng(seed)
+    user_rows, item_rows, rating_rows, instances = {}, {}, [], []
+    for u in range(1, users + 1):
+        user_rows[u] = (int(rng.integers(18, 70)), "FM"[u % 2], OCCUPATIONS[u % 5], f"{rng.integers(0, 99999):05d}")
+    for i in range(1, items + 1):
+        year = int(rng.integers(1960, 1999))
+        flags = (rng.random(len(GENRES_100K)) < 0.2).astype(int)
+        flags[rng.integers(len(GENRES_100K))] = 1
+        item_rows[i] = (f"Film {i} ({year})", f"01-Jan-{year}", flags)
+    (folder / "u.user").write_text("".join(f"{u}|{a}|{g}|{o}|{z}\n" for u, (a, g, o, z) in user_rows.items()))
+    (folder / "u.item").write_text("".join(f"{i}|{t}|{d}||http://x|" + "|".join(map(str, f)) + "\n"
+                                           for i, (t, d, f) in item_rows.items()))
+    for k in range(ratings):
+        u, i = int(rng.integers(1, users + 1)), int(rng.integers(1, items + 1))
+        rating_rows.append(f"{u}\t{i}\t{int(rng.integers(1, 6))}\t{880000000 + k}\n")
+        age, gender, occupation, zip_code = user_rows[u]
+        title, date, flags = item_rows[i]
+        instances.append({"user_id": u, "movie_id": str(i), "gender": gender, "age": age, "occupation": occupation,
+                          "zip_code": zip_code, "title": title, "release_date": date,
+                          "genres": "|".join(g for g, f in zip(GENRES_100K, flags) if f)})
+    (folder / "u.data").write_text("".join(rating_rows))
+    return instances
+
+
+@pytest.mark.parametrize("ids", ["indexed", "hashed"])
+def test_movielens_raw_instances_with_side_features_predict_as_the_graph(run, tmp_path, ids):
+    instances = movielens_100k(tmp_path)
+    data_dir = prepare_movielens(tmp_path / "u.data", tmp_path / "ml", users_path=tmp_path / "u.user",
+                                 items_path=tmp_path / "u.item", shuffle_seed=None, progress=False, ids=ids)
+    dynamic = ["--table-capacity", "128"] if ids == "hashed" else []
+    graph, bundle = trained_and_exported(run, tmp_path, data_dir, "--model", "dlrm", "--batch-size", "32", *dynamic)
+    assert list(bundle.columns) == ["user_id", "movie_id", "gender", "age", "occupation", "zip_code", "title",
+                                    "genres"]
+    assert bundle.columns["genres"] == "bag"
+    val = instances[-len(graph):]   # file order: the validation split is the last ratings
+    np.testing.assert_allclose(bundle.predict(val), graph, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(split_predictions(bundle, data_dir), graph, rtol=0, atol=TOLERANCE)
+    # The CLI's path: one JSON object a line.
+    lines = tmp_path / "val.jsonl"
+    lines.write_text("".join(json.dumps(x) + "\n" for x in val))
+    assert serve_main(["predict", str(tmp_path / "bundle"), "--instances", str(lines), "--output",
+                       str(tmp_path / "p.npy")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "p.npy"), graph, rtol=0, atol=TOLERANCE)
+    if ids == "indexed":
+        with pytest.raises(InstanceError, match=r"instance 1: column 'occupation': 'astronaut' is not a value"):
+            bundle.predict([val[0], {**val[0], "occupation": "astronaut"}])
+    else:   # a key training never saw reads zeros, as in training
+        assert np.isfinite(bundle.predict([{**val[0], "user_id": 10 ** 6}])).all()
+
+
+def test_an_indexed_folder_without_its_vocabulary_is_a_clear_export_error(run, tmp_path):
+    movielens_100k(tmp_path)
+    data_dir = prepare_movielens(tmp_path / "u.data", tmp_path / "ml", users_path=tmp_path / "u.user",
+                                 items_path=tmp_path / "u.item", shuffle_seed=None, progress=False)
+    run("--data-dir", str(data_dir), "--model", "dlrm", "--batch-size", "32", "--checkpoint", str(tmp_path / "ckpt"))
+    (data_dir / "vocabulary.npz").unlink()
+    with pytest.raises(ValueError, match=r"keeps no vocabulary .*re-run python -m hetu.data.prepare movielens"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "bundle"))
+
+
+# --- errors -----------------------------------------------------------------------------------
+@pytest.fixture
+def wdl_bundle(run, tmp_path, datasets):
+    trained_and_exported(run, tmp_path, datasets["criteo-indexed"], "--model", "wdl_criteo")
+    return tmp_path / "bundle"
+
+
+def one_error_line(capsys, argv):
+    assert serve_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+MISSING = object()
+
+
+@pytest.mark.parametrize("column,value,message", [
+    ("I1", MISSING, "instance 1: column 'I1': missing"),
+    ("I1", "x", "instance 1: column 'I1': expected a number, found 'x'"),
+    ("C2", [1, 2], "instance 1: column 'C2': expected a field-local id (an integer), found [1, 2]"),
+    ("C3", 10 ** 9, "instance 1: column 'C3': id 1000000000 outside the field's"),
+])
+def test_bad_instances_are_one_line_naming_the_instance_and_column(wdl_bundle, tmp_path, datasets, capsys, column,
+                                                                   value, message):
+    good = synthetic_instances(datasets["criteo-indexed"])[0]
+    bad = {k: v for k, v in good.items() if k != column}
+    if value is not MISSING:
+        bad[column] = value
+    with pytest.raises(InstanceError) as caught:
+        Bundle.open(str(wdl_bundle)).predict([good, bad])
+    assert str(caught.value).startswith(message)
+    lines = tmp_path / "bad.jsonl"
+    lines.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    err = one_error_line(capsys, ["predict", str(wdl_bundle), "--instances", str(lines), "--output",
+                                  str(tmp_path / "p.npy")])
+    assert message in err, err
+
+
+def test_a_missing_checkpoint_and_an_unknown_model_are_one_line(wdl_bundle, tmp_path, capsys):
+    err = one_error_line(capsys, ["export", "--checkpoint", str(tmp_path / "none"), "--output", str(tmp_path / "b")])
+    assert "is not a hetu checkpoint" in err
+    meta_path = tmp_path / "ckpt" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["run"]["model"] = "resnet"
+    meta_path.write_text(json.dumps(meta))
+    err = one_error_line(capsys, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--output", str(tmp_path / "b")])
+    assert "unknown model 'resnet'" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_op_without_an_onnx_mapping_is_named():
+    x = ht.placeholder_op("dense")
+    w = ht.Variable("w", value=np.ones((3, 2), np.float32))
+    prediction = ht.sigmoid_op(ht.reduce_sum_op(ht.one_hot_op(ht.matmul_op(x, w), 4), axes=[1, 2], keepdims=False))
+    with pytest.raises(onnx_graph.ExportError, match=r"op OneHotOp \(OneHot_\d+\) has no ONNX mapping"):
+        onnx_graph.build(prediction, x, {"w": w.value}, {}, [], 3, 1)
+
+
+def test_a_new_export_replaces_the_bundle_whole_and_threads_share_one(wdl_bundle, tmp_path, datasets):
+    bundle = Bundle.open(str(wdl_bundle))
+    instances = synthetic_instances(datasets["criteo-indexed"])
+    expected = bundle.predict(instances)
+    results, errors = {}, []
+
+    def call(k):
+        try:
+            results[k] = bundle.predict(instances[k::4])
+        except Exception as e:   # noqa: BLE001 -- reported below
+            errors.append(e)
+    workers = [threading.Thread(target=call, args=(k,)) for k in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors
+    for k in range(4):
+        np.testing.assert_array_equal(results[k], expected[k::4])
+    assert export(str(tmp_path / "ckpt"), str(wdl_bundle)) == str(wdl_bundle)
+    assert sorted(p.name for p in tmp_path.iterdir() if "bundle" in p.name) == ["bundle"]
+    np.testing.assert_array_equal(Bundle.open(str(wdl_bundle)).predict(instances), expected)
+
+
+@pytest.mark.timeout(300)
+def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets):
+    """2 workers, 2 servers: the tables and dense parameters come from the servers' shard and
+    delta files; the predictions gathered from both workers are the split's, in order."""
+    data_dir = datasets["criteo-hashed"]
+    cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "2", "--timeout", "240", sys.executable,
+           str(REPO / "examples/ctr/run_hetu.py"), *TINY, "--batch-size", "32", "--comm", "PS", "--model", "wdl_criteo",
+           "--data-dir", str(data_dir), "--table-capacity", "256", "--embedding-dtype", "bf16",
+           "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "7", "--checkpoint-full-every", "3",
+           "--save-predictions", str(tmp_path / "graph.npy")]
+    proc = jobs.run(cmd, capture_output=True, text=True, timeout=280, env={**os.environ, "HETU_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert any(name.startswith("embedding.delta") for name in os.listdir(tmp_path / "ckpt/deltas/000001/ps"))
+    export(str(tmp_path / "ckpt"), str(tmp_path / "bundle"))
+    bundle = Bundle.open(str(tmp_path / "bundle"))
+    np.testing.assert_allclose(split_predictions(bundle, data_dir), np.load(tmp_path / "graph.npy"), rtol=0,
+                               atol=TOLERANCE)
