@@ -178,6 +178,44 @@ def test_movielens_raw_instances_with_side_features_predict_as_the_graph(run, tm
         assert np.isfinite(bundle.predict([{**val[0], "user_id": 10 ** 6}])).all()
 
 
+def criteo_lines(path, rows=1600, seed=3):
+    """A Criteo train.txt of random values (some empty, some negative); its rows as raw instances
+    with the columns I1..I13, C1..C26 (integers as JSON numbers or text, empty as null)."""
+    rng = np.random.default_rng(seed)
+    lines, instances = [], []
+    for _ in range(rows):
+        ints = [None if rng.random() < 0.1 else int(rng.integers(-3, 500)) for _ in range(13)]
+        cats = [None if rng.random() < 0.1 else f"{int(rng.zipf(1.5)) % 300:08x}" for _ in range(26)]
+        lines.append("\t".join([str(int(rng.random() < 0.3))] + ["" if v is None else str(v) for v in ints] +
+                                ["" if v is None else v for v in cats]) + "\n")
+        instance = {f"I{k + 1}": v if k % 2 else (None if v is None else str(v)) for k, v in enumerate(ints)}
+        instance.update({f"C{f + 1}": v for f, v in enumerate(cats)})
+        instances.append(instance)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+    return instances
+
+
+def test_criteo_text_hashed_and_its_stream_read_raw_columns_as_training(run, tmp_path):
+    """A prepared --ids hashed folder and a stream of the same file: the raw columns I1..I13
+    (log1p of max(x, 0)) and C1..C26 (hashed text) give the samples training read."""
+    instances = criteo_lines(tmp_path / "files" / "part-0.txt")
+    assert prepare_main(["criteo", "--input", str(tmp_path / "files" / "part-0.txt"), "--output",
+                         str(tmp_path / "criteo"), "--ids", "hashed", "--quiet"]) == 0
+    data_dir = tmp_path / "criteo"
+    graph, bundle = trained_and_exported(run, tmp_path, data_dir, "--model", "wdl_criteo", "--table-capacity", "512")
+    np.testing.assert_allclose(bundle.predict(instances[-len(graph):]), graph, rtol=0, atol=TOLERANCE)
+    run_stream = ["--model", "wdl_criteo", "--table-capacity", "512", "--embedding-size", "4", "--batch-size", "64",
+                  "--no-progress", "--stream", str(tmp_path / "files"), "--stream-idle-exit", "0.2",
+                  "--checkpoint", str(tmp_path / "stream-ckpt"), "--csv-dir", str(tmp_path / "csv")]
+    train.main(run_stream)
+    stream_bundle = Bundle.open(export(str(tmp_path / "stream-ckpt"), str(tmp_path / "stream-bundle")))
+    assert stream_bundle.schema["ids"] == "hashed" and stream_bundle.version == 25
+    val = load_dataset(str(data_dir)).val
+    np.testing.assert_array_equal(stream_bundle.predict(instances[-len(graph):]),
+                                  stream_bundle.predict_arrays(val.dense, val.sparse))
+
+
 def test_an_indexed_folder_without_its_vocabulary_is_a_clear_export_error(run, tmp_path):
     movielens_100k(tmp_path)
     data_dir = prepare_movielens(tmp_path / "u.data", tmp_path / "ml", users_path=tmp_path / "u.user",
