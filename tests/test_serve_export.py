@@ -216,6 +216,20 @@ def test_criteo_text_hashed_and_its_stream_read_raw_columns_as_training(run, tmp
                                   stream_bundle.predict_arrays(val.dense, val.sparse))
 
 
+def test_criteo_text_indexed_reads_raw_values_through_its_vocabulary(run, tmp_path):
+    """prepare criteo (indexed, --min-count 2) keeps its vocabulary: a value seen once, missing or
+    never seen takes its field's bucket 0, as in training."""
+    instances = criteo_lines(tmp_path / "train.txt")
+    assert prepare_main(["criteo", "--input", str(tmp_path / "train.txt"), "--output", str(tmp_path / "criteo"),
+                         "--min-count", "2", "--quiet"]) == 0
+    graph, bundle = trained_and_exported(run, tmp_path, tmp_path / "criteo", "--model", "wdl_criteo")
+    val = instances[-len(graph):]
+    np.testing.assert_allclose(bundle.predict(val), graph, rtol=0, atol=TOLERANCE)
+    unseen = {**val[0], "C1": "never-seen", "C2": None}
+    rare = {**val[0], "C1": "", "C2": ""}
+    np.testing.assert_array_equal(bundle.predict([unseen]), bundle.predict([rare]))
+
+
 def test_an_indexed_folder_without_its_vocabulary_is_a_clear_export_error(run, tmp_path):
     movielens_100k(tmp_path)
     data_dir = prepare_movielens(tmp_path / "u.data", tmp_path / "ml", users_path=tmp_path / "u.user",

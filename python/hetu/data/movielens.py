@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import store
+from . import store, vocabulary
 from .keys import check_ids, hash_values
 from .movielens_side import (BAG_FIELDS, UNKNOWN_YEAR, ZIP_PREFIX_LENGTH, check_described,
                              encode_side_features, read_items, read_users)
@@ -38,7 +38,6 @@ FIELD_NAMES = ("user", "item")
 NUM_COLUMNS = 4
 LABEL_KINDS = ("binary", "rating")
 RATINGS_FILE = "ratings.npy"
-VOCABULARY_FILE = "vocabulary.npz"   # indexed ids: each field's value texts -> ids (hetu.serve)
 
 
 def detect_format(path):
@@ -159,18 +158,14 @@ class FieldLayout:
         return np.hstack(blocks)
 
     def vocabulary(self):
-        """Indexed ids: per field f, ``values/f`` its values' texts sorted (users and items by
-        their decimal text) and ``ids/f`` the global id of each, for encoding raw values later
-        as this pass encoded them (hetu.serve)."""
+        """Indexed ids: each field's values (users and items by their decimal text) and their
+        global ids (vocabulary.py); MovieLens numbers every value, so no field has a bucket."""
         offsets = store.field_offsets(self.field_sizes)
         texts = [[str(u) for u in self.user_ids], [str(i) for i in self.item_ids]]
         texts += [list(self.field_values[name]) for name in self.field_names[2:]]
         arrays = {}
         for f, values in enumerate(texts):
-            values = np.asarray(values, dtype=str)
-            order = np.argsort(values, kind="stable")
-            arrays[f"values/{f}"] = values[order]
-            arrays[f"ids/{f}"] = order.astype(np.int64) + offsets[f]
+            arrays.update(vocabulary.field_arrays(f, values, offsets[f] + np.arange(len(values))))
         return arrays
 
     def side_meta(self):
@@ -253,7 +248,7 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             start = stop
         store.flush_arrays(dense, sparse, labels, raw_ratings)
         if not hashed:
-            np.savez(Path(tmp_dir) / VOCABULARY_FILE, **layout.vocabulary())
+            vocabulary.write(tmp_dir, layout.vocabulary())
         if order == "shuffled":
             shuffle_into_place(tmp_dir, [dense, sparse, labels, raw_ratings], files,
                                shuffle_seed)
@@ -271,7 +266,7 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             val_rows, val_fraction, shuffle_seed, source, label=label_meta,
             field_slots=layout.field_slots, bag_fields=layout.bag_fields,
             extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]",
-                         **({} if hashed else {VOCABULARY_FILE: "each field's value texts (sorted) -> ids"})},
+                         **({} if hashed else {vocabulary.VOCABULARY_FILE: "each field's values' keys -> ids"})},
             raw_id_ranges={"user": [int(user_ids[0]), int(user_ids[-1])],
                            "item": [int(item_ids[0]), int(item_ids[-1])]},
             ids=ids, **layout.side_meta()))

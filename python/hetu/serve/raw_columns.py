@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 from ..data import criteo
-from ..data.movielens import VOCABULARY_FILE
+from ..data.vocabulary import VOCABULARY_FILE
 from ..data.movielens_side import BAG_FIELDS
 
 # MovieLens: the fields training reads -> the raw column, as ML-1M's README names them.
