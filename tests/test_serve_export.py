@@ -340,3 +340,52 @@ def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets):
     bundle = Bundle.open(str(tmp_path / "bundle"))
     np.testing.assert_allclose(split_predictions(bundle, data_dir), np.load(tmp_path / "graph.npy"), rtol=0,
                                atol=TOLERANCE)
+
+
+# --- each op's ONNX mapping against its own forward --------------------------------------------
+def _w(name, shape, seed):
+    return ht.Variable(name, value=np.random.default_rng(seed).normal(size=shape).astype(np.float32))
+
+
+def _stack(x):
+    return ht.array_reshape_op(x, (-1, 3, 2))
+
+
+OP_GRAPHS = {
+    "elementwise": lambda x: x * x + x - x / (x * x + 2.0) + (2.0 - x * 3.0) + 1.0 / (x * x + 5.0) + (-x),
+    "unary": lambda x: ht.sqrt_op(ht.exp_op(x)) + ht.log_op(x * x + 10.0) + ht.power_op(x, 3),
+    "activations": lambda x: ht.relu_op(x) + ht.leaky_relu_op(x, 0.2) + ht.tanh_op(x) + ht.gelu_op(x) +
+    ht.softmax_op(x) + ht.sigmoid_op(x),
+    "matmul": lambda x: ht.concat_op(ht.matmul_op(x, _w("w", (4, 6), 1), trans_B=True),
+                                     ht.matmul_op(x, _w("v", (6, 3), 2)), axis=1),
+    "stacked matmul": lambda x: ht.concat_op(ht.lower_triangle_op(ht.matmul_op(_stack(x), _stack(x), trans_B=True)),
+                                             ht.array_reshape_op(ht.matmul_op(_stack(x), _stack(x), trans_A=True),
+                                                                 (-1, 4)), axis=1),
+    "reductions": lambda x: ht.concat_op(ht.reduce_mean_op(x, axes=[1], keepdims=True),
+                                         ht.reduce_sum_op(ht.array_reshape_op(x, (-1, 2, 3)), axes=[2]), axis=1),
+    "shapes": lambda x: ht.concatenate_op([ht.array_reshape_op(ht.transpose_op(ht.array_reshape_op(x, (-1, 2, 3)),
+                                                                               (0, 2, 1)), (-1, 6)),
+                                           ht.slice_op(x, (0, 2), (-1, 3)),
+                                           ht.broadcastto_op(_w("b", (6,), 3), x),
+                                           ht.where_op(ht.relu_op(x), x, x * 2.0),
+                                           ht.sum_op([x, x, x])], axis=1),
+    "norms": lambda x: ht.layer_normalization_op(x, _w("g", (6,), 4), _w("beta", (6,), 5)) +
+    ht.batch_normalization_op(ht.dropout_op(x, 0.5), _w("s", (6,), 6), _w("c", (6,), 7)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OP_GRAPHS))
+def test_each_op_mapping_computes_its_forward(name):
+    import onnxruntime as ort
+    x = ht.placeholder_op("dense")
+    out = OP_GRAPHS[name](x)
+    prediction = ht.reduce_sum_op(out, axes=[1], keepdims=True)
+    batch = np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32)
+    expected = ht.Executor([prediction]).run(feed_dict={x: batch}, convert_to_numpy_ret_vals=True, training=False)[0]
+    values = {n.name: n.value for n in ht.topo_sort([prediction]) if isinstance(n, ht.Variable) and n.is_parameter}
+    persistent = {f"{n.name}/{k}": np.full(6, fill, np.float32) for n in ht.topo_sort([prediction])
+                  if type(n).__name__ == "BatchNormOp" for k, fill in (("running_mean", 0.0), ("running_var", 1.0))}
+    model = onnx_graph.build(prediction, x, values, persistent, [], 6, 1)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(["probability"], {"dense": batch})[0]
+    np.testing.assert_allclose(got, expected.reshape(-1), rtol=1e-5, atol=1e-5)

@@ -94,7 +94,10 @@ def predict_command(argv):
 
 
 def run_command(argv):
-    from . import server   # the HTTP server
+    import importlib.util
+    if importlib.util.find_spec("hetu.serve.server") is None:
+        raise UsageError("run: the HTTP server (hetu.serve.server) is not part of this installation")
+    from . import server
     return server.main(argv)
 
 
