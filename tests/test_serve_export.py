@@ -389,3 +389,57 @@ def test_each_op_mapping_computes_its_forward(name):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(["probability"], {"dense": batch})[0]
     np.testing.assert_allclose(got, expected.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+def stream_bundle(run, tmp_path, files, *flags):
+    """The bundle of a tiny stream job on `files` (a folder)."""
+    run_args = ["--table-capacity", "128", "--embedding-size", "4", "--batch-size", "32", "--no-progress",
+                "--stream", str(files), "--stream-idle-exit", "0.2", "--checkpoint", str(tmp_path / "ckpt"),
+                "--csv-dir", str(tmp_path / "csv"), *flags]
+    train.main(run_args)
+    return Bundle.open(export(str(tmp_path / "ckpt"), str(tmp_path / "bundle")))
+
+
+def parsed(fmt, path):
+    """The samples of a stream file by its format's Python definition: (dense, keys)."""
+    from hetu.data.stream_formats import BadLineRecorder
+    lines = path.read_text().splitlines(keepends=True)
+    fmt.begin_file(lines[0], str(path))
+    dense, sparse, _ = fmt.parse_lines(lines, str(path), 1, BadLineRecorder())
+    return dense, sparse
+
+
+def test_a_schema_stream_reads_its_own_columns(run, tmp_path):
+    """A schema file's columns: a dense one through log1p, a categorical one, a bag, an ignored one."""
+    from hetu.data.stream_formats import SchemaFormat
+    (tmp_path / "schema.yaml").write_text(
+        "delimiter: \",\"\ncolumns:\n  - {name: click, role: label}\n  - {name: price, role: dense, transform: log1p}\n"
+        "  - {name: user, role: categorical}\n  - {name: tags, role: bag, separator: \"|\", slots: 3}\n"
+        "  - {role: ignore}\n")
+    rng = np.random.default_rng(1)
+    rows, instances = [], []
+    for k in range(400):
+        price, user = f"{rng.random() * 100:.2f}", f"u{rng.integers(60)}"
+        tags = "|".join(f"t{t}" for t in rng.choice(12, int(rng.integers(0, 4)), replace=False))
+        rows.append(f"{int(rng.random() < 0.4)},{price},{user},{tags},x{k}\n")
+        instances.append({"price": price, "user": user, "tags": tags})
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "part-0.csv").write_text("".join(rows))
+    bundle = stream_bundle(run, tmp_path, tmp_path / "files", "--model", "dlrm", "--stream-format",
+                           f"schema:{tmp_path / 'schema.yaml'}")
+    assert bundle.columns == {"price": "dense", "user": "categorical", "tags": "bag"}
+    dense, sparse = parsed(SchemaFormat.from_file(tmp_path / "schema.yaml"), tmp_path / "files" / "part-0.csv")
+    np.testing.assert_array_equal(bundle.predict(instances), bundle.predict_arrays(dense, sparse))
+    with pytest.raises(InstanceError, match=r"instance 0: column 'tags': 4 values, more than its 3 slots"):
+        bundle.predict([{**instances[0], "tags": "a|b|c|d"}])
+
+
+def test_a_movielens_stream_with_side_files_reads_the_readme_columns(run, tmp_path):
+    from hetu.data.stream_formats import MovieLensFormat
+    instances = movielens_100k(tmp_path)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "u.data").rename(tmp_path / "files" / "u.data")
+    bundle = stream_bundle(run, tmp_path, tmp_path / "files", "--model", "dlrm", "--stream-format", "movielens",
+                           "--users", str(tmp_path / "u.user"), "--items", str(tmp_path / "u.item"))
+    dense, sparse = parsed(MovieLensFormat(tmp_path / "u.user", tmp_path / "u.item"), tmp_path / "files" / "u.data")
+    np.testing.assert_array_equal(bundle.predict(instances), bundle.predict_arrays(dense, sparse))
