@@ -230,6 +230,22 @@ def test_criteo_text_indexed_reads_raw_values_through_its_vocabulary(run, tmp_pa
     np.testing.assert_array_equal(bundle.predict([unseen]), bundle.predict([rare]))
 
 
+def test_avazu_columns_are_its_header_names(run, tmp_path):
+    from hetu.data.avazu import COLUMNS
+    rng = np.random.default_rng(2)
+    lines, instances = [",".join(COLUMNS) + "\n"], []
+    for k in range(1600):
+        values = [f"{int(rng.zipf(1.6)) % 50:x}" for _ in COLUMNS[2:]]
+        lines.append(",".join([str(k), str(int(rng.random() < 0.2))] + values) + "\n")
+        instances.append(dict(zip(COLUMNS[2:], values)))
+    (tmp_path / "train.csv").write_text("".join(lines))
+    assert prepare_main(["avazu", "--input", str(tmp_path / "train.csv"), "--output", str(tmp_path / "avazu"),
+                         "--quiet"]) == 0
+    graph, bundle = trained_and_exported(run, tmp_path, tmp_path / "avazu", "--model", "dfm")
+    assert list(bundle.columns) == list(COLUMNS[2:])
+    np.testing.assert_allclose(bundle.predict(instances[-len(graph):]), graph, rtol=0, atol=TOLERANCE)
+
+
 def test_an_indexed_folder_without_its_vocabulary_is_a_clear_export_error(run, tmp_path):
     movielens_100k(tmp_path)
     data_dir = prepare_movielens(tmp_path / "u.data", tmp_path / "ml", users_path=tmp_path / "u.user",
