@@ -1,0 +1,94 @@
+"""Live updates: the server follows a training job's checkpoint folder and serves each new version.
+
+A training job replaces its full checkpoint by renames and adds deltas under deltas/ (each renamed
+into place whole; hetu.checkpoint). The watcher reads the folder's version (meta.json only) a few
+times a second; when it rises above the served one, it exports the checkpoint into a fresh bundle
+folder, opens it and swaps it in (ServedBundle.swap): the batches from then on run on it, those
+running finish on the old one, whose folder goes once the last of them ends. A checkpoint being
+replaced while it is read makes the export fail: the watcher tries again at its next look."""
+import asyncio
+import concurrent.futures
+import os
+import shutil
+import time
+
+from .. import checkpoint
+from .bundle import Bundle
+from .export import checkpoint_version, export
+
+LOOK_EVERY_S = 0.1
+
+
+def appeared_at(checkpoint_dir):
+    """When the checkpoint's newest part (the full checkpoint or its last delta) was put in place:
+    the latest change time of its folder and of its deltas' (a rename changes it), or of the
+    meta.json written just before the rename, whichever is later."""
+    folder, _ = checkpoint.locate(checkpoint_dir)
+    parts = [folder]
+    deltas = os.path.join(folder, checkpoint.DELTAS)
+    if os.path.isdir(deltas):
+        parts += [os.path.join(deltas, name) for name in os.listdir(deltas) if not name.startswith(".")]
+    times = []
+    for part in parts:
+        for path in (part, os.path.join(part, checkpoint.META)):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            times.append(max(st.st_ctime, st.st_mtime))
+    return max(times)
+
+
+class CheckpointWatcher:
+    """Follows `checkpoint_dir`, exporting each new version under `work_dir` and swapping it into
+    `served` (a ServedBundle); `log` prints a line."""
+
+    def __init__(self, checkpoint_dir, served, work_dir, log):
+        self.checkpoint_dir, self.served, self.work_dir, self.log = checkpoint_dir, served, work_dir, log
+        # Exports run beside the model's thread, not in it: serving goes on meanwhile.
+        self._export_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetu-serve-export")
+        self._failed_version = None   # the version whose export failed last (said once)
+        self._exports = 0
+
+    async def run(self):
+        while True:
+            await asyncio.sleep(LOOK_EVERY_S)
+            await self.look()
+
+    async def look(self):
+        """One look at the folder: export and swap in a newer version if there is one."""
+        loop = asyncio.get_running_loop()
+        try:
+            version = await loop.run_in_executor(self._export_thread, checkpoint_version, self.checkpoint_dir)
+        except (OSError, ValueError):
+            return   # none yet, or a full checkpoint being swapped in: the next look sees it
+        if version <= self.served.bundle.version:
+            return
+        try:
+            bundle, folder, appeared = await loop.run_in_executor(self._export_thread, self._export, version)
+        except Exception as e:   # noqa: BLE001 - the next look tries again
+            if self._failed_version != version:
+                self.log(f"version {version} of {self.checkpoint_dir} not served yet: its export failed "
+                         f"({type(e).__name__}: {e}); trying again")
+                self._failed_version = version
+            return
+        if bundle.version <= self.served.bundle.version:
+            await loop.run_in_executor(self._export_thread, shutil.rmtree, folder, True)
+            return
+        self.served.swap(bundle, folder)
+        self.log(f"serving version {bundle.version}, {time.time() - appeared:.3f} s after its checkpoint "
+                 f"appeared")
+
+    def _export(self, version):
+        appeared = appeared_at(self.checkpoint_dir)
+        self._exports += 1
+        folder = os.path.join(self.work_dir, f"version-{version}.{self._exports}")
+        try:
+            path = export(self.checkpoint_dir, folder)
+            return Bundle.open(path), folder, appeared
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    def close(self):
+        self._export_thread.shutdown(wait=True)
