@@ -22,6 +22,7 @@ from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
 from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
+import models
 from models import MODELS
 
 # --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
@@ -124,6 +125,9 @@ def build_parser(herald):
                    help="--stream: write the windows' AUC, logloss and lag to DIR as TensorBoard scalars")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
+    p.add_argument("--save-predictions", default=None, metavar="FILE.npy",
+                   help="with --val: write the last validation's probabilities, in the split's order, to this "
+                        ".npy (one worker)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
     p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None, metavar="N",
@@ -273,6 +277,7 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
             print(f"{desc}: {len(losses)}/{iterations} iterations, loss {np.mean(losses[-20:]):.4f}, "
                   f"{rate:.1f} it/s, {(iterations - len(losses)) / rate:.0f} s to go", flush=True)
     pred, label = np.concatenate(preds), np.concatenate(labels)
+    predictions = np.asarray(pred, np.float32).reshape(-1)   # this worker's, in the order read
     # A batch's loss is its samples' mean: weighted by its samples where batches differ (the
     # last of a validation split).
     sizes = [np.asarray(p).size for p in preds]
@@ -286,7 +291,8 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
         loss = comm.allreduce_mean(loss * pred.size) / samples
         pred, label = comm.allgather_array(pred), comm.allgather_array(label)
     return {"loss": loss, "acc": ht.metrics.accuracy(label, pred), "auc": ht.metrics.auc(label, pred),
-            "logloss": ht.metrics.logloss(label, pred), "samples": int(pred.size), "iterations": iterations}
+            "logloss": ht.metrics.logloss(label, pred), "samples": int(pred.size), "iterations": iterations,
+            "predictions": predictions}
 
 
 def epoch_text(iterations, workers, args):
@@ -330,7 +336,12 @@ def check_outputs(parser, args):
         parser.error("--checkpoint-every needs --checkpoint DIR")
     if args.checkpoint_full_every > 1 and not args.checkpoint:
         parser.error("--checkpoint-full-every needs --checkpoint DIR")
-    for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint)):
+    if args.save_predictions and not args.val:
+        parser.error("--save-predictions needs --val")
+    if args.save_predictions and args.comm is not None:
+        parser.error("--save-predictions writes the predictions of one process: give no --comm")
+    for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint),
+                       ("--save-predictions", args.save_predictions)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -354,6 +365,17 @@ SAME_FLAGS = tuple(name for name in RESUME_FLAGS if name != "batch_size")
 
 def run_record(args):
     return {name: getattr(args, name) for name in RESUME_FLAGS}
+
+
+def checkpoint_run(args):
+    """run_record and what an export rebuilds the model from besides: the models' folder and a
+    MovieLens stream's side files."""
+    run = run_record(args)
+    run["models_dir"] = os.path.dirname(os.path.abspath(models.__file__))
+    for name in ("users", "items"):
+        if getattr(args, name):
+            run[name] = os.path.abspath(getattr(args, name))
+    return run
 
 
 def check_resume(parser, args):
@@ -392,7 +414,7 @@ def checkpoint_rate_lines(before, after, kind):
 def checkpoint_record(executor, args):
     """run_record, and on a stream the source's position after the last trained sample: where a
     resumed job's source continues, so that every sample is trained once (exactly once)."""
-    run = run_record(args)
+    run = checkpoint_run(args)
     feed = getattr(args, "stream_feed", None)
     if feed is not None:
         step = executor.state.iteration
@@ -442,18 +464,32 @@ def midway_checkpoints(executor, args, epoch_end):
     return after_step
 
 
-def validate(executor, progress):
-    """The whole validation split: its metrics and their line for the log."""
+def validate(executor, progress, predictions_path=None):
+    """The whole validation split: its metrics and their line for the log; with
+    `predictions_path`, its probabilities written there in the split's order (one process)."""
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         # Fewer samples left than workers: a worker's part of the last batch is empty, its mean nan.
         warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
         val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
+    predictions = val.pop("predictions")
+    if predictions_path:
+        save_predictions(predictions_path, predictions)
     return val, f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f} logloss {val['logloss']:.4f}"
+
+
+def save_predictions(path, predictions):
+    tmp = path + ".tmp.npy"
+    try:
+        np.save(tmp, predictions)
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise SystemExit(f"--save-predictions: cannot write {path}: {e.strerror or e}") from None
 
 
 def validate_only(executor, args, step, progress, herald):
     """--resume of a checkpoint with nothing left to train, with --val: the checkpoint's metrics."""
-    val, line = validate(executor, progress)
+    val, line = validate(executor, progress, args.save_predictions)
     print(f"checkpoint {args.resume} at step {step}: {line}", flush=True)
     summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu,
                "device": str(executor.config.ctx), "iterations": 0, "first_step": step, "final": {"val": val}}
@@ -581,11 +617,12 @@ def train(argv, herald):
         t0 = time.time()
         stats = run_epoch(executor, "train", n, progress, f"epoch {epoch}",
                           after_step=midway_checkpoints(executor, args, done + n))
+        del stats["predictions"]
         stats["seconds"] = time.time() - t0
         line = (f"epoch {epoch}: train loss {stats['loss']:.4f} acc {stats['acc']:.4f} auc {stats['auc']:.4f} "
                 f"logloss {stats['logloss']:.4f} ({rates_text(n, stats['seconds'], args.batch_size, workers)})")
         if args.val:
-            stats["val"], val_line = validate(executor, progress)
+            stats["val"], val_line = validate(executor, progress, args.save_predictions)
             line += " | " + val_line
         print(line, flush=True)
         history.append(stats)

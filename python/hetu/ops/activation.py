@@ -11,7 +11,12 @@ _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
 
 class Activation(Op):
-    """y = forward(x), elementwise unless stated; dx = backward(g, x, y)."""
+    """y = forward(x), elementwise unless stated; dx = backward(g, x, y). `onnx_type`: the ONNX op
+computing the same forward (None: to_onnx composes it)."""
+    onnx_type = None
+
+    def to_onnx(self, b, x):
+        return b.node(self.onnx_type, x)
 
     def infer_shape(self, s):
         return s[0]
@@ -44,6 +49,8 @@ class ActivationGradOp(Op):
 
 
 class ReluOp(Activation):
+    onnx_type = "Relu"
+
     def forward(self, xp, x, out):
         return xp.maximum(x, 0, out=out)
 
@@ -59,11 +66,16 @@ class LeakyReluOp(Activation):
     def forward(self, xp, x, out):
         return xp.multiply(x, xp.where(x > 0, np.float32(1), self.alpha), out=out)
 
+    def to_onnx(self, b, x):
+        return b.node("LeakyRelu", x, alpha=float(self.alpha))
+
     def backward(self, xp, g, x, y, out):
         return xp.multiply(g, xp.where(x > 0, np.float32(1), self.alpha), out=out)
 
 
 class SigmoidOp(Activation):
+    onnx_type = "Sigmoid"
+
     def forward(self, xp, x, out):
         # 1 / (1 + exp(-x)), written to stay finite for large |x|.
         xp.negative(x, out=out)
@@ -78,6 +90,8 @@ class SigmoidOp(Activation):
 
 
 class TanhOp(Activation):
+    onnx_type = "Tanh"
+
     def forward(self, xp, x, out):
         return xp.tanh(x, out=out)
 
@@ -94,6 +108,12 @@ class GeluOp(Activation):
         t = xp.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x))
         return xp.multiply(np.float32(0.5) * x, 1 + t, out=out)
 
+    def to_onnx(self, b, x):
+        cube = b.node("Mul", [b.node("Mul", [x[0], x[0]]), x[0]])
+        inner = b.node("Mul", [b.const(_GELU_C), b.node("Add", [x[0], b.node("Mul", [b.const(np.float32(0.044715)), cube])])])
+        half_x = b.node("Mul", [b.const(np.float32(0.5)), x[0]])
+        return b.node("Mul", [half_x, b.node("Add", [b.const(np.float32(1)), b.node("Tanh", [inner])])])
+
     def backward(self, xp, g, x, y, out):
         inner = _GELU_C * (x + np.float32(0.044715) * x * x * x)
         t = xp.tanh(inner)
@@ -104,6 +124,9 @@ class GeluOp(Activation):
 
 class SoftmaxOp(Activation):
     """Softmax over the last axis."""
+
+    def to_onnx(self, b, x):
+        return b.node("Softmax", x, axis=-1)
 
     def forward(self, xp, x, out):
         xp.subtract(x, x.max(axis=-1, keepdims=True), out=out)

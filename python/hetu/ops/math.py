@@ -26,6 +26,10 @@ def _ufunc(ufunc, x):
 class _Elementwise(Op):
     """Binary op with NumPy broadcasting; writes into a reused output buffer."""
     ufunc = None
+    onnx_type = None   # the ONNX op of the same broadcasting
+
+    def to_onnx(self, b, x):
+        return b.node(self.onnx_type, x)
 
     def infer_shape(self, s):
         return broadcast_shape(self, s[0], s[1])
@@ -38,6 +42,7 @@ class _Elementwise(Op):
 
 class AddOp(_Elementwise):
     ufunc = np.add
+    onnx_type = "Add"
 
     def gradient(self, g):
         return [sum_to_shape_op(g, self.inputs[0]), sum_to_shape_op(g, self.inputs[1])]
@@ -45,6 +50,7 @@ class AddOp(_Elementwise):
 
 class MinusOp(_Elementwise):
     ufunc = np.subtract
+    onnx_type = "Sub"
 
     def gradient(self, g):
         return [sum_to_shape_op(g, self.inputs[0]), sum_to_shape_op(opposite_op(g), self.inputs[1])]
@@ -52,6 +58,7 @@ class MinusOp(_Elementwise):
 
 class MulOp(_Elementwise):
     ufunc = np.multiply
+    onnx_type = "Mul"
 
     def gradient(self, g):
         a, b = self.inputs
@@ -60,6 +67,7 @@ class MulOp(_Elementwise):
 
 class DivOp(_Elementwise):
     ufunc = np.divide
+    onnx_type = "Div"
 
     def gradient(self, g):
         a, b = self.inputs
@@ -83,6 +91,9 @@ class AddByConstOp(_Unary):
     def compute(self, vals, state):
         return _xp(vals[0]).add(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
+    def to_onnx(self, b, x):
+        return b.node("Add", [x[0], b.const(np.float32(self.const))])
+
     def gradient(self, g):
         return [g]
 
@@ -94,6 +105,9 @@ class MulByConstOp(_Unary):
 
     def compute(self, vals, state):
         return _xp(vals[0]).multiply(vals[0], self.const, out=state.buffer(self, vals[0].shape, vals[0].dtype))
+
+    def to_onnx(self, b, x):
+        return b.node("Mul", [x[0], b.const(np.float32(self.const))])
 
     def gradient(self, g):
         return [mul_byconst_op(g, self.const)]
@@ -109,12 +123,18 @@ class DivConstOp(_Unary):
     def compute(self, vals, state):
         return _xp(vals[0]).divide(self.const, vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
+    def to_onnx(self, b, x):
+        return b.node("Div", [b.const(np.float32(self.const)), x[0]])
+
     def gradient(self, g):
         x = self.inputs[0]
         return [opposite_op(div_op(mul_op(g, self), x))]
 
 
 class OppositeOp(_Unary):
+    def to_onnx(self, b, x):
+        return b.node("Neg", x)
+
     def compute(self, vals, state):
         return _xp(vals[0]).negative(vals[0], out=state.buffer(self, vals[0].shape, vals[0].dtype))
 
@@ -123,6 +143,9 @@ class OppositeOp(_Unary):
 
 
 class SqrtOp(_Unary):
+    def to_onnx(self, b, x):
+        return b.node("Sqrt", x)
+
     def compute(self, vals, state):
         return _xp(vals[0]).sqrt(vals[0])
 
@@ -131,6 +154,9 @@ class SqrtOp(_Unary):
 
 
 class ExpOp(_Unary):
+    def to_onnx(self, b, x):
+        return b.node("Exp", x)
+
     def compute(self, vals, state):
         return _xp(vals[0]).exp(vals[0])
 
@@ -139,6 +165,9 @@ class ExpOp(_Unary):
 
 
 class LogOp(_Unary):
+    def to_onnx(self, b, x):
+        return b.node("Log", x)
+
     def compute(self, vals, state):
         return _xp(vals[0]).log(vals[0])
 
@@ -153,6 +182,9 @@ class PowerOp(_Unary):
 
     def compute(self, vals, state):
         return _xp(vals[0]).power(vals[0], self.p).astype(vals[0].dtype, copy=False)
+
+    def to_onnx(self, b, x):
+        return b.node("Pow", [x[0], b.const(np.float32(self.p))])
 
     def gradient(self, g):
         x = self.inputs[0]
@@ -196,6 +228,15 @@ class MatMulOp(Op):
                                             cp.ascontiguousarray(b, dtype=np.float32), self.trans_A, self.trans_B, out)
         return np.matmul(a.T if self.trans_A else a, b.T if self.trans_B else b, out=out)
 
+    def to_onnx(self, b, x):
+        def maybe_transposed(name, transposed, node):
+            if not transposed:
+                return name
+            ndim = len(b.shape_of(node))
+            return b.node("Transpose", [name], perm=list(range(ndim - 2)) + [ndim - 1, ndim - 2])
+        return b.node("MatMul", [maybe_transposed(x[0], self.trans_A, self.inputs[0]),
+                                 maybe_transposed(x[1], self.trans_B, self.inputs[1])])
+
     def gradient(self, g):
         a, b = self.inputs
         tA, tB = self.trans_A, self.trans_B
@@ -224,6 +265,13 @@ class ReduceOp(Op):
         axes = normalize_axes(self.axes, x.ndim)
         r = x.mean(axis=axes, keepdims=self.keepdims) if self.mean else x.sum(axis=axes, keepdims=self.keepdims)
         return r.astype(x.dtype, copy=False)
+
+    def to_onnx(self, b, x):
+        axes = list(normalize_axes(self.axes, len(b.shape_of(self.inputs[0]))))
+        keepdims = int(bool(self.keepdims))
+        if self.mean:   # opset 17: ReduceMean's axes are an attribute, ReduceSum's an input
+            return b.node("ReduceMean", x, axes=axes, keepdims=keepdims)
+        return b.node("ReduceSum", [x[0], b.const(np.array(axes, np.int64))], keepdims=keepdims)
 
     def gradient(self, g):
         return [ReduceGradOp(g, self.inputs[0], self.axes, self.keepdims, self.mean)]
@@ -274,6 +322,9 @@ class BroadcastToOp(Op):
         out[...] = vals[0]
         return out
 
+    def to_onnx(self, b, x):
+        return b.node("Expand", [x[0], b.node("Shape", [x[1]])])
+
     def gradient(self, g):
         return [sum_to_shape_op(g, self.inputs[0]), None]
 
@@ -293,6 +344,9 @@ class BroadcastShapeOp(_Unary):
     def compute(self, vals, state):
         xp = _xp(vals[0])
         return xp.ascontiguousarray(xp.broadcast_to(vals[0], self.shape))
+
+    def to_onnx(self, b, x):
+        return b.node("Expand", [x[0], b.const(np.array(self.shape, np.int64))])
 
     def gradient(self, g):
         return [sum_to_shape_op(g, self.inputs[0])]
@@ -350,6 +404,9 @@ class SumOp(Op):
         for v in vals[2:]:
             out += v
         return out
+
+    def to_onnx(self, b, x):
+        return b.node("Sum", x)
 
     def gradient(self, g):
         return [g] * len(self.inputs)

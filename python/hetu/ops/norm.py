@@ -108,6 +108,17 @@ class BatchNormOp(_Normalize):
         state.scratch[self.id] = {"xhat": xhat, "rstd": rstd, "fixed_stats": not state.training}
         return (xhat * gamma.reshape(view) + beta.reshape(view)).astype(np.float32, copy=False)
 
+    def to_onnx(self, b, x):
+        """Inference: the running statistics the checkpoint holds (persistent/<op>/running_*)."""
+        ndim = len(b.shape_of(self.inputs[0]))
+        view = np.array(self.param_view_shape(ndim), np.int64)
+        mean, var = (b.const(b.persistent(f"{self.name}/{key}").reshape(view.clip(1)))
+                     for key in ("running_mean", "running_var"))
+        rstd = b.node("Div", [b.const(np.float32(1)), b.node("Sqrt", [b.node("Add", [var, b.const(self.eps)])])])
+        xhat = b.node("Mul", [b.node("Sub", [x[0], mean]), rstd])
+        gamma, beta = (b.node("Reshape", [name, b.const(view)]) for name in x[1:])
+        return b.node("Add", [b.node("Mul", [xhat, gamma]), beta])
+
 
 class LayerNormOp(_Normalize):
     """Normalises over the last axis; scale and bias have the last axis' size."""
@@ -127,6 +138,13 @@ class LayerNormOp(_Normalize):
         state.scratch[self.id] = {"xhat": xhat, "rstd": rstd, "fixed_stats": False}
         return (xhat * gamma + beta).astype(np.float32, copy=False)
 
+    def to_onnx(self, b, x):
+        mean = b.node("ReduceMean", [x[0]], axes=[-1], keepdims=1)
+        centered = b.node("Sub", [x[0], mean])
+        var = b.node("ReduceMean", [b.node("Mul", [centered, centered])], axes=[-1], keepdims=1)
+        rstd = b.node("Div", [b.const(np.float32(1)), b.node("Sqrt", [b.node("Add", [var, b.const(self.eps)])])])
+        return b.node("Add", [b.node("Mul", [b.node("Mul", [centered, rstd]), x[1]]), x[2]])
+
 
 class DropoutOp(Op):
     """Inverted dropout in training, identity in inference. The mask is drawn from the executor's
@@ -142,6 +160,9 @@ class DropoutOp(Op):
 
     def infer_shape(self, s):
         return s[0]
+
+    def to_onnx(self, b, x):
+        return b.node("Identity", x)   # inference
 
     def compute(self, vals, state):
         x = vals[0]

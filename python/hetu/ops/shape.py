@@ -30,6 +30,9 @@ class ConcatOp(Op):
         shape[ax] = sum(v.shape[ax] for v in vals)
         return array_module_of(vals[0]).concatenate(vals, axis=ax, out=state.buffer(self, tuple(shape), vals[0].dtype))
 
+    def to_onnx(self, b, x):
+        return b.node("Concat", x, axis=self.axis)
+
     def gradient(self, g):
         return [ConcatGradOp(g, self, i) for i in range(len(self.inputs))]
 
@@ -75,6 +78,10 @@ class ReshapeOp(Op):
     def compute(self, vals, state):
         return vals[0].reshape(self._resolve(vals[0].shape))
 
+    def to_onnx(self, b, x):
+        # A dimension of 0 would mean "copy" to ONNX; _resolve refuses 0, so none is given.
+        return b.node("Reshape", [x[0], b.const(np.array(self.shape, np.int64))])
+
     def gradient(self, g):
         return [ReshapeLikeOp(g, self.inputs[0])]
 
@@ -117,6 +124,11 @@ class SliceOp(Op):
 
     def compute(self, vals, state):
         return vals[0][self._index(vals[0].shape)]
+
+    def to_onnx(self, b, x):
+        ends = [np.iinfo(np.int64).max if n == -1 else begin + n for begin, n in zip(self.begin, self.size)]
+        return b.node("Slice", [x[0], b.const(np.array(self.begin, np.int64)), b.const(np.array(ends, np.int64)),
+                                b.const(np.arange(len(self.begin), dtype=np.int64))])
 
     def gradient(self, g):
         return [SliceGradOp(g, self.inputs[0], self)]
@@ -163,6 +175,9 @@ class TransposeOp(Op):
     def compute(self, vals, state):
         return vals[0].transpose(self._perm(vals[0].ndim))
 
+    def to_onnx(self, b, x):
+        return b.node("Transpose", x, perm=list(self._perm(len(b.shape_of(self.inputs[0])))))
+
     def gradient(self, g):
         # Reversing the axes is its own inverse; an explicit permutation is undone by its argsort.
         return [TransposeOp(g, None if self.perm is None else tuple(int(i) for i in np.argsort(self.perm)))]
@@ -205,6 +220,10 @@ class WhereOp(Op):
         c, a, b = vals
         return array_module_of(a).where(c.astype(bool), a, b).astype(np.float32, copy=False)
 
+    def to_onnx(self, b, x):
+        from onnx import TensorProto
+        return b.node("Where", [b.node("Cast", [x[0]], to=TensorProto.BOOL), x[1], x[2]])
+
     def gradient(self, g):
         from .math import sum_to_shape_op, zeroslike_op
         zero = zeroslike_op(g)
@@ -228,6 +247,11 @@ class LowerTriangleOp(Op):
         positions = triangle_positions(array_module_of(x), x.shape[1])
         out = state.buffer(self, (x.shape[0], len(positions)), np.float32)
         return array_module_of(x).take(x.reshape(x.shape[0], -1), positions, axis=1, out=out)
+
+    def to_onnx(self, b, x):
+        n = b.shape_of(self.inputs[0])[1]
+        flat = b.node("Reshape", [x[0], b.const(np.array([-1, n * n], np.int64))])
+        return b.node("Gather", [flat, b.const(triangle_positions(np, n).astype(np.int64))], axis=1)
 
     def gradient(self, g):
         return [LowerTriangleGradOp(g, self.inputs[0], ctx=self.ctx)]

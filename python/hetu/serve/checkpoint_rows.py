@@ -1,0 +1,153 @@
+"""A checkpoint's parameters as arrays, read from its files alone (no servers, no executor): the
+local parameters (arrays.npz), the tables the servers saved (ps/NAME.shardK-of-N.bin), each
+delta's changes applied in order (its arrays.npz and rows.npz; its servers' ps/NAME.deltaK-of-N.bin,
+or a dense table's whole shards), and the dynamic tables' key directories (dynamic.npz).
+
+The servers' files (ps-lite/src/table.cc): a shard is a header (FileHeader, magic HETUPS03), then
+its rows lo, lo + stride, ... below hi in the table's storage type, then optimizer state, step
+counts and versions; a delta is a header (DeltaHeader, HETUPD01), then the changed rows' ids
+(int64), their values, state and counts."""
+import glob
+import os
+import re
+
+import numpy as np
+
+from .. import checkpoint
+
+STORAGE_TYPES = ("fp32", "bf16", "fp16")   # hetu::storage::Type, by code (hetu._C.STORAGE_TYPES)
+STORED_AS = {"fp32": np.float32, "bf16": np.uint16, "fp16": np.float16}   # bf16: its 16 bits
+
+SHARD_HEADER = np.dtype([("magic", "S8")] + [(k, "<i8") for k in (
+    "rows", "width", "dense", "lo", "hi", "optim_kind", "unit_state_width", "applied", "placement", "stride",
+    "storage")])
+DELTA_HEADER = np.dtype([("magic", "S8")] + [(k, "<i8") for k in (
+    "rows", "width", "optim_kind", "unit_state_width", "storage", "applied", "count", "counter_bytes", "base")])
+SHARD_MAGIC, DELTA_MAGIC = b"HETUPS03", b"HETUPD01"
+
+
+def to_fp32(rows, storage):
+    """fp32 rows of `rows` stored as `storage` (bf16: the upper half of an fp32)."""
+    if storage == "bf16":
+        return (np.asarray(rows, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(rows, np.float32)
+
+
+def sanitized(name):
+    """A table's file name stem, as the servers write it (Sanitize in table.cc)."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
+
+
+def _files(folder, name, kind):
+    """{k: path} of NAME.<kind>K-of-N.bin in folder, all of one N."""
+    pattern = re.compile(re.escape(sanitized(name)) + kind + r"(\d+)-of-(\d+)\.bin")
+    found = {}
+    for path in glob.glob(os.path.join(glob.escape(folder), sanitized(name) + kind + "*.bin")):
+        m = pattern.fullmatch(os.path.basename(path))
+        if m:
+            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = path
+    if len(found) > 1:
+        raise ValueError(f"{folder}: table {name} has shards of {sorted(found)} servers")
+    if not found:
+        return {}
+    (count, files), = found.items()
+    if sorted(files) != list(range(count)):
+        raise ValueError(f"{folder}: table {name} is missing shards {sorted(set(range(count)) - set(files))} of {count}")
+    return files
+
+
+def read_shards(folder, name):
+    """(rows [rows, width] in the storage type, storage name) of a table's full shards."""
+    table, storage = None, None
+    for k, path in sorted(_files(folder, name, ".shard").items()):
+        header = np.fromfile(path, SHARD_HEADER, count=1)
+        if len(header) != 1 or header["magic"][0] != SHARD_MAGIC:
+            raise ValueError(f"{path} is not a saved shard of this version (magic {SHARD_MAGIC.decode()})")
+        h = {key: int(header[key][0]) for key in SHARD_HEADER.names[1:]}
+        storage = STORAGE_TYPES[h["storage"]]
+        if table is None:
+            table = np.zeros((h["rows"], h["width"]), STORED_AS[storage])
+        at = np.arange(h["lo"], h["hi"], h["stride"])
+        values = np.fromfile(path, table.dtype, count=len(at) * h["width"], offset=SHARD_HEADER.itemsize)
+        if values.size != len(at) * h["width"]:
+            raise ValueError(f"{path} is truncated: {values.size} of {len(at) * h['width']} values")
+        table[at] = values.reshape(len(at), h["width"])
+    if table is None:
+        raise ValueError(f"{folder}: no saved shard of table {name}")
+    return table, storage
+
+
+def apply_delta(folder, name, table):
+    """Writes a delta's rows of table `name` (its .delta files, or a dense table's whole .shard
+    files) into `table`; returns it (a new array when the shards replace it)."""
+    if _files(folder, name, ".shard"):
+        return read_shards(folder, name)[0]
+    for k, path in sorted(_files(folder, name, ".delta").items()):
+        header = np.fromfile(path, DELTA_HEADER, count=1)
+        if len(header) != 1 or header["magic"][0] != DELTA_MAGIC:
+            raise ValueError(f"{path} is not a saved delta of this version (magic {DELTA_MAGIC.decode()})")
+        count, width = int(header["count"][0]), int(header["width"][0])
+        ids = np.fromfile(path, np.int64, count=count, offset=DELTA_HEADER.itemsize)
+        values = np.fromfile(path, table.dtype, count=count * width, offset=DELTA_HEADER.itemsize + 8 * count)
+        if len(ids) != count or values.size != count * width:
+            raise ValueError(f"{path} is truncated")
+        table[ids] = values.reshape(count, width)
+    return table
+
+
+class CheckpointRows:
+    """Everything of a checkpoint that a prediction reads: `meta` (its last save's meta.json),
+    `values` (name -> array: fp32 for local parameters, the storage type for the servers'
+    tables), `storage` (name -> storage type of the servers' tables), `persistent` (running
+    statistics) and `dynamic` (per key directory: (resident keys ascending, their slots))."""
+
+    def __init__(self, directory):
+        folder, _ = checkpoint.locate(directory)
+        full = checkpoint.read_meta(folder)
+        if not os.path.exists(os.path.join(folder, checkpoint.ARRAYS)):
+            raise FileNotFoundError(f"{folder} is not a hetu checkpoint (no {checkpoint.ARRAYS})")
+        checkpoint.verify(folder, full)
+        chain = checkpoint._chain(folder)
+        for path, meta in chain:
+            checkpoint.verify(path, meta)
+        self.folder, self.meta = folder, chain[-1][1] if chain else full
+        self.deltas = len(chain)
+        arrays = self._local_arrays(folder, chain)
+        self.values = {k[len("param/"):]: v for k, v in arrays.items() if k.startswith("param/")}
+        self.persistent = {k[len("persistent/"):]: v for k, v in arrays.items() if k.startswith("persistent/")}
+        self.storage = {}
+        for name in self.meta.get("tables", {}):
+            table, self.storage[name] = read_shards(os.path.join(folder, checkpoint.SERVERS), name)
+            for path, _ in chain:
+                table = apply_delta(os.path.join(path, checkpoint.SERVERS), name, table)
+            self.values[name] = table
+        self.dynamic = self._key_directories(chain[-1][0] if chain else folder)
+
+    @staticmethod
+    def _local_arrays(folder, chain):
+        with np.load(os.path.join(folder, checkpoint.ARRAYS)) as data:
+            arrays = {key: data[key] for key in data.files}
+        for path, _ in chain:
+            with np.load(os.path.join(path, checkpoint.ARRAYS)) as data:
+                arrays.update({key: data[key] for key in data.files})
+            rows_file = os.path.join(path, checkpoint.ROWS)
+            if os.path.exists(rows_file):
+                with np.load(rows_file) as rows:
+                    for key in rows.files:
+                        if key.startswith("rows/"):
+                            name = key[len("rows/"):]
+                            arrays[f"param/{name}"][rows[key]] = rows[f"param/{name}"]
+        return arrays
+
+    def _key_directories(self, folder):
+        saved = self.meta.get("dynamic", [])
+        if not saved:
+            return []
+        out = []
+        with np.load(os.path.join(folder, checkpoint.DYNAMIC)) as data:
+            for i in range(len(saved)):
+                keys, slots = data[f"{i}/directory/keys"], data[f"{i}/directory/slots"]
+                resident = slots >= 0
+                order = np.argsort(keys[resident], kind="stable")
+                out.append((keys[resident][order].astype(np.int64), slots[resident][order].astype(np.int64)))
+        return out

@@ -1,0 +1,126 @@
+"""The dense part of a trained graph as an ONNX model: the walk from the prediction back to the
+embedding lookups, which become the model's inputs (each lookup's rows, per field: [batch,
+fields, width], pooled per bag for a bag lookup), the dense features' placeholder another input,
+each parameter an initializer holding its trained value, and every other op mapped by its own
+``to_onnx(b, x)`` (hetu.ops, beside the op) through the ONNXBuilder ``b`` below."""
+import numpy as np
+
+from ..graph import Variable, topo_sort
+from ..ops.embedding import EmbeddingLookupOp
+
+OPSET = 17
+PROBABILITY = "probability"
+
+
+class ExportError(ValueError):
+    """A graph that cannot be exported (an op without an ONNX mapping, an input it cannot take)."""
+
+
+class ONNXBuilder:
+    """Collects nodes and initializers; what an op's to_onnx calls."""
+
+    def __init__(self, shapes, persistent):
+        self.nodes, self.initializers = [], []
+        self._shapes, self._persistent = shapes, persistent
+        self._names = 0
+
+    def _fresh(self, hint):
+        self._names += 1
+        return f"{hint}_{self._names}"
+
+    def node(self, op_type, inputs, **attrs):
+        """Adds one node of `op_type` over the named `inputs`; returns its output's name."""
+        from onnx import helper
+        out = self._fresh(op_type)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def const(self, value, name=None):
+        """An initializer holding `value` (float32 stays float32, int64 int64); returns its name."""
+        from onnx import numpy_helper
+        name = name or self._fresh("const")
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def shape_of(self, node):
+        """The static shape of a graph node (batch dimension 1)."""
+        return self._shapes[node.id]
+
+    def persistent(self, key):
+        """A running statistic of the checkpoint (persistent/KEY), e.g. batch norm's."""
+        if key not in self._persistent:
+            raise ExportError(f"the checkpoint has no running statistic {key}")
+        return np.asarray(self._persistent[key], np.float32)
+
+
+def lookups_of(prediction):
+    """The embedding lookups the prediction reads, in graph order."""
+    return [n for n in topo_sort([prediction]) if isinstance(n, EmbeddingLookupOp)]
+
+
+def walk(prediction, cut):
+    """The nodes `prediction` depends on, inputs first, not walking past the nodes of `cut` (ids)."""
+    needed, todo = set(), [prediction]
+    while todo:
+        n = todo.pop()
+        if n.id not in needed:
+            needed.add(n.id)
+            if n.id not in cut:
+                todo.extend(n.inputs)
+    return [n for n in topo_sort([prediction]) if n.id in needed]
+
+
+def build(prediction, dense, values, persistent, lookup_names, dense_width, slots):
+    """(onnx ModelProto) of `prediction`'s forward: `dense` the dense features' placeholder (None:
+    there are none, `dense_width` their width), `values` each parameter's trained value by name,
+    `persistent` the running statistics, `lookup_names` the input name of each lookup (lookups_of
+    order), whose ids are [batch, `slots`]. A parameter is an initializer; an op without to_onnx,
+    or ids read other than through a lookup, is an ExportError naming it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    lookups = {op.id: name for op, name in zip(lookups_of(prediction), lookup_names)}
+    order = walk(prediction, set(lookups))
+    shapes = {}
+    for n in order:   # static shapes for a batch of one
+        if n.id in lookups:
+            shapes[n.id] = tuple(n.infer_shape([tuple(n.inputs[0].shape), (1, slots)]))
+        elif isinstance(n, Variable) and n.is_placeholder:
+            if dense is None or n.id != dense.id:
+                raise ExportError(f"the graph reads {n.name} other than through an embedding lookup, which the "
+                                  f"exported dense part cannot")
+            shapes[n.id] = (1, dense_width)
+        elif isinstance(n, Variable):
+            shapes[n.id] = tuple(n.shape)
+        else:
+            shapes[n.id] = tuple(n.infer_shape([shapes[x.id] for x in n.inputs]))
+    names = {}
+    b = ONNXBuilder(shapes, persistent)
+    graph_inputs = []
+    for n in order:
+        if n.id in lookups:
+            names[n.id] = lookups[n.id]
+            graph_inputs.append(helper.make_tensor_value_info(lookups[n.id], TensorProto.FLOAT,
+                                                              ["batch", *shapes[n.id][1:]]))
+        elif isinstance(n, Variable) and n.is_placeholder:
+            names[n.id] = "dense"
+            graph_inputs.append(helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", dense_width]))
+        elif isinstance(n, Variable):
+            if n.name not in values:
+                raise ExportError(f"parameter {n.name}: the checkpoint holds no value for it")
+            names[n.id] = b.const(np.asarray(values[n.name], np.float32).reshape(n.shape), name=n.name)
+        else:
+            mapping = getattr(n, "to_onnx", None)
+            if mapping is None:
+                raise ExportError(f"op {type(n).__name__} ({n.name}) has no ONNX mapping: it cannot be exported")
+            names[n.id] = mapping(b, [names[x.id] for x in n.inputs])
+    # The probability as [batch] (the graph's is [batch, 1]).
+    out = b.node("Reshape", [names[prediction.id], b.const(np.array([-1], np.int64))])
+    b.nodes.append(helper.make_node("Identity", [out], [PROBABILITY], name=PROBABILITY))
+    graph = helper.make_graph(b.nodes, "hetu_dense", graph_inputs,
+                              [helper.make_tensor_value_info(PROBABILITY, TensorProto.FLOAT, ["batch"])],
+                              initializer=b.initializers)
+    model = helper.make_model(graph, producer_name="hetu", opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8   # onnxruntime of several versions reads IR 8 (opset 17)
+    onnx.checker.check_model(model, full_check=True)
+    return model
