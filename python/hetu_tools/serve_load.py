@@ -32,10 +32,11 @@ def random_instances(bundle, count, seed=0):
 
 
 class Answer:
-    __slots__ = ("status", "version", "predictions", "error", "sent", "received")
+    __slots__ = ("status", "version", "predictions", "error", "sent", "received", "at")
 
     def __init__(self, status, body, sent, received):
         self.status, self.sent, self.received = status, sent, received
+        self.at = time.time()   # wall clock, to compare with a file's change time
         self.version = body.get("model_version") if isinstance(body, dict) else None
         self.predictions = body.get("predictions") if isinstance(body, dict) else None
         self.error = body.get("error") if isinstance(body, dict) else body

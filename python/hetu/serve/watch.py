@@ -55,11 +55,13 @@ def snapshot_of(checkpoint_dir, snapshot):
 
 
 class CheckpointWatcher:
-    """Follows `checkpoint_dir`, exporting each new version under `work_dir` and swapping it into
-    `served` (a ServedBundle); `log` prints a line."""
+    """Follows `checkpoint_dir`, exporting each new version under `work_dir`, opening it with
+    `open_bundle` (a path -> a Bundle) and swapping it into `served` (a ServedBundle); `log`
+    prints a line."""
 
-    def __init__(self, checkpoint_dir, served, work_dir, log):
+    def __init__(self, checkpoint_dir, served, work_dir, log, open_bundle=Bundle.open):
         self.checkpoint_dir, self.served, self.work_dir, self.log = checkpoint_dir, served, work_dir, log
+        self.open_bundle = open_bundle
         # Exports run beside the model's thread, not in it: serving goes on meanwhile.
         self._export_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetu-serve-export")
         self._failed_version = None   # the version whose export failed last (said once)
@@ -104,7 +106,7 @@ class CheckpointWatcher:
             # files are checked against its meta.json (a snapshot taken across a swap fails there).
             snapshot_of(self.checkpoint_dir, snapshot)
             path = export(snapshot, folder)
-            return Bundle.open(path), folder, appeared
+            return self.open_bundle(path), folder, appeared
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
