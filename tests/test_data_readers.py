@@ -427,7 +427,7 @@ def test_movielens_time_order(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["source"]["order"] == "time" and meta["split"]["val_rows"] == 1
     assert sorted(p.name for p in out.iterdir()) == ["dense.npy", "labels.npy", "meta.json", "ratings.npy",
-                                                     "sparse.npy"]
+                                                     "sparse.npy", "vocabulary.npz"]
     with pytest.raises(ValueError, match="exclude each other"):
         prepare_movielens(src, tmp_path / "both", shuffle_seed=1, time_order=True, progress=False)
     cli = run_cli("movielens", "--input", src, "--output", tmp_path / "cli", "--time-order", "--quiet")

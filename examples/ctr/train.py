@@ -127,7 +127,7 @@ def build_parser(herald):
     p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
     p.add_argument("--save-predictions", default=None, metavar="FILE.npy",
                    help="with --val: write the last validation's probabilities, in the split's order, to this "
-                        ".npy (one worker)")
+                        ".npy")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
     p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None, metavar="N",
@@ -277,7 +277,6 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
             print(f"{desc}: {len(losses)}/{iterations} iterations, loss {np.mean(losses[-20:]):.4f}, "
                   f"{rate:.1f} it/s, {(iterations - len(losses)) / rate:.0f} s to go", flush=True)
     pred, label = np.concatenate(preds), np.concatenate(labels)
-    predictions = np.asarray(pred, np.float32).reshape(-1)   # this worker's, in the order read
     # A batch's loss is its samples' mean: weighted by its samples where batches differ (the
     # last of a validation split).
     sizes = [np.asarray(p).size for p in preds]
@@ -292,7 +291,7 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
         pred, label = comm.allgather_array(pred), comm.allgather_array(label)
     return {"loss": loss, "acc": ht.metrics.accuracy(label, pred), "auc": ht.metrics.auc(label, pred),
             "logloss": ht.metrics.logloss(label, pred), "samples": int(pred.size), "iterations": iterations,
-            "predictions": predictions}
+            "predictions": preds}   # this worker's, batch by batch
 
 
 def epoch_text(iterations, workers, args):
@@ -338,8 +337,6 @@ def check_outputs(parser, args):
         parser.error("--checkpoint-full-every needs --checkpoint DIR")
     if args.save_predictions and not args.val:
         parser.error("--save-predictions needs --val")
-    if args.save_predictions and args.comm is not None:
-        parser.error("--save-predictions writes the predictions of one process: give no --comm")
     for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint),
                        ("--save-predictions", args.save_predictions)):
         if path:
@@ -466,14 +463,21 @@ def midway_checkpoints(executor, args, epoch_end):
 
 def validate(executor, progress, predictions_path=None):
     """The whole validation split: its metrics and their line for the log; with
-    `predictions_path`, its probabilities written there in the split's order (one process)."""
+    `predictions_path`, its probabilities written there by worker 0 in the split's order."""
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         # Fewer samples left than workers: a worker's part of the last batch is empty, its mean nan.
         warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
         val = run_epoch(executor, "validate", executor.get_batch_num("validate"), progress, "validate")
-    predictions = val.pop("predictions")
+    batches = val.pop("predictions")
     if predictions_path:
-        save_predictions(predictions_path, predictions)
+        # Worker w reads part w of each global batch: the batches' parts gathered in rank order are
+        # the split's order.
+        comm = executor.graph.comm
+        gathered = [np.asarray(p, np.float32).reshape(-1) for p in batches]
+        if comm is not None and comm.size > 1:
+            gathered = [comm.allgather_array(p) for p in gathered]
+        if executor.graph.rank == 0:
+            save_predictions(predictions_path, np.concatenate(gathered))
     return val, f"val loss {val['loss']:.4f} acc {val['acc']:.4f} auc {val['auc']:.4f} logloss {val['logloss']:.4f}"
 
 

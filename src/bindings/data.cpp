@@ -99,7 +99,12 @@ void bind_data(py::module_& m) {
              int64_t* o = out.mutable_data();
              for (size_t i = 0; i < values.size(); ++i) o[i] = e.Id(field, values[i]);
              return out;
-           }, py::arg("field"), py::arg("values"), "pass 2 for values the Python parser read: local ids");
+           }, py::arg("field"), py::arg("values"), "pass 2 for values the Python parser read: local ids")
+      .def("values", [](const ClickLogEncoder& e, int field) {
+             py::list out;
+             for (std::string_view v : e.Values(field)) out.append(py::bytes(v.data(), v.size()));
+             return out;
+           }, py::arg("field"), "after build: a field's kept values (bytes) in local id order, id 1 first");
 }
 
 }  // namespace bindings

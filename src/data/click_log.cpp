@@ -106,6 +106,16 @@ int64_t FieldVocabulary::Id(std::string_view value) const {
   return c->hash ? c->count : 0;
 }
 
+std::vector<std::string_view> FieldVocabulary::Kept() const {
+  if (!built_) throw std::logic_error("FieldVocabulary: Kept before Build");
+  std::vector<std::string_view> kept;
+  for (const Cell& c : cells_)
+    if (c.hash && c.count > 0) kept.push_back({});
+  for (const Cell& c : cells_)
+    if (c.hash && c.count > 0) kept[c.count - 1] = Bytes(c);
+  return kept;
+}
+
 ClickLogEncoder::ClickLogEncoder(ClickLogLayout layout)
     : layout_(std::move(layout)), fields_(layout_.categorical_columns.size()) {
   auto check = [this](int column, const char* what) {

@@ -42,6 +42,9 @@ class FieldVocabulary {
   int64_t Build(int64_t min_count);
   // Local id after Build: 0 for missing, rare or unseen values.
   int64_t Id(std::string_view value) const;
+  // After Build: the kept values in local id order (id 1 first), the vocabulary a later encoding
+  // of raw values needs (hetu.serve).
+  std::vector<std::string_view> Kept() const;
 
  private:
   struct Cell {
@@ -88,6 +91,7 @@ class ClickLogEncoder {
   bool EncodeChunk(const std::vector<std::string_view>& lines, const std::vector<int64_t>& offsets, float* labels,
                    int64_t* dense, int64_t* sparse) const;
   int64_t Id(int field, std::string_view value) const { return fields_.at(field).Id(value); }
+  std::vector<std::string_view> Values(int field) const { return fields_.at(field).Kept(); }
 
   // Hashed ids (`--ids hashed`): like EncodeChunk, with no vocabulary, each value's key
   // KeyHash(field, value) (common/key_hash.h), the field being its categorical field's index.

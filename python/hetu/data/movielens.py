@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import store
+from . import store, vocabulary
 from .keys import check_ids, hash_values
 from .movielens_side import (BAG_FIELDS, UNKNOWN_YEAR, ZIP_PREFIX_LENGTH, check_described,
                              encode_side_features, read_items, read_users)
@@ -157,6 +157,17 @@ class FieldLayout:
         blocks += [block[rows[kind]] for kind, block in self.side_blocks]
         return np.hstack(blocks)
 
+    def vocabulary(self):
+        """Indexed ids: each field's values (users and items by their decimal text) and their
+        global ids (vocabulary.py); MovieLens numbers every value, so no field has a bucket."""
+        offsets = store.field_offsets(self.field_sizes)
+        texts = [[str(u) for u in self.user_ids], [str(i) for i in self.item_ids]]
+        texts += [list(self.field_values[name]) for name in self.field_names[2:]]
+        arrays = {}
+        for f, values in enumerate(texts):
+            arrays.update(vocabulary.field_arrays(f, values, offsets[f] + np.arange(len(values))))
+        return arrays
+
     def side_meta(self):
         """meta.json keys describing the side fields (none without side files)."""
         if not self.side_blocks:
@@ -236,6 +247,8 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             raw_ratings[start:stop, 0] = ratings
             start = stop
         store.flush_arrays(dense, sparse, labels, raw_ratings)
+        if not hashed:
+            vocabulary.write(tmp_dir, layout.vocabulary())
         if order == "shuffled":
             shuffle_into_place(tmp_dir, [dense, sparse, labels, raw_ratings], files,
                                shuffle_seed)
@@ -252,7 +265,8 @@ def prepare_movielens(input_path, output_dir, *, label="binary", threshold=4.0,
             "movielens", num_rows, 0, layout.field_names, layout.field_sizes, train_rows,
             val_rows, val_fraction, shuffle_seed, source, label=label_meta,
             field_slots=layout.field_slots, bag_fields=layout.bag_fields,
-            extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]"},
+            extra_files={RATINGS_FILE: "raw rating, float32 [N, 1]",
+                         **({} if hashed else {vocabulary.VOCABULARY_FILE: "each field's values' keys -> ids"})},
             raw_id_ranges={"user": [int(user_ids[0]), int(user_ids[-1])],
                            "item": [int(item_ids[0]), int(item_ids[-1])]},
             ids=ids, **layout.side_meta()))

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import store
+from . import store, vocabulary
 from .keys import check_ids, hash_values
 from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
                      parse_int_column, require_input_file, split_lines)
@@ -234,6 +234,10 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
     with store.atomic_directory(output_dir, overwrite=overwrite) as tmp_dir:
         write_encoded(layout, path, tmp_dir, num_rows, encoder, offsets, rows, chunk_bytes,
                       progress, shuffle_seed)
+        if not hashed:
+            vocabulary.write(tmp_dir, {k: v for f in range(len(layout.field_names)) for k, v in vocabulary.field_arrays(
+                f, encoder.values(f), offsets[f] + 1 + np.arange(field_sizes[f] - 1),
+                missing=offsets[f] + MISSING_OR_RARE_ID).items()})
         summary = tracker.summary(path)
         source = {
             "kind": layout.name, "path": str(path.resolve()), "row_limit": rows,
@@ -251,7 +255,8 @@ def prepare_table(layout, input_path, output_dir, *, rows=None, min_count=1,
             layout.name, num_rows, len(layout.dense_columns), layout.field_names, field_sizes,
             train_rows, val_rows, val_fraction, shuffle_seed, source,
             label={"kind": "click", "values": [0.0, 1.0]},
-            dense_names=list(layout.dense_names), encoding=encoding, ids=ids))
+            dense_names=list(layout.dense_names), encoding=encoding, ids=ids,
+            **({} if hashed else {"extra_files": {vocabulary.VOCABULARY_FILE: "each field's values' keys -> ids"}})))
     if summary:
         print(summary, file=log)
     return Path(output_dir)

@@ -112,7 +112,7 @@ class BatchNormOp(_Normalize):
         """Inference: the running statistics the checkpoint holds (persistent/<op>/running_*)."""
         ndim = len(b.shape_of(self.inputs[0]))
         view = np.array(self.param_view_shape(ndim), np.int64)
-        mean, var = (b.const(b.persistent(f"{self.name}/{key}").reshape(view.clip(1)))
+        mean, var = (b.const(b.persistent(f"{self.name}/{key}").reshape(tuple(view)))
                      for key in ("running_mean", "running_var"))
         rstd = b.node("Div", [b.const(np.float32(1)), b.node("Sqrt", [b.node("Add", [var, b.const(self.eps)])])])
         xhat = b.node("Mul", [b.node("Sub", [x[0], mean]), rstd])

@@ -27,12 +27,13 @@ def export_command(argv):
     parser.add_argument("--output", required=True, metavar="BUNDLE", help="the bundle folder to write (replaced "
                         "whole if it exists)")
     args = parser.parse_args(argv)
-    from .export import checkpoint_version, export
+    from .export import SCHEMA, export
     try:
         path = export(args.checkpoint, args.output)
-        version = checkpoint_version(args.checkpoint)
     except (FileNotFoundError, ValueError, KeyError) as e:
         raise UsageError(f"export: {str(e).strip(chr(39))}") from None
+    with open(os.path.join(path, SCHEMA)) as f:
+        version = json.load(f)["version"]
     print(f"exported {args.checkpoint} (version {version}) to {path}")
 
 
@@ -94,7 +95,10 @@ def predict_command(argv):
 
 
 def run_command(argv):
-    from . import server   # the HTTP server
+    import importlib.util
+    if importlib.util.find_spec("hetu.serve.server") is None:
+        raise UsageError("run: the HTTP server (hetu.serve.server) is not part of this installation")
+    from . import server
     return server.main(argv)
 
 

@@ -60,7 +60,7 @@ class Bundle:
     dense, categorical or bag}, the columns an instance must have); `predict(instances)` and
     `predict_arrays(dense, sparse)` -> float32 probabilities [N]."""
 
-    def __init__(self, path):
+    def __init__(self, path, threads=None):
         import onnxruntime as ort
         self.path = os.path.abspath(path)
         try:
@@ -84,13 +84,19 @@ class Bundle:
         self.encoder = InstanceEncoder(self.schema, vocabulary)
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # Threads that spin between runs take the cores other requests need: at batch 64 on 2 cores
+        # the 99th percentile of a run falls from about 4 ms to 0.2 ms without spinning.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if threads:
+            options.intra_op_num_threads = int(threads)
         self.session = ort.InferenceSession(os.path.join(self.path, MODEL), options,
                                             providers=["CPUExecutionProvider"])
         self.num_slots = int(sum(f["slots"] for f in self.schema["fields"]))
 
     @classmethod
-    def open(cls, path):
-        return cls(path)
+    def open(cls, path, threads=None):
+        """`threads`: ONNX Runtime's threads per run (default: its own, one per core)."""
+        return cls(path, threads)
 
     def __repr__(self):
         return f"Bundle({self.name!r}, version {self.version}, {self.path})"

@@ -17,9 +17,9 @@ field-local ids). The bundle's schema.json lists them as ``columns``, each with:
              integer_text (the number's decimal text)
 
 and the ids are the hashed keys (hetu.data.keys: xxh64 of the field index and the value's bytes)
-or, for indexed data, the vocabulary's ids (vocabulary.npz: ``values/F`` the field's value texts
-sorted, ``ids/F`` their global ids; a value not in it takes ``missing`` ids, the field's bucket 0, or is an error where the
-field has no such bucket)."""
+or, for indexed data, the ids prepare numbered the values by (its vocabulary.npz,
+hetu.data.vocabulary; a value not in it takes the field's bucket 0 for missing and rare values,
+or is an error where the field has none)."""
 import math
 
 import numpy as np
@@ -105,17 +105,18 @@ def derived(i, column, derive, text, instance):
 
 
 class Vocabulary:
-    """Indexed data's value -> id maps, per field (vocabulary.npz)."""
+    """Indexed data's value -> id maps, per field (hetu.data.vocabulary: vocabulary.npz)."""
 
     def __init__(self, arrays):
-        self.values = {int(k.split("/")[1]): arrays[k] for k in arrays if k.startswith("values/")}
-        self.ids = {int(k.split("/")[1]): arrays[k] for k in arrays if k.startswith("ids/")}
-        self.missing = {int(k.split("/")[1]): int(arrays[k]) for k in arrays if k.startswith("missing/")}
+        def per_field(kind):
+            return {int(k.split("/")[1]): arrays[k] for k in arrays if k.startswith(kind + "/")}
+        self.keys, self.ids = per_field("keys"), per_field("ids")
+        self.missing = {f: int(v) for f, v in per_field("missing").items()}
 
     def lookup(self, field, values, column, indices):
         """Global ids of `values` (texts) of `field`; `indices` the instances they come from."""
-        known = self.values[field]   # sorted texts
-        wanted = np.asarray(values, str)
+        known = self.keys[field]   # ascending
+        wanted = hash_values(field, values)
         at = np.minimum(np.searchsorted(known, wanted), max(len(known) - 1, 0))
         found = known[at] == wanted if len(known) else np.zeros(len(wanted), bool)
         ids = self.ids[field][at] if len(known) else np.zeros(len(wanted), np.int64)

@@ -162,7 +162,8 @@ def export(checkpoint_dir, output_dir):
         if vocabulary is not None:
             np.savez(os.path.join(tmp, VOCABULARY), **vocabulary)
         schema = {
-            "format": BUNDLE_FORMAT, "model": run["model"], "version": checkpoint_version(checkpoint_dir),
+            # The version of the saves read (a save landing meanwhile is the next export's).
+            "format": BUNDLE_FORMAT, "model": run["model"], "version": int(saved.meta["iteration"]),
             "checkpoint": saved.folder, "deltas": saved.deltas,
             "embedding_dtype": run.get("embedding_dtype") or "fp32",
             "ids": "indexed" if fmt is None and data_info.get("ids", "indexed") == "indexed" else "hashed",

@@ -26,7 +26,7 @@ class ONNXBuilder:
 
     def _fresh(self, hint):
         self._names += 1
-        return f"{hint}_{self._names}"
+        return f"{hint}:{self._names}"   # ":" keeps them apart from parameter names
 
     def node(self, op_type, inputs, **attrs):
         """Adds one node of `op_type` over the named `inputs`; returns its output's name."""

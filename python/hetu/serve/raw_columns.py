@@ -5,9 +5,8 @@ import os
 import numpy as np
 
 from ..data import criteo
+from ..data.vocabulary import VOCABULARY_FILE
 from ..data.movielens_side import BAG_FIELDS
-
-VOCABULARY_FILE = "vocabulary.npz"   # written by prepare for indexed data (hetu.data.movielens)
 
 # MovieLens: the fields training reads -> the raw column, as ML-1M's README names them.
 MOVIELENS_COLUMNS = {"user": ("user_id", None), "item": ("movie_id", None), "gender": ("gender", None),
