@@ -1,21 +1,22 @@
 """Serving (docs/design.md, "Serving"): one run, one model, the same samples, three tables.
 
-    python bench/serve.py                     # WDL on the synthetic Criteo data, 2 threads
+    python bench/serve.py                     # WDL on the synthetic Criteo data
 
 - dense: the bundle's dense part (its ONNX model) in ONNX Runtime against the same MLP in PyTorch
   eager (torch.inference_mode, the weights copied from the bundle), in process, at batch 1, 64
-  and 1024, both on the same number of threads (--threads: 2, then 1). The PyTorch model is the ONNX graph run op by op with
-  torch's kernels, a MatMul and its bias add as one torch.addmm (as nn.Linear runs them) and the
-  bias broadcasts (ONNX Shape/Expand) left to torch's broadcasting; its output is checked against
-  ONNX Runtime's. Milliseconds per call: the median over calls repeated for --repeat-s seconds.
+  and 1024, both on the same number of threads (--threads: 2, then 1). The PyTorch model is the
+  ONNX graph run op by op with torch's kernels, a MatMul and its bias add as one torch.addmm (as
+  nn.Linear runs them), the bias broadcasts (ONNX Shape/Expand) left to torch's broadcasting,
+  denormals flushed; its output is checked against ONNX Runtime's. Milliseconds per call: the
+  median over calls repeated for --repeat-s seconds. Without PyTorch its column is left out.
 - endpoint: python -m hetu.serve run on the bundle, asked by 1 and 8 concurrent clients (aiohttp,
   in this process, on the same cores) sending batches of 1 and 64 raw instances one request
   after another for --seconds: p50 / p99 latency, requests/s, predictions/s and the server's mean
   batch; then predictions/s at saturation (batch 64, 32 clients).
 - swap: the server follows a training job (run_hetu.py --resume, a save every --save-every steps,
   every --full-every-th full, deltas between) while 8 clients send batches of 1: requests answered
-  during the job, failures, versions served, and per new version the seconds from its arrival
-  (its folder's change time) to its first answer.
+  during the job, failures, versions written and served, and per new version served the seconds
+  from its arrival (its folder's change time) to its first answer.
 """
 import argparse
 import asyncio
@@ -218,9 +219,10 @@ class Server:
         self.port = free_port()
         self.log_path = os.path.join(work, f"server-{self.port}.log")
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hetu.serve", "run", bundle_path, "--port",
-                                      str(self.port), "--max-batch", str(args.max_batch), "--max-wait-ms",
-                                      str(args.max_wait_ms), "--model-threads", str(args.model_threads), *extra], stdout=self.log, stderr=subprocess.STDOUT)
+        cmd = [sys.executable, "-m", "hetu.serve", "run", bundle_path, "--port", str(self.port),
+               "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
+               "--model-threads", str(args.model_threads), *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{self.port}"
 
     def get(self, path):

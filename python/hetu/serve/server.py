@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import functools
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -112,21 +111,6 @@ class Endpoint:
         return web.json_response({"predictions": probabilities.tolist(), "model_version": version})
 
 
-def open_bundle(path, threads):
-    """Bundle.open, its ONNX Runtime session on `threads` threads that sleep between calls: beside
-    the event loop on a few cores, a pool that spins after each call holds the loop's core (on 2
-    cores the p99 latency of batch-1 requests doubles)."""
-    import onnxruntime as ort
-    bundle = Bundle.open(path)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
-    bundle.session = ort.InferenceSession(os.path.join(bundle.path, bundle.schema["onnx"]["file"]), options,
-                                          providers=["CPUExecutionProvider"])
-    return bundle
-
-
 def make_app(served, batcher, max_body_bytes):
     app = web.Application(middlewares=[json_errors], client_max_size=max_body_bytes)
     app["max_body_bytes"] = max_body_bytes
@@ -192,7 +176,7 @@ async def serve(args, bundle):
         from .watch import CheckpointWatcher   # export's dependencies only where a checkpoint is followed
         work_dir = tempfile.TemporaryDirectory(prefix="hetu-serve-")
         watcher = CheckpointWatcher(args.watch, served, work_dir.name, log,
-                                    open_bundle=functools.partial(open_bundle, threads=args.model_threads))
+                                    open_bundle=functools.partial(Bundle.open, threads=args.model_threads))
         tasks.append(asyncio.create_task(watcher.run(), name="watcher"))
     log(f"serving {bundle.name} version {bundle.version} at http://{args.host}:{port}/v1/models/{bundle.name}"
         + (f", following {args.watch}" if args.watch else ""))
@@ -215,7 +199,7 @@ async def serve(args, bundle):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        bundle = open_bundle(args.bundle, args.model_threads)
+        bundle = Bundle.open(args.bundle, threads=args.model_threads)
     except Exception as e:   # noqa: BLE001 - any reason the bundle cannot be served, in one line
         return fail(f"cannot open the bundle {args.bundle}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return asyncio.run(serve(args, bundle))
