@@ -95,8 +95,8 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, json.load(e)
 
-    def stop(self):
-        self.job.send_signal(signal.SIGTERM)
+    def stop(self, sig=signal.SIGTERM):
+        self.job.send_signal(sig)
         try:
             self.job.wait(timeout=30)
         finally:
@@ -158,7 +158,8 @@ def test_bad_requests_get_one_line_and_the_server_goes_on(tmp_path, trained):
         with pytest.raises(urllib.error.HTTPError) as unknown:
             server.get("/v1/models/no_such_model")
         assert unknown.value.code == 404
-        assert server.stop() == 0
+        assert server.stop(signal.SIGINT) == 0   # Ctrl-C stops it as cleanly as SIGTERM
+    assert server.output().rstrip().endswith("stopped"), server.output()
 
 
 def test_concurrent_requests_are_merged_into_batches(tmp_path, trained):
