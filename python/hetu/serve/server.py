@@ -34,6 +34,11 @@ def log(line):
     print(line, flush=True)
 
 
+def one_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def error(status, message):
     return web.json_response({"error": message}, status=status)
 
@@ -53,7 +58,7 @@ async def json_errors(request, handler):
         return error(e.status, f"{request.method} {request.path}: {e.reason}")
     except Exception as e:   # noqa: BLE001 - the server keeps serving
         traceback.print_exc()
-        return error(500, f"the server failed on this request: {type(e).__name__}: {e}")
+        return error(500, f"the server failed on this request: {type(e).__name__}: {one_line(e)}")
 
 
 class Endpoint:
@@ -107,7 +112,7 @@ class Endpoint:
         try:
             probabilities, version = await self.batcher.predict(instances)
         except InstanceError as e:
-            return error(400, str(e).splitlines()[0] if str(e) else "a bad instance")
+            return error(400, one_line(e))
         return web.json_response({"predictions": probabilities.tolist(), "model_version": version})
 
 
@@ -201,5 +206,5 @@ def main(argv=None):
     try:
         bundle = Bundle.open(args.bundle, threads=args.model_threads)
     except Exception as e:   # noqa: BLE001 - any reason the bundle cannot be served, in one line
-        return fail(f"cannot open the bundle {args.bundle}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return fail(f"cannot open the bundle {args.bundle}: {one_line(e)}")
     return asyncio.run(serve(args, bundle))

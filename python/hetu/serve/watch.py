@@ -89,7 +89,12 @@ class CheckpointWatcher:
                          f"({type(e).__name__}: {e}); trying again")
                 self._failed_version = version
             return
-        if bundle.version <= self.served.bundle.version:
+        served = self.served.bundle
+        if bundle.version <= served.version or bundle.name != served.name:
+            if bundle.name != served.name and self._failed_version != version:
+                self.log(f"version {version} of {self.checkpoint_dir} not served: it is a model {bundle.name}, "
+                         f"this server serves {served.name}")
+                self._failed_version = version
             await loop.run_in_executor(self._export_thread, shutil.rmtree, folder, True)
             return
         self.served.swap(bundle, folder)
