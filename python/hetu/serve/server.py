@@ -15,6 +15,7 @@ line; SIGTERM and SIGINT stop it cleanly: it stops listening, answers the reques
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import signal
 import sys
@@ -183,6 +184,9 @@ async def serve(args, bundle):
         watcher = CheckpointWatcher(args.watch, served, work_dir.name, log,
                                     open_bundle=functools.partial(Bundle.open, threads=args.model_threads))
         tasks.append(asyncio.create_task(watcher.run(), name="watcher"))
+    # What was loaded at start (modules, the bundle) stays: the collector's full passes skip it,
+    # which keeps them short beside the requests.
+    gc.freeze()
     log(f"serving {bundle.name} version {bundle.version} at http://{args.host}:{port}/v1/models/{bundle.name}"
         + (f", following {args.watch}" if args.watch else ""))
     await stop.wait()
