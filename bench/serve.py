@@ -11,8 +11,8 @@
   over calls repeated for --repeat-s seconds. Without PyTorch its columns are left out.
 - endpoint: python -m hetu.serve run on the bundle, asked by 1 and 8 concurrent clients (aiohttp,
   in this process, on the same cores) sending batches of 1 and 64 raw instances one request
-  after another for --seconds: p50 / p99 latency, requests/s, predictions/s and the server's mean
-  batch; then predictions/s at saturation (batch 64, 32 clients).
+  after another for --seconds, --rounds times: p50 / p99 latency, requests/s, predictions/s and
+  the server's mean batch; then predictions/s at saturation (batch 64, 32 clients).
 - swap: the server follows a training job (run_hetu.py --resume, a save every --save-every steps,
   every --full-every-th full, deltas between) while 8 clients send batches of 1: requests answered
   during the job, failures, versions written and served, and per new version served the seconds
@@ -254,34 +254,50 @@ def load(url, batches, clients_count, seconds):
     return [a for c in answers for a in c], time.perf_counter() - t0
 
 
+def endpoint_case(server, url, stats_path, batches, count, seconds):
+    """(p50 ms, p99 ms, requests/s, predictions/s, mean batch, failed) of `count` clients."""
+    from hetu_tools.serve_load import percentile_ms
+    before = server.get(stats_path)
+    answers, elapsed = load(url, batches, count, seconds)
+    after = server.get(stats_path)
+    ok = [a for a in answers if a.ok]
+    latencies = [a.latency for a in ok]
+    mean_batch = (after["instances"] - before["instances"]) / max(1, after["batches"] - before["batches"])
+    return (percentile_ms(latencies, 50), percentile_ms(latencies, 99), len(ok) / elapsed,
+            len(ok) * len(batches[0]) / elapsed, mean_batch, len(answers) - len(ok))
+
+
 def endpoint_table(args, bundle, work):
-    from hetu_tools.serve_load import percentile_ms, random_instances
+    """Each case --rounds times, the rounds of all cases interleaved (a neighbour's burst of load
+    falls on one round of a case, not on all): the median round's figures, and the p99's range."""
+    from hetu_tools.serve_load import random_instances
     server = Server(args, bundle.path, work)
     server.wait_ready(bundle.name)
     url = f"{server.base}/v1/models/{bundle.name}:predict"
     stats_path = f"/v1/models/{bundle.name}/stats"
-    print(f"\n## endpoint: python -m hetu.serve run, --max-batch {args.max_batch} --max-wait-ms {args.max_wait_ms} "
-          f"--model-threads {args.model_threads}; "
-          f"aiohttp clients in one process on the same cores, {args.seconds} s each")
-    print(f"{'batch':>6} {'clients':>8} {'p50 ms':>8} {'p99 ms':>8} {'requests/s':>11} {'predictions/s':>14} "
-          f"{'mean batch':>11} {'failed':>7}")
-    rows = []
     cases = [(1, 1), (1, 8), (64, 1), (64, 8), (64, 32)]
+    batches = {batch: [random_instances(bundle, batch, seed=1000 + k) for k in range(64)] for batch in (1, 64)}
+    results = {case: [] for case in cases}
+    for _ in range(args.rounds):
+        for batch, count in cases:
+            load(url, batches[batch], count, 0.3)   # warm up
+            results[batch, count].append(endpoint_case(server, url, stats_path, batches[batch], count, args.seconds))
+    server.stop()
+    print(f"\n## endpoint: python -m hetu.serve run, --max-batch {args.max_batch} --max-wait-ms {args.max_wait_ms} "
+          f"--model-threads {args.model_threads}; aiohttp clients in one process on the same cores; "
+          f"{args.rounds} rounds of {args.seconds} s a case, the median round (by p99) and the p99's range")
+    print(f"{'batch':>6} {'clients':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 range':>13} {'requests/s':>11} "
+          f"{'predictions/s':>14} {'mean batch':>11} {'failed':>7}")
+    rows = []
     for batch, count in cases:
-        batches = [random_instances(bundle, batch, seed=1000 + k) for k in range(64)]
-        load(url, batches, count, 0.5)   # warm up
-        before = server.get(stats_path)
-        answers, seconds = load(url, batches, count, args.seconds)
-        after = server.get(stats_path)
-        ok = [a for a in answers if a.ok]
-        latencies = [a.latency for a in ok]
-        mean_batch = (after["instances"] - before["instances"]) / max(1, after["batches"] - before["batches"])
-        line = (f"{batch:>6} {count:>8} {percentile_ms(latencies, 50):>8.2f} {percentile_ms(latencies, 99):>8.2f} "
-                f"{len(ok) / seconds:>11,.0f} {len(ok) * batch / seconds:>14,.0f} {mean_batch:>11.1f} "
-                f"{len(answers) - len(ok):>7}")
+        rounds = sorted(results[batch, count], key=lambda r: r[1])
+        p50, p99, rps, pps, mean_batch, _ = rounds[len(rounds) // 2]
+        failed = sum(r[5] for r in rounds)
+        spread = f"{rounds[0][1]:.2f}-{rounds[-1][1]:.2f}"
+        line = (f"{batch:>6} {count:>8} {p50:>8.2f} {p99:>8.2f} {spread:>13} {rps:>11,.0f} {pps:>14,.0f} "
+                f"{mean_batch:>11.1f} {failed:>7}")
         print(line + ("   <- saturation" if count == 32 else ""), flush=True)
         rows.append(line)
-    server.stop()
     return rows
 
 
@@ -374,7 +390,8 @@ def main():
     p.add_argument("--threads", type=int, nargs="+", default=[2, 1],
                    help="ONNX Runtime's and PyTorch's threads in the dense part (a table for each)")
     p.add_argument("--repeat-s", type=float, default=1.0, help="seconds each dense case repeats")
-    p.add_argument("--seconds", type=float, default=3.0, help="seconds each endpoint case sends")
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds each endpoint case sends, a round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the endpoint's cases")
     p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=0.0)
     p.add_argument("--model-threads", type=int, default=1, help="the server's ONNX Runtime threads")
