@@ -1,7 +1,7 @@
 """Live updates: the server follows a training job's checkpoint folder and serves each new version.
 
 A training job replaces its full checkpoint by renames and adds deltas under deltas/ (each renamed
-into place whole; hetu.checkpoint). The watcher reads the folder's version (meta.json only) a few
+into place whole; hetu.checkpoint). The watcher reads the folder's version (meta.json only) twenty
 times a second; when it rises above the served one, it exports a snapshot of the checkpoint (hard
 links) into a fresh bundle folder, opens it and swaps it in (ServedBundle.swap): the batches from
 then on run on it, those running finish on the old one, whose folder goes once the last of them
@@ -17,7 +17,7 @@ from .. import checkpoint
 from .bundle import Bundle
 from .export import checkpoint_version, export
 
-LOOK_EVERY_S = 0.1
+LOOK_EVERY_S = 0.05
 
 
 def appeared_at(checkpoint_dir):
