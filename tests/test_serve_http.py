@@ -197,6 +197,27 @@ def test_startup_errors_exit_2_with_one_line(tmp_path, trained):
     assert len(in_use.stderr.strip().splitlines()) == 1 and f"127.0.0.1:{port}" in in_use.stderr, in_use.stderr
 
 
+def test_a_checkpoint_of_another_model_is_not_served(tmp_path, data_home, trained):
+    _, path = trained
+    bundle = Bundle.open(path)
+    other = tmp_path / "other"
+    train(data_home, ["--model", "dcn_criteo", "--nepoch", "2", "--checkpoint", str(other)])
+    assert checkpoint_version(str(other)) > bundle.version
+    instances = random_instances(bundle, 3, seed=5)
+    with Server(tmp_path, path, "--watch", str(other)) as server:
+        server.wait_ready(bundle.name)
+        deadline = time.monotonic() + 30
+        while "not served" not in server.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        code, answer = server.post(f"/v1/models/{bundle.name}:predict", {"instances": instances})
+        assert (code, answer["model_version"]) == (200, bundle.version), answer
+        time.sleep(1.5)   # past the retry: refused again, said once
+        assert server.stop() == 0
+    refused = [line for line in server.output().splitlines() if "not served" in line]
+    assert len(refused) == 1 and "it is a model dcn_criteo, this server serves wdl_criteo" in refused[0], \
+        server.output()
+
+
 def test_a_training_job_s_checkpoints_are_swapped_in_under_concurrent_requests(tmp_path, data_home, trained):
     """The server follows a job that resumes the trained checkpoint and saves every 3 steps, every
     3rd save full, the others deltas; 8 clients ask all along."""

@@ -18,6 +18,7 @@ from .bundle import Bundle
 from .export import checkpoint_version, export
 
 LOOK_EVERY_S = 0.05
+RETRY_AFTER_S = 0.5   # a version whose export failed is tried again after this, or once a newer one comes
 
 
 def appeared_at(checkpoint_dir):
@@ -64,7 +65,8 @@ class CheckpointWatcher:
         self.open_bundle = open_bundle
         # Exports run beside the model's thread, not in it: serving goes on meanwhile.
         self._export_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetu-serve-export")
-        self._failed_version = None   # the version whose export failed last (said once)
+        self._failed_version = None   # the version whose export failed last (said once) ...
+        self._retry_at = 0.0          # ... and when to try it again
         self._exports = 0
 
     async def run(self):
@@ -81,25 +83,27 @@ class CheckpointWatcher:
             return   # none yet, or a full checkpoint being swapped in: the next look sees it
         if version <= self.served.bundle.version:
             return
+        if version == self._failed_version and time.monotonic() < self._retry_at:
+            return   # one that cannot be served (another model, an op without ONNX) waits its turn
         try:
             bundle, folder, appeared = await loop.run_in_executor(self._export_thread, self._export, version)
         except Exception as e:   # noqa: BLE001 - the next look tries again
-            if self._failed_version != version:
-                self.log(f"version {version} of {self.checkpoint_dir} not served yet: its export failed "
-                         f"({type(e).__name__}: {e}); trying again")
-                self._failed_version = version
+            self._failed(version, f"its export failed ({type(e).__name__}: {e}); trying again")
             return
         served = self.served.bundle
+        if bundle.name != served.name:
+            self._failed(version, f"it is a model {bundle.name}, this server serves {served.name}")
         if bundle.version <= served.version or bundle.name != served.name:
-            if bundle.name != served.name and self._failed_version != version:
-                self.log(f"version {version} of {self.checkpoint_dir} not served: it is a model {bundle.name}, "
-                         f"this server serves {served.name}")
-                self._failed_version = version
             await loop.run_in_executor(self._export_thread, shutil.rmtree, folder, True)
             return
         self.served.swap(bundle, folder)
         self.log(f"serving version {bundle.version}, {time.time() - appeared:.3f} s after its checkpoint "
                  f"appeared")
+
+    def _failed(self, version, why):
+        if version != self._failed_version:
+            self.log(f"version {version} of {self.checkpoint_dir} not served: {why}")
+        self._failed_version, self._retry_at = version, time.monotonic() + RETRY_AFTER_S
 
     def _export(self, version):
         appeared = appeared_at(self.checkpoint_dir)
