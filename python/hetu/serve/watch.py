@@ -1,0 +1,126 @@
+"""Live updates: the server follows a training job's checkpoint folder and serves each new version.
+
+A training job replaces its full checkpoint by renames and adds deltas under deltas/ (each renamed
+into place whole; hetu.checkpoint). The watcher reads the folder's version (meta.json only) twenty
+times a second; when it rises above the served one, it exports a snapshot of the checkpoint (hard
+links) into a fresh bundle folder, opens it and swaps it in (ServedBundle.swap): the batches from
+then on run on it, those running finish on the old one, whose folder goes once the last of them
+ends. A checkpoint replaced while the snapshot is taken makes the export fail (a file missing, or
+not the one its meta.json names): the watcher tries again at its next look."""
+import asyncio
+import concurrent.futures
+import os
+import shutil
+import time
+
+from .. import checkpoint
+from .bundle import Bundle
+from .export import checkpoint_version, export
+
+LOOK_EVERY_S = 0.05
+RETRY_AFTER_S = 0.5   # a version whose export failed is tried again after this, or once a newer one comes
+
+
+def appeared_at(checkpoint_dir):
+    """When the checkpoint's newest part (the full checkpoint or its last delta) was put in place:
+    the latest change time of its folder and of its deltas' (a rename changes it), or of the
+    meta.json written just before the rename, whichever is later."""
+    folder, _ = checkpoint.locate(checkpoint_dir)
+    parts = [folder]
+    deltas = os.path.join(folder, checkpoint.DELTAS)
+    if os.path.isdir(deltas):
+        parts += [os.path.join(deltas, name) for name in os.listdir(deltas) if not name.startswith(".")]
+    times = []
+    for part in parts:
+        for path in (part, os.path.join(part, checkpoint.META)):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            times.append(max(st.st_ctime, st.st_mtime))
+    return max(times)
+
+
+def snapshot_of(checkpoint_dir, snapshot):
+    """A copy of the checkpoint at `checkpoint_dir` (its deltas included, unfinished ones left
+    out) at `snapshot`, made of hard links where it can: a save never changes a file in place,
+    it writes new ones and renames them in."""
+    def link(source, target):
+        try:
+            os.link(source, target)
+        except OSError:   # another file system
+            shutil.copy2(source, target)
+
+    folder, _ = checkpoint.locate(checkpoint_dir)
+    shutil.copytree(folder, snapshot, copy_function=link, ignore=shutil.ignore_patterns(".tmp-*"))
+
+
+class CheckpointWatcher:
+    """Follows `checkpoint_dir`, exporting each new version under `work_dir`, opening it with
+    `open_bundle` (a path -> a Bundle) and swapping it into `served` (a ServedBundle); `log`
+    prints a line."""
+
+    def __init__(self, checkpoint_dir, served, work_dir, log, open_bundle=Bundle.open):
+        self.checkpoint_dir, self.served, self.work_dir, self.log = checkpoint_dir, served, work_dir, log
+        self.open_bundle = open_bundle
+        # Exports run beside the model's thread, not in it: serving goes on meanwhile.
+        self._export_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetu-serve-export")
+        self._failed_version = None   # the version whose export failed last (said once) ...
+        self._retry_at = 0.0          # ... and when to try it again
+        self._exports = 0
+
+    async def run(self):
+        while True:
+            await asyncio.sleep(LOOK_EVERY_S)
+            await self.look()
+
+    async def look(self):
+        """One look at the folder: export and swap in a newer version if there is one."""
+        loop = asyncio.get_running_loop()
+        try:
+            version = await loop.run_in_executor(self._export_thread, checkpoint_version, self.checkpoint_dir)
+        except (OSError, ValueError):
+            return   # none yet, or a full checkpoint being swapped in: the next look sees it
+        if version <= self.served.bundle.version:
+            return
+        if version == self._failed_version and time.monotonic() < self._retry_at:
+            return   # one that cannot be served (another model, an op without ONNX) waits its turn
+        try:
+            bundle, folder, appeared = await loop.run_in_executor(self._export_thread, self._export, version)
+        except Exception as e:   # noqa: BLE001 - the next look tries again
+            self._failed(version, f"its export failed ({type(e).__name__}: {e}); trying again")
+            return
+        served = self.served.bundle
+        if bundle.name != served.name:
+            self._failed(version, f"it is a model {bundle.name}, this server serves {served.name}")
+        if bundle.version <= served.version or bundle.name != served.name:
+            await loop.run_in_executor(self._export_thread, shutil.rmtree, folder, True)
+            return
+        self.served.swap(bundle, folder)
+        self.log(f"serving version {bundle.version}, {time.time() - appeared:.3f} s after its checkpoint "
+                 f"appeared")
+
+    def _failed(self, version, why):
+        if version != self._failed_version:
+            self.log(f"version {version} of {self.checkpoint_dir} not served: {why}")
+        self._failed_version, self._retry_at = version, time.monotonic() + RETRY_AFTER_S
+
+    def _export(self, version):
+        appeared = appeared_at(self.checkpoint_dir)
+        self._exports += 1
+        folder = os.path.join(self.work_dir, f"version-{version}.{self._exports}")
+        snapshot = os.path.join(self.work_dir, f"checkpoint-{version}.{self._exports}")
+        try:
+            # The job may replace the checkpoint while it is read: export a snapshot of it, whose
+            # files are checked against its meta.json (a snapshot taken across a swap fails there).
+            snapshot_of(self.checkpoint_dir, snapshot)
+            path = export(snapshot, folder)
+            return self.open_bundle(path), folder, appeared
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+    def close(self):
+        self._export_thread.shutdown(wait=True)
