@@ -51,34 +51,103 @@ int64_t pool_bags(const float* table, int64_t num_rows, int64_t width, const int
 
 namespace {
 
-// The distinct ids ascending, and for each the sum of its rows in order of occurrence, where
-// add_row(i, dst) adds row i into dst. A stable sort of positions by id keeps each id's rows in
-// occurrence order, so the sum is taken in a fixed order whatever the thread count.
+// Ids grouped by value: a stable sort of their positions by id (each id's positions stay in order
+// of occurrence) and where each run of equal ids starts (runs ascend by id). Per thread, reused;
+// valid until this thread's next call.
+struct IdRuns {
+  const SortedIds* sorted;
+  const std::vector<int64_t>* start;   // the runs' starts in sorted order, then the end
+  int64_t count() const { return static_cast<int64_t>(start->size()) - 1; }
+};
+
+IdRuns id_runs(const int64_t* ids, int64_t n) {
+  static thread_local std::vector<int64_t> start;
+  const SortedIds& sorted = sort_ids(ids, n);
+  start.clear();
+  start.reserve(n + 1);
+  for (int64_t i = 0; i < n; ++i)
+    if (i == 0 || sorted.id[i] != sorted.id[i - 1]) start.push_back(i);
+  start.push_back(n);
+  return {&sorted, &start};
+}
+
+// Visits the distinct ids ascending with, for each, the sum of its rows in order of occurrence,
+// where add_row(i, dst) adds row i into dst (zeroed first): the sum is taken in a fixed order
+// whatever the thread count. The runs are split between threads in contiguous chunks; each chunk
+// makes its visitor, visit = start_chunk(), and sums into a row of its own, calling
+// visit(r, id, sum) for the r-th distinct id once its sum is complete.
+template <typename AddRow, typename StartChunk>
+void visit_id_sums(const IdRuns& runs, int64_t width, AddRow add_row, StartChunk start_chunk) {
+  const std::vector<int64_t>& order = runs.sorted->pos;
+  const std::vector<int64_t>& id = runs.sorted->id;
+  const std::vector<int64_t>& start = *runs.start;
+  parallel_for(runs.count(), 512, [&](int64_t b, int64_t e) {
+    auto visit = start_chunk();
+    std::vector<float> sum(width);
+    for (int64_t r = b; r < e; ++r) {
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int64_t k = start[r]; k < start[r + 1]; ++k) add_row(order[k], sum.data());
+      visit(r, id[start[r]], sum.data());
+    }
+  });
+}
+
+// The distinct ids ascending (uniq) and each one's sum of rows (summed) by visit_id_sums.
 template <typename AddRow>
 int64_t sum_rows_by_id(const int64_t* ids, int64_t n, int64_t width, AddRow add_row, std::vector<int64_t>* uniq,
                        std::vector<float>* summed) {
-  const SortedIds& sorted = sort_ids(ids, n);
-  const std::vector<int64_t>& order = sorted.pos;
-  // A reference, not the thread_local itself, is what the parallel lambda must see: named
-  // directly there, a thread_local would be each worker's own (empty) instance.
-  static thread_local std::vector<int64_t> run_start_tls;
-  std::vector<int64_t>& run_start = run_start_tls;
-  run_start.clear();
-  run_start.reserve(n + 1);
-  for (int64_t i = 0; i < n; ++i)
-    if (i == 0 || sorted.id[i] != sorted.id[i - 1]) run_start.push_back(i);
-  const int64_t u = static_cast<int64_t>(run_start.size());
-  run_start.push_back(n);
+  const IdRuns runs = id_runs(ids, n);
+  const int64_t u = runs.count();
   uniq->resize(u);
-  summed->assign(static_cast<size_t>(u * width), 0.0f);
-  parallel_for(u, 512, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      (*uniq)[r] = sorted.id[run_start[r]];
-      float* dst = summed->data() + r * width;
-      for (int64_t k = run_start[r]; k < run_start[r + 1]; ++k) add_row(order[k], dst);
-    }
+  summed->resize(static_cast<size_t>(u * width));
+  int64_t* keys = uniq->data();
+  float* rows = summed->data();
+  visit_id_sums(runs, width, add_row, [&] {
+    return [&](int64_t r, int64_t id, const float* sum) {
+      keys[r] = id;
+      std::memcpy(rows + r * width, sum, sizeof(float) * width);
+    };
   });
   return u;
+}
+
+// pool_bags' filled slots in sample and slot order: each one's id, the bag gradient row it takes
+// and what that row is divided by (0: not divided). The gradient rows are read where they are,
+// never copied per slot. Per thread, reused; valid until this thread's next call.
+struct FilledSlots {
+  std::vector<int64_t> id, bag;
+  std::vector<float> divisor;
+};
+
+const FilledSlots& filled_slots(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets,
+                                int64_t bags, bool mean) {
+  static thread_local FilledSlots out;
+  out.id.clear();
+  out.bag.clear();
+  out.divisor.clear();
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t k = 0; k < bags; ++k) {
+      const int64_t lo = s * slots + bag_offsets[k], hi = s * slots + bag_offsets[k + 1];
+      int64_t count = 0;
+      for (int64_t i = lo; i < hi; ++i) count += ids[i] >= 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        if (ids[i] < 0) continue;
+        out.id.push_back(ids[i]);
+        out.bag.push_back(s * bags + k);
+        out.divisor.push_back(mean && count > 1 ? static_cast<float>(count) : 0.0f);
+      }
+    }
+  return out;
+}
+
+// dst += slot i's share of its bag's gradient (FilledSlots).
+inline void add_slot_grad(const FilledSlots& f, const float* grads, int64_t width, int64_t i, float* dst) {
+  const float* g = grads + f.bag[i] * width;
+  const float d = f.divisor[i];
+  if (d == 0.0f)
+    for (int64_t j = 0; j < width; ++j) dst[j] += g[j];
+  else
+    for (int64_t j = 0; j < width; ++j) dst[j] += g[j] / d;
 }
 
 }  // namespace
@@ -103,36 +172,28 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
 int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
                      bool mean, const float* grads, int64_t width, std::vector<int64_t>* uniq,
                      std::vector<float>* summed) {
-  // The filled slots in sample and slot order: each one's id, the bag gradient row it takes and
-  // what that row is divided by (0: not divided). The rows are read where they are, never copied
-  // per slot.
-  static thread_local std::vector<int64_t> slot_id, slot_bag;
-  static thread_local std::vector<float> slot_divisor;
-  slot_id.clear();
-  slot_bag.clear();
-  slot_divisor.clear();
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t k = 0; k < bags; ++k) {
-      const int64_t lo = s * slots + bag_offsets[k], hi = s * slots + bag_offsets[k + 1];
-      int64_t count = 0;
-      for (int64_t i = lo; i < hi; ++i) count += ids[i] >= 0;
-      for (int64_t i = lo; i < hi; ++i) {
-        if (ids[i] < 0) continue;
-        slot_id.push_back(ids[i]);
-        slot_bag.push_back(s * bags + k);
-        slot_divisor.push_back(mean && count > 1 ? static_cast<float>(count) : 0.0f);
-      }
-    }
-  const std::vector<int64_t>& bag_of = slot_bag;
-  const std::vector<float>& divisor = slot_divisor;
-  return sum_rows_by_id(slot_id.data(), static_cast<int64_t>(slot_id.size()), width, [&](int64_t i, float* dst) {
-    const float* g = grads + bag_of[i] * width;
-    const float d = divisor[i];
-    if (d == 0.0f)
-      for (int64_t j = 0; j < width; ++j) dst[j] += g[j];
-    else
-      for (int64_t j = 0; j < width; ++j) dst[j] += g[j] / d;
-  }, uniq, summed);
+  const FilledSlots& f = filled_slots(ids, n, slots, bag_offsets, bags, mean);
+  return sum_rows_by_id(f.id.data(), static_cast<int64_t>(f.id.size()), width,
+                        [&](int64_t i, float* dst) { add_slot_grad(f, grads, width, i, dst); }, uniq, summed);
+}
+
+int64_t bag_gradient_step(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
+                          bool mean, const float* grads, const optim::Config& cfg, float lr, float* table,
+                          int64_t num_rows, int64_t width, float* state, int64_t* steps) {
+  for (int64_t i = 0; i < n * slots; ++i)
+    if (ids[i] < -1 || ids[i] >= num_rows) return i;
+  const FilledSlots& f = filled_slots(ids, n, slots, bag_offsets, bags, mean);
+  const int64_t state_width = optim::state_width(cfg.kind, width);
+  visit_id_sums(id_runs(f.id.data(), static_cast<int64_t>(f.id.size())), width,
+                [&](int64_t i, float* dst) { add_slot_grad(f, grads, width, i, dst); },
+                [&] {
+                  // Adam's bias corrections, kept while the chunk's rows share a step count
+                  return [&, bias = optim::BiasCache()](int64_t, int64_t id, const float* sum) mutable {
+                    optim::step_row(cfg, lr, table + id * width, state_width ? state + id * state_width : nullptr,
+                                    steps + id, sum, width, &bias);
+                  };
+                });
+  return -1;
 }
 
 void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,
