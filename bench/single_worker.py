@@ -21,13 +21,22 @@ warm-up the workers take turns, one window of N steps each (hetu, torch, torch t
 so that a loaded machine's noise falls on all three alike.
 
 Columns: median samples/s of each; hetu/best = hetu median / the faster torch median (the
-number the targets apply to: >= 1.0x at batch >= 1024, >= 0.8x at batch 128); paired = median
+number the targets apply to: >= 1.2x at batch >= 1024, >= 1.0x at batch 128); paired = median
 over rounds of hetu / best torch in the same round; best-win = best hetu window / best torch
-window (the least disturbed throughput of each).
+window (the least disturbed throughput of each). With --baseline DIR, another build of hetu (the
+`hetu` package in DIR, e.g. main's) takes its turn in every round too (base, base/best and its
+paired ratio): before and after on the same machine at the same time.
+
+--profile: instead of throughput, a step's time by op family (bag pooling, bag gradient,
+unique-and-sum, optimizer step, GEMMs, elementwise, loss, data feed, framework overhead) for hetu
+and PyTorch (tuned malloc) side by side, from the least disturbed of --windows rounds
+(bench/step_profile.py).
 
     python bench/single_worker.py            # WDL, all 12 configs
     python bench/single_worker.py --quick    # WDL, batch 128 and 4096, embedding 16, SGD and Adam
     python bench/single_worker.py --model dlrm --opt sgd   # DLRM multi-hot, batch 128/1024/4096, embedding 16/64
+    python bench/single_worker.py --model dlrm --opt sgd rowwise_adagrad --batch 128 1024 --baseline /path/to/main/build
+    python bench/single_worker.py --profile --model dlrm --batch 1024 --emb 64 --opt sgd
 """
 import argparse
 import json
@@ -114,7 +123,8 @@ def run_hetu(cfg):
         executor.run("train")
 
     if cfg.get("profile"):
-        return print_profile(step_profile.hetu_profile(executor, cfg["steps"], cfg["warmup"]))
+        return print_profile(step_profile.quietest(
+            cfg["windows"], lambda: step_profile.hetu_profile(executor, cfg["steps"], cfg["warmup"])))
     return serve_windows(step, cfg["warmup"], cfg["steps"])
 
 
@@ -130,7 +140,8 @@ def run_torch(cfg):
                                                                                        sparse, labels)
     step = torch_train_step(model, optimizers, batches)
     if cfg.get("profile"):
-        return print_profile(step_profile.torch_profile(step, cfg["steps"], cfg["warmup"]))
+        return print_profile(step_profile.quietest(
+            cfg["windows"], lambda: step_profile.torch_profile(step, cfg["steps"], cfg["warmup"])))
     return serve_windows(step, cfg["warmup"], cfg["steps"])
 
 
@@ -226,14 +237,16 @@ def worker(argv):
 class Worker:
     """One framework in its own process (thread and malloc settings in its environment)."""
 
-    def __init__(self, framework, cfg, tuned_malloc=False):
+    def __init__(self, framework, cfg, tuned_malloc=False, hetu_from=None):
         env = dict(os.environ)
         env.update(thread_env())
         for k in TUNED_MALLOC:
             env.pop(k, None)
         if tuned_malloc:
             env.update(TUNED_MALLOC)
-        self.name = framework + (" (tuned malloc)" if tuned_malloc else "")
+        if hetu_from:   # another build of hetu: the folder that holds its package, searched first
+            env["PYTHONPATH"] = os.pathsep.join([hetu_from] + [p for p in [env.get("PYTHONPATH")] if p])
+        self.name = framework + (" (tuned malloc)" if tuned_malloc else "") + (f" from {hetu_from}" if hetu_from else "")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker",
                                       json.dumps(dict(cfg, framework=framework))],
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -265,11 +278,18 @@ class Worker:
         self.proc.wait()
 
 
+def start_worker(key, cfg):
+    """The worker of a framework key: hetu, hetu-base (cfg["baseline"]'s build of hetu), torch or
+    torch-tuned."""
+    return Worker("hetu" if key.startswith("hetu") else "torch", cfg, tuned_malloc=key == "torch-tuned",
+                  hetu_from=cfg["baseline"] if key == "hetu-base" else None)
+
+
 def profile(cfg, frameworks):
     """Each framework's step split by op family (bench/step_profile.py), one worker at a time."""
     out = {}
     for key in frameworks:
-        w = Worker("hetu" if key == "hetu" else "torch", dict(cfg, profile=True), tuned_malloc=key == "torch-tuned")
+        w = start_worker(key, dict(cfg, profile=True))
         try:
             out[key] = json.loads(w._expect("PROFILE "))
         finally:
@@ -284,7 +304,7 @@ def measure(cfg, frameworks):
     workers = {}
     try:
         for key in frameworks:
-            w = workers[key] = Worker("hetu" if key == "hetu" else "torch", cfg, tuned_malloc=key == "torch-tuned")
+            w = workers[key] = start_worker(key, cfg)
             w.ready()
         for _ in range(cfg["windows"]):
             for w in workers.values():
@@ -303,7 +323,7 @@ def config(args, batch, emb, opt):
     """One configuration's settings, as the workers read them."""
     n = steps_per_window(batch)
     return {"model": args.model, "batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
-            "warmup": max(3, n // 3), "windows": args.windows,
+            "warmup": max(3, n // 3), "windows": args.windows, "baseline": args.baseline,
             "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
 
 
@@ -319,6 +339,8 @@ def main():
     ap.add_argument("--frameworks", default="hetu,torch,torch-tuned")
     ap.add_argument("--profile", action="store_true",
                     help="instead of throughput: a step's time by op family, hetu beside PyTorch (tuned malloc)")
+    ap.add_argument("--baseline", default=None,
+                    help="also measure the hetu package in this folder (another build, e.g. main's) as hetu-base")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -328,11 +350,16 @@ def main():
     embs = args.emb or ([16] if args.quick else list(MODELS[args.model]["embs"]))
     opts = args.opt or ["sgd", "adam"]
     frameworks = args.frameworks.split(",")
+    if args.baseline:
+        frameworks.insert(frameworks.index("hetu") + 1 if "hetu" in frameworks else 0, "hetu-base")
     if args.profile:
         return print_profiles(args, batches, embs, opts, [f for f in frameworks if f != "torch"])
     print(f"{MODELS[args.model]['title']}, {MODELS[args.model]['dataset']} rows={args.rows}, {THREADS} threads, "
           f"median of {args.windows} windows", flush=True)
-    header = f"{'config':<16}{'hetu':>9}{'torch':>9}{'torch-tuned':>13}{'hetu/best':>11}{'paired':>8}{'best-win':>9}  target"
+    base = "hetu-base" in frameworks
+    header = (f"{'config':<26}{'hetu':>9}" + (f"{'base':>9}" if base else "") + f"{'torch':>9}{'torch-tuned':>13}"
+              f"{'hetu/best':>11}{'paired':>8}{'best-win':>9}" + (f"{'base/best':>11}{'paired':>8}" if base else "")
+              + "  target")
     print(header + "\n" + "-" * len(header), flush=True)
     results = []
     for batch in batches:
@@ -344,22 +371,28 @@ def main():
                 for key, (median, rates) in measure(cfg, frameworks).items():
                     key = key.replace("-", "_")
                     r[key], r[key + "_windows"] = median, rates
-                best = max(r.get("torch", 0), r.get("torch_tuned", 0))
-                if "hetu" in r and best:
-                    # hetu / best torch within each round of interleaved windows: less noise-prone
-                    rounds = zip(r["hetu_windows"], *[r[k + "_windows"] for k in ("torch", "torch_tuned") if k in r])
-                    r["paired_ratio"] = statistics.median(h / max(ts) for h, *ts in rounds)
-                    # best window of each: the throughput with the least interference
-                    r["best_window_ratio"] = max(r["hetu_windows"]) / max(
-                        max(r[k + "_windows"]) for k in ("torch", "torch_tuned") if k in r)
-                target = 1.0 if batch >= 1024 else 0.8
-                ratio = r["hetu"] / best if best and "hetu" in r else float("nan")
-                r["ratio"], r["target"] = ratio, target
+                torches = [k for k in ("torch", "torch_tuned") if k in r]
+                best = max((r[k] for k in torches), default=0)
+                for key in ("hetu", "hetu_base"):
+                    if key in r and best:
+                        # against the best torch within each round of interleaved windows: less noise-prone
+                        rounds = zip(r[key + "_windows"], *[r[k + "_windows"] for k in torches])
+                        r[key + "_ratio"] = r[key] / best
+                        r[key + "_paired_ratio"] = statistics.median(h / max(ts) for h, *ts in rounds)
+                        # best window of each: the throughput with the least interference
+                        r[key + "_best_window_ratio"] = max(r[key + "_windows"]) / max(
+                            max(r[k + "_windows"]) for k in torches)
+                target = 1.2 if batch >= 1024 else 1.0
+                ratio = r.get("hetu_ratio", float("nan"))
+                r["target"] = target
                 results.append(r)
-                print(f"{r['config']:<16}{r.get('hetu', 0):>9.0f}{r.get('torch', 0):>9.0f}"
-                      f"{r.get('torch_tuned', 0):>13.0f}{ratio:>10.2f}x{r.get('paired_ratio', float('nan')):>7.2f}x"
-                      f"{r.get('best_window_ratio', float('nan')):>8.2f}x  >={target}x "
-                      f"{'ok' if ratio >= target else 'BELOW'}", flush=True)
+                nan = float("nan")
+                print(f"{r['config']:<26}{r.get('hetu', 0):>9.0f}" + (f"{r.get('hetu_base', 0):>9.0f}" if base else "")
+                      + f"{r.get('torch', 0):>9.0f}{r.get('torch_tuned', 0):>13.0f}{ratio:>10.2f}x"
+                      f"{r.get('hetu_paired_ratio', nan):>7.2f}x{r.get('hetu_best_window_ratio', nan):>8.2f}x"
+                      + (f"{r.get('hetu_base_ratio', nan):>10.2f}x{r.get('hetu_base_paired_ratio', nan):>7.2f}x"
+                         if base else "")
+                      + f"  >={target}x {'ok' if ratio >= target else 'BELOW'}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -40,6 +40,12 @@ TORCH_RULES = (
 )
 
 
+def quietest(rounds, profile_round):
+    """The round with the shortest step of `rounds` calls of profile_round(): on a shared
+    machine, the one least disturbed by other jobs."""
+    return min((profile_round() for _ in range(rounds)), key=lambda p: p["step_ms"])
+
+
 def hetu_profile(executor, steps, warmup):
     """ms per step by family over `steps` steps of executor.run("train"), after `warmup` steps."""
     from hetu import optim

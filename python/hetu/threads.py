@@ -15,6 +15,17 @@ import os
 # The variables that size a process's threads: OpenMP, the BLAS libraries, hetu's kernels.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "HETU_NUM_THREADS")
 PROCS_VAR = "HETU_PROCS_ON_HOST"
+# OpenBLAS's idle threads spin for about 2^28 cycles (0.1 s) after each call before they sleep;
+# between BLAS calls hetu's kernels run on threads of their own, which then share the cores with
+# those spinning threads (a DLRM step on 2 cores 17% slower, WDL's 5%). 4: 2^4 cycles, they sleep
+# at once. OpenBLAS reads it when it loads: hetu sets it on import, before numpy, unless set.
+BLAS_WAIT_VAR, BLAS_WAIT = "OPENBLAS_THREAD_TIMEOUT", "4"
+
+
+def no_blas_spin(environ=None):
+    """OpenBLAS's threads told to sleep, not spin, between calls (BLAS_WAIT_VAR), unless set."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault(BLAS_WAIT_VAR, BLAS_WAIT)
 
 
 def cgroup_cpu_limit(cgroup_root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
@@ -122,6 +133,7 @@ def configure(threads=None, environ=None, cores=None):
     for name in THREAD_VARS:
         if given or not environ.get(name):
             environ[name] = str(threads)
+    no_blas_spin(environ)
     if environ is os.environ:
         _set_loaded_openblas(int(environ["OPENBLAS_NUM_THREADS"]))
     return threads, oversubscribed(cores, processes)
@@ -146,6 +158,9 @@ def _set_loaded_openblas(threads):
             if setter is not None:
                 setter(ctypes.c_int(threads))
                 break
+
+
+no_blas_spin()   # on import, which hetu's __init__ does before numpy's
 
 
 if __name__ == "__main__":   # the worker shim: the count configure() takes, for the variables not set
