@@ -142,12 +142,20 @@ def configure(threads=None, environ=None, cores=None):
 def _set_loaded_openblas(threads):
     """An OpenBLAS loaded before configure() (numpy's, imported first) sized its threads from the
     environment then: set them again through its own call."""
+    for setter in _openblas_setters():
+        setter(ctypes.c_int(threads))
+
+
+def _openblas_setters():
+    """openblas_set_num_threads of each OpenBLAS loaded in this process (under its name in numpy's
+    build, or a plain one's)."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if line.count(" ") >= 5}
     except OSError:
-        return
+        return []
     libraries = {p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)}
+    setters = []
     for path in libraries:
         try:
             lib = ctypes.CDLL(path)
@@ -156,8 +164,38 @@ def _set_loaded_openblas(threads):
         for symbol in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_"):
             setter = getattr(lib, symbol, None)
             if setter is not None:
-                setter(ctypes.c_int(threads))
+                setters.append(setter)
                 break
+    return setters
+
+
+class BlasThreads:
+    """Runs a small matrix product on one BLAS thread and a large one on all of them
+    (OPENBLAS_NUM_THREADS). Waking BLAS's other threads costs more than they save below a few
+    million multiply-adds, and on a busy host the wake-up of a sleeping thread alone can take
+    milliseconds (measured: a [13, 1024] x [1024, 64] product 0.03 ms, or 30 ms when it waited for
+    the other thread). Every element of a product is the same sum on one thread or many."""
+    SMALL = 4_000_000   # multiply-adds
+
+    def __init__(self):
+        self._setters = None
+        self._now = None
+        try:
+            self._all = max(1, int(os.environ.get("OPENBLAS_NUM_THREADS", "")))
+        except ValueError:
+            self._all = None   # OpenBLAS sized itself: leave it so
+
+    def for_product(self, multiply_adds):
+        """Sets the BLAS's threads for a product of `multiply_adds` (m * n * k)."""
+        if self._all is None or self._all == 1:
+            return
+        want = 1 if multiply_adds < self.SMALL else self._all
+        if want != self._now:
+            if self._setters is None:
+                self._setters = _openblas_setters()
+            for setter in self._setters:
+                setter(ctypes.c_int(want))
+            self._now = want
 
 
 no_blas_spin()   # on import, which hetu's __init__ does before numpy's
