@@ -147,26 +147,33 @@ def _set_loaded_openblas(threads):
 
 
 def _openblas_setters():
-    """openblas_set_num_threads of each OpenBLAS loaded in this process (under its name in numpy's
-    build, or a plain one's)."""
+    """openblas_set_num_threads of each OpenBLAS loaded in this process."""
+    return [f for f in (openblas_function(lib, "set_num_threads") for lib in openblas_libraries()) if f is not None]
+
+
+def openblas_libraries():
+    """Each OpenBLAS library loaded in this process (ctypes handles)."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if line.count(" ") >= 5}
     except OSError:
         return []
-    libraries = {p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)}
-    setters = []
-    for path in libraries:
+    libraries = []
+    for path in sorted(p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)):
         try:
-            lib = ctypes.CDLL(path)
+            libraries.append(ctypes.CDLL(path))
         except OSError:
             continue
-        for symbol in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_"):
-            setter = getattr(lib, symbol, None)
-            if setter is not None:
-                setters.append(setter)
-                break
-    return setters
+    return libraries
+
+
+def openblas_function(lib, name):
+    """OpenBLAS's openblas_<name> in `lib`, under its plain name or numpy's build's, or None."""
+    for symbol in (f"openblas_{name}", f"scipy_openblas_{name}64_", f"openblas_{name}64_"):
+        function = getattr(lib, symbol, None)
+        if function is not None:
+            return function
+    return None
 
 
 class BlasThreads:
