@@ -181,25 +181,27 @@ class BlasThreads:
     (OPENBLAS_NUM_THREADS). Waking BLAS's other threads costs more than they save below a few
     million multiply-adds, and on a busy host the wake-up of a sleeping thread alone can take
     milliseconds (measured: a [13, 1024] x [1024, 64] product 0.03 ms, or 30 ms when it waited for
-    the other thread). Every element of a product is the same sum on one thread or many."""
+    the other thread). The choice follows from the shapes alone: processes that multiply the same
+    shapes on the same thread count choose alike."""
     SMALL = 4_000_000   # multiply-adds
 
     def __init__(self):
-        self._setters = None
+        self._setters = None   # read at the first product: the thread count is set by then (configure)
+        self._all = None
         self._now = None
-        try:
-            self._all = max(1, int(os.environ.get("OPENBLAS_NUM_THREADS", "")))
-        except ValueError:
-            self._all = None   # OpenBLAS sized itself: leave it so
 
     def for_product(self, multiply_adds):
         """Sets the BLAS's threads for a product of `multiply_adds` (m * n * k)."""
-        if self._all is None or self._all == 1:
+        if self._setters is None:
+            try:
+                self._all = max(1, int(os.environ.get("OPENBLAS_NUM_THREADS", "")))
+            except ValueError:
+                self._all = 1   # OpenBLAS sized itself: leave it so
+            self._setters = _openblas_setters() if self._all > 1 else []
+        if self._all == 1:
             return
         want = 1 if multiply_adds < self.SMALL else self._all
         if want != self._now:
-            if self._setters is None:
-                self._setters = _openblas_setters()
             for setter in self._setters:
                 setter(ctypes.c_int(want))
             self._now = want

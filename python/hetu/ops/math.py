@@ -2,9 +2,9 @@
 import numpy as np
 
 from .. import cuda
-from ..threads import BlasThreads
 from ..context import array_module_of
 from ..graph import Op
+from ..threads import BlasThreads
 from .common import ShapeError, broadcast_shape, normalize_axes, sum_to_shape
 
 __all__ = [
