@@ -21,13 +21,22 @@ warm-up the workers take turns, one window of N steps each (hetu, torch, torch t
 so that a loaded machine's noise falls on all three alike.
 
 Columns: median samples/s of each; hetu/best = hetu median / the faster torch median (the
-number the targets apply to: >= 1.0x at batch >= 1024, >= 0.8x at batch 128); paired = median
+number the targets apply to: >= 1.2x at batch >= 1024, >= 1.0x at batch 128); paired = median
 over rounds of hetu / best torch in the same round; best-win = best hetu window / best torch
-window (the least disturbed throughput of each).
+window (the least disturbed throughput of each). With --baseline DIR, another build of hetu (the
+`hetu` package in DIR, e.g. main's) takes its turn in every round too (base, base/best and its
+paired ratio): before and after on the same machine at the same time.
+
+--profile: instead of throughput, a step's time by op family (bag pooling, bag gradient,
+unique-and-sum, optimizer step, GEMMs, elementwise, loss, data feed, framework overhead) for hetu
+and PyTorch (tuned malloc) side by side, from the least disturbed of --windows rounds
+(bench/step_profile.py).
 
     python bench/single_worker.py            # WDL, all 12 configs
     python bench/single_worker.py --quick    # WDL, batch 128 and 4096, embedding 16, SGD and Adam
     python bench/single_worker.py --model dlrm --opt sgd   # DLRM multi-hot, batch 128/1024/4096, embedding 16/64
+    python bench/single_worker.py --model dlrm --opt sgd rowwise_adagrad --batch 128 1024 --baseline /path/to/main/build
+    python bench/single_worker.py --profile --model dlrm --batch 1024 --emb 64 --opt sgd
 """
 import argparse
 import json
@@ -37,7 +46,12 @@ import subprocess
 import sys
 import time
 
+import step_profile
+
 THREADS = 2
+LR = {"sgd": 0.01, "adam": 0.001, "rowwise_adagrad": 0.01}
+ADAGRAD_EPS = 1e-7   # hetu's row-wise AdaGrad default (PyTorch's Adagrad: 1e-10)
+OPTIMIZERS = tuple(LR)
 TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # each model's data, and the embedding sizes it is measured at by default
@@ -82,6 +96,10 @@ def serve_windows(step, warmup, n):
         print(f"WINDOW {time.perf_counter() - t0!r}", flush=True)
 
 
+def print_profile(profile):
+    print("PROFILE " + json.dumps(profile), flush=True)
+
+
 # --- hetu ----------------------------------------------------------------------------------------
 def run_hetu(cfg):
     import hetu as ht
@@ -93,8 +111,10 @@ def run_hetu(cfg):
     def loader(a):
         return ht.dataloader_op([ht.Dataloader(a, batch, "train", prefetch=0)])
 
-    optimizer = (ht.optim.SGDOptimizer(learning_rate=0.01) if opt == "sgd"
-                 else ht.optim.AdamOptimizer(learning_rate=0.001))
+    optimizer = {"sgd": lambda: ht.optim.SGDOptimizer(learning_rate=LR["sgd"]),
+                 "adam": lambda: ht.optim.AdamOptimizer(learning_rate=LR["adam"]),
+                 "rowwise_adagrad": lambda: ht.optim.RowwiseAdaGradOptimizer(learning_rate=LR["rowwise_adagrad"]),
+                 }[opt]()
     loss, prediction, y_, train_op = models.MODELS[cfg["model"]](
         loader(dense), loader(sparse), loader(labels), meta.fields, embedding_size=emb, optimizer=optimizer)
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=123)
@@ -102,6 +122,9 @@ def run_hetu(cfg):
     def step():
         executor.run("train")
 
+    if cfg.get("profile"):
+        return print_profile(step_profile.quietest(
+            cfg["windows"], lambda: step_profile.hetu_profile(executor, cfg["steps"], cfg["warmup"])))
     return serve_windows(step, cfg["warmup"], cfg["steps"])
 
 
@@ -115,7 +138,11 @@ def run_torch(cfg):
     rows = [slice(i * batch, (i + 1) * batch) for i in range(len(dense) // batch)]
     model, optimizers, batches = (torch_dlrm if cfg["model"] == "dlrm" else torch_wdl)(cfg, meta, rows, dense,
                                                                                        sparse, labels)
-    return serve_windows(torch_train_step(model, optimizers, batches), cfg["warmup"], cfg["steps"])
+    step = torch_train_step(model, optimizers, batches)
+    if cfg.get("profile"):
+        return print_profile(step_profile.quietest(
+            cfg["windows"], lambda: step_profile.torch_profile(step, cfg["steps"], cfg["warmup"])))
+    return serve_windows(step, cfg["warmup"], cfg["steps"])
 
 
 def torch_wdl(cfg, meta, batch_rows, dense, sparse, labels):
@@ -144,10 +171,10 @@ def torch_wdl(cfg, meta, batch_rows, dense, sparse, labels):
     model = WDL(int(meta.num_embeddings), cfg["emb"])
     table = [model.embedding.weight]
     others = [p for n, p in model.named_parameters() if not n.startswith("embedding.")]
-    if cfg["opt"] == "sgd":
-        optimizers = [torch.optim.SGD(model.parameters(), lr=0.01)]
+    if cfg["opt"] == "adam":
+        optimizers = [torch.optim.SparseAdam(table, lr=LR["adam"]), torch.optim.Adam(others, lr=LR["adam"])]
     else:
-        optimizers = [torch.optim.SparseAdam(table, lr=0.001), torch.optim.Adam(others, lr=0.001)]
+        optimizers = torch_optimizers(model, cfg["opt"])
     batches = [(torch.from_numpy(dense[r]), torch.from_numpy(sparse[r]), torch.from_numpy(labels[r]))
                for r in batch_rows]
     return model, optimizers, batches
@@ -160,10 +187,21 @@ def torch_dlrm(cfg, meta, batch_rows, dense, sparse, labels):
     import torch
     from torch_dlrm import DLRM, bags_of, make_optimizers
     model = DLRM(int(meta.num_embeddings), cfg["emb"], meta.num_fields, meta.num_dense, sparse_table=True)
-    optimizers = make_optimizers(model, cfg["opt"], 0.01 if cfg["opt"] == "sgd" else 0.001, table="sparse")
+    optimizers = (make_optimizers(model, cfg["opt"], LR[cfg["opt"]], table="sparse") if cfg["opt"] in ("sgd", "adam")
+                  else torch_optimizers(model, cfg["opt"]))
     batches = [(torch.from_numpy(dense[r]), *bags_of(sparse[r], meta.slot_offsets), torch.from_numpy(labels[r]))
                for r in batch_rows]
     return model, optimizers, batches
+
+
+def torch_optimizers(model, opt):
+    """SGD on every parameter (it takes the sparse table's gradient as it is), or for row-wise
+    AdaGrad, which PyTorch does not have, torch.optim.Adagrad (its sparse path on the table, one
+    accumulator per element where hetu keeps one per row) with hetu's eps."""
+    import torch
+    if opt == "sgd":
+        return [torch.optim.SGD(model.parameters(), lr=LR["sgd"])]
+    return [torch.optim.Adagrad(model.parameters(), lr=LR[opt], eps=ADAGRAD_EPS)]
 
 
 def torch_train_step(model, optimizers, batches):
@@ -199,14 +237,16 @@ def worker(argv):
 class Worker:
     """One framework in its own process (thread and malloc settings in its environment)."""
 
-    def __init__(self, framework, cfg, tuned_malloc=False):
+    def __init__(self, framework, cfg, tuned_malloc=False, hetu_from=None):
         env = dict(os.environ)
         env.update(thread_env())
         for k in TUNED_MALLOC:
             env.pop(k, None)
         if tuned_malloc:
             env.update(TUNED_MALLOC)
-        self.name = framework + (" (tuned malloc)" if tuned_malloc else "")
+        if hetu_from:   # another build of hetu: the folder that holds its package, searched first
+            env["PYTHONPATH"] = os.pathsep.join([hetu_from] + [p for p in [env.get("PYTHONPATH")] if p])
+        self.name = framework + (" (tuned malloc)" if tuned_malloc else "") + (f" from {hetu_from}" if hetu_from else "")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker",
                                       json.dumps(dict(cfg, framework=framework))],
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -238,6 +278,25 @@ class Worker:
         self.proc.wait()
 
 
+def start_worker(key, cfg):
+    """The worker of a framework key: hetu, hetu-base (cfg["baseline"]'s build of hetu), torch or
+    torch-tuned."""
+    return Worker("hetu" if key.startswith("hetu") else "torch", cfg, tuned_malloc=key == "torch-tuned",
+                  hetu_from=cfg["baseline"] if key == "hetu-base" else None)
+
+
+def profile(cfg, frameworks):
+    """Each framework's step split by op family (bench/step_profile.py), one worker at a time."""
+    out = {}
+    for key in frameworks:
+        w = start_worker(key, dict(cfg, profile=True))
+        try:
+            out[key] = json.loads(w._expect("PROFILE "))
+        finally:
+            w.close()
+    return out
+
+
 def measure(cfg, frameworks):
     """Median samples/s of each framework; their windows are interleaved (hetu, torch, torch
     tuned, hetu, ...) so that the machine's noise falls on all of them alike. The workers set
@@ -245,7 +304,7 @@ def measure(cfg, frameworks):
     workers = {}
     try:
         for key in frameworks:
-            w = workers[key] = Worker("hetu" if key == "hetu" else "torch", cfg, tuned_malloc=key == "torch-tuned")
+            w = workers[key] = start_worker(key, cfg)
             w.ready()
         for _ in range(cfg["windows"]):
             for w in workers.values():
@@ -260,16 +319,28 @@ def measure(cfg, frameworks):
     return out
 
 
+def config(args, batch, emb, opt):
+    """One configuration's settings, as the workers read them."""
+    n = steps_per_window(batch)
+    return {"model": args.model, "batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
+            "warmup": max(3, n // 3), "windows": args.windows, "baseline": args.baseline,
+            "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODELS), default="wdl")
     ap.add_argument("--quick", action="store_true", help="batch 128 and 4096, embedding 16 only")
     ap.add_argument("--batch", type=int, nargs="*", default=None)
     ap.add_argument("--emb", type=int, nargs="*", default=None)
-    ap.add_argument("--opt", nargs="*", default=None, choices=["sgd", "adam"])
+    ap.add_argument("--opt", nargs="*", default=None, choices=OPTIMIZERS)
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--rows", type=int, default=200000)
     ap.add_argument("--frameworks", default="hetu,torch,torch-tuned")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of throughput: a step's time by op family, hetu beside PyTorch (tuned malloc)")
+    ap.add_argument("--baseline", default=None,
+                    help="also measure the hetu package in this folder (another build, e.g. main's) as hetu-base")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -279,39 +350,65 @@ def main():
     embs = args.emb or ([16] if args.quick else list(MODELS[args.model]["embs"]))
     opts = args.opt or ["sgd", "adam"]
     frameworks = args.frameworks.split(",")
+    if args.baseline:
+        frameworks.insert(frameworks.index("hetu") + 1 if "hetu" in frameworks else 0, "hetu-base")
+    if args.profile:
+        return print_profiles(args, batches, embs, opts, [f for f in frameworks if f != "torch"])
     print(f"{MODELS[args.model]['title']}, {MODELS[args.model]['dataset']} rows={args.rows}, {THREADS} threads, "
           f"median of {args.windows} windows", flush=True)
-    header = f"{'config':<16}{'hetu':>9}{'torch':>9}{'torch-tuned':>13}{'hetu/best':>11}{'paired':>8}{'best-win':>9}  target"
+    base = "hetu-base" in frameworks
+    header = (f"{'config':<26}{'hetu':>9}" + (f"{'base':>9}" if base else "") + f"{'torch':>9}{'torch-tuned':>13}"
+              f"{'hetu/best':>11}{'paired':>8}{'best-win':>9}" + (f"{'base/best':>11}{'paired':>8}" if base else "")
+              + "  target")
     print(header + "\n" + "-" * len(header), flush=True)
     results = []
     for batch in batches:
         for emb in embs:
             for opt in opts:
-                n = steps_per_window(batch)
-                cfg = {"model": args.model, "batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
-                       "warmup": max(3, n // 3), "windows": args.windows,
-                       "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
+                cfg = config(args, batch, emb, opt)
                 r = {"config": f"b{batch} e{emb} {opt}",
                      **{k: cfg[k] for k in ("model", "batch", "emb", "opt", "steps")}}
                 for key, (median, rates) in measure(cfg, frameworks).items():
                     key = key.replace("-", "_")
                     r[key], r[key + "_windows"] = median, rates
-                best = max(r.get("torch", 0), r.get("torch_tuned", 0))
-                if "hetu" in r and best:
-                    # hetu / best torch within each round of interleaved windows: less noise-prone
-                    rounds = zip(r["hetu_windows"], *[r[k + "_windows"] for k in ("torch", "torch_tuned") if k in r])
-                    r["paired_ratio"] = statistics.median(h / max(ts) for h, *ts in rounds)
-                    # best window of each: the throughput with the least interference
-                    r["best_window_ratio"] = max(r["hetu_windows"]) / max(
-                        max(r[k + "_windows"]) for k in ("torch", "torch_tuned") if k in r)
-                target = 1.0 if batch >= 1024 else 0.8
-                ratio = r["hetu"] / best if best and "hetu" in r else float("nan")
-                r["ratio"], r["target"] = ratio, target
+                torches = [k for k in ("torch", "torch_tuned") if k in r]
+                best = max((r[k] for k in torches), default=0)
+                for key in ("hetu", "hetu_base"):
+                    if key in r and best:
+                        # against the best torch within each round of interleaved windows: less noise-prone
+                        rounds = zip(r[key + "_windows"], *[r[k + "_windows"] for k in torches])
+                        r[key + "_ratio"] = r[key] / best
+                        r[key + "_paired_ratio"] = statistics.median(h / max(ts) for h, *ts in rounds)
+                        # best window of each: the throughput with the least interference
+                        r[key + "_best_window_ratio"] = max(r[key + "_windows"]) / max(
+                            max(r[k + "_windows"]) for k in torches)
+                target = 1.2 if batch >= 1024 else 1.0
+                ratio = r.get("hetu_ratio", float("nan"))
+                r["target"] = target
                 results.append(r)
-                print(f"{r['config']:<16}{r.get('hetu', 0):>9.0f}{r.get('torch', 0):>9.0f}"
-                      f"{r.get('torch_tuned', 0):>13.0f}{ratio:>10.2f}x{r.get('paired_ratio', float('nan')):>7.2f}x"
-                      f"{r.get('best_window_ratio', float('nan')):>8.2f}x  >={target}x "
-                      f"{'ok' if ratio >= target else 'BELOW'}", flush=True)
+                nan = float("nan")
+                print(f"{r['config']:<26}{r.get('hetu', 0):>9.0f}" + (f"{r.get('hetu_base', 0):>9.0f}" if base else "")
+                      + f"{r.get('torch', 0):>9.0f}{r.get('torch_tuned', 0):>13.0f}{ratio:>10.2f}x"
+                      f"{r.get('hetu_paired_ratio', nan):>7.2f}x{r.get('hetu_best_window_ratio', nan):>8.2f}x"
+                      + (f"{r.get('hetu_base_ratio', nan):>10.2f}x{r.get('hetu_base_paired_ratio', nan):>7.2f}x"
+                         if base else "")
+                      + f"  >={target}x {'ok' if ratio >= target else 'BELOW'}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def print_profiles(args, batches, embs, opts, frameworks):
+    """--profile: a table per config, ms per step by op family for each framework."""
+    results = []
+    for batch in batches:
+        for emb in embs:
+            for opt in opts:
+                cfg = config(args, batch, emb, opt)
+                profiles = profile(cfg, frameworks)
+                title = f"{MODELS[args.model]['title']} b{batch} e{emb} {opt}"
+                print(step_profile.table(title, list(profiles.items())) + "\n", flush=True)
+                results.append({"config": title, **profiles})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

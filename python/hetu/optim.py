@@ -11,7 +11,7 @@ from . import _C, cuda
 from .autodiff import gradients
 from .graph import Op, Variable, topo_sort
 from .lr import as_scheduler
-from .ops.embedding import IndexedSlices, unique_sum
+from .ops.embedding import BagGradient, IndexedSlices, unique_sum
 
 # The kinds as src/common/optim_rules.h declares them: name -> {name, kind, dense_kind, rowwise,
 # hyperparameters: {name: this kind's default}}.
@@ -104,8 +104,12 @@ class Optimizer:
         _C.apply_dense(self.dense_config, lr, value.reshape(-1), state, steps,
                        np.ascontiguousarray(grad, np.float32).reshape(-1))
 
-    def step_rows(self, lr, table, state, steps, grad, guard=None):
-        """One step for the rows of `table` named by a sparse gradient (ids may repeat)."""
+    def step_rows(self, lr, table, state, steps, grad, guard=None, name="optimizer"):
+        """One step for the rows of `table` named by a sparse gradient (ids may repeat). A bag's
+        gradient on the host steps the rows as it sums them (BagGradient.step_into)."""
+        if isinstance(grad, BagGradient) and not cuda.is_device_array(table):
+            grad.step_into(name, self.config, lr, table, state, steps)
+            return
         summed = unique_sum(grad.indices, grad.values)
         if cuda.is_device_array(table):
             if self.config.storage:
@@ -245,7 +249,7 @@ def local_update(state, optimizer, param, grad, lr):
     sparse = isinstance(grad, IndexedSlices)
     opt_state, steps = state.optimizer_state(param, optimizer, rowwise=sparse)
     if sparse:
-        optimizer.step_rows(lr, value, opt_state, steps, grad, state.update_guard)
+        optimizer.step_rows(lr, value, opt_state, steps, grad, state.update_guard, name=param.name)
     else:
         optimizer.step_dense(lr, value, opt_state, steps, grad, state.update_guard)
 

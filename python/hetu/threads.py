@@ -15,6 +15,17 @@ import os
 # The variables that size a process's threads: OpenMP, the BLAS libraries, hetu's kernels.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "HETU_NUM_THREADS")
 PROCS_VAR = "HETU_PROCS_ON_HOST"
+# OpenBLAS's idle threads spin for about 2^28 cycles (0.1 s) after each call before they sleep;
+# between BLAS calls hetu's kernels run on threads of their own, which then share the cores with
+# those spinning threads (a DLRM step on 2 cores 17% slower, WDL's 5%). 4: 2^4 cycles, they sleep
+# at once. OpenBLAS reads it when it loads: hetu sets it on import, before numpy, unless set.
+BLAS_WAIT_VAR, BLAS_WAIT = "OPENBLAS_THREAD_TIMEOUT", "4"
+
+
+def no_blas_spin(environ=None):
+    """OpenBLAS's threads told to sleep, not spin, between calls (BLAS_WAIT_VAR), unless set."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault(BLAS_WAIT_VAR, BLAS_WAIT)
 
 
 def cgroup_cpu_limit(cgroup_root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
@@ -122,6 +133,7 @@ def configure(threads=None, environ=None, cores=None):
     for name in THREAD_VARS:
         if given or not environ.get(name):
             environ[name] = str(threads)
+    no_blas_spin(environ)
     if environ is os.environ:
         _set_loaded_openblas(int(environ["OPENBLAS_NUM_THREADS"]))
     return threads, oversubscribed(cores, processes)
@@ -130,22 +142,72 @@ def configure(threads=None, environ=None, cores=None):
 def _set_loaded_openblas(threads):
     """An OpenBLAS loaded before configure() (numpy's, imported first) sized its threads from the
     environment then: set them again through its own call."""
+    for setter in _openblas_setters():
+        setter(ctypes.c_int(threads))
+
+
+def _openblas_setters():
+    """openblas_set_num_threads of each OpenBLAS loaded in this process."""
+    return [f for f in (openblas_function(lib, "set_num_threads") for lib in openblas_libraries()) if f is not None]
+
+
+def openblas_libraries():
+    """Each OpenBLAS library loaded in this process (ctypes handles)."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if line.count(" ") >= 5}
     except OSError:
-        return
-    libraries = {p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)}
-    for path in libraries:
+        return []
+    libraries = []
+    for path in sorted(p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in os.path.basename(p)):
         try:
-            lib = ctypes.CDLL(path)
+            libraries.append(ctypes.CDLL(path))
         except OSError:
             continue
-        for symbol in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_"):
-            setter = getattr(lib, symbol, None)
-            if setter is not None:
-                setter(ctypes.c_int(threads))
-                break
+    return libraries
+
+
+def openblas_function(lib, name):
+    """OpenBLAS's openblas_<name> in `lib`, under its plain name or numpy's build's, or None."""
+    for symbol in (f"openblas_{name}", f"scipy_openblas_{name}64_", f"openblas_{name}64_"):
+        function = getattr(lib, symbol, None)
+        if function is not None:
+            return function
+    return None
+
+
+class BlasThreads:
+    """Runs a small matrix product on one BLAS thread and a large one on all of them
+    (OPENBLAS_NUM_THREADS). Waking BLAS's other threads costs more than they save below a few
+    million multiply-adds, and on a busy host the wake-up of a sleeping thread alone can take
+    milliseconds (measured: a [13, 1024] x [1024, 64] product 0.03 ms, or 30 ms when it waited for
+    the other thread). The choice follows from the shapes alone: processes that multiply the same
+    shapes on the same thread count choose alike."""
+    SMALL = 4_000_000   # multiply-adds
+
+    def __init__(self):
+        self._setters = None   # read at the first product: the thread count is set by then (configure)
+        self._all = None
+        self._now = None
+
+    def for_product(self, multiply_adds):
+        """Sets the BLAS's threads for a product of `multiply_adds` (m * n * k)."""
+        if self._setters is None:
+            try:
+                self._all = max(1, int(os.environ.get("OPENBLAS_NUM_THREADS", "")))
+            except ValueError:
+                self._all = 1   # OpenBLAS sized itself: leave it so
+            self._setters = _openblas_setters() if self._all > 1 else []
+        if self._all == 1:
+            return
+        want = 1 if multiply_adds < self.SMALL else self._all
+        if want != self._now:
+            for setter in self._setters:
+                setter(ctypes.c_int(want))
+            self._now = want
+
+
+no_blas_spin()   # on import, which hetu's __init__ does before numpy's
 
 
 if __name__ == "__main__":   # the worker shim: the count configure() takes, for the variables not set

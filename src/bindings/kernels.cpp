@@ -82,6 +82,37 @@ py::tuple bag_gradient(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean
   return ids_and_rows(uniq, summed, width);
 }
 
+// The table's rows, optimizer state and step counts (kernels::apply_rows) checked against the config.
+void check_rows_state(const char* what, const Config& cfg, const Array<float>& table, const Array<float>& state,
+                      const Array<int64_t>& steps) {
+  if (table.ndim() != 2) throw std::invalid_argument(std::string(what) + ": table must be 2-D");
+  const int64_t num_rows = table.shape(0), width = table.shape(1);
+  if (state.size() != num_rows * hetu::optim::state_width(cfg.kind, width))
+    throw std::invalid_argument(std::string(what) + ": state has the wrong size for this optimizer");
+  if (steps.size() != num_rows) throw std::invalid_argument(std::string(what) + ": steps must have one entry per row");
+}
+
+py::object bag_gradient_step(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> grads,
+                             const Config& cfg, float lr, Array<float> table, Array<float> state,
+                             Array<int64_t> steps) {
+  check_bags("bag_gradient_step", ids, bag_offsets);
+  check_rows_state("bag_gradient_step", cfg, table, state, steps);
+  const int64_t n = ids.shape(0), bags = bag_offsets.size() - 1, num_rows = table.shape(0), width = table.shape(1);
+  if (grads.size() != n * bags * width)
+    throw std::invalid_argument("bag_gradient_step: grads must be [samples, bags, width]");
+  float* t = mutable_data(table, "table");
+  float* s = mutable_data(state, "state");
+  int64_t* st = mutable_data(steps, "steps");
+  int64_t bad;
+  {
+    py::gil_scoped_release nogil;
+    bad = hetu::kernels::bag_gradient_step(ids.data(), n, ids.shape(1), bag_offsets.data(), bags, mean, grads.data(),
+                                           cfg, lr, t, num_rows, width, s, st);
+  }
+  if (bad >= 0) return py::make_tuple(bad, ids.data()[bad]);
+  return py::none();
+}
+
 py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
   const int64_t n = ids.size();
   if (n == 0) return py::make_tuple(Array<int64_t>(0), Array<float>(std::vector<py::ssize_t>{0, grads.ndim() == 2 ? grads.shape(1) : 0}));
@@ -98,12 +129,9 @@ py::tuple unique_sum(Array<int64_t> ids, Array<float> grads) {
 
 void apply_rows(const Config& cfg, float lr, Array<float> table, Array<float> state, Array<int64_t> steps,
                 Array<int64_t> rows, Array<float> grads) {
-  if (table.ndim() != 2) throw std::invalid_argument("apply_rows: table must be 2-D");
+  check_rows_state("apply_rows", cfg, table, state, steps);
   const int64_t num_rows = table.shape(0), width = table.shape(1), n = rows.size();
   if (grads.size() != n * width) throw std::invalid_argument("apply_rows: grads do not match rows x width");
-  if (state.size() != num_rows * hetu::optim::state_width(cfg.kind, width))
-    throw std::invalid_argument("apply_rows: state has the wrong size for this optimizer");
-  if (steps.size() != num_rows) throw std::invalid_argument("apply_rows: steps must have one entry per row");
   const int64_t* r = rows.data();
   for (int64_t i = 0; i < n; ++i)
     if (r[i] < 0 || r[i] >= num_rows) throw std::out_of_range("apply_rows: row " + std::to_string(r[i]) + " outside table of " + std::to_string(num_rows) + " rows");
@@ -158,6 +186,9 @@ void bind_kernels(py::module_& m) {
         "(position, id) of a bad id");
   m.def("bag_gradient", &bag_gradient, py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"), py::arg("grads"),
         "(distinct ids ascending, rows): pool_bags' sparse gradient summed per id");
+  m.def("bag_gradient_step", &bag_gradient_step, py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"),
+        py::arg("grads"), py::arg("config"), py::arg("lr"), py::arg("table"), py::arg("state"), py::arg("steps"),
+        "bag_gradient and apply_rows in one pass (the sums never written); None or (position, id) of a bad id");
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");

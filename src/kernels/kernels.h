@@ -29,6 +29,16 @@ int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t
                      bool mean, const float* grads, int64_t width, std::vector<int64_t>* uniq,
                      std::vector<float>* summed);
 
+// bag_gradient and apply_rows in one pass, for a table this process owns: each distinct id's sum
+// (in bag_gradient's order) is stepped into its row as soon as it is complete, never written out.
+// The table, state and step counts come out bit for bit as bag_gradient, unique_sum and
+// apply_rows leave them, for every optimizer kind and storage type. table: [num_rows, width];
+// state: [num_rows, state_width(cfg.kind, width)]; steps: [num_rows]. Returns -1, or the position
+// of the first id outside [0, num_rows) that is not -1 (then nothing is stepped).
+int64_t bag_gradient_step(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
+                          bool mean, const float* grads, const optim::Config& cfg, float lr, float* table,
+                          int64_t num_rows, int64_t width, float* state, int64_t* steps);
+
 // Sums the rows of `grads` that share an id. uniq comes out sorted ascending; each id's rows
 // are added in their order of occurrence. Returns the number of unique ids.
 int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t width, std::vector<int64_t>* uniq,

@@ -15,7 +15,7 @@ from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError
 
-__all__ = ["embedding_lookup_op", "embedding_bag_op", "Bags", "IndexedSlices"]
+__all__ = ["embedding_lookup_op", "embedding_bag_op", "Bags", "BagGradient", "IndexedSlices"]
 
 _ROW_KERNELS = r"""
 // out[i, :] = table[ids[i], :]; an id outside the table writes zeros and records the first bad
@@ -231,6 +231,42 @@ class IndexedSlices:
             # Summed per id first (deterministic), not with atomic adds in arbitrary order.
             DeviceRows.sum_of(self.indices, self.values).scatter_into(out)
         return out
+
+
+class BagGradient(IndexedSlices):
+    """A bag's sparse gradient on the host, summed per id only when read: `indices` and `values`
+    are Bags.gradient's (the distinct ids ascending and each one's sum). A table this process owns
+    is stepped from it without them (step_into: the sums go straight into the optimizer step,
+    FBGEMM's fused backward), bit for bit as unique_sum and apply_rows step the summed rows."""
+    __slots__ = ("bags", "ids", "g", "_summed")
+
+    def __init__(self, bags, ids, g, dense_shape):
+        self.bags, self.ids, self.g, self._summed = bags, ids, g, None
+        self.dense_shape = tuple(dense_shape)
+
+    def _sums(self):
+        if self._summed is None:
+            self._summed = self.bags.gradient(self.ids, self.g, self.dense_shape[1])
+        return self._summed
+
+    @property
+    def indices(self):
+        return self._sums()[0]
+
+    @property
+    def values(self):
+        return self._sums()[1]
+
+    def step_into(self, op_name, config, lr, table, state, steps):
+        """One optimizer step (an OptimConfig, learning rate `lr`) of the table's rows this
+        gradient names, with their state and step counts, in one pass over the bags' slots."""
+        n, slots = self.ids.shape
+        offsets = self.bags.offsets(slots)
+        bad = _C.bag_gradient_step(np.ascontiguousarray(self.ids), offsets, self.bags.mean,
+                                   np.ascontiguousarray(self.g, np.float32).reshape(n, len(offsets) - 1, table.shape[1]),
+                                   config, lr, table, state, steps)
+        if bad is not None:
+            raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {table.shape[0]} rows")
 
 
 def gather(op_name, table, ids, out, checks=None):
@@ -451,6 +487,8 @@ class EmbeddingBagGradOp(EmbeddingLookupGradOp):
     def compute(self, vals, state):
         g, ids = vals[:2]
         shape = vals[2].shape if len(vals) > 2 else self.table.shape
+        if not cuda.is_device_array(g):
+            return BagGradient(self.bags, ids, g, shape)   # summed when read, or fused into the step
         indices, values = self.bags.gradient(ids, g, shape[1])
         return IndexedSlices(indices, values, shape)
 

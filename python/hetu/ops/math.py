@@ -4,6 +4,7 @@ import numpy as np
 from .. import cuda
 from ..context import array_module_of
 from ..graph import Op
+from ..threads import BlasThreads
 from .common import ShapeError, broadcast_shape, normalize_axes, sum_to_shape
 
 __all__ = [
@@ -191,6 +192,9 @@ class PowerOp(_Unary):
         return [mul_op(g, mul_byconst_op(power_op(x, self.p - 1), self.p))]
 
 
+_BLAS_THREADS = BlasThreads()   # the process's OpenBLAS, one thread for small products
+
+
 class MatMulOp(Op):
     def __init__(self, a, b, trans_A=False, trans_B=False, ctx=None):
         super().__init__(a, b, ctx=ctx)
@@ -226,6 +230,8 @@ class MatMulOp(Op):
             cp = cuda.cupy()
             return cuda.Cublas.get().matmul(cp.ascontiguousarray(a, dtype=np.float32),
                                             cp.ascontiguousarray(b, dtype=np.float32), self.trans_A, self.trans_B, out)
+        k = a.shape[0] if self.trans_A else a.shape[1]
+        _BLAS_THREADS.for_product(m * n * k)
         return np.matmul(a.T if self.trans_A else a, b.T if self.trans_B else b, out=out)
 
     def to_onnx(self, b, x):
