@@ -5,11 +5,13 @@ hetu's DLRM against the same DLRM written independently in PyTorch (`--case`).
 run_hetu.py with the same settings (Adam, batch, embedding width, epochs) on (a) MovieLens 100K
 in time order, with its user and movie side features (genres are multi-hot: the models that read
 bags) and on its ids alone (every model; ncf reads just these two fields) and (b) synthetic
-Criteo; each row gives the validation AUC and logloss (median and range over the seeds) and the
-gap to the logistic regression (the first-order term alone) on the same split: the better of
-`lr` at the shared learning rate and `lr*` at its own (`--lr-baseline-rate`). For DLRM, the same DLRM in PyTorch started from
-hetu's initial parameters gives two columns: under hetu's rule (rowwise Adam: lazy, row-wise
-steps on the tables) and under `torch.optim.Adam` (every row stepped every batch).
+Criteo; every model, the logistic regression (`lr`, the first-order term alone) included, trains
+at each learning rate of `--rates` and is reported at its better one (the higher validation AUC,
+median over the seeds): each row gives that rate, the validation AUC and logloss (median and range
+over the seeds) and the gap to the logistic regression at its own better rate, on the same split.
+For DLRM, the same DLRM in PyTorch started from hetu's initial parameters at DLRM's rate gives two
+columns: under hetu's rule (rowwise Adam: lazy, row-wise steps on the tables) and under
+`torch.optim.Adam` (every row stepped every batch).
 
 `--case`:
 
@@ -248,29 +250,45 @@ def table_datasets(args):
 
 
 def table_models(fields):
-    """TABLE_MODELS that read `fields`, with the baseline's second learning rate after `lr`
-    (`lr*`); and those that cannot, with why."""
+    """TABLE_MODELS that read `fields` (lr first), and those that cannot, with why."""
     sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
     from models import MODELS
     reads = [m for m in TABLE_MODELS if MODELS[m].refusal(fields) is None]
-    return (reads[:1] + ["lr*"] + reads[1:]), {m: MODELS[m].refusal(fields) for m in TABLE_MODELS if m not in reads}
+    return reads, {m: MODELS[m].refusal(fields) for m in TABLE_MODELS if m not in reads}
 
 
 def median_range(values):
     return statistics.median(values), min(values), max(values)
 
 
+def at_better_rate(cfg, rates, seeds):
+    """cfg's model trained at each rate and seed: (rate, AUC median/min/max, logloss median, s/run,
+    the first run's command) at the rate with the higher median validation AUC."""
+    best = None
+    for rate in rates:
+        runs = [run_driver(dict(cfg, lr=rate), seed) for seed in seeds]
+        auc, lo, hi = median_range([v["auc"] for v, _, _ in runs])
+        result = (rate, auc, lo, hi, statistics.median([v["logloss"] for v, _, _ in runs]),
+                  statistics.median([s for _, s, _ in runs]), runs[0][2])
+        if best is None or auc > best[1]:
+            best = result
+    return best
+
+
 def table(args):
-    """Every model's validation AUC and logloss against the logistic regression's, per dataset."""
-    settings = {"batch": 256, "epochs": 2, "optimizer": "adam", "lr": 0.001, "emb": 16}
-    for key in ("batch", "epochs", "optimizer", "lr", "emb"):
+    """Every model's validation AUC and logloss, each at its better learning rate, against the
+    logistic regression's at its own, per dataset."""
+    settings = {"batch": 256, "epochs": 2, "optimizer": "adam", "emb": 16}
+    for key in ("batch", "epochs", "optimizer", "emb"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
-    print(f"every model against LR: {settings['optimizer']} lr {settings['lr']}, batch {settings['batch']}, "
-          f"embedding {settings['emb']}, {settings['epochs']} epoch(s), seeds {' '.join(map(str, args.seeds))}, "
-          f"{THREADS} threads; AUC and logloss: median [min, max] over the seeds", flush=True)
-    header = (f"{'data':<42} {'model':<6} {'val AUC':>8} {'range':>15} {'- LR':>8} {'logloss':>8} {'- LR':>8}"
-              f" {'torch AUC':>9} {'torch.optim.Adam':>16} {'s/run':>6}")
+    rates = [args.lr] if args.lr is not None else args.rates
+    print(f"every model against LR: {settings['optimizer']}, each model at its better rate of "
+          f"{' '.join(map(str, rates))}, batch {settings['batch']}, embedding {settings['emb']}, "
+          f"{settings['epochs']} epoch(s), seeds {' '.join(map(str, args.seeds))}, {THREADS} threads; "
+          f"AUC and logloss: median [min, max] over the seeds", flush=True)
+    header = (f"{'data':<42} {'model':<6} {'rate':>6} {'val AUC':>8} {'range':>15} {'- LR':>8} {'logloss':>8} "
+              f"{'- LR':>8} {'torch AUC':>9} {'torch.optim.Adam':>16} {'s/run':>6}")
     print(header + "\n" + "-" * len(header), flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="hetu-quality-") as workdir:
@@ -279,12 +297,8 @@ def table(args):
             models, refused = table_models(load(dict(settings, **where)).meta.fields)
             for name in models:
                 cfg = dict(settings, model=name, case="table", torch_table="rowwise", torch_init="hetu", **where)
-                if name == "lr*":
-                    cfg.update(model="lr", lr=args.lr_baseline_rate)
-                runs = [run_driver(cfg, seed) for seed in args.seeds]
-                auc, lo, hi = median_range([v["auc"] for v, _, _ in runs])
-                loss = statistics.median([v["logloss"] for v, _, _ in runs])
-                seconds = statistics.median([s for _, s, _ in runs])
+                rate, auc, lo, hi, loss, seconds, command = at_better_rate(cfg, rates, args.seeds)
+                cfg["lr"] = rate
                 torch_auc = dense_adam_auc = None
                 if name == "dlrm" and not args.no_torch:
                     data = load(cfg)
@@ -294,26 +308,27 @@ def table(args):
                         dense_cfg = dict(cfg, torch_table="dense")
                         dense_adam_auc = statistics.median([train_torch(dense_cfg, data, seed, workdir)["driver"]["auc"]
                                                             for seed in args.seeds])
-                if name.startswith("lr"):   # the better logistic regression is the baseline
-                    lr = max(lr or (auc, loss), (auc, loss))
-                row = {"data": label, "model": name, "auc": auc, "auc_range": (lo, hi), "logloss": loss,
-                       "auc_minus_lr": auc - lr[0], "logloss_minus_lr": loss - lr[1], "torch_auc": torch_auc,
-                       "torch_dense_adam_auc": dense_adam_auc, "seconds": seconds, "command": " ".join(runs[0][2][1:]).replace(ROOT + os.sep, "")}
+                if name == "lr":   # the baseline: TABLE_MODELS lists it first
+                    lr = (auc, loss)
+                row = {"data": label, "model": name, "rate": rate, "auc": auc, "auc_range": (lo, hi),
+                       "logloss": loss, "auc_minus_lr": auc - lr[0], "logloss_minus_lr": loss - lr[1],
+                       "torch_auc": torch_auc, "torch_dense_adam_auc": dense_adam_auc, "seconds": seconds,
+                       "command": " ".join(command[1:]).replace(ROOT + os.sep, "")}
                 results.append(row)
                 below = " BELOW LR" if auc < lr[0] else ""
                 torch_cell = f"{torch_auc:>9.4f}" if torch_auc is not None else f"{'':>9}"
                 torch_cell += f" {dense_adam_auc:>16.4f}" if dense_adam_auc is not None else f" {'':>16}"
-                gaps = ((f"{'':>8}",) * 2 if name.startswith("lr")   # the baseline itself
+                gaps = ((f"{'':>8}",) * 2 if name == "lr"   # the baseline itself
                         else (f"{auc - lr[0]:>+8.4f}", f"{loss - lr[1]:>+8.4f}"))
-                print(f"{label:<42} {name:<6} {auc:>8.4f} {f'[{lo:.4f}, {hi:.4f}]':>15} {gaps[0]} "
+                print(f"{label:<42} {name:<6} {rate:>6g} {auc:>8.4f} {f'[{lo:.4f}, {hi:.4f}]':>15} {gaps[0]} "
                       f"{loss:>8.4f} {gaps[1]} {torch_cell} {seconds:>6.0f}{below}", flush=True)
             for name, why in refused.items():
                 print(f"{label:<42} {name:<6} not run: {why}", flush=True)
     print("-" * len(header))
-    print("hetu's command (per model and seed): python " + results[0]["command"], flush=True)
+    print("hetu's command (per model, rate and seed): python " + results[0]["command"], flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": settings, "argv": sys.argv[1:], "rows": results}, f, indent=1)
+            json.dump({"settings": settings, "rates": rates, "argv": sys.argv[1:], "rows": results}, f, indent=1)
 
 
 # --- driver --------------------------------------------------------------------------------------
@@ -331,8 +346,9 @@ def main():
     ap.add_argument("--ids-data-dir", default=None,
                     help=f"--table: MovieLens prepared on ids alone (default $HETU_DATA_HOME/{MOVIELENS_IDS_FOLDER})")
     ap.add_argument("--no-torch", action="store_true", help="--table: no PyTorch DLRM column")
-    ap.add_argument("--lr-baseline-rate", type=float, default=0.01,
-                    help="--table: the logistic regression's own learning rate (its row lr*)")
+    ap.add_argument("--rates", type=float, nargs="+", default=[0.001, 0.01],
+                    help="--table: each model trains at each of these learning rates, reported at its better one "
+                         "(--lr: that rate alone)")
     ap.add_argument("--rows", type=int, default=None, help="criteo-multihot, --table's synthetic Criteo: rows")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=None)
