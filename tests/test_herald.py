@@ -32,7 +32,7 @@ OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("ratio", ["0.01", "0.1"])
 def test_herald_equals_single_process(tmp_path, data_home, model, workers, opt, ratio):
-    args = ["--model", model, "--iters-per-epoch", "20", *OPTIMIZERS[opt]]
+    args = ["--model", model, "--iters-per-epoch", "10", *OPTIMIZERS[opt]]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
     got, out = run_cluster(tmp_path, data_home, "run_laia.py",
                            ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
