@@ -10,7 +10,7 @@ import jobs
 from blas_kernels import KERNELS, openblas_kernel, runnable
 from dist_harness import assert_same_parameters, run_cluster, run_single
 
-# 10 steps (bench/exactness_envelope.py's runs of this test, 2026-11-27: at most 0.006 of the tensor
+# 10 steps (bench/exactness_envelope.py --suite, 2026-11-27: at most 0.044 of the tensor
 # bound and 0.18 of the row bound under any kernel). Further on, single events part the runs under
 # one kernel and not another: an embedding element whose summed gradient cancels to near Adam's eps
 # (between steps 10 and 15: 0.47 of the row bound under SkylakeX's kernel) and, between steps 20
