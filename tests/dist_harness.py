@@ -9,11 +9,7 @@ import numpy as np
 import jobs
 from conftest import REPO
 
-# 20 steps: on this data WDL's Adam run at W = 2 reaches a sample's hidden unit within float rounding
-# of ReLU's kink between steps 20 and 30, which Sandybridge's OpenBLAS kernel rounds to the other
-# side in the single process's 64-row GEMM than in the workers' 32-row ones (16.7x the bound at
-# 30 steps; no kernel parts the runs so before step 20: docs/results.md, "Rounding").
-COMMON = ["--no-progress", "--rows", "20000", "--embedding-size", "8", "--iters-per-epoch", "20"]
+COMMON = ["--no-progress", "--rows", "20000", "--embedding-size", "8", "--iters-per-epoch", "30"]
 # OpenBLAS's float32 GEMM rounds differently at another thread count, so the single process and
 # every process of a cluster run on the same count: by default each would take its own share of
 # the host's cores, and a one-worker job would no longer equal the single process bit for bit.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hetu import _C
-from dist_harness import assert_same_parameters, run_cluster, run_single
+from dist_harness import COMMON, assert_same_parameters, run_cluster, run_single
 from ps_helpers import cluster_fixture
 
 cluster = pytest.fixture(cluster_fixture)
@@ -103,7 +103,10 @@ CACHE_ARGS = ["--model", "wdl_criteo", "--optimizer", "sgd", "--learning-rate", 
 @pytest.mark.parametrize("ratio", ["0.01", "0.1"])
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, ratio, prefetch):
-    args = ["--model", "wdl_criteo", "--optimizer", opt, "--learning-rate", "0.02" if opt == "sgd" else "0.001"]
+    # 20 steps: Adam's run at W = 2 is parted by Sandybridge's OpenBLAS kernel between steps 20
+    # and 30 (a hidden unit within float rounding of ReLU's kink; docs/results.md, "Rounding").
+    args = ["--model", "wdl_criteo", "--optimizer", opt, "--learning-rate", "0.02" if opt == "sgd" else "0.001",
+            "--iters-per-epoch", "20"]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
     got, out = run_cluster(tmp_path, data_home, "run_hetu.py",
                            ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
@@ -279,7 +282,8 @@ def test_het_rows_moved_equal_an_independent_model_of_the_protocol(tmp_path, dat
     replay (hetu_tools.het_replay) counts the same."""
     from hetu.data import load_dataset
     from hetu_tools.het_replay import HetReplay
-    workers, batch, ratio, iterations = 2, 32, 0.02, 30
+    workers, batch, ratio = 2, 32, 0.02
+    iterations = int(COMMON[COMMON.index("--iters-per-epoch") + 1])   # the run's length: the harness's
     csv_dir = tmp_path / "csv"
     params, _ = run_cluster(tmp_path, data_home, "run_hetu.py",
                             ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
