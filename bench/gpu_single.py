@@ -304,6 +304,11 @@ def torch_models():
         def forward(self, dense, ids):
             return self.top(dense, self.embed(ids))
 
+        def first_order(self, ids):
+            """The models' first-order term over the ids (examples/ctr/models/common.first_order):
+            a weight per id, summed over the fields."""
+            return self.first(ids).sum(dim=1)
+
         def load_hetu(self, params):
             """Copies hetu's parameters (name -> NumPy array) into this model."""
             loaded = set()
@@ -337,16 +342,18 @@ def torch_models():
                 self.deep.append(self.linear(f"wdl_deep_fc{i}", width, h))
                 width = h
             self.out = self.linear("wdl_deep_out", width, 1)
+            self.first = self.table("wdl_wide_ids", num_ids, 1)
             self.wide = self.linear("wdl_wide", num_dense, 1)
 
         def embed(self, ids):
-            return self.emb(ids)
+            return self.emb(ids), self.first_order(ids)
 
         def top(self, dense, e):
+            e, first = e
             x = torch.cat([e.reshape(e.shape[0], -1), dense], dim=1)
             for lin in self.deep:
                 x = F.relu(lin(x))
-            return self.out(x) + self.wide(dense)
+            return self.out(x) + (first + self.wide(dense))
 
     class DCN(Base):
         def __init__(self, num_ids, emb, fields=26, num_dense=CRITEO_DENSE, num_cross=3, hidden=(256, 256)):
@@ -364,11 +371,14 @@ def torch_models():
                 self.deep.append(self.linear(f"dcn_deep{i}", w_in, h))
                 w_in = h
             self.out = self.linear("dcn_out", width + hidden[-1], 1)
+            self.first = self.table("dcn_first_order", num_ids, 1)
+            self.dense_linear = self.linear("dcn_dense_linear", num_dense, 1)
 
         def embed(self, ids):
-            return self.emb(ids)
+            return self.emb(ids), self.first_order(ids)
 
         def top(self, dense, e):
+            e, first = e
             x0 = torch.cat([e.reshape(e.shape[0], -1), dense], dim=1)
             x = x0
             for w, b in self.cross:
@@ -376,7 +386,7 @@ def torch_models():
             d = x0
             for lin in self.deep:
                 d = F.relu(lin(d))
-            return self.out(torch.cat([x, d], dim=1))
+            return self.out(torch.cat([x, d], dim=1)) + (first + self.dense_linear(dense))
 
     class NCF(Base):
         def __init__(self, num_ids, emb, hidden=(128, 64)):
@@ -388,16 +398,17 @@ def torch_models():
                 self.deep.append(self.linear(f"ncf_mlp_fc{i}", width, h))
                 width = h
             self.out = self.linear("ncf_out", emb + hidden[-1], 1)
+            self.first = self.table("ncf_first_order", num_ids, 1)
 
         def embed(self, ids):
-            return self.gmf(ids), self.mlp(ids)
+            return self.gmf(ids), self.mlp(ids), self.first_order(ids)
 
         def top(self, dense, e):
-            g, m = e
+            g, m, first = e
             d = m.reshape(m.shape[0], -1)
             for lin in self.deep:
                 d = F.relu(lin(d))
-            return self.out(torch.cat([g[:, 0] * g[:, 1], d], dim=1))
+            return self.out(torch.cat([g[:, 0] * g[:, 1], d], dim=1)) + first
 
     return {"wdl": WDL, "dcn": DCN, "ncf": NCF}
 

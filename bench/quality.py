@@ -1,4 +1,19 @@
-"""Model quality: hetu's DLRM against the same DLRM written independently in PyTorch.
+"""Model quality: every model against a logistic regression on the same data (`--table`), and
+hetu's DLRM against the same DLRM written independently in PyTorch (`--case`).
+
+`--table`: each model of examples/ctr/models (lr, wdl, dfm, dcn, ncf, dlrm, dcnv2), trained by
+run_hetu.py with the same settings (Adam, batch, embedding width, epochs) on (a) MovieLens 100K
+in time order, with its user and movie side features (genres are multi-hot: the models that read
+bags) and on its ids alone (every model; ncf reads just these two fields) and (b) synthetic
+Criteo; every model, the logistic regression (`lr`, the first-order term alone) included, trains
+at each learning rate of `--rates` and is reported at its better one (the higher validation AUC,
+median over the seeds): each row gives that rate, the validation AUC and logloss (median and range
+over the seeds) and the gap to the logistic regression at its own better rate, on the same split.
+For DLRM, the same DLRM in PyTorch started from hetu's initial parameters at DLRM's rate gives two
+columns: under hetu's rule (rowwise Adam: lazy, row-wise steps on the tables) and under
+`torch.optim.Adam` (every row stepped every batch).
+
+`--case`:
 
 Both train on the same prepared dataset folder, its train split in the folder's stored order (no
 shuffle: ht.Dataloader's default), with the same batch size, optimizer, learning rate and number
@@ -27,6 +42,7 @@ those samples) and over the whole split, where hetu's trained parameters (--save
 through the PyTorch forward. On the driver's samples that forward must reproduce the driver's own
 AUC: the `check` column, a test that the two architectures are the same function.
 
+    python bench/quality.py --table --seeds 1 2 3   # every model against LR
     python bench/quality.py --case movielens --seeds 1 2 3      # MovieLens 100K, side features, time order
     python bench/quality.py --case criteo-multihot --rows 200000 --epochs 2 --seeds 1 2 3
 """
@@ -57,6 +73,8 @@ CASES = {
                         "lr": 0.001, "emb": 16, "rows": 200000},
 }
 MOVIELENS_FOLDER = "ml100k-side-time"   # under $HETU_DATA_HOME
+MOVIELENS_IDS_FOLDER = "ml100k-time"     # the ids-only preparation (ncf's two fields)
+TABLE_MODELS = ("lr", "wdl", "dfm", "dcn", "ncf", "dlrm", "dcnv2")
 
 
 def thread_env():
@@ -69,14 +87,14 @@ def data_flags(cfg):
     """run_hetu.py's flags naming the data: a prepared folder, or the synthetic set by its rows."""
     if cfg.get("data_dir"):
         return ["--data-dir", cfg["data_dir"]]
-    return ["--dataset", "synthetic-criteo-multihot", "--rows", str(cfg["rows"])]
+    return ["--dataset", cfg.get("dataset", "synthetic-criteo-multihot"), "--rows", str(cfg["rows"])]
 
 
 def load(cfg):
     from hetu.data import load_dataset
     if cfg.get("data_dir"):
         return load_dataset(cfg["data_dir"])
-    return load_dataset("synthetic-criteo-multihot", rows=cfg["rows"])
+    return load_dataset(cfg.get("dataset", "synthetic-criteo-multihot"), rows=cfg["rows"])
 
 
 class Batches:
@@ -174,15 +192,14 @@ def train_torch(cfg, data, seed, workdir):
 
 
 # --- hetu ----------------------------------------------------------------------------------------
-def train_hetu(cfg, data, seed, workdir):
-    """run_hetu.py trains; its summary gives the driver's validation scores, and its saved
-    parameters, run through the PyTorch forward, the scores over the whole split."""
-    params_file = os.path.join(workdir, f"hetu-{cfg['case']}-{seed}.npz")
+def run_driver(cfg, seed, params_file=None):
+    """run_hetu.py trains cfg's model; (its summary's validation scores, seconds, command)."""
     command = [sys.executable, RUN_HETU, "--model", cfg["model"], *data_flags(cfg),
                "--embedding-size", str(cfg["emb"]), "--batch-size", str(cfg["batch"]),
                "--nepoch", str(cfg["epochs"]), "--all", "--val", "--optimizer", cfg["optimizer"],
-               "--learning-rate", str(cfg["lr"]), "--seed", str(seed), "--no-progress",
-               "--save-params", params_file]
+               "--learning-rate", str(cfg["lr"]), "--seed", str(seed), "--no-progress"]
+    if params_file:
+        command += ["--save-params", params_file]
     env = dict(os.environ, **thread_env())
     start = time.time()
     run = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
@@ -192,7 +209,14 @@ def train_hetu(cfg, data, seed, workdir):
     if run.returncode != 0 or summary is None:
         raise RuntimeError(f"run_hetu.py failed ({run.returncode}): {' '.join(command)}\n"
                            f"{run.stdout[-3000:]}{run.stderr[-3000:]}")
-    val = summary["final"]["val"]
+    return summary["final"]["val"], seconds, command
+
+
+def train_hetu(cfg, data, seed, workdir):
+    """run_hetu.py trains; its summary gives the driver's validation scores, and its saved
+    parameters, run through the PyTorch forward, the scores over the whole split."""
+    params_file = os.path.join(workdir, f"hetu-{cfg['case']}-{seed}.npz")
+    val, seconds, command = run_driver(cfg, seed, params_file)
     model = DLRM(data.meta.num_embeddings, cfg["emb"], data.meta.num_fields, data.meta.num_dense)
     model.load_hetu(dict(np.load(params_file)))
     forward = evaluate(model, data, cfg["batch"])
@@ -202,6 +226,111 @@ def train_hetu(cfg, data, seed, workdir):
             "seconds": seconds, "command": " ".join(command[1:])}
 
 
+# --- every model against LR ----------------------------------------------------------------------
+def movielens_folder(data_dir, folder, side):
+    home = os.environ.get("HETU_DATA_HOME", os.path.expanduser("~/.hetu/data"))
+    path = data_dir or os.path.join(home, folder)
+    if not os.path.isdir(path):
+        users = " --users RAW/u.user --items RAW/u.item" if side else ""
+        raise SystemExit(f"no prepared MovieLens folder at {path}: python scripts/get_movielens100k.py --output RAW, "
+                         f"then python -m hetu.data.prepare movielens --input RAW/u.data{users} --time-order "
+                         f"--output {path}")
+    return path
+
+
+def table_datasets(args):
+    """(label, run_hetu.py's data settings): MovieLens with side features and on ids alone, and
+    synthetic Criteo."""
+    side = movielens_folder(args.data_dir, MOVIELENS_FOLDER, side=True)
+    ids = movielens_folder(args.ids_data_dir, MOVIELENS_IDS_FOLDER, side=False)
+    rows = args.rows or 100000
+    return [("MovieLens 100K, side features, time order", {"data_dir": side}),
+            ("MovieLens 100K, ids only, time order", {"data_dir": ids}),
+            (f"synthetic Criteo, {rows} rows", {"dataset": "synthetic-criteo", "rows": rows})]
+
+
+def table_models(fields):
+    """TABLE_MODELS that read `fields` (lr first), and those that cannot, with why."""
+    sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
+    from models import MODELS
+    reads = [m for m in TABLE_MODELS if MODELS[m].refusal(fields) is None]
+    return reads, {m: MODELS[m].refusal(fields) for m in TABLE_MODELS if m not in reads}
+
+
+def median_range(values):
+    return statistics.median(values), min(values), max(values)
+
+
+def at_better_rate(cfg, rates, seeds):
+    """cfg's model trained at each rate and seed: (rate, AUC median/min/max, logloss median, s/run,
+    the first run's command) at the rate with the higher median validation AUC."""
+    best = None
+    for rate in rates:
+        runs = [run_driver(dict(cfg, lr=rate), seed) for seed in seeds]
+        auc, lo, hi = median_range([v["auc"] for v, _, _ in runs])
+        result = (rate, auc, lo, hi, statistics.median([v["logloss"] for v, _, _ in runs]),
+                  statistics.median([s for _, s, _ in runs]), runs[0][2])
+        if best is None or auc > best[1]:
+            best = result
+    return best
+
+
+def table(args):
+    """Every model's validation AUC and logloss, each at its better learning rate, against the
+    logistic regression's at its own, per dataset."""
+    settings = {"batch": 256, "epochs": 2, "optimizer": "adam", "emb": 16}
+    for key in ("batch", "epochs", "optimizer", "emb"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    rates = [args.lr] if args.lr is not None else args.rates
+    print(f"every model against LR: {settings['optimizer']}, each model at its better rate of "
+          f"{' '.join(map(str, rates))}, batch {settings['batch']}, embedding {settings['emb']}, "
+          f"{settings['epochs']} epoch(s), seeds {' '.join(map(str, args.seeds))}, {THREADS} threads; "
+          f"AUC and logloss: median [min, max] over the seeds", flush=True)
+    header = (f"{'data':<42} {'model':<6} {'rate':>6} {'val AUC':>8} {'range':>15} {'- LR':>8} {'logloss':>8} "
+              f"{'- LR':>8} {'torch AUC':>9} {'torch.optim.Adam':>16} {'s/run':>6}")
+    print(header + "\n" + "-" * len(header), flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="hetu-quality-") as workdir:
+        for label, where in table_datasets(args):
+            lr = None
+            models, refused = table_models(load(dict(settings, **where)).meta.fields)
+            for name in models:
+                cfg = dict(settings, model=name, case="table", torch_table="rowwise", torch_init="hetu", **where)
+                rate, auc, lo, hi, loss, seconds, command = at_better_rate(cfg, rates, args.seeds)
+                cfg["lr"] = rate
+                torch_auc = dense_adam_auc = None
+                if name == "dlrm" and not args.no_torch:
+                    data = load(cfg)
+                    torch_auc = statistics.median([train_torch(cfg, data, seed, workdir)["driver"]["auc"]
+                                                   for seed in args.seeds])
+                    if cfg["optimizer"] == "adam":
+                        dense_cfg = dict(cfg, torch_table="dense")
+                        dense_adam_auc = statistics.median([train_torch(dense_cfg, data, seed, workdir)["driver"]["auc"]
+                                                            for seed in args.seeds])
+                if name == "lr":   # the baseline: TABLE_MODELS lists it first
+                    lr = (auc, loss)
+                row = {"data": label, "model": name, "rate": rate, "auc": auc, "auc_range": (lo, hi),
+                       "logloss": loss, "auc_minus_lr": auc - lr[0], "logloss_minus_lr": loss - lr[1],
+                       "torch_auc": torch_auc, "torch_dense_adam_auc": dense_adam_auc, "seconds": seconds,
+                       "command": " ".join(command[1:]).replace(ROOT + os.sep, "")}
+                results.append(row)
+                below = " BELOW LR" if auc < lr[0] else ""
+                torch_cell = f"{torch_auc:>9.4f}" if torch_auc is not None else f"{'':>9}"
+                torch_cell += f" {dense_adam_auc:>16.4f}" if dense_adam_auc is not None else f" {'':>16}"
+                gaps = ((f"{'':>8}",) * 2 if name == "lr"   # the baseline itself
+                        else (f"{auc - lr[0]:>+8.4f}", f"{loss - lr[1]:>+8.4f}"))
+                print(f"{label:<42} {name:<6} {rate:>6g} {auc:>8.4f} {f'[{lo:.4f}, {hi:.4f}]':>15} {gaps[0]} "
+                      f"{loss:>8.4f} {gaps[1]} {torch_cell} {seconds:>6.0f}{below}", flush=True)
+            for name, why in refused.items():
+                print(f"{label:<42} {name:<6} not run: {why}", flush=True)
+    print("-" * len(header))
+    print("hetu's command (per model, rate and seed): python " + results[0]["command"], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": settings, "rates": rates, "argv": sys.argv[1:], "rows": results}, f, indent=1)
+
+
 # --- driver --------------------------------------------------------------------------------------
 def spread(values):
     return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -209,10 +338,18 @@ def spread(values):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", choices=sorted(CASES), required=True)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--case", choices=sorted(CASES))
+    mode.add_argument("--table", action="store_true", help="every model against the logistic regression")
     ap.add_argument("--data-dir", default=None,
                     help=f"movielens: the prepared folder (default $HETU_DATA_HOME/{MOVIELENS_FOLDER})")
-    ap.add_argument("--rows", type=int, default=None, help="criteo-multihot: synthetic rows")
+    ap.add_argument("--ids-data-dir", default=None,
+                    help=f"--table: MovieLens prepared on ids alone (default $HETU_DATA_HOME/{MOVIELENS_IDS_FOLDER})")
+    ap.add_argument("--no-torch", action="store_true", help="--table: no PyTorch DLRM column")
+    ap.add_argument("--rates", type=float, nargs="+", default=[0.001, 0.01],
+                    help="--table: each model trains at each of these learning rates, reported at its better one "
+                         "(--lr: that rate alone)")
+    ap.add_argument("--rows", type=int, default=None, help="criteo-multihot, --table's synthetic Criteo: rows")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--optimizer", choices=["adam", "sgd"], default=None)
@@ -231,17 +368,14 @@ def main():
         return write_hetu_initial(json.loads(sys.argv[sys.argv.index("--write-hetu-initial") + 1]))
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
+    if args.table:
+        return table(args)
     cfg = dict(CASES[args.case], case=args.case, torch_table=args.torch_table, torch_init=args.torch_init)
     for key in ("rows", "batch", "epochs", "optimizer", "lr", "emb"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     if args.case == "movielens":
-        home = os.environ.get("HETU_DATA_HOME", os.path.expanduser("~/.hetu/data"))
-        cfg["data_dir"] = args.data_dir or os.path.join(home, MOVIELENS_FOLDER)
-        if not os.path.isdir(cfg["data_dir"]):
-            raise SystemExit(f"no prepared MovieLens folder at {cfg['data_dir']}: python scripts/get_movielens100k.py "
-                             "--output RAW, then python -m hetu.data.prepare movielens --input RAW/u.data "
-                             f"--users RAW/u.user --items RAW/u.item --time-order --output {cfg['data_dir']}")
+        cfg["data_dir"] = movielens_folder(args.data_dir, MOVIELENS_FOLDER, side=True)
     data = load(cfg)
     meta = data.meta
     print(f"{args.case}: {cfg['model']}, {len(data.train)} train / {len(data.val)} val samples, fields "

@@ -165,9 +165,17 @@ def row_bytes(width, optimizer, dtype):
     return width * DTYPE_BYTES[dtype] + _ps.optim_state_width(ps.OPTIMIZERS[optimizer], width) * 4 + META_BYTES
 
 
-def expected_server_bytes(rows, servers, width, optimizer, dtype):
-    """Per server: its rows (strided placement: r mod S) x row_bytes."""
-    return [((rows - s + servers - 1) // servers) * row_bytes(width, optimizer, dtype) for s in range(servers)]
+def expected_server_bytes(tables, servers, optimizer, dtype):
+    """Per server: the rows it holds of every table (strided placement: r mod S) x their row_bytes;
+    `tables`: (rows, width) of each table on the servers (a model's embedding and first-order tables)."""
+    return [sum(((rows - s + servers - 1) // servers) * row_bytes(width, optimizer, dtype) for rows, width in tables)
+            for s in range(servers)]
+
+
+def checkpoint_tables(ckpt):
+    """(rows, width) of every table a checkpoint's servers hold (its meta.json)."""
+    with open(os.path.join(ckpt, "meta.json")) as f:
+        return [tuple(shape) for _, shape in sorted(json.load(f)["tables"].items())]
 
 
 def expected_worker_bytes(mode, rows, args):
@@ -212,6 +220,7 @@ def measure(mode, args, rows, work):
     more = max(1, args.iterations // 10)
     rlines, rpeak = run_job(base + ["--nepoch", f"{1 + more / args.iterations:.6f}", "--resume", ckpt],
                             args.sample_interval, args.timeout + 120, logs["resume"])
+    tables = checkpoint_tables(ckpt)
     shutil.rmtree(os.path.join(work, mode), ignore_errors=True)   # checkpoints are GBs
 
     summaries = worker_summaries(mode, args.workers, 0, "\n".join(text))
@@ -224,11 +233,11 @@ def measure(mode, args, rows, work):
     served = [served[s] for s in sorted(served)]
     startup, _ = first(FIRST_STEP, lines)
     epoch = {int(m.group(1)): int(m.group(2)) for m in (EPOCH.search(line) for line in text) if m}
-    expected = expected_server_bytes(rows, args.servers, args.embedding_size, args.optimizer, args.dtype)
+    expected = expected_server_bytes(tables, args.servers, args.optimizer, args.dtype)
     servers = [peak.get(f"server {s}", 0) for s in range(args.servers)]
     workers = [peak.get(f"worker {w}", 0) for w in range(args.workers)]
     return {
-        "mode": mode, "dtype": args.dtype, "rows": rows, "width": args.embedding_size,
+        "mode": mode, "dtype": args.dtype, "rows": rows, "width": args.embedding_size, "tables": tables,
         "table_bytes": rows * args.embedding_size * DTYPE_BYTES[args.dtype],
         "startup_s": startup, "samples_per_s": sum(epoch.values()),
         "rows_moved": sum(c["rows_pulled"] + c["rows_pushed"] for c in counters),

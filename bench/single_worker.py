@@ -3,7 +3,8 @@ over multi-hot Criteo.
 
 `--model wdl`: examples/ctr/models/wdl.py::wdl_criteo in hetu and the same architecture in
 PyTorch (one shared sparse nn.Embedding table, deep MLP 256-256-256-1 on concat(flattened
-embeddings, dense), wide linear on dense), on the synthetic Criteo-shaped data.
+embeddings, dense), wide: a weight per id (a sparse width-1 nn.Embedding) and a linear layer on
+dense), on the synthetic Criteo-shaped data.
 `--model dlrm`: examples/ctr/models/dlrm.py::dlrm_criteo over every field's bag (26 multi-hot
 fields, 214 ids a sample) in hetu, and bench/torch_dlrm.py's PyTorch DLRM with one shared
 nn.EmbeddingBag(mode="sum", sparse=True) table, on synthetic-criteo-multihot. PyTorch is given
@@ -162,15 +163,18 @@ def torch_wdl(cfg, meta, batch_rows, dense, sparse, labels):
             layers.append(nn.Linear(width, 1))
             self.deep = nn.Sequential(*layers)
             self.wide = nn.Linear(num_dense, 1)
+            self.wide_ids = nn.Embedding(num_embeddings, 1, sparse=True)
+            nn.init.normal_(self.wide_ids.weight, std=0.01)
             self.flat = num_fields * embedding_size
 
         def forward(self, dense_x, sparse_x):
             e = self.embedding(sparse_x).reshape(-1, self.flat)
-            return self.deep(torch.cat([e, dense_x], dim=1)) + self.wide(dense_x)
+            wide = self.wide(dense_x) + self.wide_ids(sparse_x).sum(dim=1)
+            return self.deep(torch.cat([e, dense_x], dim=1)) + wide
 
     model = WDL(int(meta.num_embeddings), cfg["emb"])
-    table = [model.embedding.weight]
-    others = [p for n, p in model.named_parameters() if not n.startswith("embedding.")]
+    table = [model.embedding.weight, model.wide_ids.weight]
+    others = [p for n, p in model.named_parameters() if not n.startswith(("embedding.", "wide_ids."))]
     if cfg["opt"] == "adam":
         optimizers = [torch.optim.SparseAdam(table, lr=LR["adam"]), torch.optim.Adam(others, lr=LR["adam"])]
     else:

@@ -5,8 +5,9 @@ One shared table (the dataset's fields share one id space) as nn.EmbeddingBag(mo
 bag per (sample, field), -1 slots left out of the bags (an empty bag pools to zeros, as in hetu);
 a bottom MLP (dense -> 64 -> 32 -> embedding, ReLU after each layer) where the data has dense
 features; the dot product of every pair of the field vectors (and the bottom output), the strict
-lower triangle in row order; a top MLP (-> 128 -> 64 -> 1) over concat(bottom output, dots).
-Initialised with hetu's distributions: table N(0, 0.01), weights xavier-normal, biases zero."""
+lower triangle in row order; a top MLP (-> 128 -> 64 -> 1) over concat(bottom output, dots);
+plus the first-order term: a second table of width 1 (one weight per id, pooled alike and summed
+over the fields) and, with dense features, a linear layer over them. Initialised with hetu's distributions: table N(0, 0.01), weights xavier-normal, biases zero."""
 import numpy as np
 import torch
 from torch import nn
@@ -45,6 +46,9 @@ class DLRM(nn.Module):
         self.num_fields, self.emb = num_fields, embedding_size
         self.table = nn.EmbeddingBag(num_embeddings, embedding_size, mode="sum", sparse=sparse_table)
         nn.init.normal_(self.table.weight, std=0.01)
+        self.first_order = nn.EmbeddingBag(num_embeddings, 1, mode="sum", sparse=sparse_table)
+        nn.init.normal_(self.first_order.weight, std=0.01)
+        self.dense_linear = tower(num_dense, (1,), relu_last=False) if num_dense else None
         self.bottom = tower(num_dense, BOTTOM + (embedding_size,), relu_last=True) if num_dense else None
         count = num_fields + (1 if num_dense else 0)
         # pairs (i, j), i > j, row by row: torch.tril_indices' order, as hetu's pairwise_dots
@@ -60,18 +64,24 @@ class DLRM(nn.Module):
             vectors = torch.cat([bottom.unsqueeze(1), pooled], dim=1)
         gram = torch.bmm(vectors, vectors.transpose(1, 2))
         dots = gram[:, self.pairs[0], self.pairs[1]]
-        return self.top(dots if self.bottom is None else torch.cat([bottom, dots], dim=1))
+        logit = self.top(dots if self.bottom is None else torch.cat([bottom, dots], dim=1))
+        logit = logit + self.first_order(values, offsets).view(-1, self.num_fields).sum(dim=1, keepdim=True)
+        return logit if self.dense_linear is None else logit + self.dense_linear(dense)
 
     def load_hetu(self, params):
         """hetu's trained parameters (run_hetu.py --save-params, named by dlrm.py's layers); its
         Linear weights are [in, out], PyTorch's [out, in]."""
         with torch.no_grad():
             self.table.weight.copy_(torch.from_numpy(params["embedding"]))
-            for prefix, layers in (("dlrm_bottom", self.bottom), ("dlrm_top", self.top)):
+            self.first_order.weight.copy_(torch.from_numpy(params["dlrm_first_order"]))
+            for prefix, layers in (("dlrm_bottom", self.bottom), ("dlrm_top", self.top),
+                                   ("dlrm_dense_linear", self.dense_linear)):
                 linears = [m for m in layers or () if isinstance(m, nn.Linear)]
                 names = [f"{prefix}_fc{i}" for i in range(len(linears))]
                 if prefix == "dlrm_top":
                     names[-1] = f"{prefix}_out"
+                if prefix == "dlrm_dense_linear":
+                    names = [prefix]
                 for linear, name in zip(linears, names):
                     linear.weight.copy_(torch.from_numpy(params[name + "_weight"]).T)
                     linear.bias.copy_(torch.from_numpy(params[name + "_bias"]))
@@ -122,5 +132,6 @@ def make_optimizers(model, optimizer, lr, table="rowwise"):
     if table == "dense":
         return [torch.optim.Adam(model.parameters(), lr=lr, eps=ADAM_EPS)]
     table_adam = RowwiseAdam if table == "rowwise" else torch.optim.SparseAdam
-    others = [p for name, p in model.named_parameters() if not name.startswith("table.")]
-    return [table_adam([model.table.weight], lr=lr, eps=ADAM_EPS), torch.optim.Adam(others, lr=lr, eps=ADAM_EPS)]
+    tables = [model.table.weight, model.first_order.weight]
+    others = [p for name, p in model.named_parameters() if not name.startswith(("table.", "first_order."))]
+    return [table_adam(tables, lr=lr, eps=ADAM_EPS), torch.optim.Adam(others, lr=lr, eps=ADAM_EPS)]

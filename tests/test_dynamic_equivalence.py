@@ -67,7 +67,9 @@ def test_a_checkpoint_resumes_on_other_workers_and_servers(tmp_path, data_home):
 
 def test_herald_resumes_a_dynamic_table_exactly(tmp_path, data_home):
     """Herald's planner takes its key directory from the checkpoint's: the resumed plans are exact."""
-    args = [*dynamic_args(1, 6), *OPTIMIZERS["sgd"]]
+    # 2 epochs of 12 steps: further on, a sample's hidden unit within float rounding of ReLU's kink
+    # (where the GEMM row Herald gives the sample decides the side) parts the runs by more than the bound.
+    args = [*dynamic_args(1, 6), *OPTIMIZERS["sgd"], "--iters-per-epoch", "12"]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", [*args, "--nepoch", "2"], global_batch=60)
     ckpt = tmp_path / "ckpt"
     herald = [*MODES["HET"], "--bsp", "0", *args]

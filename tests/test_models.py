@@ -65,3 +65,53 @@ def test_ncf_reads_two_fields():
 def test_a_bare_architecture_needs_data():
     with pytest.raises(ValueError, match="named for no dataset"):
         MODELS["wdl"](None, None, None)
+
+
+# each architecture's first-order term: its table of one weight per id, and its dense linear layer's
+# weight (None: the architecture reads no dense features)
+FIRST_ORDER = {"lr": ("lr_weights", "lr_dense_weight"), "wdl": ("wdl_wide_ids", "wdl_wide_weight"),
+               "dfm": ("fm_first_order", "dfm_dense_linear_weight"), "dcn": ("dcn_first_order", "dcn_dense_linear_weight"),
+               "dlrm": ("dlrm_first_order", "dlrm_dense_linear_weight"),
+               "dcnv2": ("dcnv2_first_order", "dcnv2_dense_linear_weight"), "ncf": ("ncf_first_order", None)}
+
+
+def train(model, fields, steps, learning_rate=0.1, batch=32, seed=0):
+    """`steps` SGD steps on one fixed batch whose label is 1 where the first field's id is
+    even: (initial parameters, trained parameters, the losses)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((batch, fields.num_dense)).astype(np.float32) if fields.num_dense else None
+    sparse = rng.integers(0, ROWS, size=(batch, sum(fields.slots))).astype(np.int64)
+    labels = (sparse[:, :1] % 2 == 0).astype(np.float32)
+    ops = [None if a is None else ht.dataloader_op([ht.Dataloader(a, batch, "train")]) for a in (dense, sparse, labels)]
+    loss, _, _, train_op = model(*ops, fields.with_rows(ROWS), embedding_size=4,
+                                 optimizer=ht.optim.SGDOptimizer(learning_rate=learning_rate))
+    executor = ht.Executor({"train": [loss, train_op]}, ctx=ht.cpu(0), seed=1)
+    initial = {name: np.array(value) for name, value in executor.parameters().items()}
+    losses = [float(executor.run("train")[0].asnumpy().reshape(-1)[0]) for _ in range(steps)]
+    return sparse, initial, {name: np.array(value) for name, value in executor.parameters().items()}, losses
+
+
+def test_the_logistic_regression_is_a_model():
+    assert ARCHITECTURES["lr"].name == "lr" and MODELS["lr_criteo"].architecture is ARCHITECTURES["lr"]
+    fields = Fields(("a", "b", "c"), (1, 2, 1), ROWS, 3, bags=("b",))
+    _, initial, trained, losses = train(MODELS["lr"], fields, steps=30, learning_rate=5.0)
+    assert {name: value.shape for name, value in trained.items()} == {
+        "lr_weights": (ROWS, 1), "lr_dense_weight": (3, 1), "lr_dense_bias": (1,)}
+    assert losses[-1] < 0.5 * losses[0]   # one batch, labelled by an id: a linear model fits it
+
+
+@pytest.mark.parametrize("arch", sorted(FIRST_ORDER))
+def test_every_architecture_has_a_first_order_term_that_trains(arch):
+    """The per-id weights (a width-1 table) and the dense linear term exist, and a step moves the
+    rows the batch names and no others."""
+    fields = Fields(("user", "item"), (1, 1), ROWS, 0) if arch == "ncf" else Fields(("a", "b", "c"), (1, 1, 1), ROWS, 2)
+    sparse, initial, trained, losses = train(MODELS[arch], fields, steps=3)
+    table, dense = FIRST_ORDER[arch]
+    assert trained[table].shape == (ROWS, 1)
+    named = np.zeros(ROWS, bool)
+    named[sparse.reshape(-1)] = True
+    moved = np.any(trained[table] != initial[table], axis=1)
+    assert moved[named].all() and not moved[~named].any()
+    if dense is not None:
+        assert trained[dense].shape == (2, 1) and np.any(trained[dense] != initial[dense])
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]

@@ -23,13 +23,14 @@ def test_scale_bench_reads_every_figure_of_a_small_run(tmp_path, dtype, element)
     assert [r["mode"] for r in results] == ["PS", "Herald"]
     rows = results[0]["rows"]
     for r in results:
-        # Each server's shard: a 96-byte header, then its rows x (16 elements of the type, 1
-        # accumulator, an int64 step and version); in memory the step and version are 32 bits each.
-        shard_rows = [(rows - s + 1) // 2 for s in range(2)]
-        row = 16 * element + 4
-        assert [b for b, _ in r["checkpoint_saved"]] == [96 + n * (row + 16) for n in shard_rows], r
-        assert [b for b, _ in r["checkpoint_loaded"]] == [n * (row + 16) for n in shard_rows], r
-        assert r["server_expected_bytes"] == [n * (row + 8) for n in shard_rows]
+        # Each server's shard of each table (the embedding, width 16, and the first-order weights,
+        # width 1): a 96-byte header, then its rows x (the row's elements of the type, 1 accumulator,
+        # an int64 step and version); in memory the step and version are 32 bits each.
+        assert sorted(map(tuple, r["tables"])) == [(rows, 1), (rows, 16)], r["tables"]
+        shards = [[((rows - s + 1) // 2, width * element + 4) for width in (1, 16)] for s in range(2)]
+        assert [b for b, _ in r["checkpoint_saved"]] == [sum(96 + n * (row + 16) for n, row in t) for t in shards], r
+        assert [b for b, _ in r["checkpoint_loaded"]] == [sum(n * (row + 16) for n, row in t) for t in shards], r
+        assert r["server_expected_bytes"] == [sum(n * (row + 8) for n, row in t) for t in shards]
         peaks = r["peak_rss"]
         assert peaks["scheduler"] > 0 and all(x > 0 for x in peaks["servers"] + peaks["workers"]), peaks
         assert all(x > 0 for x in r["resume_peak_rss"]["servers"]), r

@@ -93,7 +93,8 @@ def synthetic_instances(data_dir):
 
 @pytest.mark.parametrize("model,shape", [("wdl", "criteo"), ("dfm", "criteo"), ("dcn", "criteo"),
                                          ("dlrm", "criteo"), ("dcnv2", "criteo"), ("ncf", "movielens"),
-                                         ("dlrm", "criteo-multihot"), ("dcnv2", "criteo-multihot")])
+                                         ("dlrm", "criteo-multihot"), ("dcnv2", "criteo-multihot"),
+                                         ("lr", "criteo"), ("lr", "criteo-multihot")])
 def test_every_model_exports_and_predicts_as_the_graph(run, tmp_path, datasets, model, shape):
     data_dir = datasets[f"{shape}-indexed"]
     graph, bundle = trained_and_exported(run, tmp_path, data_dir, "--model", model)
@@ -319,6 +320,9 @@ def test_a_new_export_replaces_the_bundle_whole_and_threads_share_one(wdl_bundle
     bundle = Bundle.open(str(wdl_bundle))
     instances = synthetic_instances(datasets["criteo-indexed"])
     expected = bundle.predict(instances)
+    # each thread's batch against the same batch predicted alone: ONNX Runtime's GEMMs may round
+    # a row apart at another batch size (one ulp, with the first-order terms' dense linear layer)
+    alone = [bundle.predict(instances[k::4]) for k in range(4)]
     results, errors = {}, []
 
     def call(k):
@@ -333,7 +337,7 @@ def test_a_new_export_replaces_the_bundle_whole_and_threads_share_one(wdl_bundle
         t.join()
     assert not errors
     for k in range(4):
-        np.testing.assert_array_equal(results[k], expected[k::4])
+        np.testing.assert_array_equal(results[k], alone[k])
     assert export(str(tmp_path / "ckpt"), str(wdl_bundle)) == str(wdl_bundle)
     assert sorted(p.name for p in tmp_path.iterdir() if "bundle" in p.name) == ["bundle"]
     np.testing.assert_array_equal(Bundle.open(str(wdl_bundle)).predict(instances), expected)

@@ -1,9 +1,9 @@
-"""CTR models: one function per architecture (wdl, dfm, dcn, ncf, dlrm, dcnv2), each taking its
-fields, their slots and the dense width from the data (hetu.data.Fields: a dataset's
-``meta.fields``), and the names the command lines use. A bare architecture name trains on the
-data given; ``<arch>_<dataset>`` is the architecture on the dataset it is named for (its synthetic
-shape, e.g. ``dlrm_criteo_multihot``: MLPerf's multi-hot Criteo), whose real shape it takes when
-it is given no data."""
+"""CTR models: one function per architecture (wdl, dfm, dcn, ncf, dlrm, dcnv2, and lr: the logistic
+regression they are measured against), each taking its fields, their slots and the dense width
+from the data (hetu.data.Fields: a dataset's ``meta.fields``), and the names the command lines
+use. A bare architecture name trains on the data given; ``<arch>_<dataset>`` is the architecture
+on the dataset it is named for (its synthetic shape, e.g. ``dlrm_criteo_multihot``: MLPerf's
+multi-hot Criteo), whose real shape it takes when it is given no data."""
 from dataclasses import dataclass
 
 from hetu.data import shape_fields
@@ -13,13 +13,15 @@ from .dcn import DCN
 from .dcnv2 import DCNV2
 from .dfm import DFM
 from .dlrm import DLRM
+from .lr import LR
 from .ncf import NCF
 from .wdl import WDL
 
-ARCHITECTURES = {a.name: a for a in (WDL, DFM, DCN, NCF, DLRM, DCNV2)}
+ARCHITECTURES = {a.name: a for a in (WDL, DFM, DCN, NCF, DLRM, DCNV2, LR)}
 # the names of README, docs, benches and tests: <arch>_<dataset>, the dataset "_" for the shape's "-"
 NAMED = ("wdl_criteo", "wdl_avazu", "dfm_criteo", "dfm_avazu", "dcn_criteo", "dcn_avazu", "ncf_movielens",
-         "dlrm_criteo", "dcnv2_criteo", "dlrm_movielens", "dlrm_criteo_multihot", "dcnv2_criteo_multihot")
+         "dlrm_criteo", "dcnv2_criteo", "dlrm_movielens", "dlrm_criteo_multihot", "dcnv2_criteo_multihot",
+         "lr_criteo", "lr_movielens", "lr_criteo_multihot")
 
 
 @dataclass(frozen=True)

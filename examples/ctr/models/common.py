@@ -48,6 +48,20 @@ def embed_bags(sparse_input, num_embeddings, embedding_size, field_slots, name="
         sparse_input)
 
 
+def first_order(sparse_input, dense_input, fields, name, dense_name=None):
+    """The first-order (linear) term: a logistic regression's logit -> [batch, 1]. A weight per id
+    (table `name`, width 1, a field's bag pooled by sum) summed over the fields, plus, where the
+    data has dense features, a linear layer over them (`dense_name`, default `name`_dense). The
+    table reads the same keys as the model's embeddings: with `fields.dynamic`, a dynamic table of
+    the same key space."""
+    weights = embed_bags(sparse_input, fields.num_embeddings, 1, fields.slots, name=name,
+                         dynamic=fields.dynamic)   # [batch, fields, 1]
+    logit = ht.reduce_sum_op(ht.array_reshape_op(weights, (-1, fields.count)), axes=1, keepdims=True)
+    if dense_input is not None:
+        logit = logit + layers.Linear(fields.num_dense, 1, name=dense_name or f"{name}_dense")(dense_input)
+    return logit
+
+
 def mlp(in_features, hidden, name, logit=True):
     """Linear+ReLU layers, then (with `logit`) a linear layer to one logit."""
     blocks, width = [], in_features

@@ -1,10 +1,14 @@
 """DCN-V2 (Wang et al., 2021; MLPerf's DLRM-DCNv2): cross layers x_{l+1} = x0 * (W_l x_l + b_l) +
 x_l with a full (or, with `rank`, a low-rank U_l V_l) matrix, stacked under a deep MLP, over the
-pooled field embeddings (multi-hot fields summed per bag) and the dense features."""
+pooled field embeddings (multi-hot fields summed per bag) and the dense features. In the stacked
+form x0 reaches the logit only through the deep MLP (the paper's parallel form keeps a linear path
+through its output layer): a weight per id (`dcnv2_first_order`, a width-1 table, bags summed,
+summed over the fields) and a linear layer on the dense features (`dcnv2_dense_linear`) are added
+to the logit, so the model contains a logistic regression."""
 import hetu as ht
 from hetu import init, layers
 
-from .common import Architecture, dense_of, embed_bags, finish, mlp
+from .common import Architecture, dense_of, embed_bags, finish, first_order, mlp
 
 
 def cross_layer_v2(x0, x, width, rank, name):
@@ -27,7 +31,8 @@ def dcnv2(dense_input, sparse_input, y_, fields, embedding_size=16, num_cross=3,
     x = x0
     for i in range(num_cross):
         x = cross_layer_v2(x0, x, width, rank, f"dcnv2_cross{i}")
-    logit = mlp(width, hidden, "dcnv2_deep")(x)
+    logit = mlp(width, hidden, "dcnv2_deep")(x) + first_order(sparse_input, dense_input, fields, "dcnv2_first_order",
+                                                             dense_name="dcnv2_dense_linear")
     return finish(logit, y_, optimizer)
 
 

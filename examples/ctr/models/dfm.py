@@ -1,4 +1,7 @@
-"""DeepFM: first-order weights, factorisation-machine pairwise interactions and an MLP, summed."""
+"""DeepFM (Guo et al., 2017): first-order weights, factorisation-machine pairwise interactions and an
+MLP, summed. The paper's first-order term is FM's linear part, a weight per id
+(`fm_first_order`); the dense features, which the paper's data has none of, get a linear layer
+(`dfm_dense_linear`) beside it: the model contains a logistic regression as it is."""
 import hetu as ht
 from hetu import layers
 

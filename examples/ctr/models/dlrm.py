@@ -1,10 +1,16 @@
 """DLRM (Naumov et al., 2019; MLPerf's recommendation model): a bottom MLP over the dense
 features, the pooled embedding of every field (one bag per field: multi-hot fields are summed),
 the dot product of every pair of those vectors, and a top MLP over the pairs and the bottom
-MLP's output."""
+MLP's output.
+
+The paper's model reads the ids only through those dot products: it has no first-order term, and
+over ids alone (MovieLens without dense input) it lost to a logistic regression on the same ids.
+Its logit here adds one, as DeepFM and Wide & Deep carry it: a weight per id (`dlrm_first_order`,
+a width-1 table, each field's bag summed, summed over the fields) plus, with dense features, a
+linear layer over them (`dlrm_dense_linear`)."""
 import hetu as ht
 
-from .common import Architecture, dense_of, embed_bags, finish, mlp
+from .common import Architecture, dense_of, embed_bags, finish, first_order, mlp
 
 
 def pairwise_dots(vectors, count):
@@ -26,7 +32,8 @@ def dlrm(dense_input, sparse_input, y_, fields, embedding_size=16, bottom=(64, 3
     top_in, width = dots, num_pairs
     if dense_input is not None:
         top_in, width = ht.concat_op(dense, dots, axis=1), num_pairs + embedding_size
-    logit = mlp(width, top, "dlrm_top")(top_in)
+    logit = mlp(width, top, "dlrm_top")(top_in) + first_order(sparse_input, dense_input, fields, "dlrm_first_order",
+                                                               dense_name="dlrm_dense_linear")
     return finish(logit, y_, optimizer)
 
 

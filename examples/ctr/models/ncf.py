@@ -1,9 +1,12 @@
 """Neural collaborative filtering (NeuMF) for MovieLens: GMF and MLP branches over user and item
-embeddings. Users and items share one table: item ids are offset by the number of users."""
+embeddings. Users and items share one table: item ids are offset by the number of users.
+NeuMF's published form has no bias per user or item (GMF's h . (p_u * q_i) can only learn one
+through a constant coordinate); the user and item biases of matrix factorisation, a logistic
+regression on the two ids, are added to the logit (`ncf_first_order`, a width-1 table)."""
 import hetu as ht
 from hetu import layers
 
-from .common import Architecture, finish, mlp
+from .common import Architecture, finish, first_order, mlp
 
 
 def ncf(dense_input, sparse_input, y_, fields, embedding_size=64, hidden=(128, 64), optimizer=None):
@@ -19,6 +22,7 @@ def ncf(dense_input, sparse_input, y_, fields, embedding_size=64, hidden=(128, 6
     deep = mlp(2 * embedding_size, hidden, "ncf_mlp", logit=False)(mlp_in)
     both = ht.concat_op(user * item, deep, axis=1)
     logit = layers.Linear(embedding_size + hidden[-1], 1, name="ncf_out")(both)
+    logit = logit + first_order(sparse_input, None, fields, "ncf_first_order")
     return finish(logit, y_, optimizer)
 
 
