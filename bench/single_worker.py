@@ -1,4 +1,4 @@
-"""Single-worker training throughput: hetu vs PyTorch on WDL (issue 2, item 13) and on DLRM
+"""Single-worker training throughput: hetu vs PyTorch on WDL and on DLRM
 over multi-hot Criteo.
 
 `--model wdl`: examples/ctr/models/wdl.py::wdl_criteo in hetu and the same architecture in
