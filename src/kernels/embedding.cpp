@@ -256,18 +256,26 @@ int64_t bag_gradient_step(const int64_t* ids, int64_t n, int64_t slots, const in
                           int64_t num_rows, int64_t width, float* state, int64_t* steps, bool empty_slots) {
   const int64_t bad = first_bad_slot(ids, n * slots, num_rows, empty_slots);
   if (bad >= 0) return bad;
-  const SlotRows slot_rows(ids, n, slots, bag_offsets, bags, mean);
   const int64_t state_width = optim::state_width(cfg.kind, width);
+  const auto start_chunk = [&] {
+    // Adam's bias corrections, kept while the chunk's rows share a step count
+    return [&, bias = optim::BiasCache()](int64_t, int64_t id, const float* sum) mutable {
+      optim::step_row(cfg, lr, table + id * width, state_width ? state + id * state_width : nullptr, steps + id, sum,
+                      width, &bias);
+    };
+  };
+  const IdRuns runs = id_runs(ids, n * slots, true);
+  if (slots == 1 && bags == 1) {
+    // A lookup's gradient: slot p's row is row p, never divided (what unique_sum reads), without
+    // SlotRows' per-slot index arithmetic.
+    visit_id_sums(
+        runs, width, [&](int64_t p) { return grads + p * width; }, [](int64_t) { return 0.0f; }, start_chunk);
+    return -1;
+  }
+  const SlotRows slot_rows(ids, n, slots, bag_offsets, bags, mean);
   visit_id_sums(
-      id_runs(ids, n * slots, true), width, [&](int64_t p) { return grads + slot_rows.bag_row(p) * width; },
-      [&](int64_t p) { return slot_rows.divisor(p); },
-      [&] {
-        // Adam's bias corrections, kept while the chunk's rows share a step count
-        return [&, bias = optim::BiasCache()](int64_t, int64_t id, const float* sum) mutable {
-          optim::step_row(cfg, lr, table + id * width, state_width ? state + id * state_width : nullptr, steps + id,
-                          sum, width, &bias);
-        };
-      });
+      runs, width, [&](int64_t p) { return grads + slot_rows.bag_row(p) * width; },
+      [&](int64_t p) { return slot_rows.divisor(p); }, start_chunk);
   return -1;
 }
 
