@@ -74,8 +74,9 @@ def test_a_bad_id_steps_nothing_and_is_named():
                                        lambda: ht.optim.AdamOptimizer(0.01, embedding_dtype="bf16"),
                                        lambda: ht.optim.SGDOptimizer(0.1)])
 def test_an_executor_steps_bags_fused_as_a_lookup_steps_its_rows(optimizer):
-    """Bags of one slot each pool as a lookup reads; the bags' table is stepped by the fused
-    kernel, the lookup's through unique_sum and apply_rows: the trained tables are the same."""
+    """Bags of one slot each pool as a lookup reads; both tables are stepped by the fused kernel,
+    the bags' with -1 an empty slot, the lookup's as bags of one (tests/test_lookup_fused.py holds
+    it against unique_sum and apply_rows): the trained tables are the same."""
     table0 = np.random.default_rng(2).standard_normal((ROWS, 8)).astype(np.float32)
     ids = (np.random.default_rng(3).zipf(1.3, size=(64, 4)) % ROWS).astype(np.int64)
 

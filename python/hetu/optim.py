@@ -11,7 +11,7 @@ from . import _C, cuda
 from .autodiff import gradients
 from .graph import Op, Variable, topo_sort
 from .lr import as_scheduler
-from .ops.embedding import BagGradient, IndexedSlices, unique_sum
+from .ops.embedding import BagGradient, IndexedSlices, LookupGradient, unique_sum
 
 # The kinds as src/common/optim_rules.h declares them: name -> {name, kind, dense_kind, rowwise,
 # hyperparameters: {name: this kind's default}}.
@@ -106,8 +106,8 @@ class Optimizer:
 
     def step_rows(self, lr, table, state, steps, grad, guard=None, name="optimizer"):
         """One step for the rows of `table` named by a sparse gradient (ids may repeat). A bag's
-        gradient on the host steps the rows as it sums them (BagGradient.step_into)."""
-        if isinstance(grad, BagGradient) and not cuda.is_device_array(table):
+        or a lookup's gradient on the host steps the rows as it sums them (step_into)."""
+        if isinstance(grad, (BagGradient, LookupGradient)) and not cuda.is_device_array(table):
             grad.step_into(name, self.config, lr, table, state, steps)
             return
         summed = unique_sum(grad.indices, grad.values)

@@ -94,7 +94,7 @@ void check_rows_state(const char* what, const Config& cfg, const Array<float>& t
 
 py::object bag_gradient_step(Array<int64_t> ids, Array<int64_t> bag_offsets, bool mean, Array<float> grads,
                              const Config& cfg, float lr, Array<float> table, Array<float> state,
-                             Array<int64_t> steps) {
+                             Array<int64_t> steps, bool empty_slots) {
   check_bags("bag_gradient_step", ids, bag_offsets);
   check_rows_state("bag_gradient_step", cfg, table, state, steps);
   const int64_t n = ids.shape(0), bags = bag_offsets.size() - 1, num_rows = table.shape(0), width = table.shape(1);
@@ -107,7 +107,7 @@ py::object bag_gradient_step(Array<int64_t> ids, Array<int64_t> bag_offsets, boo
   {
     py::gil_scoped_release nogil;
     bad = hetu::kernels::bag_gradient_step(ids.data(), n, ids.shape(1), bag_offsets.data(), bags, mean, grads.data(),
-                                           cfg, lr, t, num_rows, width, s, st);
+                                           cfg, lr, t, num_rows, width, s, st, empty_slots);
   }
   if (bad >= 0) return py::make_tuple(bad, ids.data()[bad]);
   return py::none();
@@ -188,7 +188,9 @@ void bind_kernels(py::module_& m) {
         "(distinct ids ascending, rows): pool_bags' sparse gradient summed per id");
   m.def("bag_gradient_step", &bag_gradient_step, py::arg("ids"), py::arg("bag_offsets"), py::arg("mean"),
         py::arg("grads"), py::arg("config"), py::arg("lr"), py::arg("table"), py::arg("state"), py::arg("steps"),
-        "bag_gradient and apply_rows in one pass (the sums never written); None or (position, id) of a bad id");
+        py::arg("empty_slots") = true,
+        "bag_gradient and apply_rows in one pass (the sums never written); None or (position, id) of a bad id. "
+        "empty_slots=False: -1 is a bad id (a single-id lookup's gradient, as bags of one slot)");
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");

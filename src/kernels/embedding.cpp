@@ -182,10 +182,12 @@ class SlotRows {
   const float* divisor_ = nullptr;
 };
 
-// The first position of an id outside [0, num_rows) that is not -1, or -1.
-int64_t first_bad_slot(const int64_t* ids, int64_t n, int64_t num_rows) {
+// The first position of an id outside [0, num_rows) that is not an empty slot (-1, where
+// `empty_slots`), or -1.
+int64_t first_bad_slot(const int64_t* ids, int64_t n, int64_t num_rows, bool empty_slots = true) {
+  const int64_t lowest = empty_slots ? -1 : 0;
   for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < -1 || ids[i] >= num_rows) return i;
+    if (ids[i] < lowest || ids[i] >= num_rows) return i;
   return -1;
 }
 
@@ -251,21 +253,29 @@ int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t
 
 int64_t bag_gradient_step(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
                           bool mean, const float* grads, const optim::Config& cfg, float lr, float* table,
-                          int64_t num_rows, int64_t width, float* state, int64_t* steps) {
-  const int64_t bad = first_bad_slot(ids, n * slots, num_rows);
+                          int64_t num_rows, int64_t width, float* state, int64_t* steps, bool empty_slots) {
+  const int64_t bad = first_bad_slot(ids, n * slots, num_rows, empty_slots);
   if (bad >= 0) return bad;
-  const SlotRows slot_rows(ids, n, slots, bag_offsets, bags, mean);
   const int64_t state_width = optim::state_width(cfg.kind, width);
+  const auto start_chunk = [&] {
+    // Adam's bias corrections, kept while the chunk's rows share a step count
+    return [&, bias = optim::BiasCache()](int64_t, int64_t id, const float* sum) mutable {
+      optim::step_row(cfg, lr, table + id * width, state_width ? state + id * state_width : nullptr, steps + id, sum,
+                      width, &bias);
+    };
+  };
+  const IdRuns runs = id_runs(ids, n * slots, true);
+  if (slots == 1 && bags == 1) {
+    // A lookup's gradient: slot p's row is row p, never divided (what unique_sum reads), without
+    // SlotRows' per-slot index arithmetic.
+    visit_id_sums(
+        runs, width, [&](int64_t p) { return grads + p * width; }, [](int64_t) { return 0.0f; }, start_chunk);
+    return -1;
+  }
+  const SlotRows slot_rows(ids, n, slots, bag_offsets, bags, mean);
   visit_id_sums(
-      id_runs(ids, n * slots, true), width, [&](int64_t p) { return grads + slot_rows.bag_row(p) * width; },
-      [&](int64_t p) { return slot_rows.divisor(p); },
-      [&] {
-        // Adam's bias corrections, kept while the chunk's rows share a step count
-        return [&, bias = optim::BiasCache()](int64_t, int64_t id, const float* sum) mutable {
-          optim::step_row(cfg, lr, table + id * width, state_width ? state + id * state_width : nullptr, steps + id,
-                          sum, width, &bias);
-        };
-      });
+      runs, width, [&](int64_t p) { return grads + slot_rows.bag_row(p) * width; },
+      [&](int64_t p) { return slot_rows.divisor(p); }, start_chunk);
   return -1;
 }
 

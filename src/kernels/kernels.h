@@ -34,10 +34,12 @@ int64_t bag_gradient(const int64_t* ids, int64_t n, int64_t slots, const int64_t
 // The table, state and step counts come out bit for bit as bag_gradient, unique_sum and
 // apply_rows leave them, for every optimizer kind and storage type. table: [num_rows, width];
 // state: [num_rows, state_width(cfg.kind, width)]; steps: [num_rows]. Returns -1, or the position
-// of the first id outside [0, num_rows) that is not -1 (then nothing is stepped).
+// of the first id outside [0, num_rows) that is not -1 (then nothing is stepped). A single-id
+// lookup's gradient is bags of one slot (slots = bags = 1) with `empty_slots` false: -1 is then
+// a bad id like any other outside the table, and the sums are unique_sum's of the occurrences.
 int64_t bag_gradient_step(const int64_t* ids, int64_t n, int64_t slots, const int64_t* bag_offsets, int64_t bags,
                           bool mean, const float* grads, const optim::Config& cfg, float lr, float* table,
-                          int64_t num_rows, int64_t width, float* state, int64_t* steps);
+                          int64_t num_rows, int64_t width, float* state, int64_t* steps, bool empty_slots = true);
 
 // Sums the rows of `grads` that share an id. uniq comes out sorted ascending; each id's rows
 // are added in their order of occurrence. Returns the number of unique ids.

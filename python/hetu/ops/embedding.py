@@ -15,7 +15,7 @@ from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError
 
-__all__ = ["embedding_lookup_op", "embedding_bag_op", "Bags", "BagGradient", "IndexedSlices"]
+__all__ = ["embedding_lookup_op", "embedding_bag_op", "Bags", "BagGradient", "LookupGradient", "IndexedSlices"]
 
 _ROW_KERNELS = r"""
 // out[i, :] = table[ids[i], :]; an id outside the table writes zeros and records the first bad
@@ -260,13 +260,36 @@ class BagGradient(IndexedSlices):
     def step_into(self, op_name, config, lr, table, state, steps):
         """One optimizer step (an OptimConfig, learning rate `lr`) of the table's rows this
         gradient names, with their state and step counts, in one pass over the bags' slots."""
-        n, slots = self.ids.shape
-        offsets = self.bags.offsets(slots)
-        bad = _C.bag_gradient_step(np.ascontiguousarray(self.ids), offsets, self.bags.mean,
-                                   np.ascontiguousarray(self.g, np.float32).reshape(n, len(offsets) - 1, table.shape[1]),
-                                   config, lr, table, state, steps)
-        if bad is not None:
-            raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {table.shape[0]} rows")
+        _step_bags(op_name, self.ids, self.bags.offsets(self.ids.shape[1]), self.bags.mean, self.g, True,
+                   config, lr, table, state, steps)
+
+
+class LookupGradient(IndexedSlices):
+    """A single-id lookup's sparse gradient on the host: `indices` and `values` are the
+    occurrences' ids and gradient rows, as any consumer (the servers, the cache, a fan-in) reads
+    them. A table this process owns is stepped from them directly (step_into: each id is a bag of
+    one slot, summed and stepped in one pass, no unique_sum), bit for bit as unique_sum and
+    apply_rows step them."""
+    __slots__ = ()
+
+    def step_into(self, op_name, config, lr, table, state, steps):
+        """One optimizer step of the table's rows this gradient names, as BagGradient.step_into."""
+        _step_bags(op_name, self.indices.reshape(-1, 1), _ONE_BAG_OF_ONE, False, self.values, False,
+                   config, lr, table, state, steps)
+
+
+_ONE_BAG_OF_ONE = np.array([0, 1], np.int64)   # a single-id lookup's bag offsets
+
+
+def _step_bags(op_name, ids, offsets, mean, g, empty_slots, config, lr, table, state, steps):
+    """_C.bag_gradient_step of ids [samples, slots] and their bags' gradient g, with the error of
+    a bad id naming the op, the id and the table size. empty_slots: whether -1 is an empty slot."""
+    n = ids.shape[0]
+    bad = _C.bag_gradient_step(np.ascontiguousarray(ids), offsets, mean,
+                               np.ascontiguousarray(g, np.float32).reshape(n, len(offsets) - 1, table.shape[1]),
+                               config, lr, table, state, steps, empty_slots)
+    if bad is not None:
+        raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {table.shape[0]} rows")
 
 
 def gather(op_name, table, ids, out, checks=None):
@@ -348,6 +371,8 @@ class EmbeddingLookupGradOp(Op):
         if getattr(self.table, "dynamic", None) is not None:   # a slot of -1 has no row: its gradient is dropped
             kept = ids >= 0
             ids, g = ids[kept], g[kept]
+        if not cuda.is_device_array(g):
+            return LookupGradient(ids, g, shape)   # read as occurrences, or fused into the step
         return IndexedSlices(ids, g, shape)
 
 
