@@ -6,6 +6,7 @@ rows and deltas; a bad instance, a missing checkpoint, an unknown model or an op
 mapping is one line and exit status 2."""
 import json
 import os
+import shutil
 import sys
 import threading
 
@@ -29,6 +30,7 @@ from hetu.data.movielens_side import GENRES_100K  # noqa: E402
 from hetu.serve import onnx_graph  # noqa: E402
 from hetu.serve.__main__ import main as serve_main  # noqa: E402
 from hetu.serve.bundle import Bundle, InstanceError  # noqa: E402
+from hetu.serve.checkpoint_rows import CheckpointRows  # noqa: E402
 from hetu.serve.export import ExportError, checkpoint_version, export  # noqa: E402
 
 TINY = ["--embedding-size", "4", "--batch-size", "64", "--nepoch", "1", "--no-progress", "--val"]
@@ -341,6 +343,54 @@ def test_a_new_export_replaces_the_bundle_whole_and_threads_share_one(wdl_bundle
     assert export(str(tmp_path / "ckpt"), str(wdl_bundle)) == str(wdl_bundle)
     assert sorted(p.name for p in tmp_path.iterdir() if "bundle" in p.name) == ["bundle"]
     np.testing.assert_array_equal(Bundle.open(str(wdl_bundle)).predict(instances), expected)
+
+
+def swap_in_place(newer, directory):
+    """What a job's full save does to `directory`: set aside, the newer folder renamed in, the old
+    one removed (hetu.checkpoint.swap_in)."""
+    os.rename(directory, str(directory) + ".previous")
+    os.rename(newer, directory)
+    shutil.rmtree(str(directory) + ".previous")
+
+
+def test_a_checkpoint_replaced_while_it_is_read_is_read_again(run, tmp_path, datasets, monkeypatch):
+    """A newer full save swapped in while export reads the old one's files: the rows read are
+    refused (the save in place is no longer the one read) and the newer save is read whole; a
+    checkpoint replaced at every read is an error saying so."""
+    data = datasets["criteo-indexed"]
+    run("--data-dir", str(data), "--model", "wdl_criteo", "--checkpoint", str(tmp_path / "ckpt"))
+    run("--data-dir", str(data), "--model", "wdl_criteo", "--checkpoint", str(tmp_path / "newer"), "--nepoch", "2")
+    export(str(tmp_path / "newer"), str(tmp_path / "newer-bundle"))
+    newer = Bundle.open(str(tmp_path / "newer-bundle"))
+    saves = [tmp_path / "older-copy", tmp_path / "newer-copy"]   # two saves, to swap in by turns
+    shutil.copytree(tmp_path / "ckpt", saves[0])
+    shutil.copytree(tmp_path / "newer", saves[1])
+
+    real = CheckpointRows._local_arrays
+    swaps = []
+
+    def read_then_swap(folder, chain):
+        arrays = real(folder, chain)
+        if not swaps:   # the job's save lands once, after the old save's arrays were read
+            swap_in_place(tmp_path / "newer", tmp_path / "ckpt")
+            swaps.append(folder)
+        return arrays
+    monkeypatch.setattr(CheckpointRows, "_local_arrays", staticmethod(read_then_swap))
+    bundle = Bundle.open(export(str(tmp_path / "ckpt"), str(tmp_path / "bundle")))
+    assert swaps and bundle.version == newer.version > 0
+    instances = synthetic_instances(data)
+    np.testing.assert_array_equal(bundle.predict(instances), newer.predict(instances))
+
+    def read_then_always_swap(folder, chain):
+        arrays = real(folder, chain)
+        swaps.append(folder)
+        shutil.copytree(saves[len(swaps) % 2], tmp_path / "next")
+        swap_in_place(tmp_path / "next", tmp_path / "ckpt")
+        return arrays
+    monkeypatch.setattr(CheckpointRows, "_local_arrays", staticmethod(read_then_always_swap))
+    with pytest.raises(ExportError, match="was replaced by a newer save while it was read"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "bundle2"))
+    assert not os.path.exists(tmp_path / "bundle2")
 
 
 @pytest.mark.timeout(300)

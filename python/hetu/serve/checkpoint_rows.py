@@ -95,6 +95,10 @@ def apply_delta(folder, name, table):
     return table
 
 
+class CheckpointChanged(RuntimeError):
+    """The checkpoint was replaced (a newer full save swapped in) while it was read."""
+
+
 class CheckpointRows:
     """Everything of a checkpoint that a prediction reads: `meta` (its last save's meta.json),
     `values` (name -> array: fp32 for local parameters, the storage type for the servers'
@@ -122,6 +126,14 @@ class CheckpointRows:
                 table = apply_delta(os.path.join(path, checkpoint.SERVERS), name, table)
             self.values[name] = table
         self.dynamic = self._key_directories(chain[-1][0] if chain else folder)
+        # A job may swap a new full checkpoint in while its files are read here (the checksums
+        # above were of the files before it): the save read must still be the one in place.
+        try:
+            unchanged = checkpoint.read_meta(folder) == full
+        except (OSError, ValueError):
+            unchanged = False
+        if not unchanged:
+            raise CheckpointChanged(f"{folder} was replaced by a newer save while it was read")
 
     @staticmethod
     def _local_arrays(folder, chain):

@@ -29,7 +29,7 @@ import numpy as np
 from .. import checkpoint
 from ..data.keys import HASH_NAME
 from . import onnx_graph
-from .checkpoint_rows import STORED_AS, CheckpointRows
+from .checkpoint_rows import STORED_AS, CheckpointChanged, CheckpointRows
 from .raw_columns import raw_columns
 
 BUNDLE_FORMAT = "hetu-bundle/1"
@@ -119,14 +119,27 @@ stream's format or None) of the run's model, built as training built it."""
     return prediction, dense, fields, data_info, fmt
 
 
+READ_TRIES = 3   # reads of a checkpoint that a job keeps replacing, before giving up
+
+
+def read_checkpoint(checkpoint_dir):
+    """The checkpoint's rows, all from one save: a read that a newer full save's swap overtook (a
+    file gone, or the save in place no longer the one read) is read again."""
+    for attempt in range(READ_TRIES):
+        try:
+            return CheckpointRows(checkpoint_dir)
+        except (FileNotFoundError, CheckpointChanged) as e:
+            if attempt + 1 == READ_TRIES:
+                raise ExportError(str(e).strip("'")) from None
+        except KeyError as e:
+            raise ExportError(str(e).strip("'")) from None
+
+
 def export(checkpoint_dir, output_dir):
     """Writes the bundle of the checkpoint at `checkpoint_dir` (with its deltas) to `output_dir`;
     returns the bundle's path."""
     where = f"checkpoint {checkpoint_dir}"
-    try:
-        saved = CheckpointRows(checkpoint_dir)
-    except (FileNotFoundError, KeyError) as e:
-        raise ExportError(str(e).strip("'")) from None
+    saved = read_checkpoint(checkpoint_dir)
     run = saved.meta.get("run") or {}
     if not run.get("model"):
         raise ExportError(f"{where} records no run (model, data): it was not written by examples/ctr's training")
