@@ -394,12 +394,16 @@ def test_a_checkpoint_replaced_while_it_is_read_is_read_again(run, tmp_path, dat
 
 
 @pytest.mark.timeout(300)
-def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets):
-    """2 workers, 2 servers: the tables and dense parameters come from the servers' shard and
-    delta files; the predictions gathered from both workers are the split's, in order."""
+@pytest.mark.parametrize("script,mode", [("run_hetu.py", ["--comm", "PS"]),
+                                         ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0",
+                                                          "--bsp", "0"])], ids=["PS", "Herald"])
+def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets, script, mode):
+    """2 workers, 2 servers, plain PS and Herald: the tables and dense parameters come from the
+    servers' shard and delta files; the predictions gathered from both workers are the split's,
+    in order (Herald plans the training batches only; validation is each worker's slice)."""
     data_dir = datasets["criteo-hashed"]
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "2", "--timeout", "240", sys.executable,
-           str(REPO / "examples/ctr/run_hetu.py"), *TINY, "--batch-size", "32", "--comm", "PS", "--model", "wdl_criteo",
+           str(REPO / "examples/ctr" / script), *TINY, "--batch-size", "32", *mode, "--model", "wdl_criteo",
            "--data-dir", str(data_dir), "--table-capacity", "256", "--embedding-dtype", "bf16",
            "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "7", "--checkpoint-full-every", "3",
            "--save-predictions", str(tmp_path / "graph.npy")]
