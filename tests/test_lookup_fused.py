@@ -11,10 +11,10 @@ import pytest
 import hetu as ht
 from hetu import _C
 from hetu.ops.embedding import EmbeddingLookupGradOp, LookupGradient
-from hetu.optim import EMBEDDING_DTYPES, KINDS, config
+from hetu.optim import EMBEDDING_DTYPES, KINDS
+from test_bags_fused import ROWS, WIDTH, start   # the same table, settings and state to start from
 
-ROWS, WIDTH, OCCURRENCES = 3000, 24, 1500
-SETTINGS = {"l2reg": 0.01, "weight_decay": 0.02, "momentum": 0.8, "beta1": 0.8, "beta2": 0.99}
+OCCURRENCES = 1500
 
 
 def batches(seed, steps):
@@ -22,15 +22,6 @@ def batches(seed, steps):
     rng = np.random.default_rng(seed)
     return [((rng.zipf(1.2, size=OCCURRENCES) % ROWS).astype(np.int64),
              rng.standard_normal((OCCURRENCES, WIDTH)).astype(np.float32)) for _ in range(steps)]
-
-
-def start(kind, dtype):
-    c = config(kind, **{k: v for k, v in SETTINGS.items() if k in KINDS[kind]["hyperparameters"]})
-    c.storage = EMBEDDING_DTYPES[dtype]
-    table = np.random.default_rng(1).standard_normal((ROWS, WIDTH)).astype(np.float32)
-    _C.round_to_storage(table, c.storage)
-    state = np.zeros(ROWS * _C.optim_state_width(c.kind, WIDTH), np.float32)
-    return c, table, state, np.zeros(ROWS, np.int64)
 
 
 @pytest.mark.parametrize("dtype", sorted(EMBEDDING_DTYPES))
