@@ -2,11 +2,11 @@
 
 A training job replaces its full checkpoint by renames and adds deltas under deltas/ (each renamed
 into place whole; hetu.checkpoint). The watcher reads the folder's version (meta.json only) twenty
-times a second; when it rises above the served one, it exports a snapshot of the checkpoint (hard
-links) into a fresh bundle folder, opens it and swaps it in (ServedBundle.swap): the batches from
-then on run on it, those running finish on the old one, whose folder goes once the last of them
-ends. A checkpoint replaced while the snapshot is taken makes the export fail (a file missing, or
-not the one its meta.json names): the watcher tries again at its next look."""
+times a second; when it rises above the served one, it exports the checkpoint into a fresh bundle folder, opens
+it and swaps it in (ServedBundle.swap): the batches from then on run on it, those running finish
+on the old one, whose folder goes once the last of them ends. A checkpoint replaced while it is
+read is read again by export (hetu.serve.export.read_checkpoint); an export that still fails is
+tried again at a later look."""
 import asyncio
 import concurrent.futures
 import os
@@ -39,20 +39,6 @@ def appeared_at(checkpoint_dir):
                 continue
             times.append(max(st.st_ctime, st.st_mtime))
     return max(times)
-
-
-def snapshot_of(checkpoint_dir, snapshot):
-    """A copy of the checkpoint at `checkpoint_dir` (its deltas included, unfinished ones left
-    out) at `snapshot`, made of hard links where it can: a save never changes a file in place,
-    it writes new ones and renames them in."""
-    def link(source, target):
-        try:
-            os.link(source, target)
-        except OSError:   # another file system
-            shutil.copy2(source, target)
-
-    folder, _ = checkpoint.locate(checkpoint_dir)
-    shutil.copytree(folder, snapshot, copy_function=link, ignore=shutil.ignore_patterns(".tmp-*"))
 
 
 class CheckpointWatcher:
@@ -109,18 +95,13 @@ class CheckpointWatcher:
         appeared = appeared_at(self.checkpoint_dir)
         self._exports += 1
         folder = os.path.join(self.work_dir, f"version-{version}.{self._exports}")
-        snapshot = os.path.join(self.work_dir, f"checkpoint-{version}.{self._exports}")
         try:
-            # The job may replace the checkpoint while it is read: export a snapshot of it, whose
-            # files are checked against its meta.json (a snapshot taken across a swap fails there).
-            snapshot_of(self.checkpoint_dir, snapshot)
-            path = export(snapshot, folder)
+            # The job may replace the checkpoint while it is read: export reads it again then.
+            path = export(self.checkpoint_dir, folder)
             return self.open_bundle(path), folder, appeared
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        finally:
-            shutil.rmtree(snapshot, ignore_errors=True)
 
     def close(self):
         self._export_thread.shutdown(wait=True)
