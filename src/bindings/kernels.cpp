@@ -1,4 +1,4 @@
-// hetu._C's kernels: gather, bags, unique-and-sum, optimizer steps, initializers. Every call
+// hetu._C's kernels: gather, bags, unique-and-sum, optimizer steps, batched small products, initializers. Every call
 // releases the GIL while it computes.
 #include <string>
 #include <vector>
@@ -159,6 +159,25 @@ void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state
   hetu::kernels::apply_dense(cfg, lr, wp, sp, tp, grad.data(), size);
 }
 
+// a [batch, m, k] (or [batch, k, m], trans_a) x b [batch, k, n] (or [batch, n, k], trans_b) -> out [batch, m, n].
+void batched_matmul(Array<float> a, Array<float> b, bool trans_a, bool trans_b, Array<float> out,
+                    const std::string& simd) {
+  if (a.ndim() != 3 || b.ndim() != 3 || out.ndim() != 3 || a.shape(0) != b.shape(0) || out.shape(0) != a.shape(0))
+    throw std::invalid_argument("batched_matmul: a, b and out must be 3-D stacks of as many matrices");
+  const int64_t batch = a.shape(0), m = a.shape(trans_a ? 2 : 1), k = a.shape(trans_a ? 1 : 2);
+  const int64_t k_b = b.shape(trans_b ? 2 : 1), n = b.shape(trans_b ? 1 : 2);
+  if (k != k_b)
+    throw std::invalid_argument("batched_matmul: inner dimensions differ (" + std::to_string(k) + " and " +
+                                std::to_string(k_b) + ")");
+  if (out.shape(1) != m || out.shape(2) != n)
+    throw std::invalid_argument("batched_matmul: out must be [" + std::to_string(batch) + ", " + std::to_string(m) +
+                                ", " + std::to_string(n) + "]");
+  const std::string variant = hetu::kernels::runnable_matmul_variant(simd);   // checked with the GIL held
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  hetu::kernels::batched_matmul(a.data(), b.data(), batch, m, n, k, trans_a, trans_b, o, variant);
+}
+
 void round_to_storage(Array<float> values, int storage) {
   if (storage < 0 || storage >= hetu::storage::kNumTypes)
     throw std::invalid_argument("round_to_storage: storage " + std::to_string(storage) + " is not a storage type");
@@ -194,6 +213,13 @@ void bind_kernels(py::module_& m) {
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
+  m.def("batched_matmul", &batched_matmul, py::arg("a"), py::arg("b"), py::arg("trans_a"), py::arg("trans_b"),
+        py::arg("out"), py::arg("simd") = "",
+        "out[s] = op(a[s]) @ op(b[s]) of float32 stacks, each element summed over k in order (the same bits on "
+        "every CPU and thread count); simd: a version of MATMUL_VARIANTS, '' the best this CPU runs");
+  m.attr("MATMUL_VARIANTS") = hetu::kernels::matmul_variants();
+  m.def("matmul_variant", [](const std::string& want) { return hetu::kernels::runnable_matmul_variant(want); },
+        py::arg("want") = "", "the batched_matmul version that runs: want checked, or '' the best this CPU runs");
   m.attr("STORAGE_TYPES") = std::vector<std::string>{hetu::storage::name(hetu::storage::kF32),
                                                      hetu::storage::name(hetu::storage::kBF16),
                                                      hetu::storage::name(hetu::storage::kF16)};

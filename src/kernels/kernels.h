@@ -1,6 +1,7 @@
 // CPU kernels behind hetu's hot paths. All are safe to call without the GIL.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/optim_rules.h"
@@ -54,6 +55,19 @@ void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, 
 // One optimizer step of a dense tensor of `size` floats. state: slots arrays of `size` floats.
 void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,
                  int64_t size);
+
+// out[s] = op(a[s]) x op(b[s]) for the `batch` products of a stack: op(a[s]) is [m, k] (a[s]
+// stored [k, m] with trans_a), op(b[s]) [k, n] (stored [n, k] with trans_b), out [batch, m, n];
+// all row-major and contiguous. Each element is summed over k in order, products and sums
+// rounded apart: the same bits for every version, CPU and thread count. `variant`: a version of
+// matmul_variants() to run ("": the best this CPU runs); std::invalid_argument if unknown or
+// not runnable here.
+void batched_matmul(const float* a, const float* b, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a,
+                    bool trans_b, float* out, const std::string& variant = "");
+// batched_matmul's versions, best first: "avx512f", "avx2", "default".
+const std::vector<std::string>& matmul_variants();
+// `want` checked (known, runnable on this CPU), or for "" the best version this CPU runs.
+std::string runnable_matmul_variant(const std::string& want);
 
 // Rows [row_begin, row_end) of a parameter initialised by rng::init_value.
 void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin, int64_t row_end,

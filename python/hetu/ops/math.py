@@ -1,7 +1,7 @@
 """Arithmetic: elementwise ops with broadcasting, constants, matmul, reductions, broadcasting."""
 import numpy as np
 
-from .. import cuda
+from .. import _C, cuda
 from ..context import array_module_of
 from ..graph import Op
 from ..threads import BlasThreads
@@ -201,7 +201,9 @@ class MatMulOp(Op):
         self.trans_A, self.trans_B = trans_A, trans_B
 
     """a @ b of matrices, or of stacks of them ([batch, m, k] @ [batch, k, n]: DLRM's dot
-    interaction); trans_A / trans_B transpose each matrix."""
+    interaction); trans_A / trans_B transpose each matrix. On CPU a stack runs through
+    _C.batched_matmul (its products are too small for a BLAS call each; the same bits on every
+    CPU and thread count), a matrix through the BLAS."""
 
     def infer_shape(self, s):
         a, b = s
@@ -223,6 +225,10 @@ class MatMulOp(Op):
         out = state.buffer(self, a.shape[:-2] + (m, n), np.float32)
         if a.ndim == 3:
             xp = array_module_of(a)
+            if xp is np:   # hetu's kernel: NumPy would call the BLAS once per small product of the stack
+                _C.batched_matmul(np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32),
+                                  self.trans_A, self.trans_B, out)
+                return out
             return xp.matmul(a.swapaxes(1, 2) if self.trans_A else a, b.swapaxes(1, 2) if self.trans_B else b,
                              out=out)
         if cuda.is_device_array(a):
