@@ -2,8 +2,7 @@
 graph each time they are called."""
 from . import init
 from .ops import (activation, array_reshape_op, batch_normalization_op, concatenate_op, dropout_op,
-                  embedding_bag_op, embedding_lookup_op, layer_normalization_op, matmul_op, sum_op)
-from .ops.math import add_op, broadcastto_op
+                  embedding_bag_op, embedding_lookup_op, layer_normalization_op, linear_op, sum_op)
 
 
 class Layer:
@@ -19,10 +18,10 @@ class Linear(Layer):
         self.activation = activation
 
     def forward(self, x):
-        y = matmul_op(x, self.weight)
-        if self.bias is not None:
-            y = add_op(y, broadcastto_op(self.bias, y))
-        return self.activation(y) if self.activation is not None else y
+        # One op for the product, the bias and a ReLU (LinearOp); another activation follows it.
+        fused_relu = self.activation is activation.relu_op
+        y = linear_op(x, self.weight, self.bias, relu=fused_relu)
+        return self.activation(y) if self.activation is not None and not fused_relu else y
 
 
 class Embedding(Layer):

@@ -48,14 +48,25 @@ class ActivationGradOp(Op):
         return self.fwd.backward(array_module_of(g), g, x, y, state.buffer(self, x.shape, np.float32))
 
 
+def relu(xp, x, out):
+    """max(x, 0) into out (which may be x)."""
+    return xp.maximum(x, 0, out=out)
+
+
+def relu_gradient(xp, g, x_or_y, out):
+    """g where ReLU's input was positive, else 0 (-0 for a negative g), into out. ReLU's input x
+    or its output y alike: y > 0 exactly where x > 0."""
+    return xp.multiply(g, x_or_y > 0, out=out)
+
+
 class ReluOp(Activation):
     onnx_type = "Relu"
 
     def forward(self, xp, x, out):
-        return xp.maximum(x, 0, out=out)
+        return relu(xp, x, out)
 
     def backward(self, xp, g, x, y, out):
-        return xp.multiply(g, x > 0, out=out)
+        return relu_gradient(xp, g, x, out)
 
 
 class LeakyReluOp(Activation):

@@ -5,11 +5,12 @@ from .. import _C, cuda
 from ..context import array_module_of
 from ..graph import Op
 from ..threads import BlasThreads
+from .activation import ActivationGradOp, relu, relu_gradient
 from .common import ShapeError, broadcast_shape, normalize_axes, sum_to_shape
 
 __all__ = [
     "add_op", "minus_op", "mul_op", "div_op", "addbyconst_op", "mul_byconst_op", "div_const_op", "opposite_op",
-    "matmul_op", "reduce_sum_op", "reduce_mean_op", "broadcastto_op", "broadcast_shape_op", "sum_op",
+    "matmul_op", "linear_op", "reduce_sum_op", "reduce_mean_op", "broadcastto_op", "broadcast_shape_op", "sum_op",
     "oneslike_op", "zeroslike_op", "sum_to_shape_op", "sqrt_op", "exp_op", "log_op", "power_op",
 ]
 
@@ -195,6 +196,18 @@ class PowerOp(_Unary):
 _BLAS_THREADS = BlasThreads()   # the process's OpenBLAS, one thread for small products
 
 
+def _matrix_product(a, b, trans_A, trans_B, out):
+    """op(a) @ op(b) of two matrices into out ([m, n] float32): cuBLAS on a GPU, else the BLAS."""
+    if cuda.is_device_array(a):
+        # cuBLAS through hetu's own handle, which a CUDA graph can capture (hetu.cuda.Cublas).
+        cp = cuda.cupy()
+        return cuda.Cublas.get().matmul(cp.ascontiguousarray(a, dtype=np.float32),
+                                        cp.ascontiguousarray(b, dtype=np.float32), trans_A, trans_B, out)
+    k = a.shape[0] if trans_A else a.shape[1]
+    _BLAS_THREADS.for_product(out.size * k)
+    return np.matmul(a.T if trans_A else a, b.T if trans_B else b, out=out)
+
+
 class MatMulOp(Op):
     def __init__(self, a, b, trans_A=False, trans_B=False, ctx=None):
         super().__init__(a, b, ctx=ctx)
@@ -231,14 +244,7 @@ class MatMulOp(Op):
                 return out
             return xp.matmul(a.swapaxes(1, 2) if self.trans_A else a, b.swapaxes(1, 2) if self.trans_B else b,
                              out=out)
-        if cuda.is_device_array(a):
-            # cuBLAS through hetu's own handle, which a CUDA graph can capture (hetu.cuda.Cublas).
-            cp = cuda.cupy()
-            return cuda.Cublas.get().matmul(cp.ascontiguousarray(a, dtype=np.float32),
-                                            cp.ascontiguousarray(b, dtype=np.float32), self.trans_A, self.trans_B, out)
-        k = a.shape[0] if self.trans_A else a.shape[1]
-        _BLAS_THREADS.for_product(m * n * k)
-        return np.matmul(a.T if self.trans_A else a, b.T if self.trans_B else b, out=out)
+        return _matrix_product(a, b, self.trans_A, self.trans_B, out)
 
     def to_onnx(self, b, x):
         def maybe_transposed(name, transposed, node):
@@ -259,6 +265,52 @@ class MatMulOp(Op):
         if tA and not tB:
             return [matmul_op(b, g, False, True), matmul_op(a, g, False, False)]
         return [matmul_op(b, g, True, True), matmul_op(g, a, True, True)]
+
+
+class LinearOp(Op):
+    """relu(x @ w + bias), or x @ w + bias (relu False), or x @ w (bias None): ht.layers.Linear as
+    one op. x [batch, in], w [in, out], bias [out]. The product is written into the op's output
+    and the bias and ReLU applied there in place: one array where matmul, broadcastto, add and
+    relu wrote four, the same values bit for bit (the same BLAS call, then the same float adds
+    and maximum). The gradient takes ReLU's mask from the output (relu_gradient) and the bias's
+    sum as the unfused graph does (sum_to_shape_op)."""
+
+    def __init__(self, x, w, bias=None, relu=False, ctx=None):
+        super().__init__(*((x, w) if bias is None else (x, w, bias)), ctx=ctx)
+        self.has_bias, self.relu = bias is not None, relu
+
+    def infer_shape(self, s):
+        x, w = s[0], s[1]
+        if len(x) != 2 or len(w) != 2 or x[1] != w[0]:
+            raise ShapeError(f"{self.name}: takes x [batch, in] and w [in, out], got {self.inputs[0].name} {x} and "
+                             f"{self.inputs[1].name} {w}")
+        if self.has_bias and tuple(s[2]) != (w[1],):
+            raise ShapeError(f"{self.name}: bias {self.inputs[2].name} {s[2]} is not [{w[1]}]")
+        return (x[0], w[1])
+
+    def compute(self, vals, state):
+        x, w = vals[0], vals[1]
+        out = _matrix_product(x, w, False, False, state.buffer(self, (x.shape[0], w.shape[1]), np.float32))
+        xp = array_module_of(out)
+        if self.has_bias:
+            xp.add(out, vals[2], out=out)
+        return relu(xp, out, out) if self.relu else out
+
+    def backward(self, xp, g, x, y, out):
+        """ActivationGradOp's call: the ReLU's gradient, from the output y."""
+        return relu_gradient(xp, g, y, out)
+
+    def to_onnx(self, b, x):
+        y = b.node("MatMul", x[:2])
+        if self.has_bias:
+            y = b.node("Add", [y, x[2]])
+        return b.node("Relu", [y]) if self.relu else y
+
+    def gradient(self, g):
+        x, w = self.inputs[0], self.inputs[1]
+        dz = ActivationGradOp(g, self, self) if self.relu else g
+        grads = [matmul_op(dz, w, False, True), matmul_op(x, dz, True, False)]
+        return grads + [sum_to_shape_op(dz, self.inputs[2])] if self.has_bias else grads
 
 
 class ReduceOp(Op):
@@ -491,6 +543,10 @@ def power_op(x, p, ctx=None):
 
 def matmul_op(a, b, trans_A=False, trans_B=False, ctx=None):
     return MatMulOp(a, b, trans_A, trans_B, ctx=ctx)
+
+
+def linear_op(x, w, bias=None, relu=False, ctx=None):
+    return LinearOp(x, w, bias, relu, ctx=ctx)
 
 
 def reduce_sum_op(x, axes=None, keepdims=False, ctx=None):
