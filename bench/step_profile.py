@@ -9,7 +9,14 @@ included). PyTorch: torch.profiler's events,
 each op's self time put in the family of its outermost event that names one (an event inside
 Optimizer.step is the optimizer's; coalesce, wherever it runs, is unique-and-sum). In both, a
 step's wall time less its ops' time is the framework's overhead (Python, autograd's and the
-executor's bookkeeping, the profiler's own cost)."""
+executor's bookkeeping, the profiler's own cost).
+
+Beside hetu's GEMMs, the same products as bare np.matmul calls ("GEMMs as bare np.matmul"): each
+product's shapes and transpositions are recorded during the profiled steps, and arrays of those
+shapes multiplied alone afterwards (fastest of a few calls each), a matrix on the BLAS threads
+hetu takes for it, a stack as NumPy's matmul of the stack (a BLAS call per product). hetu's
+GEMM time over it says whether its products run at the BLAS's speed; a LinearOp's time also
+holds its bias and ReLU, which the bare call does not."""
 import re
 import time
 
@@ -21,7 +28,7 @@ FAMILIES = ("bag pooling", "bag gradient", "unique-and-sum", "optimizer step", "
 HETU_FAMILIES = {
     "bag pooling": ("EmbeddingBagOp", "EmbeddingLookupOp", "PSEmbeddingLookupOp"),
     "bag gradient": ("EmbeddingBagGradOp", "EmbeddingLookupGradOp", "SparseSumOp"),
-    "GEMMs": ("MatMulOp",),
+    "GEMMs": ("MatMulOp", "LinearOp"),
     "loss": ("BinaryCrossEntropyWithLogitsOp", "BinaryCrossEntropyOp", "LossGradOp"),
     "data feed": ("DataloaderOp",),
 }
@@ -38,6 +45,9 @@ TORCH_RULES = (
                          r"|LinearBackward")),
     ("loss", re.compile(r"binary_cross_entropy|BinaryCrossEntropy")),
 )
+
+
+BARE_GEMMS = "GEMMs as bare np.matmul"
 
 
 def quietest(rounds, profile_round):
@@ -73,8 +83,12 @@ def hetu_profile(executor, steps, warmup):
         calls.append((embedding.BagGradient, "step_into", "bag gradient"))
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in calls]
     compute = executor._compute
+    products = []   # (a's shape, b's shape, trans_A, trans_B) of every GEMM computed
 
     def timed_compute(node, vals, host_vals):
+        if type(node).__name__ in HETU_FAMILIES["GEMMs"]:
+            a, b = (vals[x.id] for x in node.inputs[:2])
+            products.append((a.shape, b.shape, getattr(node, "trans_A", False), getattr(node, "trans_B", False)))
         started, before = time.perf_counter(), nested[0]
         try:
             return compute(node, vals, host_vals)
@@ -97,7 +111,33 @@ def hetu_profile(executor, steps, warmup):
         executor._compute = compute
         for owner, name, fn in originals:
             setattr(owner, name, fn)
-    return _per_step(spent, wall, steps)
+    return {**_per_step(spent, wall, steps), BARE_GEMMS: bare_gemm_ms(products, steps)}
+
+
+def bare_gemm_ms(products, steps, calls=5):
+    """ms a step that `products` (recorded over `steps` steps) take as bare np.matmul calls on
+    arrays of their shapes: a matrix on the BLAS threads hetu takes for that product, a stack
+    as NumPy's matmul of it. Each distinct product is timed alone, fastest of `calls` calls."""
+    import collections
+
+    import numpy as np
+    from hetu.ops import math
+    blas_threads = getattr(math, "BLAS_THREADS", None) or math._BLAS_THREADS   # (its name in older builds)
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for (a_shape, b_shape, trans_a, trans_b), count in collections.Counter(products).items():
+        a = rng.standard_normal(a_shape).astype(np.float32)
+        b = rng.standard_normal(b_shape).astype(np.float32)
+        a, b = (a.swapaxes(-1, -2) if trans_a else a), (b.swapaxes(-1, -2) if trans_b else b)
+        out = np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
+        blas_threads.for_product(out[0].size * a.shape[-1] if a.ndim == 3 else out.size * a.shape[-1])
+        fastest = float("inf")
+        for _ in range(calls):
+            started = time.perf_counter()
+            np.matmul(a, b, out=out)
+            fastest = min(fastest, time.perf_counter() - started)
+        total += count * fastest
+    return 1e3 * total / steps
 
 
 def torch_profile(step, steps, warmup):
@@ -142,10 +182,13 @@ def table(title, columns):
     """A markdown table: a row per family, for each column (name, profile) ms and share of the step."""
     head = "| " + title + " | " + " | ".join(f"{name} ms | {name} %" for name, _ in columns) + " |"
     lines = [head, "|---" * (1 + 2 * len(columns)) + "|"]
-    for family in FAMILIES + ("step",):
+    rows = FAMILIES[:FAMILIES.index("GEMMs") + 1] + (BARE_GEMMS,) + FAMILIES[FAMILIES.index("GEMMs") + 1:]
+    for family in rows + ("step",):
+        if family == BARE_GEMMS and not any(BARE_GEMMS in prof for _, prof in columns):
+            continue
         cells = []
         for _, prof in columns:
-            ms = prof["step_ms"] if family == "step" else prof[family]
-            cells += [f"{ms:.2f}", f"{100 * ms / prof['step_ms']:.0f}"]
+            ms = prof["step_ms"] if family == "step" else prof.get(family)
+            cells += ["-", "-"] if ms is None else [f"{ms:.2f}", f"{100 * ms / prof['step_ms']:.0f}"]
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -7,9 +7,12 @@
 // -ffp-contract=off, and vector extensions, which it does not fuse). A vector lane is one output
 // element, so the width of the vectors changes nothing: the AVX-512, AVX2 and baseline versions,
 // and any thread count, give the same bits.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,9 +28,11 @@ namespace {
 constexpr int kRows = 4;  // output rows a block keeps in registers
 
 // One product op(A)[m, k] x op(B)[k, n] -> out [m, n], row-major, in blocks of kRows rows by
-// 2 vectors of V floats. A is packed as kRows-row panels, each read down its k columns (one
-// broadcast per row per step); B as [k, n padded to the block], so each step loads whole vectors.
-// Padding is zeros, and what it computes is not written out.
+// 2 vectors of V floats: each step down k broadcasts one float of each of the block's rows of A
+// (read where it is: a row's floats are `a_step` apart) and loads two vectors of a row of B.
+// B is read in place when its rows are whole blocks wide, else copied to rows padded with zeros
+// (transposed first with trans_b). A block past A's last row repeats that row. What padding and
+// repeated rows compute is not written out.
 // Inlined into each version below, so that all of it is compiled for that version's instructions.
 #define HETU_INLINE inline __attribute__((always_inline))
 
@@ -44,56 +49,57 @@ struct Product {
 
   HETU_INLINE static void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
-  // a_packed: [ceil(m / kRows) panels][k][kRows]; b_packed: [k][n_padded].
-  HETU_INLINE static void pack(const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
-                   int64_t n_padded, float* a_packed, float* b_packed) {
-    const int64_t panels = (m + kRows - 1) / kRows;
-    for (int64_t panel = 0; panel < panels; ++panel)
-      for (int64_t p = 0; p < k; ++p)
-        for (int r = 0; r < kRows; ++r) {
-          const int64_t i = panel * kRows + r;
-          a_packed[(panel * k + p) * kRows + r] = i < m ? (trans_a ? a[p * m + i] : a[i * k + p]) : 0.0f;
-        }
+  // op(B) as [k][n_padded] floats.
+  HETU_INLINE static void pack_b(const float* b, int64_t n, int64_t k, bool trans_b, int64_t n_padded, float* packed) {
+    if (trans_b) {
+      // Four of B's rows at a time, each read in order: four columns of the copy.
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4)
+        for (int64_t p = 0; p < k; ++p)
+          for (int c = 0; c < 4; ++c) packed[p * n_padded + j + c] = b[(j + c) * k + p];
+      for (; j < n; ++j)
+        for (int64_t p = 0; p < k; ++p) packed[p * n_padded + j] = b[j * k + p];
+    }
     for (int64_t p = 0; p < k; ++p) {
-      float* row = b_packed + p * n_padded;
-      if (trans_b)
-        for (int64_t j = 0; j < n; ++j) row[j] = b[j * k + p];
-      else
-        std::memcpy(row, b + p * n, sizeof(float) * n);
+      float* row = packed + p * n_padded;
+      if (!trans_b) std::memcpy(row, b + p * n, sizeof(float) * n);
       std::fill(row + n, row + n_padded, 0.0f);
     }
   }
 
-  HETU_INLINE static void block(const float* a_panel, const float* b_packed, int64_t k, int64_t n_padded, int64_t j, Vec acc[kRows][2]) {
+  // acc[r] = the rows rows[r] of op(A) times columns [j, j + kCols) of B.
+  HETU_INLINE static void block(const float* const rows[kRows], int64_t a_step, const float* b, int64_t b_stride,
+                                int64_t k, int64_t j, Vec acc[kRows][2]) {
     for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = Vec{};
     for (int64_t p = 0; p < k; ++p) {
-      const Vec b0 = load(b_packed + p * n_padded + j), b1 = load(b_packed + p * n_padded + j + V);
+      const Vec b0 = load(b + p * b_stride + j), b1 = load(b + p * b_stride + j + V);
       for (int r = 0; r < kRows; ++r) {
-        const float ar = a_panel[p * kRows + r];
+        const float ar = rows[r][p * a_step];
         acc[r][0] = acc[r][0] + ar * b0;
         acc[r][1] = acc[r][1] + ar * b1;
       }
     }
   }
 
-  HETU_INLINE static void multiply(const float* a_packed, const float* b_packed, int64_t m, int64_t n, int64_t k,
-                       int64_t n_padded, float* out) {
+  // b: op(B) as [k][b_stride] floats, b_stride a multiple of kCols.
+  HETU_INLINE static void multiply(const float* a, bool trans_a, const float* b, int64_t b_stride, int64_t m,
+                                   int64_t n, int64_t k, float* out) {
+    const int64_t a_row = trans_a ? 1 : k, a_step = trans_a ? m : 1;
     Vec acc[kRows][2];
     float edge[kRows][kCols];
     for (int64_t i = 0; i < m; i += kRows) {
-      const float* a_panel = a_packed + (i / kRows) * k * kRows;
-      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
+      const float* rows[kRows];
+      for (int r = 0; r < kRows; ++r) rows[r] = a + std::min<int64_t>(i + r, m - 1) * a_row;
+      const int live = static_cast<int>(std::min<int64_t>(kRows, m - i));
       for (int64_t j = 0; j < n; j += kCols) {
-        block(a_panel, b_packed, k, n_padded, j, acc);
+        block(rows, a_step, b, b_stride, k, j, acc);
         const int64_t cols = std::min<int64_t>(kCols, n - j);
-        if (rows == kRows && cols == kCols) {
-          for (int r = 0; r < kRows; ++r) {
+        for (int r = 0; r < live; ++r) {
+          if (cols == kCols) {
             store(out + (i + r) * n + j, acc[r][0]);
             store(out + (i + r) * n + j + V, acc[r][1]);
+            continue;
           }
-          continue;
-        }
-        for (int r = 0; r < rows; ++r) {
           store(edge[r], acc[r][0]);
           store(edge[r] + V, acc[r][1]);
           std::memcpy(out + (i + r) * n + j, edge[r], sizeof(float) * cols);
@@ -103,13 +109,15 @@ struct Product {
   }
 
   // Products [begin, end) of the stack.
-  HETU_INLINE static void run(const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
-                  float* out, int64_t begin, int64_t end) {
+  HETU_INLINE static void run(const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a,
+                              bool trans_b, float* out, int64_t begin, int64_t end) {
+    const bool in_place = !trans_b && n % kCols == 0;
     const int64_t n_padded = (n + kCols - 1) / kCols * kCols;
-    std::vector<float> a_packed((m + kRows - 1) / kRows * kRows * k), b_packed(k * n_padded);
+    std::vector<float> packed(in_place ? 0 : k * n_padded);
     for (int64_t s = begin; s < end; ++s) {
-      pack(a + s * m * k, b + s * k * n, m, n, k, trans_a, trans_b, n_padded, a_packed.data(), b_packed.data());
-      multiply(a_packed.data(), b_packed.data(), m, n, k, n_padded, out + s * m * n);
+      const float* b_s = b + s * k * n;
+      if (!in_place) pack_b(b_s, n, k, trans_b, n_padded, packed.data());
+      multiply(a + s * m * k, trans_a, in_place ? b_s : packed.data(), n_padded, m, n, k, out + s * m * n);
     }
   }
 };
@@ -146,6 +154,22 @@ RunFn version_of(const std::string& variant) {
   return RunDefault;
 }
 
+// The process's pool for the stacks (a new one in a forked child, whose parent's threads are
+// gone). Not parallel_for's pool: that one waits for each of its parts, and on a busy host a
+// thread the OS has not yet woken held a 1 ms product up for 3-4 ms; in this one the threads
+// take chunks as they come, and the caller does them all if the other threads are late.
+Pool& products_pool() {
+  static std::mutex mu;
+  static Pool* pool = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pool == nullptr || owner != getpid()) {
+    pool = new Pool(num_threads());   // never destroyed: no thread waits on it at exit
+    owner = getpid();
+  }
+  return *pool;
+}
+
 }  // namespace
 
 const std::vector<std::string>& matmul_variants() {
@@ -177,7 +201,7 @@ void batched_matmul(const float* a, const float* b, int64_t batch, int64_t m, in
   const RunFn run = variant.empty() ? best : version_of(runnable_matmul_variant(variant));
   // About 64K multiply-adds a chunk at least: a smaller one costs less than waking a thread.
   const int64_t min_chunk = std::max<int64_t>(1, (int64_t(1) << 16) / (m * n * k));
-  parallel_for(batch, min_chunk, [&](int64_t begin, int64_t end) {
+  products_pool().parallel_for(batch, min_chunk, [&](int64_t begin, int64_t end) {
     run(a, b, m, n, k, trans_a, trans_b, out, begin, end);
   });
 }

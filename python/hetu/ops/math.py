@@ -193,7 +193,7 @@ class PowerOp(_Unary):
         return [mul_op(g, mul_byconst_op(power_op(x, self.p - 1), self.p))]
 
 
-_BLAS_THREADS = BlasThreads()   # the process's OpenBLAS, one thread for small products
+BLAS_THREADS = BlasThreads()   # the process's OpenBLAS, one thread for small products (and the profile's bare calls)
 
 
 def _matrix_product(a, b, trans_A, trans_B, out):
@@ -204,7 +204,7 @@ def _matrix_product(a, b, trans_A, trans_B, out):
         return cuda.Cublas.get().matmul(cp.ascontiguousarray(a, dtype=np.float32),
                                         cp.ascontiguousarray(b, dtype=np.float32), trans_A, trans_B, out)
     k = a.shape[0] if trans_A else a.shape[1]
-    _BLAS_THREADS.for_product(out.size * k)
+    BLAS_THREADS.for_product(out.size * k)
     return np.matmul(a.T if trans_A else a, b.T if trans_B else b, out=out)
 
 
