@@ -120,3 +120,13 @@ def test_matmul_op_of_stacks(trans_a, trans_b):
     small_a, small_b = (x * np.float32(0.5) for x in operands(2, 3, 4, 5, trans_a, trans_b, seed=4))
     check_gradients(lambda x, y: ht.matmul_op(x, y, trans_A=trans_a, trans_B=trans_b), [small_a, small_b])
 
+
+
+def test_hetu_simd_picks_the_version():
+    """HETU_SIMD, the servers' switch, picks the version here too; a bad name is an error naming it."""
+    script = ("from hetu import _C\ntry:\n    print(_C.matmul_variant(''))\nexcept ValueError as e:\n"
+              "    print('error', e)")
+    for value, want in (("default", "default"), ("sse9", "error HETU_SIMD: no version 'sse9'")):
+        run = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, HETU_SIMD=value),
+                             capture_output=True, text=True, timeout=60)
+        assert run.stdout.strip().startswith(want), run.stdout + run.stderr

@@ -216,10 +216,10 @@ void bind_kernels(py::module_& m) {
   m.def("batched_matmul", &batched_matmul, py::arg("a"), py::arg("b"), py::arg("trans_a"), py::arg("trans_b"),
         py::arg("out"), py::arg("simd") = "",
         "out[s] = op(a[s]) @ op(b[s]) of float32 stacks, each element summed over k in order (the same bits on "
-        "every CPU and thread count); simd: a version of MATMUL_VARIANTS, '' the best this CPU runs");
+        "every CPU and thread count); simd: a version of MATMUL_VARIANTS, '' HETU_SIMD's or the best this CPU runs");
   m.attr("MATMUL_VARIANTS") = hetu::kernels::matmul_variants();
   m.def("matmul_variant", [](const std::string& want) { return hetu::kernels::runnable_matmul_variant(want); },
-        py::arg("want") = "", "the batched_matmul version that runs: want checked, or '' the best this CPU runs");
+        py::arg("want") = "", "the batched_matmul version that runs: want checked, or '' HETU_SIMD's or the best this CPU runs");
   m.attr("STORAGE_TYPES") = std::vector<std::string>{hetu::storage::name(hetu::storage::kF32),
                                                      hetu::storage::name(hetu::storage::kBF16),
                                                      hetu::storage::name(hetu::storage::kF16)};

@@ -28,7 +28,7 @@ namespace {
 constexpr int kRows = 4;  // output rows a block keeps in registers
 
 // One product op(A)[m, k] x op(B)[k, n] -> out [m, n], row-major, in blocks of kRows rows by
-// 2 vectors of V floats: each step down k broadcasts one float of each of the block's rows of A
+// 2 vectors of V floats (1 where n fits one): each step down k broadcasts one float of each of the block's rows of A
 // (read where it is: a row's floats are `a_step` apart) and loads two vectors of a row of B.
 // B is read in place when its rows are whole blocks wide, else copied to rows padded with zeros
 // (transposed first with trans_b). A block past A's last row repeats that row. What padding and
@@ -39,7 +39,6 @@ constexpr int kRows = 4;  // output rows a block keeps in registers
 template <int V>
 struct Product {
   typedef float Vec __attribute__((vector_size(V * sizeof(float))));
-  static constexpr int kCols = 2 * V;
 
   HETU_INLINE static Vec load(const float* p) {
     Vec v;
@@ -67,42 +66,41 @@ struct Product {
     }
   }
 
-  // acc[r] = the rows rows[r] of op(A) times columns [j, j + kCols) of B.
+  // acc[r] = the rows rows[r] of op(A) times columns [j, j + NV * V) of B.
+  template <int NV>
   HETU_INLINE static void block(const float* const rows[kRows], int64_t a_step, const float* b, int64_t b_stride,
-                                int64_t k, int64_t j, Vec acc[kRows][2]) {
-    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = Vec{};
+                                int64_t k, int64_t j, Vec acc[kRows][NV]) {
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < NV; ++c) acc[r][c] = Vec{};
     for (int64_t p = 0; p < k; ++p) {
-      const Vec b0 = load(b + p * b_stride + j), b1 = load(b + p * b_stride + j + V);
+      Vec bv[NV];
+      for (int c = 0; c < NV; ++c) bv[c] = load(b + p * b_stride + j + c * V);
       for (int r = 0; r < kRows; ++r) {
         const float ar = rows[r][p * a_step];
-        acc[r][0] = acc[r][0] + ar * b0;
-        acc[r][1] = acc[r][1] + ar * b1;
+        for (int c = 0; c < NV; ++c) acc[r][c] = acc[r][c] + ar * bv[c];
       }
     }
   }
 
-  // b: op(B) as [k][b_stride] floats, b_stride a multiple of kCols.
+  // Blocks NV vectors wide. b: op(B) as [k][b_stride] floats, b_stride a multiple of NV * V.
+  template <int NV>
   HETU_INLINE static void multiply(const float* a, bool trans_a, const float* b, int64_t b_stride, int64_t m,
                                    int64_t n, int64_t k, float* out) {
+    constexpr int kCols = NV * V;
     const int64_t a_row = trans_a ? 1 : k, a_step = trans_a ? m : 1;
-    Vec acc[kRows][2];
-    float edge[kRows][kCols];
+    Vec acc[kRows][NV];
+    float edge[kCols];
     for (int64_t i = 0; i < m; i += kRows) {
       const float* rows[kRows];
       for (int r = 0; r < kRows; ++r) rows[r] = a + std::min<int64_t>(i + r, m - 1) * a_row;
       const int live = static_cast<int>(std::min<int64_t>(kRows, m - i));
       for (int64_t j = 0; j < n; j += kCols) {
-        block(rows, a_step, b, b_stride, k, j, acc);
+        block<NV>(rows, a_step, b, b_stride, k, j, acc);
         const int64_t cols = std::min<int64_t>(kCols, n - j);
         for (int r = 0; r < live; ++r) {
-          if (cols == kCols) {
-            store(out + (i + r) * n + j, acc[r][0]);
-            store(out + (i + r) * n + j + V, acc[r][1]);
-            continue;
-          }
-          store(edge[r], acc[r][0]);
-          store(edge[r] + V, acc[r][1]);
-          std::memcpy(out + (i + r) * n + j, edge[r], sizeof(float) * cols);
+          float* to = cols == kCols ? out + (i + r) * n + j : edge;
+          for (int c = 0; c < NV; ++c) store(to + c * V, acc[r][c]);
+          if (cols != kCols) std::memcpy(out + (i + r) * n + j, edge, sizeof(float) * cols);
         }
       }
     }
@@ -111,13 +109,19 @@ struct Product {
   // Products [begin, end) of the stack.
   HETU_INLINE static void run(const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a,
                               bool trans_b, float* out, int64_t begin, int64_t end) {
-    const bool in_place = !trans_b && n % kCols == 0;
-    const int64_t n_padded = (n + kCols - 1) / kCols * kCols;
+    const bool narrow = n <= V;   // one vector a block row: two would be half padding
+    const int64_t cols = narrow ? V : 2 * V;
+    const bool in_place = !trans_b && n % cols == 0;
+    const int64_t n_padded = (n + cols - 1) / cols * cols;
     std::vector<float> packed(in_place ? 0 : k * n_padded);
     for (int64_t s = begin; s < end; ++s) {
       const float* b_s = b + s * k * n;
       if (!in_place) pack_b(b_s, n, k, trans_b, n_padded, packed.data());
-      multiply(a + s * m * k, trans_a, in_place ? b_s : packed.data(), n_padded, m, n, k, out + s * m * n);
+      const float* b_rows = in_place ? b_s : packed.data();
+      if (narrow)
+        multiply<1>(a + s * m * k, trans_a, b_rows, n_padded, m, n, k, out + s * m * n);
+      else
+        multiply<2>(a + s * m * k, trans_a, b_rows, n_padded, m, n, k, out + s * m * n);
     }
   }
 };
@@ -179,15 +183,18 @@ const std::vector<std::string>& matmul_variants() {
 
 std::string runnable_matmul_variant(const std::string& want) {
   const auto& all = matmul_variants();
-  if (want.empty()) {
+  const char* env = std::getenv("HETU_SIMD");   // as the servers' step loop: one switch for both
+  const std::string asked = !want.empty() ? want : env && *env ? env : "";
+  const std::string where = !want.empty() ? "batched_matmul: " : "HETU_SIMD: ";
+  if (asked.empty()) {
     for (const auto& v : all)
       if (runnable(v)) return v;
     return "default";
   }
-  if (std::find(all.begin(), all.end(), want) == all.end())
-    throw std::invalid_argument("batched_matmul: no version '" + want + "' (avx512f, avx2, default)");
-  if (!runnable(want)) throw std::invalid_argument("batched_matmul: this CPU cannot run '" + want + "'");
-  return want;
+  if (std::find(all.begin(), all.end(), asked) == all.end())
+    throw std::invalid_argument(where + "no version '" + asked + "' (avx512f, avx2, default)");
+  if (!runnable(asked)) throw std::invalid_argument(where + "this CPU cannot run '" + asked + "'");
+  return asked;
 }
 
 void batched_matmul(const float* a, const float* b, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a,
@@ -197,8 +204,7 @@ void batched_matmul(const float* a, const float* b, int64_t batch, int64_t m, in
     std::fill(out, out + batch * m * n, 0.0f);
     return;
   }
-  static const RunFn best = version_of(runnable_matmul_variant(""));
-  const RunFn run = variant.empty() ? best : version_of(runnable_matmul_variant(variant));
+  const RunFn run = version_of(variant.empty() ? runnable_matmul_variant("") : variant);
   // About 64K multiply-adds a chunk at least: a smaller one costs less than waking a thread.
   const int64_t min_chunk = std::max<int64_t>(1, (int64_t(1) << 16) / (m * n * k));
   products_pool().parallel_for(batch, min_chunk, [&](int64_t begin, int64_t end) {

@@ -60,13 +60,13 @@ void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int
 // stored [k, m] with trans_a), op(b[s]) [k, n] (stored [n, k] with trans_b), out [batch, m, n];
 // all row-major and contiguous. Each element is summed over k in order, products and sums
 // rounded apart: the same bits for every version, CPU and thread count. `variant`: a version of
-// matmul_variants() to run ("": the best this CPU runs); std::invalid_argument if unknown or
-// not runnable here.
+// matmul_variants() to run ("": runnable_matmul_variant("")), checked by the caller.
 void batched_matmul(const float* a, const float* b, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a,
                     bool trans_b, float* out, const std::string& variant = "");
 // batched_matmul's versions, best first: "avx512f", "avx2", "default".
 const std::vector<std::string>& matmul_variants();
-// `want` checked (known, runnable on this CPU), or for "" the best version this CPU runs.
+// `want` checked (known, runnable on this CPU; std::invalid_argument if not), or for "" the
+// version HETU_SIMD names (checked alike), else the best this CPU runs.
 std::string runnable_matmul_variant(const std::string& want);
 
 // Rows [row_begin, row_end) of a parameter initialised by rng::init_value.
