@@ -20,7 +20,8 @@ def initial_values(seed=0):
 
 
 def unfused_linear(x, w, b, relu):
-    y = ht.add_op(ht.matmul_op(x, w), ht.broadcastto_op(b, ht.matmul_op(x, w)))
+    product = ht.matmul_op(x, w)
+    y = ht.add_op(product, ht.broadcastto_op(b, product))
     return ht.relu_op(y) if relu else y
 
 
