@@ -30,8 +30,8 @@ paired ratio): before and after on the same machine at the same time.
 
 --profile: instead of throughput, a step's time by op family (bag pooling, bag gradient,
 unique-and-sum, optimizer step, GEMMs, elementwise, loss, data feed, framework overhead) for hetu
-and PyTorch (tuned malloc) side by side, from the least disturbed of --windows rounds
-(bench/step_profile.py).
+and PyTorch (tuned malloc) side by side, from the least disturbed of --windows rounds, and beside
+hetu's GEMMs the same products as bare np.matmul calls (bench/step_profile.py).
 
     python bench/single_worker.py            # WDL, all 12 configs
     python bench/single_worker.py --quick    # WDL, batch 128 and 4096, embedding 16, SGD and Adam
