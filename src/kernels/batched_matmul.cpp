@@ -160,7 +160,7 @@ RunFn version_of(const std::string& variant) {
 
 // The process's pool for the stacks (a new one in a forked child, whose parent's threads are
 // gone). Not parallel_for's pool: that one waits for each of its parts, and on a busy host a
-// thread the OS has not yet woken held a 1 ms product up for 3-4 ms; in this one the threads
+// thread the OS had not yet woken held a 1 ms product up for 4-5 ms (median); in this one the threads
 // take chunks as they come, and the caller does them all if the other threads are late.
 Pool& products_pool() {
   static std::mutex mu;
