@@ -63,6 +63,9 @@ void bind_optim(py::module_& m) {
         "(a row-wise kind steps embedding rows; dense tensors take its dense_kind)");
   m.def("optimizer_hyperparameters", &optimizer_hyperparameters,
         "every hyperparameter of OptimConfig with OptimConfig's default, in declaration order");
+  m.def("optim_catches_up", &hetu::optim::catches_up,
+        "whether the kind's table rows take the steps they skipped when next read (docs/design.md section 4)",
+        py::arg("kind"));
   m.def("optim_state_width", &hetu::optim::state_width, "floats of optimizer state beside a row of `width` floats",
         py::arg("kind"), py::arg("width"));
 }

@@ -291,6 +291,25 @@ void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, 
   });
 }
 
+void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t* steps, int64_t width,
+                   const int64_t* rows, int64_t n, int64_t target) {
+  const int64_t state_width = optim::state_width(cfg.kind, width);
+  const int64_t horizon = optim::catch_up_horizon(cfg);
+  // A repeated row is caught up by its first visit; the others find it at `target`. Threads own
+  // contiguous ranges of rows[], so a row repeated across two ranges could be visited twice at
+  // once: split only sorted, distinct rows.
+  bool distinct = true;
+  for (int64_t i = 1; i < n && distinct; ++i) distinct = rows[i] > rows[i - 1];
+  auto visit = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t r = rows[i];
+      optim::catch_up_row(cfg, table + r * width, state + r * state_width, steps + r, target, width, horizon);
+    }
+  };
+  if (distinct) parallel_for(n, 64, visit);
+  else visit(0, n);
+}
+
 void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,
                  int64_t size) {
   // The tensor is one row; chunks of it are stepped in parallel with the same step count, which
