@@ -186,3 +186,32 @@ def test_a_schedule_is_refused():
         ht.optim.optimizer("adam_catchup", ht.lr.StepScheduler(0.01, 10))
     with pytest.raises(ValueError, match="catch_up_lr is the learning rate"):
         ht.optim.optimizer("adam_catchup", 0.01, catch_up_lr=0.1)
+
+
+# --- every mode against the single process ------------------------------------------------------
+
+CATCH_UP = ["--optimizer", "adam_catchup", "--learning-rate", "0.001", "--iters-per-epoch", "10"]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("script,mode,workers,servers", [
+    ("run_hetu.py", ["--comm", "AllReduce"], 2, 0),
+    ("run_hetu.py", ["--comm", "PS", "--bsp", "0"], 2, 1),
+    ("run_hetu.py", ["--comm", "Hybrid", "--bsp", "0"], 4, 2),
+    ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0"], 2, 1),
+    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0",
+                     "--cache-limit-ratio", "0.1"], 2, 1),
+    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lfu", "--bound", "0", "--bsp", "0",
+                     "--cache-limit-ratio", "0.01"], 4, 2),
+])
+@pytest.mark.parametrize("model", ["wdl_criteo", "dcn_criteo"])
+def test_every_mode_catches_up_as_the_single_process(tmp_path, data_home, script, mode, workers, servers, model):
+    """The rows a step skipped are applied wherever a row is read or stepped (the servers at a
+    pull or push, HET's cache at a hit, Herald's at a valid copy): every mode ends with the single
+    process's parameters, each row brought to the last step."""
+    from dist_harness import assert_same_parameters, run_cluster, run_single
+    args = ["--model", model, *CATCH_UP]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)
+    got, _ = run_cluster(tmp_path, data_home, script, [*mode, *args], workers, servers, 64 // workers)
+    assert_same_parameters(reference, got, exact_rows=False)
