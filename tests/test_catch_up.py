@@ -254,3 +254,21 @@ def test_a_single_process_resume_catches_up_bit_for_bit(tmp_path, data_home):
     assert summary["first_step"] == 8
     for name, value in straight.items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script,mode", [
+    ("run_hetu.py", ["--comm", "PS"]),
+    ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
+    ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.1"])])
+def test_dynamic_tables_catch_up_as_the_single_process(tmp_path, data_home, script, mode):
+    """Keys admitted, evicted and admitted again: an admitted row starts at the steps taken (it
+    skipped none), on the servers as in the single process; AdamW's default decay included."""
+    from dist_harness import assert_same_parameters, run_cluster, run_single
+    args = ["--model", "wdl_criteo", "--table-capacity", "1024", "--admit-after", "2", "--evict-ttl", "4",
+            "--optimizer", "adamw_catchup", "--learning-rate", "0.001", "--iters-per-epoch", "10"]
+    reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=60)
+    got, out = run_cluster(tmp_path, data_home, script, [*mode, "--bsp", "0", *args], 3, 2, 20)
+    assert "table embedding server" in out
+    assert_same_parameters(reference, got, exact_rows=False)

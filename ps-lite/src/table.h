@@ -32,6 +32,8 @@ class TableShard {
   int64_t state_width() const { return hetu::optim::state_width(cfg_.kind, width()); }
   int64_t rows() const { return rows_; }  // rows held here
   int storage() const { return storage_; }  // hetu::storage::Type of the rows (float32 when dense)
+  // Whether the rows' step counts are the step each was brought to (a catch-up kind).
+  bool catches_up() const { return !dense() && hetu::optim::catches_up(cfg_.kind); }
   int64_t row_bytes() const { return row_bytes_; }  // bytes of a stored (and moved) row
 
   // "" if every key is a row of this shard, else an error naming the table and the key.

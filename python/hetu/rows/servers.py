@@ -117,7 +117,7 @@ class RemoteTable:
     def admit(self, slots, keys):
         """Dynamic tables: `keys` start from their initial rows in `slots` as of this step (after
         every push before it, before this step's push). It does not advance the clock."""
-        self._table.admit(slots, keys, iteration=self._tag()).wait()
+        self._table.admit(slots, keys, iteration=self._tag(), catch_up_to=self.catch_up_to()).wait()
 
     # --- a dense tensor ---------------------------------------------------------------------------
     def push_pull(self, grad, lr):
