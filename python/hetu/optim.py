@@ -14,7 +14,7 @@ from .lr import FixedScheduler, as_scheduler
 from .ops.embedding import BagGradient, IndexedSlices, LookupGradient, unique_sum
 
 # The kinds as src/common/optim_rules.h declares them: name -> {name, kind, dense_kind, rowwise,
-# hyperparameters: {name: this kind's default}}.
+# catches_up, hyperparameters: {name: this kind's default}}.
 KINDS = {k["name"]: k for k in _C.optimizer_kinds()}
 KIND_NAMES = {k["kind"]: name for name, k in KINDS.items()}
 # The types embedding rows may be stored in (src/common/storage.h): each step computes in float32
@@ -59,7 +59,7 @@ class Optimizer:
         if l2reg is not None:
             rule["l2reg"] = l2reg
         self.lr = as_scheduler(learning_rate)
-        if _C.optim_catches_up(_info(self.kind)["kind"]):
+        if _info(self.kind)["catches_up"]:
             # The servers apply a row's skipped steps when it is next read, knowing no past rate.
             if "catch_up_lr" in rule:
                 raise ValueError(f"optimizer {self.kind!r}: catch_up_lr is the learning rate; do not set it")
@@ -82,7 +82,7 @@ class Optimizer:
     def catches_up(self):
         """Whether table rows take every step (the steps a row was not read at applied, with zero
         gradient, before it is next read or stepped: dense Adam's result), not lazy steps."""
-        return _C.optim_catches_up(self.config.kind)
+        return _info(self.config.kind)["catches_up"]
 
     def catch_up(self, table, state, steps, rows, target):
         """A catch-up kind's rows (ids of a table this process holds, any order) brought to step
