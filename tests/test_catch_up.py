@@ -7,6 +7,10 @@ over the whole table while stepping only the rows a step reads.
 - a single process trained with adam_catchup / adamw_catchup against the same graph whose tables
   are stepped densely (every row, every step): the same parameters, bit for bit;
 - the errors: a schedule, a table on the GPU."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -52,8 +56,9 @@ def test_catching_up_equals_dense_zero_gradient_steps(kind, settings, dtype):
     state2 = state.reshape(rows, 2 * WIDTH)
     want = [table.copy(), state2.copy(), steps.copy()]
     target = 90   # up to 89 skipped steps: within the horizon at the defaults (213); past it at 0.5/0.9 (36)
-    picked = np.array([3, 7, 7, 11, 49, 0], np.int64)   # repeats are caught up once
-    for r in np.unique(picked):
+    # repeats are caught up once; ids outside the table (an empty slot's -1) are skipped
+    picked = np.array([3, 7, 7, -1, 11, 49, 0, 50, 3], np.int64)
+    for r in np.unique(picked[(picked >= 0) & (picked < rows)]):
         dense_steps(c, 0.01, want[0][r], want[1][r], int(steps[r]), target)
         want[2][r] = target
     _C.catch_up_rows(c, table, state, steps, picked, target)
@@ -66,6 +71,7 @@ def test_catching_up_equals_dense_zero_gradient_steps(kind, settings, dtype):
         np.testing.assert_array_equal(state2, want[1])
     np.testing.assert_array_equal(steps, want[2])
     moved = np.isin(np.arange(rows), picked)
+    np.testing.assert_array_equal(table[~moved], want[0][~moved])
     assert (table[moved] != state_of(np.random.default_rng(len(kind) + len(settings) + len(dtype)), rows)[0][moved]).any()
 
 
@@ -272,3 +278,26 @@ def test_dynamic_tables_catch_up_as_the_single_process(tmp_path, data_home, scri
     got, out = run_cluster(tmp_path, data_home, script, [*mode, "--bsp", "0", *args], 3, 2, 20)
     assert "table embedding server" in out
     assert_same_parameters(reference, got, exact_rows=False)
+
+
+def test_many_repeated_rows_in_any_order_are_caught_up_once_on_any_thread_count(tmp_path):
+    """Threads take rows by row number: a batch's ids, repeated and unsorted, give the same rows
+    in processes of 1 and 3 threads as one id at a time."""
+    rng = np.random.default_rng(11)
+    table, state, steps = state_of(rng, 3000)
+    ids = (rng.zipf(1.2, 20000) % 3000).astype(np.int64)
+    np.savez(tmp_path / "start.npz", table=table, state=state, steps=steps, ids=ids)
+    c = config("adam_catchup", catch_up_lr=0.01)
+    for r in ids:   # one row at a time
+        _C.catch_up_rows(c, table, state, steps, np.array([r]), 60)
+    code = ("import sys, numpy as np; from hetu import _C; from hetu.optim import config; "
+            "d = dict(np.load(sys.argv[1])); "
+            "_C.catch_up_rows(config('adam_catchup', catch_up_lr=0.01), d['table'], d['state'], d['steps'], d['ids'], 60); "
+            "np.savez(sys.argv[2], **d)")
+    for threads in ("1", "3"):
+        out = tmp_path / f"got{threads}.npz"
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "start.npz"), str(out)], check=True,
+                       env={**os.environ, "HETU_NUM_THREADS": threads})
+        got = np.load(out)
+        for name, want in (("table", table), ("state", state), ("steps", steps)):
+            np.testing.assert_array_equal(got[name], want, err_msg=f"{threads} threads: {name}")

@@ -85,8 +85,9 @@ class Optimizer:
         return _info(self.config.kind)["catches_up"]
 
     def catch_up(self, table, state, steps, rows, target):
-        """A catch-up kind's rows (ids of a table this process holds, any order) brought to step
-        `target`: the number of steps taken so far, so that a read sees dense Adam's value."""
+        """A catch-up kind's rows (ids of a table this process holds: any order, repeats allowed,
+        ids outside the table skipped) brought to step `target`, the number of steps taken so
+        far, so that a read sees dense Adam's value."""
         if cuda.is_device_array(table):
             raise NotImplementedError(f"optimizer {self.kind!r}: a table on the GPU does not catch up its rows; "
                                       f"put the tables on the parameter server (--comm PS or Hybrid) or use 'adam'")

@@ -147,14 +147,11 @@ void catch_up_rows(const Config& cfg, Array<float> table, Array<float> state, Ar
   if (!hetu::optim::catches_up(cfg.kind)) throw std::invalid_argument("catch_up_rows: the optimizer kind does not catch up");
   check_rows_state("catch_up_rows", cfg, table, state, steps);
   const int64_t num_rows = table.shape(0), width = table.shape(1), n = rows.size();
-  const int64_t* r = rows.data();
-  for (int64_t i = 0; i < n; ++i)
-    if (r[i] < 0 || r[i] >= num_rows) throw std::out_of_range("catch_up_rows: row " + std::to_string(r[i]) + " outside table of " + std::to_string(num_rows) + " rows");
   float* t = mutable_data(table, "table");
   float* s = mutable_data(state, "state");
   int64_t* st = mutable_data(steps, "steps");
   py::gil_scoped_release nogil;
-  hetu::kernels::catch_up_rows(cfg, t, s, st, width, r, n, target);
+  hetu::kernels::catch_up_rows(cfg, t, s, st, num_rows, width, rows.data(), n, target);
 }
 
 void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state, Array<int64_t> step,
@@ -210,7 +207,8 @@ void bind_kernels(py::module_& m) {
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
   m.def("catch_up_rows", &catch_up_rows,
-        "a catch-up kind's rows brought to step `target`: the zero-gradient steps they skipped, applied",
+        "a catch-up kind's rows (any order, repeats allowed; ids outside the table, as an empty slot's -1, "
+        "skipped) brought to step `target`: the zero-gradient steps they skipped, applied",
         py::arg("config"), py::arg("table"), py::arg("state"), py::arg("steps"), py::arg("rows"), py::arg("target"));
   m.attr("STORAGE_TYPES") = std::vector<std::string>{hetu::storage::name(hetu::storage::kF32),
                                                      hetu::storage::name(hetu::storage::kBF16),

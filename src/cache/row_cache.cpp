@@ -90,7 +90,8 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
     values_.Get(s, out + i * width_);
     if (catch_up_to > opt_steps_[s] && optim::catches_up(optimizer_.kind)) {
       optim::catch_up_row(optimizer_, out + i * width_, &opt_state_[s * sw], &opt_steps_[s], catch_up_to, width_,
-                          optim::catch_up_horizon(optimizer_));
+                          optim::catch_up_horizon(optimizer_),
+                          optim::BiasCorrections::Of(optimizer_.beta1, optimizer_.beta2, catch_up_to));
       values_.Put(s, out + i * width_);  // rounded to the storage type: stored exactly
     }
   }

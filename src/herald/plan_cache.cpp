@@ -74,7 +74,7 @@ std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan
       steps[i] = steps_[slot];
       if (catches_up && catch_up_to > steps[i]) {  // the copy kept in step with the working one
         optim::catch_up_row(optimizer_, vals + i * width_, state + i * state_width_, &steps[i], catch_up_to, width_,
-                            horizon);
+                            horizon, optim::BiasCorrections::Of(optimizer_.beta1, optimizer_.beta2, catch_up_to));
         values_.Put(slot, vals + i * width_);
         std::memcpy(&state_[slot * state_width_], state + i * state_width_, state_width_ * sizeof(float));
         steps_[slot] = steps[i];

@@ -291,23 +291,22 @@ void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, 
   });
 }
 
-void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t* steps, int64_t width,
-                   const int64_t* rows, int64_t n, int64_t target) {
+void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t* steps, int64_t num_rows,
+                   int64_t width, const int64_t* rows, int64_t n, int64_t target) {
   const int64_t state_width = optim::state_width(cfg.kind, width);
   const int64_t horizon = optim::catch_up_horizon(cfg);
-  // A repeated row is caught up by its first visit; the others find it at `target`. Threads own
-  // contiguous ranges of rows[], so a row repeated across two ranges could be visited twice at
-  // once: split only sorted, distinct rows.
-  bool distinct = true;
-  for (int64_t i = 1; i < n && distinct; ++i) distinct = rows[i] > rows[i - 1];
-  auto visit = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
+  const optim::BiasCorrections& bias = optim::BiasCorrections::Of(cfg.beta1, cfg.beta2, target);
+  // Each part takes the rows r with r % parts in its range, whatever their order and repeats:
+  // no two threads touch one row, and a repeat finds its row at `target` already. Ids outside
+  // the table (an empty slot's -1) are skipped.
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(num_threads(), n / 1024));
+  parallel_for(parts, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = 0; i < n; ++i) {
       const int64_t r = rows[i];
-      optim::catch_up_row(cfg, table + r * width, state + r * state_width, steps + r, target, width, horizon);
+      if (r < 0 || r >= num_rows || steps[r] >= target || r % parts < b || r % parts >= e) continue;
+      optim::catch_up_row(cfg, table + r * width, state + r * state_width, steps + r, target, width, horizon, bias);
     }
-  };
-  if (distinct) parallel_for(n, 64, visit);
-  else visit(0, n);
+  });
 }
 
 void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,

@@ -303,10 +303,8 @@ def catch_up_read(state, param, table, ids):
     if flat is None or cuda.is_device_array(table):
         raise NotImplementedError(f"optimizer {op.optimizer.kind!r}: table {param.name} on the GPU does not catch up "
                                   f"its rows; put the tables on the parameter server (--comm PS or Hybrid)")
-    rows = np.unique(flat)
-    rows = rows[(rows >= 0) & (rows < table.shape[0])]
     opt_state, steps = state.optimizer_state(param, op.optimizer, rowwise=True)
-    op.optimizer.catch_up(table, opt_state, steps, rows, op.step_count)
+    op.optimizer.catch_up(table, opt_state, steps, flat, op.step_count)
 
 
 def gather(op_name, table, ids, out, checks=None):
