@@ -14,12 +14,15 @@ take torch.optim.Adam under every rule. Rules (`--rules`):
 * sparse: torch.optim.SparseAdam (lazy too, bias correction by the global step);
 * dense: torch.optim.Adam over every row.
 
-`--hetu` adds hetu's own run of the same model and settings (examples/ctr/run_hetu.py, one
-process, bench/quality.py's train_hetu), from hetu's own initial draw of the seed.
+`--hetu [OPTIMIZER ...]` adds hetu's own runs of the same model and settings
+(examples/ctr/run_hetu.py, one process, bench/quality.py's train_hetu), from hetu's own initial
+draw of the seed: under `adam` (lazy, the default) and/or `adam_catchup` (every row takes every
+step, its skipped ones applied when it is next read: dense Adam's result; design.md section 4).
 
     python bench/adam_semantics.py --dataset synthetic-movielens --rows 100000 --seeds 1 2 3 --hetu
     python bench/adam_semantics.py --dataset synthetic-criteo-multihot --rows 50000 --seeds 1 2 3 --hetu
     python bench/adam_semantics.py --dataset $HETU_DATA_HOME/ml100k-side-time --epochs 3 --seeds 1 2 3
+    python bench/adam_semantics.py --dataset synthetic-movielens --rows 100000 --hetu adam adam_catchup --rules dense
 """
 import argparse
 import json
@@ -35,6 +38,8 @@ from torch_dlrm import TABLE_OPTIMIZERS
 
 # the model named for each synthetic shape (examples/ctr/models: <arch>_<dataset>)
 MODELS = {"synthetic-movielens": "dlrm_movielens", "synthetic-criteo-multihot": "dlrm_criteo_multihot"}
+# hetu's optimizers, and the column each is reported as
+HETU_OPTIMIZERS = {"adam": "hetu", "adam_catchup": "hetu-catchup"}
 
 
 def median_range(values):
@@ -53,7 +58,8 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--rules", nargs="+", choices=TABLE_OPTIMIZERS, default=["rowwise", "dense"],
                     help="the PyTorch table's Adam rules to train (default: rowwise dense)")
-    ap.add_argument("--hetu", action="store_true", help="also train hetu itself (run_hetu.py, one process)")
+    ap.add_argument("--hetu", nargs="*", choices=HETU_OPTIMIZERS, default=None,
+                    help="also train hetu itself (run_hetu.py, one process) under these optimizers (no value: adam)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
@@ -69,16 +75,18 @@ def main():
     print(f"{args.dataset}: {cfg['model']}, {len(data.train)} train / {len(data.val)} val samples, "
           f"{meta.num_fields} fields, {meta.num_embeddings} rows x {args.emb}, batch {args.batch}, adam lr {args.lr}, "
           f"{args.epochs} epochs, {THREADS} threads", flush=True)
-    sides = ["hetu"] * args.hetu + list(args.rules)
+    hetu_runs = [] if args.hetu is None else [HETU_OPTIMIZERS[o] for o in args.hetu or ["adam"]]
+    by_side = {side: opt for opt, side in HETU_OPTIMIZERS.items()}
+    sides = hetu_runs + list(args.rules)
     header = f"{'seed':>4}" + "".join(f" | {side + ' AUC':>12}{'logloss':>9}{'s':>6}" for side in sides)
     print(header + "\n" + "-" * len(header), flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="hetu-adam-") as workdir:
         for seed in args.seeds:
             run = {"seed": seed}
-            if args.hetu:
-                hetu = train_hetu(cfg, data, seed, workdir)
-                run["hetu"] = dict(hetu["whole"], seconds=hetu["seconds"], command=hetu["command"])
+            for side in hetu_runs:
+                hetu = train_hetu(dict(cfg, optimizer=by_side[side]), data, seed, workdir)
+                run[side] = dict(hetu["whole"], seconds=hetu["seconds"], command=hetu["command"])
             for rule in args.rules:   # the seed's own draw (the same under every rule)
                 trained = train_torch(dict(cfg, torch_table=rule, torch_init="own"), data, seed, workdir)
                 run[rule] = dict(trained["whole"], seconds=trained["seconds"])
@@ -93,13 +101,13 @@ def main():
               f"({ll[1]:.4f} to {ll[2]:.4f})")
     lazy = [r for r in args.rules if r != "dense"]
     if "dense" in args.rules:
-        for rule in lazy + ["hetu"] * args.hetu:
+        for rule in lazy + hetu_runs:
             gaps = {m: median_range([r["dense"][m] - r[rule][m] for r in runs]) for m in ("auc", "logloss")}
             summary[f"dense-{rule}"] = gaps
             print(f"dense - {rule}: AUC median {gaps['auc'][0]:+.4f} ({gaps['auc'][1]:+.4f} to {gaps['auc'][2]:+.4f}), "
                   f"logloss median {gaps['logloss'][0]:+.4f} ({gaps['logloss'][1]:+.4f} to {gaps['logloss'][2]:+.4f})")
-    if args.hetu:
-        print("hetu's command: python " + runs[0]["hetu"]["command"].replace(
+    for side in hetu_runs:
+        print(f"{side}'s command: python " + runs[0][side]["command"].replace(
             os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -28,7 +28,9 @@ of epochs, and both are scored on the validation split the folder's meta names.
   Adam's bias correction). `--torch-table` picks the PyTorch table's optimizer under Adam:
   rowwise (default: that rule, torch_dlrm.RowwiseAdam), sparse (torch.optim.SparseAdam: rows not
   in the batch untouched too, bias correction by the global step) or dense (dense gradients,
-  torch.optim.Adam over every row). SGD is plain SGD on both.
+  torch.optim.Adam over every row). SGD is plain SGD on both. `--optimizer adam_catchup` trains
+  hetu under its catch-up rule (every row takes every step: dense Adam's result) against
+  torch.optim.Adam over every row.
 
 `--torch-init hetu` starts PyTorch from the very parameters the driver starts from (hetu's
 initial values are a pure function of the seed and the parameter's name: they are drawn here by
@@ -170,6 +172,8 @@ def write_hetu_initial(spec):
 
 
 def train_torch(cfg, data, seed, workdir):
+    if cfg["optimizer"] == "adam_catchup":   # hetu's catch-up rule is dense Adam's result
+        cfg = dict(cfg, optimizer="adam", torch_table="dense")
     torch.manual_seed(seed)
     meta = data.meta
     model = DLRM(meta.num_embeddings, cfg["emb"], meta.num_fields, meta.num_dense,
@@ -352,7 +356,8 @@ def main():
     ap.add_argument("--rows", type=int, default=None, help="criteo-multihot, --table's synthetic Criteo: rows")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--optimizer", choices=["adam", "sgd"], default=None)
+    ap.add_argument("--optimizer", choices=["adam", "adam_catchup", "sgd"], default=None,
+                    help="adam_catchup: hetu's catch-up rule, against torch.optim.Adam over every row")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--emb", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])

@@ -206,6 +206,9 @@ class Remote:
         table.push(keys, grads, iteration=self.clock, lr=lr, counts=counts).wait()
         self.clock += 1
 
+    def catch_up_to(self):   # the optimizer here does not catch up
+        return 0
+
 
 remote, counters = Remote(), Counters()
 cache = CachedTable(remote, "lru", 16, 0, opt, counters)

@@ -15,7 +15,8 @@ def test_every_place_reads_the_kinds_from_the_registry():
     names = [k["name"] for k in _C.optimizer_kinds()]
     assert list(ht.optim.KIND_NAMES.values()) == names
     assert ps.OPTIMIZERS == {name: kind for kind, name in enumerate(names)}
-    assert ps._OPTIM_DEFAULTS == dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0)
+    assert ps._OPTIM_DEFAULTS == dict(momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-7, l2reg=0.0, weight_decay=0.0,
+                                   catch_up_lr=0.0)
     for name in names:
         opt = ht.optim.optimizer(name, learning_rate=0.1)
         assert ht.optim.KIND_NAMES[opt.config.kind] == name

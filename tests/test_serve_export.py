@@ -124,6 +124,31 @@ def test_dynamic_table_in_bf16_with_deltas_exports_as_one_version(run, tmp_path,
                                atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_catch_up_optimizers_rows_export_brought_to_the_last_step(run, tmp_path, datasets, dtype):
+    """adam_catchup: the rows the checkpoint holds are each as of their last read; the bundle's
+    are brought to the last step, as the graph's validation reads them (local tables, deltas)."""
+    data_dir = datasets["criteo-indexed"]
+    graph, bundle = trained_and_exported(run, tmp_path, data_dir, "--model", "dlrm_criteo", "--optimizer",
+                                         "adam_catchup", "--learning-rate", "0.01", "--embedding-dtype", dtype,
+                                         "--checkpoint-every", "7", "--checkpoint-full-every", "3",
+                                         "--save-params", str(tmp_path / "params.npz"))
+    assert bundle.schema["deltas"] == 2
+    np.testing.assert_allclose(split_predictions(bundle, data_dir), graph, rtol=0, atol=TOLERANCE)
+    # every row, read by the validation or not, as --save-params brings it to the last step
+    params = np.load(tmp_path / "params.npz")
+    for name in ("embedding", "dlrm_first_order"):
+        rows = bundle.tables[name].rows
+        if dtype == "bf16":
+            rows = (rows.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_array_equal(rows, params[name], err_msg=name)
+    # not vacuous: the checkpoint's own rows are behind
+    saved = CheckpointRows(str(tmp_path / "ckpt"))
+    assert saved.catch_up["embedding"][1] == 21
+    state, steps = saved.state["embedding"]
+    assert (steps < 21).any() and (steps == 21).any()
+
+
 # --- MovieLens 100K-shaped files with side features ------------------------------------------
 OCCUPATIONS = ("writer", "executive", "student", "engineer", "other")
 
@@ -396,7 +421,9 @@ def test_a_checkpoint_replaced_while_it_is_read_is_read_again(run, tmp_path, dat
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script,mode", [("run_hetu.py", ["--comm", "PS"]),
                                          ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0",
-                                                          "--bsp", "0"])], ids=["PS", "Herald"])
+                                                          "--bsp", "0"]),
+                                         ],
+                         ids=["PS", "Herald"])
 def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets, script, mode):
     """2 workers, 2 servers, plain PS and Herald: the tables and dense parameters come from the
     servers' shard and delta files; the predictions gathered from both workers are the split's,
@@ -406,7 +433,7 @@ def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets, scr
            str(REPO / "examples/ctr" / script), *TINY, "--batch-size", "32", *mode, "--model", "wdl_criteo",
            "--data-dir", str(data_dir), "--table-capacity", "256", "--embedding-dtype", "bf16",
            "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "7", "--checkpoint-full-every", "3",
-           "--save-predictions", str(tmp_path / "graph.npy")]
+           "--save-predictions", str(tmp_path / "graph.npy"), "--save-params", str(tmp_path / "params.npz")]
     proc = jobs.run(cmd, capture_output=True, text=True, timeout=280, env={**os.environ, "HETU_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert any(name.startswith("embedding.delta") for name in os.listdir(tmp_path / "ckpt/deltas/000001/ps"))
@@ -414,6 +441,36 @@ def test_servers_shards_and_deltas_of_two_workers_export(tmp_path, datasets, scr
     bundle = Bundle.open(str(tmp_path / "bundle"))
     np.testing.assert_allclose(split_predictions(bundle, data_dir), np.load(tmp_path / "graph.npy"), rtol=0,
                                atol=TOLERANCE)
+    # The dynamic table's resident rows, by key, as --save-params writes them.
+    params, table = np.load(tmp_path / "params.npz"), bundle.tables["embedding"]
+    rows = (np.asarray(table.rows)[np.asarray(table.slots)].astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(np.asarray(table.keys), params["embedding:keys"])
+    np.testing.assert_array_equal(rows, params["embedding"])
+
+
+def test_a_catch_up_optimizers_server_rows_export_brought_to_the_last_step(tmp_path, datasets):
+    """adamw_catchup under Herald, 2 workers and 2 servers, bf16: the servers' shards and deltas
+    hold each row as of its last read, with its optimizer state and step; the bundle's rows are
+    every row brought to the last step, as --save-params pulls them."""
+    data_dir = datasets["criteo-indexed"]
+    cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "2", "--timeout", "240", sys.executable,
+           str(REPO / "examples/ctr/run_laia.py"), *TINY, "--batch-size", "32", "--comm", "Hybrid", "--cache", "lru",
+           "--bound", "0", "--bsp", "0", "--optimizer", "adamw_catchup", "--model", "wdl_criteo",
+           "--data-dir", str(data_dir), "--embedding-dtype", "bf16", "--checkpoint", str(tmp_path / "ckpt"),
+           "--checkpoint-every", "7", "--checkpoint-full-every", "3", "--save-predictions", str(tmp_path / "graph.npy"),
+           "--save-params", str(tmp_path / "params.npz")]
+    proc = jobs.run(cmd, capture_output=True, text=True, timeout=280, env={**os.environ, "HETU_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    export(str(tmp_path / "ckpt"), str(tmp_path / "bundle"))
+    bundle = Bundle.open(str(tmp_path / "bundle"))
+    assert bundle.schema["deltas"] == 2
+    np.testing.assert_allclose(split_predictions(bundle, data_dir), np.load(tmp_path / "graph.npy"), rtol=0,
+                               atol=TOLERANCE)
+    params = np.load(tmp_path / "params.npz")
+    rows = (np.asarray(bundle.tables["embedding"].rows).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(rows, params["embedding"])
+    _, steps = CheckpointRows(str(tmp_path / "ckpt")).state["embedding"]
+    assert (steps < 21).any() and (steps == 21).any()   # not vacuous: the saved rows are behind
 
 
 # --- each op's ONNX mapping against its own forward --------------------------------------------

@@ -82,7 +82,9 @@ def build_parser(herald):
                         "row, only the rows a step reads: adam and adamw take lazy row-wise steps, as FBGEMM's "
                         "and TF's LazyAdam (rows not read in a step are not stepped, their moments do not "
                         "decay; each row keeps its own step count for the bias correction); dense parameters "
-                        "take ordinary Adam steps")
+                        "take ordinary Adam steps. adam_catchup and adamw_catchup give dense Adam's result "
+                        "instead: a row's skipped steps are applied when it is next read (a constant "
+                        "--learning-rate; docs/design.md section 4)")
     p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=0.01)
     p.add_argument("--embedding-dtype", default="fp32", choices=sorted(ht.optim.EMBEDDING_DTYPES),
                    help="type embedding rows are stored and moved in; steps compute in fp32 and round to it, "

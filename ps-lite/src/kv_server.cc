@@ -167,7 +167,7 @@ std::string KVServer::TakePush(Entry& e, Message& msg) {
   TableShard& t = *e.shard;
   const std::string err = CheckPush(t, msg);
   if (!msg.meta.has_iteration() || !t.spec().bsp()) {
-    if (err.empty()) t.Apply({Gradients(t, msg)}, msg.meta.lr());
+    if (err.empty()) t.Apply({Gradients(t, msg)}, msg.meta.lr(), msg.meta.catch_up_to());
     return err;
   }
   const std::string late = Buffer(e, msg, err.empty());
@@ -205,8 +205,8 @@ void KVServer::TryApply(Entry& e) {
     if (t.arrived[it->first] < workers) return;
     std::vector<TableShard::Push> pushes;
     for (const Message& m : it->second) pushes.push_back(Gradients(t, m));
-    // Every worker sends the same learning rate; rank 0's is the one used.
-    t.Apply(pushes, it->second[0].meta.lr());
+    // Every worker sends the same learning rate and step; rank 0's are the ones used.
+    t.Apply(pushes, it->second[0].meta.lr(), it->second[0].meta.catch_up_to());
     t.applied = it->first;
     t.arrived.erase(it->first);
     t.pending.erase(it);

@@ -159,7 +159,35 @@ std::string TableShard::CheckVersionAdds(const int64_t* keys, const int64_t* add
   return "";
 }
 
-void TableShard::Apply(const std::vector<Push>& pushes, float lr) {
+void TableShard::CatchUp(const int64_t* keys, int64_t n, int64_t target) {
+  if (dense() || !hetu::optim::catches_up(cfg_.kind) || target <= 0 || n == 0) return;
+  ReserveCounters(0, target, true);
+  const int64_t w = width(), horizon = hetu::optim::catch_up_horizon(cfg_);
+  const auto& bias = hetu::optim::BiasCorrections::Of(cfg_.beta1, cfg_.beta2, target);
+  bool increasing = true;
+  for (int64_t i = 1; i < n && increasing; ++i) increasing = keys[i - 1] < keys[i];
+  auto visit = [&](int64_t b, int64_t e) {
+    std::vector<float> wide(storage_ == hetu::storage::kF32 ? 0 : w);  // a 16-bit row, widened
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t r = slot_(keys[i]);
+      int64_t s = counters_.step(r);
+      if (s >= target) continue;
+      char* row = &values_[r * row_bytes_];
+      float* values = wide.empty() ? reinterpret_cast<float*>(row) : wide.data();
+      if (!wide.empty()) hetu::storage::widen_row(storage_, row, values, w);
+      hetu::optim::catch_up_row(cfg_, values, &state_[r * unit_state_width_], &s, target, w, horizon, bias);
+      if (!wide.empty()) hetu::storage::narrow_row(storage_, values, row, w);
+      counters_.Assign(r, s, 0);
+    }
+  };
+  // Distinct rows (a worker's deduplicated keys): threads take disjoint runs of them.
+  if (increasing) hetu::parallel_for(n, kParallelRows, visit);
+  else visit(0, n);
+}
+
+void TableShard::Apply(const std::vector<Push>& pushes, float lr, int64_t catch_up_to) {
+  for (const Push& p : pushes)
+    if (p.keys) CatchUp(p.keys, p.n, catch_up_to);
   const int64_t w = width();
   if (dense()) {
     std::vector<float> sum;

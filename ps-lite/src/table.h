@@ -32,6 +32,8 @@ class TableShard {
   int64_t state_width() const { return hetu::optim::state_width(cfg_.kind, width()); }
   int64_t rows() const { return rows_; }  // rows held here
   int storage() const { return storage_; }  // hetu::storage::Type of the rows (float32 when dense)
+  // Whether the rows' step counts are the step each was brought to (a catch-up kind).
+  bool catches_up() const { return !dense() && hetu::optim::catches_up(cfg_.kind); }
   int64_t row_bytes() const { return row_bytes_; }  // bytes of a stored (and moved) row
 
   // "" if every key is a row of this shard, else an error naming the table and the key.
@@ -50,7 +52,14 @@ class TableShard {
     const int64_t* counts = nullptr;
     int64_t n = 0;  // keys (sparse) or elements (dense)
   };
-  void Apply(const std::vector<Push>& pushes, float lr);
+  // catch_up_to: under a catch-up kind, each row is first brought to that step (CatchUp).
+  void Apply(const std::vector<Push>& pushes, float lr, int64_t catch_up_to = 0);
+
+  // Under a catch-up kind (hetu::optim::catches_up), the rows of `keys` take the steps they
+  // skipped up to step `target` (hetu::optim::catch_up_row), so that what a pull returns or a
+  // push steps is the row dense Adam would hold; versions do not change (every copy of a row
+  // caught up to the same step is the same). Nothing for other kinds or dense tables.
+  void CatchUp(const int64_t* keys, int64_t n, int64_t target);
 
   // Rows as stored: row_bytes() each.
   void Gather(const int64_t* keys, int64_t n, void* out) const;

@@ -259,6 +259,11 @@ def _meta(executor, run, mark):
     graph = executor.graph
     return {**executor.state.state(),
             "optimizer_steps": {op.name: op.step_count for op in graph.optimizer_ops},
+            # the tables' rules (kind and hyperparameters), and which op steps each table: what an
+            # export needs to bring a catch-up optimizer's rows to the last step
+            "optimizers": {op.name: op.optimizer.rule() for op in graph.optimizer_ops},
+            "table_optimizers": {p.name: op.name for op in graph.optimizer_ops
+                                 for p, g in zip(op.params, op.inputs[1:]) if getattr(g, "produces_sparse", False)},
             "workers": graph.num_workers, "servers": executor.num_servers(),
             "clocks": {p.name: source.state() for p, source in _on_servers(graph)},
             "tables": {p.name: list(p.shape) for p, _ in _on_servers(graph)},

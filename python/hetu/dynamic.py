@@ -146,7 +146,9 @@ class TableKeys:
         if optimizer is not None:
             opt_state, steps = state.optimizer_state(param, optimizer, rowwise=True)
             opt_state[st.admitted_slots] = 0
-            steps[st.admitted_slots] = 0
+            # A catch-up optimizer's row starts at the steps taken: it has skipped none of them.
+            stepping = state.executor.graph.catching_up.get(param.id)
+            steps[st.admitted_slots] = stepping.step_count if stepping is not None else 0
 
     # --- counters: per server, by where the servers keep the slots -------------------------------
     def server_of_slots(self, slots):

@@ -10,11 +10,11 @@ import numpy as np
 from . import _C, cuda
 from .autodiff import gradients
 from .graph import Op, Variable, topo_sort
-from .lr import as_scheduler
+from .lr import FixedScheduler, as_scheduler
 from .ops.embedding import BagGradient, IndexedSlices, LookupGradient, unique_sum
 
 # The kinds as src/common/optim_rules.h declares them: name -> {name, kind, dense_kind, rowwise,
-# hyperparameters: {name: this kind's default}}.
+# catches_up, hyperparameters: {name: this kind's default}}.
 KINDS = {k["name"]: k for k in _C.optimizer_kinds()}
 KIND_NAMES = {k["kind"]: name for name, k in KINDS.items()}
 # The types embedding rows may be stored in (src/common/storage.h): each step computes in float32
@@ -59,6 +59,14 @@ class Optimizer:
         if l2reg is not None:
             rule["l2reg"] = l2reg
         self.lr = as_scheduler(learning_rate)
+        if _info(self.kind)["catches_up"]:
+            # The servers apply a row's skipped steps when it is next read, knowing no past rate.
+            if "catch_up_lr" in rule:
+                raise ValueError(f"optimizer {self.kind!r}: catch_up_lr is the learning rate; do not set it")
+            if type(self.lr) is not FixedScheduler:
+                raise ValueError(f"optimizer {self.kind!r} steps the rows a step did not read at one constant rate: "
+                                 f"learning_rate must be a number, not a schedule ({type(self.lr).__name__})")
+            rule["catch_up_lr"] = self.lr.learning_rate
         self.embedding_dtype = embedding_dtype
         self.config = config(self.kind, **rule)   # embedding rows
         self.config.storage = EMBEDDING_DTYPES[embedding_dtype]
@@ -69,6 +77,21 @@ class Optimizer:
         for key in _C.optimizer_hyperparameters():
             setattr(self.dense_config, key, getattr(self.config, key))
         self.l2reg = self.config.l2reg
+
+    @property
+    def catches_up(self):
+        """Whether table rows take every step (the steps a row was not read at applied, with zero
+        gradient, before it is next read or stepped: dense Adam's result), not lazy steps."""
+        return _info(self.config.kind)["catches_up"]
+
+    def catch_up(self, table, state, steps, rows, target):
+        """A catch-up kind's rows (ids of a table this process holds: any order, repeats allowed,
+        ids outside the table skipped) brought to step `target`, the number of steps taken so
+        far, so that a read sees dense Adam's value."""
+        if cuda.is_device_array(table):
+            raise NotImplementedError(f"optimizer {self.kind!r}: a table on the GPU does not catch up its rows; "
+                                      f"put the tables on the parameter server (--comm PS or Hybrid) or use 'adam'")
+        _C.catch_up_rows(self.config, table, state, steps, np.ascontiguousarray(rows, np.int64), int(target))
 
     def state_width(self, width, dense=False):
         """Floats of optimizer state beside an embedding row of `width` floats, or with `dense`
@@ -104,9 +127,17 @@ class Optimizer:
         _C.apply_dense(self.dense_config, lr, value.reshape(-1), state, steps,
                        np.ascontiguousarray(grad, np.float32).reshape(-1))
 
-    def step_rows(self, lr, table, state, steps, grad, guard=None, name="optimizer"):
+    def step_rows(self, lr, table, state, steps, grad, guard=None, name="optimizer", step=None):
         """One step for the rows of `table` named by a sparse gradient (ids may repeat). A bag's
-        or a lookup's gradient on the host steps the rows as it sums them (step_into)."""
+        or a lookup's gradient on the host steps the rows as it sums them (step_into). `step`:
+        this step's number (1 for the first), which a catch-up kind brings a row to the step
+        before first. A bag's or a lookup's gradient names rows the lookup read, which caught
+        them up already; another gradient (an AllReduce's gathered rows) may name rows this
+        process did not read."""
+        if self.catches_up and not isinstance(grad, (BagGradient, LookupGradient)):
+            if step is None:
+                raise ValueError(f"{name}: optimizer {self.kind!r} needs the step's number to catch rows up")
+            self.catch_up(table, state, steps, grad.indices, step - 1)
         if isinstance(grad, (BagGradient, LookupGradient)) and not cuda.is_device_array(table):
             grad.step_into(name, self.config, lr, table, state, steps)
             return
@@ -210,7 +241,7 @@ class OptimizerOp(Op):
         self.params = [p for p, _ in pairs]
         self.optimizer = optimizer
         self.step_count = 0
-        # param id -> object with update(state, param, grad, lr): set by the distribution passes
+        # param id -> object with update(state, param, grad, lr, step): set by the distribution passes
         # for parameters that are summed across workers or live on the parameter server.
         self.updaters = {}
 
@@ -238,18 +269,18 @@ class OptimizerOp(Op):
     def step_param(self, state, param, grad, lr):
         updater = self.updaters.get(param.id)
         if updater is not None:
-            updater.update(state, param, grad, lr)
+            updater.update(state, param, grad, lr, self.step_count + 1)
         else:
-            local_update(state, self.optimizer, param, grad, lr)
+            local_update(state, self.optimizer, param, grad, lr, self.step_count + 1)
 
 
-def local_update(state, optimizer, param, grad, lr):
-    """One optimizer step of a parameter held by this process."""
+def local_update(state, optimizer, param, grad, lr, step):
+    """Step number `step` (1 for the first) of a parameter held by this process."""
     value = state.param_value(param)
     sparse = isinstance(grad, IndexedSlices)
     opt_state, steps = state.optimizer_state(param, optimizer, rowwise=sparse)
     if sparse:
-        optimizer.step_rows(lr, value, opt_state, steps, grad, state.update_guard, name=param.name)
+        optimizer.step_rows(lr, value, opt_state, steps, grad, state.update_guard, name=param.name, step=step)
     else:
         optimizer.step_dense(lr, value, opt_state, steps, grad, state.update_guard)
 

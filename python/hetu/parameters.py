@@ -53,8 +53,14 @@ class ParameterStore:
 
     def snapshot(self):
         """name -> NumPy copy of every parameter (tables on the parameter server are pulled as of
-        the last completed step)."""
+        the last completed step). A catch-up optimizer's local tables are caught up first, every
+        row, so they read as dense Adam leaves them."""
         remote = self.graph.remote
+        for p in self.graph.parameters:
+            op = self.graph.catching_up.get(p.id)
+            if op is not None and p.id not in remote and not cuda.is_device_array(self.values[p.id]):
+                state, steps = self.optimizer_state(p, op.optimizer, rowwise=True)
+                op.optimizer.catch_up(self.values[p.id], state, steps, np.arange(p.shape[0]), op.step_count)
         return {p.name: np.asarray(remote[p.id].fetch()).reshape(p.shape) if p.id in remote
                 else np.array(cuda.to_host(self.values[p.id]), copy=True) for p in self.graph.parameters}
 

@@ -18,7 +18,7 @@ class AllReduceUpdater:
     def __init__(self, comm, optimizer, counters):
         self.comm, self.optimizer, self.counters = comm, optimizer, counters
 
-    def update(self, state, param, grad, lr):
+    def update(self, state, param, grad, lr, step):
         started = time.perf_counter()
         if isinstance(grad, IndexedSlices):
             ids, rows = self.comm.allgather_rows(grad.indices, grad.values)
@@ -26,7 +26,7 @@ class AllReduceUpdater:
         else:
             grad = self.comm.allreduce_sum(grad)
         self.counters.add(dense_sync_seconds=time.perf_counter() - started)
-        local_update(state, self.optimizer, param, grad, lr)
+        local_update(state, self.optimizer, param, grad, lr, step)
 
 
 class PSSparseUpdater:
@@ -37,7 +37,7 @@ class PSSparseUpdater:
         self.source = source
         self._to_host = None   # hetu.cuda.DeviceToHost, on a GPU
 
-    def update(self, state, param, grad, lr):
+    def update(self, state, param, grad, lr, step):
         started = time.perf_counter()
         if cuda.is_device_array(grad.values):
             uniq, summed = self._sum_on_device(grad)
@@ -68,7 +68,7 @@ class PSDenseUpdater:
     def __init__(self, remote):
         self.remote = remote
 
-    def update(self, state, param, grad, lr):
+    def update(self, state, param, grad, lr, step):
         started = time.perf_counter()
         if isinstance(grad, IndexedSlices):
             grad = grad.to_dense()

@@ -53,7 +53,7 @@ py::tuple row_cache_prepare(RowCache& c, Array<int64_t> keys) {
 
 Array<float> row_cache_fill(RowCache& c, Array<int64_t> keys, Array<int64_t> pos, Array<float> rows,
                             Array<int64_t> versions, std::optional<Array<float>> state,
-                            std::optional<Array<int64_t>> steps) {
+                            std::optional<Array<int64_t>> steps, int64_t catch_up_to) {
   const int64_t n = keys.size(), m = pos.size();
   check_rows(rows, m, c.width(), "RowCache.fill");
   if (versions.size() != m) throw std::invalid_argument("RowCache.fill: one version per returned row");
@@ -69,7 +69,7 @@ Array<float> row_cache_fill(RowCache& c, Array<int64_t> keys, Array<int64_t> pos
     float* o = out.mutable_data();
     py::gil_scoped_release nogil;
     missing = c.Fill(keys.data(), n, pos.data(), rows.data(), versions.data(), state ? state->data() : nullptr,
-                     steps ? steps->data() : nullptr, m, o);
+                     steps ? steps->data() : nullptr, m, o, catch_up_to);
   }
   if (missing >= 0)
     throw std::runtime_error("RowCache.fill: row " + std::to_string(keys.data()[missing]) +
@@ -108,9 +108,9 @@ void bind_cache(py::module_& m) {
       .def("prepare", &row_cache_prepare,
            "one step's distinct ascending keys -> (hit, local_version, (evicted keys, grads, counts), evictions)")
       .def("fill", &row_cache_fill, py::arg("keys"), py::arg("pos"), py::arg("rows"), py::arg("versions"),
-           py::arg("state") = py::none(), py::arg("steps") = py::none(),
+           py::arg("state") = py::none(), py::arg("steps") = py::none(), py::arg("catch_up_to") = 0,
            "keys, pos, rows, versions (and optimizer state, steps) of a versioned pull -> every key's row "
-           "[len(keys), width]")
+           "[len(keys), width]; a catch-up optimizer's cached rows brought to step catch_up_to first")
       .def("step", [](RowCache& c, Array<int64_t> keys, Array<float> summed, float lr) {
              check_rows(summed, keys.size(), c.width(), "RowCache.step");
              hetu::cache::PushRows p;

@@ -33,7 +33,7 @@ void check_step_arrays(const PlanCache& c, int64_t n, const Array<float>& vals, 
 }
 
 py::tuple plan_cache_begin(PlanCache& c, Array<int64_t> keys, Array<bool> hit, Array<bool> pull, Array<float> vals,
-                           Array<float> state, Array<int64_t> steps) {
+                           Array<float> state, Array<int64_t> steps, int64_t catch_up_to) {
   const int64_t n = keys.size();
   if (hit.size() != n || pull.size() != n) throw std::invalid_argument("PlanCache.begin: one hit and pull flag per key");
   check_step_arrays(c, n, vals, state, steps, "PlanCache.begin");
@@ -45,7 +45,7 @@ py::tuple plan_cache_begin(PlanCache& c, Array<int64_t> keys, Array<bool> hit, A
   {
     py::gil_scoped_release nogil;
     error = c.Begin(keys.data(), n, reinterpret_cast<const uint8_t*>(hit.data()),
-                    reinterpret_cast<const uint8_t*>(pull.data()), v, s, st, &served, &evictions);
+                    reinterpret_cast<const uint8_t*>(pull.data()), v, s, st, &served, &evictions, catch_up_to);
   }
   return py::make_tuple(error, served, evictions);
 }
@@ -96,9 +96,10 @@ void bind_plan_cache(py::module_& m) {
            }),
            py::arg("policy"), py::arg("capacity"), py::arg("width"), py::arg("optimizer"), py::arg("pin_threshold") = 8)
       .def("begin", &plan_cache_begin, py::arg("keys"), py::arg("hit"), py::arg("pull"), py::arg("vals"),
-           py::arg("state"), py::arg("steps"),
+           py::arg("state"), py::arg("steps"), py::arg("catch_up_to") = 0,
            "the step's keys through the policy, checked against the plan's hits and pulls; the valid cached rows "
-           "written to vals/state/steps; returns (error or '', rows served from the cache, evictions)")
+           "(a catch-up optimizer's brought to step catch_up_to) written to vals/state/steps; returns (error or '', "
+           "rows served from the cache, evictions)")
       .def("finish", &plan_cache_finish, py::arg("keys"), py::arg("owner"), py::arg("summed"), py::arg("lr"),
            py::arg("vals"), py::arg("state"), py::arg("steps"), py::arg("invalidate"), py::arg("writeback"),
            "owner rows stepped and kept, shared copies dropped, invalidations; returns (error or '', the planned "

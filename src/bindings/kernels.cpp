@@ -142,6 +142,18 @@ void apply_rows(const Config& cfg, float lr, Array<float> table, Array<float> st
   hetu::kernels::apply_rows(cfg, lr, t, s, st, width, r, grads.data(), n);
 }
 
+void catch_up_rows(const Config& cfg, Array<float> table, Array<float> state, Array<int64_t> steps,
+                   Array<int64_t> rows, int64_t target) {
+  if (!hetu::optim::catches_up(cfg.kind)) throw std::invalid_argument("catch_up_rows: the optimizer kind does not catch up");
+  check_rows_state("catch_up_rows", cfg, table, state, steps);
+  const int64_t num_rows = table.shape(0), width = table.shape(1), n = rows.size();
+  float* t = mutable_data(table, "table");
+  float* s = mutable_data(state, "state");
+  int64_t* st = mutable_data(steps, "steps");
+  py::gil_scoped_release nogil;
+  hetu::kernels::catch_up_rows(cfg, t, s, st, num_rows, width, rows.data(), n, target);
+}
+
 void apply_dense(const Config& cfg, float lr, Array<float> w, Array<float> state, Array<int64_t> step,
                  Array<float> grad) {
   const int64_t size = w.size();
@@ -213,6 +225,10 @@ void bind_kernels(py::module_& m) {
   m.def("unique_sum", &unique_sum, "sorted unique ids and the summed rows of each");
   m.def("apply_rows", &apply_rows, "one optimizer step of the given unique rows of a table");
   m.def("apply_dense", &apply_dense, "one optimizer step of a dense tensor");
+  m.def("catch_up_rows", &catch_up_rows,
+        "a catch-up kind's rows (any order, repeats allowed; ids outside the table, as an empty slot's -1, "
+        "skipped) brought to step `target`: the zero-gradient steps they skipped, applied",
+        py::arg("config"), py::arg("table"), py::arg("state"), py::arg("steps"), py::arg("rows"), py::arg("target"));
   m.def("batched_matmul", &batched_matmul, py::arg("a"), py::arg("b"), py::arg("trans_a"), py::arg("trans_b"),
         py::arg("out"), py::arg("simd") = "",
         "out[s] = op(a[s]) @ op(b[s]) of float32 stacks, each element summed over k in order (the same bits on "

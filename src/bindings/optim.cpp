@@ -30,6 +30,7 @@ py::list optimizer_kinds() {
     kinds.append(py::dict(py::arg("name") = k.name, py::arg("kind") = static_cast<int>(k.kind),
                           py::arg("dense_kind") = static_cast<int>(k.dense_kind),
                           py::arg("rowwise") = hetu::optim::rowwise(k.kind),
+                          py::arg("catches_up") = hetu::optim::catches_up(k.kind),
                           py::arg("hyperparameters") = hyperparameters));
   }
   return kinds;
@@ -59,8 +60,9 @@ void bind_optim(py::module_& m) {
       .def("__repr__", &config_repr);
   for (const auto& h : hetu::optim::kHyperparameters) config.def_readwrite(h.name, h.member);
   m.def("optimizer_kinds", &optimizer_kinds,
-        "the optimizer kinds in Kind order: [{name, kind, dense_kind, rowwise, hyperparameters: {name: default}}] "
-        "(a row-wise kind steps embedding rows; dense tensors take its dense_kind)");
+        "the optimizer kinds in Kind order: [{name, kind, dense_kind, rowwise, catches_up, hyperparameters: "
+        "{name: default}}] (a row-wise kind steps embedding rows; dense tensors take its dense_kind; a catch-up "
+        "kind's rows take the steps they skipped when next read)");
   m.def("optimizer_hyperparameters", &optimizer_hyperparameters,
         "every hyperparameter of OptimConfig with OptimConfig's default, in declaration order");
   m.def("optim_state_width", &hetu::optim::state_width, "floats of optimizer state beside a row of `width` floats",

@@ -65,7 +65,8 @@ Prepared RowCache::Prepare(const int64_t* keys, int64_t n) {
 }
 
 int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const float* rows,
-                       const int64_t* versions, const float* state, const int64_t* steps, int64_t m, float* out) {
+                       const int64_t* versions, const float* state, const int64_t* steps, int64_t m, float* out,
+                       int64_t catch_up_to) {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<uint8_t> returned(n, 0);
   const size_t row_bytes = width_ * sizeof(float);
@@ -87,6 +88,12 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
     const int64_t s = policy_.SlotOf(keys[i]);
     if (s < 0 || version_[s] == kNeverVersion) return i;  // the pull must have returned it
     values_.Get(s, out + i * width_);
+    if (catch_up_to > opt_steps_[s] && optim::catches_up(optimizer_.kind)) {
+      optim::catch_up_row(optimizer_, out + i * width_, &opt_state_[s * sw], &opt_steps_[s], catch_up_to, width_,
+                          optim::catch_up_horizon(optimizer_),
+                          optim::BiasCorrections::Of(optimizer_.beta1, optimizer_.beta2, catch_up_to));
+      values_.Put(s, out + i * width_);  // rounded to the storage type: stored exactly
+    }
   }
   return -1;
 }

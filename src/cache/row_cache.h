@@ -48,9 +48,11 @@ class RowCache {
   // Stores what the versioned pull returned (rows[j] is keys[pos[j]], at server version
   // versions[j], with optimizer state state[j] and step count steps[j] when the pull brought
   // them, else null) in the rows' slots and writes every key's row to out[n, width]. Returns -1,
-  // or the position of a key that was neither returned nor valid in the cache.
+  // or the position of a key that was neither returned nor valid in the cache. Under a catch-up
+  // kind the cached rows read are first brought to step `catch_up_to` (the returned ones come so
+  // from the servers): the same rows, bit for bit, as the servers' copies brought there.
   int64_t Fill(const int64_t* keys, int64_t n, const int64_t* pos, const float* rows, const int64_t* versions,
-               const float* state, const int64_t* steps, int64_t m, float* out);
+               const float* state, const int64_t* steps, int64_t m, float* out, int64_t catch_up_to = 0);
 
   // The cached rows take the optimizer step locally, by the servers' rule with the state cached
   // beside them, and count it as pending. Rows with more than k pending updates are due: their

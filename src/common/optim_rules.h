@@ -12,7 +12,14 @@
 // hetu._C binds it (src/bindings/optim.cpp), and hetu.optim, hetu.ps, the CLI and the benches
 // take their names, hyperparameters and defaults from there.
 #pragma once
+#include <array>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
 
 #include "common/optim_step.h"
 #include "common/storage.h"
@@ -30,6 +37,7 @@ struct Hyperparameter {
 constexpr Hyperparameter kHyperparameters[] = {
     {"momentum", &Config::momentum}, {"beta1", &Config::beta1}, {"beta2", &Config::beta2},
     {"eps", &Config::eps},           {"l2reg", &Config::l2reg}, {"weight_decay", &Config::weight_decay},
+    {"catch_up_lr", &Config::catch_up_lr},
 };
 constexpr int kNumHyperparameters = sizeof(kHyperparameters) / sizeof(kHyperparameters[0]);
 
@@ -60,6 +68,13 @@ constexpr KindInfo kKinds[] = {
     {"adamw", kAdamW, kAdamW,
      {uses(&Config::beta1), uses(&Config::beta2), uses(&Config::eps), uses(&Config::weight_decay, 0.01f)}},
     {"rowwise_adagrad", kRowwiseAdaGrad, kAdaGrad, {uses(&Config::eps), uses(&Config::l2reg)}},
+    // Dense tensors are stepped every step anyway: they take plain Adam and AdamW.
+    {"adam_catchup", kAdamCatchUp, kAdam,
+     {uses(&Config::beta1), uses(&Config::beta2), uses(&Config::eps), uses(&Config::l2reg),
+      uses(&Config::catch_up_lr)}},
+    {"adamw_catchup", kAdamWCatchUp, kAdamW,
+     {uses(&Config::beta1), uses(&Config::beta2), uses(&Config::eps), uses(&Config::weight_decay, 0.01f),
+      uses(&Config::catch_up_lr)}},
 };
 
 constexpr int kNumKinds = sizeof(kKinds) / sizeof(kKinds[0]);
@@ -98,7 +113,9 @@ inline void step_row(const Config& c, float lr, float* w, float* state, int64_t*
       for (int64_t i = 0; i < width; ++i) adagrad(c, lr, w[i], state[i], g[i]);
       break;
     case kAdam:
-    case kAdamW: {
+    case kAdamW:
+    case kAdamCatchUp:
+    case kAdamWCatchUp: {
       BiasCache local;
       BiasCache& bc = cache ? *cache : local;
       if (bc.t != t) {
@@ -120,6 +137,104 @@ inline void step_row(const Config& c, float lr, float* w, float* state, int64_t*
       }
   }
   storage::round_row(c.storage, w, width);
+}
+
+// ---- catch-up kinds (docs/design.md section 4) -------------------------------------------------
+//
+// A row's step count s is the global step it was last brought to (0: never). Before step t reads
+// or steps it, the steps u = s+1 .. t-1 it skipped are applied as dense Adam applies them, with
+// zero gradient, in order, each rounded to the storage type: so a row caught up here equals the
+// row stepped at every step, bit for bit, and every copy of a row (a server's, a cache's) caught
+// up to the same step is the same. Without l2reg or decoupled decay a skipped step only decays
+// the moments, and the value moves by terms shrinking by about beta1 / sqrt(beta2) a step: past
+// catch_up_horizon() steps they are below float32 rounding, and the rest decays m and v at once.
+// A row whose moments are zero (never stepped) does not move at all then.
+
+// Adam's bias corrections of steps 1, 2, ..., as bias_correction computes them, kept once per
+// process and (beta1, beta2): catching a row up applies up to a few hundred steps, and two pow() a
+// step cost more than the step's own arithmetic on a narrow row. Entries are written once, in
+// chunks that never move, so readers need no lock; steps past kChunks * kChunk take pow().
+class BiasCorrections {
+ public:
+  // The corrections of (beta1, beta2), computed up to step `upto` first.
+  static const BiasCorrections& Of(float beta1, float beta2, int64_t upto) {
+    static std::mutex mu;
+    static std::map<std::pair<float, float>, std::unique_ptr<BiasCorrections>> all;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = all[{beta1, beta2}];
+    if (!slot) slot.reset(new BiasCorrections(beta1, beta2));
+    slot->Extend(upto);
+    return *slot;
+  }
+  float bc1(int64_t u) const {
+    return u <= known_.load(std::memory_order_acquire) ? chunks_[u / kChunk][2 * (u % kChunk)]
+                                                        : bias_correction(beta1_, u);
+  }
+  float bc2(int64_t u) const {
+    return u <= known_.load(std::memory_order_acquire) ? chunks_[u / kChunk][2 * (u % kChunk) + 1]
+                                                        : bias_correction(beta2_, u);
+  }
+
+ private:
+  static constexpr int64_t kChunk = 1 << 16, kChunks = 64;  // 4M steps, 32 MiB at most
+  BiasCorrections(float beta1, float beta2) : beta1_(beta1), beta2_(beta2) {}
+  void Extend(int64_t upto) {
+    upto = upto < kChunk * kChunks - 1 ? upto : kChunk * kChunks - 1;
+    const int64_t known = known_.load(std::memory_order_relaxed);
+    for (int64_t u = known + 1; u <= upto; ++u) {
+      auto& chunk = chunks_[u / kChunk];
+      if (!chunk) chunk.reset(new float[2 * kChunk]);
+      chunk[2 * (u % kChunk)] = bias_correction(beta1_, u);
+      chunk[2 * (u % kChunk) + 1] = bias_correction(beta2_, u);
+    }
+    if (upto > known) known_.store(upto, std::memory_order_release);
+  }
+  const float beta1_, beta2_;
+  std::atomic<int64_t> known_{0};  // steps 1 .. known_ are in the chunks
+  std::array<std::unique_ptr<float[]>, kChunks> chunks_;
+};
+
+// The skipped steps applied one by one (the rest only decay the moments); 0: all of them.
+inline int64_t catch_up_horizon(const Config& c) {
+  if (c.l2reg != 0.0f || (c.kind == kAdamWCatchUp && c.weight_decay != 0.0f)) return 0;
+  const double ratio = static_cast<double>(c.beta1) / std::sqrt(static_cast<double>(c.beta2));
+  if (!(ratio > 0.0 && ratio < 1.0)) return 0;
+  // ratio^K < 2^-32: the terms left sum to less than 2^-24 of the first (ratio <= 0.95).
+  return static_cast<int64_t>(std::ceil(-32.0 * std::log(2.0) / std::log(ratio))) + 1;
+}
+
+// Brings one row (float32 values, its m then v, its step count) to step `target`; `bias`:
+// BiasCorrections::Of(c.beta1, c.beta2, target).
+inline void catch_up_row(const Config& c, float* w, float* state, int64_t* step, int64_t target, int64_t width,
+                         int64_t horizon, const BiasCorrections& bias) {
+  const int64_t s = *step;
+  if (s >= target) return;
+  float* m = state;
+  float* v = state + width;
+  if (horizon > 0) {
+    bool moving = false;
+    for (int64_t i = 0; i < width && !moving; ++i) moving = m[i] != 0.0f || v[i] != 0.0f;
+    if (!moving) {  // zero moments stay zero, and w - lr * 0 / (0 + eps) is w
+      *step = target;
+      return;
+    }
+  }
+  const int64_t skipped = target - s;
+  const int64_t applied = horizon > 0 && skipped > horizon ? horizon : skipped;
+  for (int64_t u = s + 1; u <= s + applied; ++u) {
+    const float bc1 = bias.bc1(u), bc2 = bias.bc2(u);
+    for (int64_t i = 0; i < width; ++i) adam(c, c.catch_up_lr, w[i], m[i], v[i], 0.0f, bc1, bc2);
+    storage::round_row(c.storage, w, width);
+  }
+  if (applied < skipped) {
+    const float d1 = static_cast<float>(std::pow(static_cast<double>(c.beta1), static_cast<double>(skipped - applied)));
+    const float d2 = static_cast<float>(std::pow(static_cast<double>(c.beta2), static_cast<double>(skipped - applied)));
+    for (int64_t i = 0; i < width; ++i) {
+      m[i] *= d1;
+      v[i] *= d2;
+    }
+  }
+  *step = target;
 }
 
 }  // namespace optim

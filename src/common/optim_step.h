@@ -31,7 +31,19 @@ typedef long long i64;
 typedef std::int64_t i64;
 #endif
 
-enum Kind : int { kSGD = 0, kMomentum = 1, kNesterov = 2, kAdaGrad = 3, kAdam = 4, kAdamW = 5, kRowwiseAdaGrad = 6 };
+enum Kind : int {
+  kSGD = 0,
+  kMomentum = 1,
+  kNesterov = 2,
+  kAdaGrad = 3,
+  kAdam = 4,
+  kAdamW = 5,
+  kRowwiseAdaGrad = 6,
+  // Adam and AdamW whose table rows take every step, dense Adam's: the zero-gradient steps a
+  // row was not read at are applied when it is next read or stepped (optim_rules.h: catch_up_row).
+  kAdamCatchUp = 7,
+  kAdamWCatchUp = 8
+};
 
 // A kind and its hyperparameters, with their defaults. optim_rules.h's kHyperparameters names
 // the floats (Python reads them from there); which kinds read which is in its kKinds.
@@ -43,6 +55,9 @@ struct Config {
   float eps = 1e-7f;          // AdaGrad, Adam, AdamW, row-wise AdaGrad
   float l2reg = 0.0f;         // added to the gradient: g + l2reg * w (all kinds but AdamW)
   float weight_decay = 0.0f;  // AdamW's decoupled decay
+  // The catch-up kinds' learning rate, constant: the rate of the steps a row skipped, which a
+  // server applies when the row is next read (no message carries the rate of a past step).
+  float catch_up_lr = 0.0f;
   // The rows' storage type (hetu::storage::Type, 0 being float32): a step computes in float32
   // and rounds the row to it. Embedding rows only; dense tensors are float32.
   int storage = 0;
@@ -53,6 +68,10 @@ struct Config {
 // change its result, so dense tensors take the optimizer's element-wise dense rule instead.
 HETU_HOST_DEVICE constexpr bool rowwise(int kind) { return kind == kRowwiseAdaGrad; }
 
+// Whether a row's step count is the global step it was last brought to, and the steps between
+// are applied with zero gradient before it is read or stepped (optim_rules.h: catch_up_row).
+HETU_HOST_DEVICE constexpr bool catches_up(int kind) { return kind == kAdamCatchUp || kind == kAdamWCatchUp; }
+
 // Floats of optimizer state beside a row of `width` floats: whole arrays of `width` floats for
 // the element-wise kinds (Adam's m, then v), one accumulator for row-wise AdaGrad.
 HETU_HOST_DEVICE inline i64 state_width(int kind, i64 width) {
@@ -61,7 +80,9 @@ HETU_HOST_DEVICE inline i64 state_width(int kind, i64 width) {
     case kNesterov:
     case kAdaGrad: return width;
     case kAdam:
-    case kAdamW: return 2 * width;
+    case kAdamW:
+    case kAdamCatchUp:
+    case kAdamWCatchUp: return 2 * width;
     case kRowwiseAdaGrad: return 1;
     default: return 0;
   }
@@ -105,7 +126,7 @@ HETU_HOST_DEVICE inline void adagrad(const Config& c, float lr, float& w, float&
 // Adam and AdamW; bc1, bc2: bias_correction of beta1 and beta2 at the row's step count.
 HETU_HOST_DEVICE inline void adam(const Config& c, float lr, float& w, float& m, float& v, float g, float bc1,
                                   float bc2) {
-  const bool decoupled = c.kind == kAdamW;
+  const bool decoupled = c.kind == kAdamW || c.kind == kAdamWCatchUp;
   if (decoupled) w -= lr * c.weight_decay * w;
   const float gi = decoupled ? g : g + c.l2reg * w;
   m = c.beta1 * m + (1.0f - c.beta1) * gi;
@@ -128,6 +149,8 @@ HETU_HOST_DEVICE inline void step_element(const Config& c, float lr, float* w, f
     case kAdaGrad: adagrad(c, lr, *w, state[0], g); break;
     case kAdam:
     case kAdamW:
+    case kAdamCatchUp:
+    case kAdamWCatchUp:
       adam(c, lr, *w, state[0], state[stride], g, bias_correction(c.beta1, t), bias_correction(c.beta2, t));
       break;
     default: break;

@@ -34,9 +34,11 @@ class PlanCache {
   // The step's distinct ascending keys through the policy. Fails (a message; nothing changed
   // but the policy) if the hits or the rows to pull differ from the plan's. Writes the rows that
   // are valid here to vals [n, width], state [n, state_width] and steps [n]; the caller fills the
-  // pulled ones. Evicted dirty rows are kept until this step's write-back.
+  // pulled ones. Evicted dirty rows are kept until this step's write-back. Under a catch-up kind
+  // the valid rows are first brought to step `catch_up_to` (the pulled ones come so from the
+  // servers).
   std::string Begin(const int64_t* keys, int64_t n, const uint8_t* plan_hit, const uint8_t* plan_pull, float* vals,
-                    float* state, int64_t* steps, int64_t* served, int64_t* evictions);
+                    float* state, int64_t* steps, int64_t* served, int64_t* evictions, int64_t catch_up_to = 0);
 
   // After the backward pass, with the arrays Begin filled (and the pulls completed): steps the
   // owner rows (owner computes) with their summed gradients [n, width], keeps them dirty,

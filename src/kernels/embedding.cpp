@@ -291,6 +291,24 @@ void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, 
   });
 }
 
+void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t* steps, int64_t num_rows,
+                   int64_t width, const int64_t* rows, int64_t n, int64_t target) {
+  const int64_t state_width = optim::state_width(cfg.kind, width);
+  const int64_t horizon = optim::catch_up_horizon(cfg);
+  const optim::BiasCorrections& bias = optim::BiasCorrections::Of(cfg.beta1, cfg.beta2, target);
+  // Each part takes the rows r with r % parts in its range, whatever their order and repeats:
+  // no two threads touch one row, and a repeat finds its row at `target` already. Ids outside
+  // the table (an empty slot's -1) are skipped.
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(num_threads(), n / 1024));
+  parallel_for(parts, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = rows[i];
+      if (r < 0 || r >= num_rows || steps[r] >= target || r % parts < b || r % parts >= e) continue;
+      optim::catch_up_row(cfg, table + r * width, state + r * state_width, steps + r, target, width, horizon, bias);
+    }
+  });
+}
+
 void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,
                  int64_t size) {
   // The tensor is one row; chunks of it are stepped in parallel with the same step count, which

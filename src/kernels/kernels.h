@@ -52,6 +52,12 @@ int64_t unique_sum(const int64_t* ids, const float* grads, int64_t n, int64_t wi
 void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, int64_t* steps, int64_t width,
                 const int64_t* rows, const float* grads, int64_t n);
 
+// A catch-up kind's rows[i] (any order, repeats allowed; ids outside [0, num_rows) skipped)
+// brought to step `target` (optim::catch_up_row): the steps they skipped, applied before they
+// are read or stepped.
+void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t* steps, int64_t num_rows,
+                   int64_t width, const int64_t* rows, int64_t n, int64_t target);
+
 // One optimizer step of a dense tensor of `size` floats. state: slots arrays of `size` floats.
 void apply_dense(const optim::Config& cfg, float lr, float* w, float* state, int64_t* step, const float* g,
                  int64_t size);

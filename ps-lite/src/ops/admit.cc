@@ -65,7 +65,9 @@ std::string FreshPairs(const TableShard& t, const int64_t* slots, const int64_t*
 }
 
 // Resets the rows of the pairs at `fresh` (ServerStats::admitted counts them).
-void ResetRows(TableShard& t, const int64_t* slots, const int64_t* keys, const std::vector<int64_t>& fresh) {
+// A catch-up kind's rows start at step `start`: an admitted row has skipped nothing.
+void ResetRows(TableShard& t, const int64_t* slots, const int64_t* keys, const std::vector<int64_t>& fresh,
+               int64_t start) {
   const int64_t m = static_cast<int64_t>(fresh.size()), w = t.width();
   std::vector<int64_t> at(m), admitted(m);
   for (int64_t j = 0; j < m; ++j) {
@@ -79,7 +81,7 @@ void ResetRows(TableShard& t, const int64_t* slots, const int64_t* keys, const s
   std::vector<char> stored(m * t.row_bytes());  // as a static table's rows are rounded
   hetu::storage::narrow_row(t.storage(), initial.data(), stored.data(), m * w);
   const std::vector<float> state(m * t.state_width(), 0.0f);
-  const std::vector<int64_t> steps(m, 0), version_add(m, 1);
+  const std::vector<int64_t> steps(m, t.catches_up() ? start : 0), version_add(m, 1);
   t.Assign(at.data(), m, stored.data(), state.data(), steps.data(), version_add.data());
   g_admitted.fetch_add(m, std::memory_order_relaxed);
 }
@@ -107,13 +109,13 @@ bool Serve(Serving& s) {
     }
     if (iteration >= 0)
       for (int64_t i : fresh) t.admitted_keys.emplace(slots[i], keys[i]);
-    if (!fresh.empty()) ResetRows(t, slots, keys, fresh);
+    if (!fresh.empty()) ResetRows(t, slots, keys, fresh, msg.meta.catch_up_to());
   }
   s.Reply({}, err);
   return true;
 }
 
-Handle AdmitSlots(RemoteTable& table, Arr<int64_t> slots, Arr<int64_t> keys, int64_t iteration) {
+Handle AdmitSlots(RemoteTable& table, Arr<int64_t> slots, Arr<int64_t> keys, int64_t iteration, int64_t catch_up_to) {
   const TableRef& t = table.ref();
   const int64_t n = slots.size();
   CheckSize(t.name, "keys", keys.size(), n);
@@ -127,6 +129,7 @@ Handle AdmitSlots(RemoteTable& table, Arr<int64_t> slots, Arr<int64_t> keys, int
     w.Send(r, t.name, [&](Message& m, const Part& p) {
       m.meta.set_has_iteration(iteration >= 0);
       m.meta.set_iteration(iteration);
+      m.meta.set_catch_up_to(catch_up_to);
       m.data.push_back(SliceOf(p, sl, 1));
       m.data.push_back(SliceOf(p, k, 1));
     });
@@ -137,6 +140,7 @@ Handle AdmitSlots(RemoteTable& table, Arr<int64_t> slots, Arr<int64_t> keys, int
 
 void Bind(PyFace& f) {
   f.table.def("admit", &AdmitSlots, py::kw_only(), py::arg("slots"), py::arg("keys"), py::arg("iteration") = -1,
+              py::arg("catch_up_to") = 0,
               "Resets each slot's row to its key's initial row (hetu._C.key_rows), with zero optimizer state "
               "and steps and a newer version (result: None).");
 }

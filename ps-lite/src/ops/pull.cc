@@ -11,7 +11,7 @@
 namespace ps {
 
 bool ServePull(Serving& s, int64_t iteration) {
-  const TableShard& t = s.table();
+  TableShard& t = s.table();
   const Message& msg = s.msg;
   if (!s.server.Servable(t, msg, iteration)) return false;
   if (t.dense()) {
@@ -25,6 +25,7 @@ bool ServePull(Serving& s, int64_t iteration) {
   const int64_t n = NumKeys(msg);
   const int64_t* keys;
   if (!s.server.ReadKeys(t, msg, n, &keys)) return true;
+  t.CatchUp(keys, n, msg.meta.catch_up_to());
   const int64_t chunk = msg.meta.op() == kPull ? msg.meta.chunk_rows() : 0;
   if (chunk > 0 && n > chunk) {
     // A chunk at a time: the van sends one while the next is gathered.
@@ -63,7 +64,8 @@ namespace {
 
 bool Serve(Serving& s) { return ServePull(s, s.msg.meta.iteration()); }
 
-std::shared_ptr<Request> SendPull(KVWorker& w, const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration) {
+std::shared_ptr<Request> SendPull(KVWorker& w, const TableRef& t, const int64_t* keys, int64_t n, int64_t iteration,
+                                  int64_t catch_up_to) {
   auto req = w.NewRequest(t, kPull);
   if (t.dense) w.PartitionDense(t, req.get());
   else w.Partition(t, keys, n, false, req.get());
@@ -75,6 +77,7 @@ std::shared_ptr<Request> SendPull(KVWorker& w, const TableRef& t, const int64_t*
   w.Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_has_iteration(iteration >= 0);
     m.meta.set_iteration(iteration);
+    m.meta.set_catch_up_to(catch_up_to);
     if (!t.dense) m.data.push_back(SliceOf(p, keys, 1));
     if (req->rows_data) m.meta.set_chunk_rows(chunk);
   });
@@ -82,17 +85,18 @@ std::shared_ptr<Request> SendPull(KVWorker& w, const TableRef& t, const int64_t*
 }
 
 // A dense table's pull takes no keys.
-Handle Pull(RemoteTable& table, std::optional<Arr<int64_t>> keys, int64_t iteration) {
+Handle Pull(RemoteTable& table, std::optional<Arr<int64_t>> keys, int64_t iteration, int64_t catch_up_to) {
   const int64_t n = table.Keys(keys);
   py::list keep;
   if (keys) keep.append(*keys);
   const int64_t* k = keys ? keys->data() : nullptr;
-  auto req = Send([&](KVWorker& w) { return SendPull(w, table.ref(), k, n, iteration); });
+  auto req = Send([&](KVWorker& w) { return SendPull(w, table.ref(), k, n, iteration, catch_up_to); });
   return Handle(req, keep);
 }
 
 void Bind(PyFace& f) {
-  f.table.def("pull", &Pull, py::kw_only(), py::arg("keys") = py::none(), py::arg("iteration") = -1);
+  f.table.def("pull", &Pull, py::kw_only(), py::arg("keys") = py::none(), py::arg("iteration") = -1,
+              py::arg("catch_up_to") = 0, "catch_up_to: a catch-up optimizer's rows come brought to that step");
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace ps {
 namespace {
 
 bool Serve(Serving& s) {
-  const TableShard& t = s.table();
+  TableShard& t = s.table();
   const Message& msg = s.msg;
   if (!s.server.Servable(t, msg, msg.meta.iteration())) return false;
   const int64_t n = NumKeys(msg);
@@ -23,6 +23,7 @@ bool Serve(Serving& s) {
   const int64_t m = static_cast<int64_t>(idx.size());
   std::vector<int64_t> stale(m);
   for (int64_t i = 0; i < m; ++i) stale[i] = keys[idx[i]];
+  t.CatchUp(stale.data(), m, msg.meta.catch_up_to());
   char* rows;
   int64_t* versions;
   Blob rb = Blob::Alloc<char>(m * t.row_bytes(), &rows);
@@ -82,7 +83,8 @@ py::object Result(Request& r, const Asked& asked) {
 }
 
 std::shared_ptr<Request> SendPullStale(KVWorker& w, const TableRef& t, const int64_t* keys, const int64_t* versions,
-                                       int64_t n, int64_t bound, int64_t iteration, bool with_state) {
+                                       int64_t n, int64_t bound, int64_t iteration, bool with_state,
+                                       int64_t catch_up_to) {
   auto req = w.NewRequest(t, kPullStale);
   w.Partition(t, keys, n, false, req.get());
   w.Send(req, t.name, [&](Message& m, const Part& p) {
@@ -90,6 +92,7 @@ std::shared_ptr<Request> SendPullStale(KVWorker& w, const TableRef& t, const int
     m.meta.set_with_state(with_state);
     m.meta.set_has_iteration(iteration >= 0);
     m.meta.set_iteration(iteration);
+    m.meta.set_catch_up_to(catch_up_to);
     m.data.push_back(SliceOf(p, keys, 1));
     m.data.push_back(SliceOf(p, versions, 1));
   });
@@ -97,7 +100,7 @@ std::shared_ptr<Request> SendPullStale(KVWorker& w, const TableRef& t, const int
 }
 
 Handle PullStale(RemoteTable& table, Arr<int64_t> keys, Arr<int64_t> versions, int64_t bound, int64_t iteration,
-                 bool with_state) {
+                 bool with_state, int64_t catch_up_to) {
   const TableRef& t = table.ref();
   CheckSize(t.name, "versions", versions.size(), keys.size());
   py::list keep;
@@ -105,7 +108,7 @@ Handle PullStale(RemoteTable& table, Arr<int64_t> keys, Arr<int64_t> versions, i
   keep.append(versions);
   const int64_t *k = keys.data(), *v = versions.data();
   const int64_t n = keys.size();
-  auto req = Send([&](KVWorker& w) { return SendPullStale(w, t, k, v, n, bound, iteration, with_state); });
+  auto req = Send([&](KVWorker& w) { return SendPullStale(w, t, k, v, n, bound, iteration, with_state, catch_up_to); });
   Asked asked;
   asked.with_state = with_state;
   return Handle(req, keep, std::move(asked));
@@ -113,7 +116,7 @@ Handle PullStale(RemoteTable& table, Arr<int64_t> keys, Arr<int64_t> versions, i
 
 void Bind(PyFace& f) {
   f.table.def("pull_stale", &PullStale, py::kw_only(), py::arg("keys"), py::arg("versions"), py::arg("bound") = 0,
-              py::arg("iteration") = -1, py::arg("with_state") = false);
+              py::arg("iteration") = -1, py::arg("with_state") = false, py::arg("catch_up_to") = 0);
 }
 
 }  // namespace

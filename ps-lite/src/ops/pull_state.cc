@@ -11,7 +11,7 @@ namespace ps {
 namespace {
 
 bool Serve(Serving& s) {
-  const TableShard& t = s.table();
+  TableShard& t = s.table();
   const Message& msg = s.msg;
   if (!s.server.Servable(t, msg, msg.meta.iteration())) return false;
   const int64_t n = NumKeys(msg);
@@ -32,6 +32,7 @@ bool Serve(Serving& s) {
   Blob sb = Blob::Alloc<float>(m * t.state_width(), &state);
   Blob stb = Blob::Alloc<int64_t>(m, &steps);
   Blob vb = Blob::Alloc<int64_t>(m, &versions);
+  t.CatchUp(keys, n, msg.meta.catch_up_to());
   t.Gather(keys, n, rows);
   t.GatherState(masked ? marked.data() : keys, m, state, steps, versions);
   s.Reply({rb, sb, stb, vb}, "");
@@ -86,12 +87,13 @@ py::object Result(Request& r, const Asked& asked) {
 }
 
 std::shared_ptr<Request> SendPullState(KVWorker& w, const TableRef& t, const int64_t* keys, int64_t n,
-                                       int64_t iteration, const uint8_t* with_state) {
+                                       int64_t iteration, const uint8_t* with_state, int64_t catch_up_to) {
   auto req = w.NewRequest(t, kPullState);
   w.Partition(t, keys, n, false, req.get());
   w.Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_has_iteration(iteration >= 0);
     m.meta.set_iteration(iteration);
+    m.meta.set_catch_up_to(catch_up_to);
     m.data.push_back(SliceOf(p, keys, 1));
     if (with_state) {
       m.meta.set_with_state_mask(true);
@@ -101,7 +103,8 @@ std::shared_ptr<Request> SendPullState(KVWorker& w, const TableRef& t, const int
   return req;
 }
 
-Handle PullWithState(RemoteTable& table, Arr<int64_t> keys, int64_t iteration, std::optional<Arr<uint8_t>> state_mask) {
+Handle PullWithState(RemoteTable& table, Arr<int64_t> keys, int64_t iteration, std::optional<Arr<uint8_t>> state_mask,
+                     int64_t catch_up_to) {
   const TableRef& t = table.ref();
   py::list keep;
   keep.append(keys);
@@ -114,13 +117,13 @@ Handle PullWithState(RemoteTable& table, Arr<int64_t> keys, int64_t iteration, s
     asked.marked.emplace(state_mask->data(), state_mask->data() + n);
   }
   const uint8_t* mask = state_mask ? state_mask->data() : nullptr;
-  auto req = Send([&](KVWorker& w) { return SendPullState(w, t, k, n, iteration, mask); });
+  auto req = Send([&](KVWorker& w) { return SendPullState(w, t, k, n, iteration, mask, catch_up_to); });
   return Handle(req, keep, std::move(asked));
 }
 
 void Bind(PyFace& f) {
   f.table.def("pull_with_state", &PullWithState, py::kw_only(), py::arg("keys"), py::arg("iteration") = -1,
-              py::arg("state_mask") = py::none());
+              py::arg("state_mask") = py::none(), py::arg("catch_up_to") = 0);
 }
 
 }  // namespace

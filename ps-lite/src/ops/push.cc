@@ -59,7 +59,7 @@ bool StrictlyIncreasing(const int64_t* keys, int64_t n) {
 // iteration < 0: apply on arrival (ASP).
 std::shared_ptr<Request> SendPush(KVWorker& w, const TableRef& t, int op, const int64_t* keys, int64_t n,
                                   const float* grads, const int64_t* counts, int64_t iteration, float lr,
-                                  const WriteBack* write_back) {
+                                  const WriteBack* write_back, int64_t catch_up_to) {
   auto req = w.NewRequest(t, op);
   const bool bsp = iteration >= 0;
   if (t.dense) w.PartitionDense(t, req.get());
@@ -76,6 +76,7 @@ std::shared_ptr<Request> SendPush(KVWorker& w, const TableRef& t, int op, const 
     if (counts[i] < 1) chunk = 0;
   w.Send(req, t.name, [&](Message& m, const Part& p) {
     m.meta.set_lr(lr);
+    m.meta.set_catch_up_to(catch_up_to);
     m.meta.set_has_iteration(bsp);
     m.meta.set_iteration(iteration);
     if (t.dense) {
@@ -108,7 +109,7 @@ using WriteBackArrays = std::tuple<Arr<int64_t>, Arr<float>, Arr<float>, Arr<int
 
 // A dense table's push takes no keys.
 Handle Push(RemoteTable& table, std::optional<Arr<int64_t>> keys, Arr<float> grads, std::optional<Arr<int64_t>> counts,
-            int64_t iteration, float lr, bool pull, std::optional<WriteBackArrays> write_back) {
+            int64_t iteration, float lr, bool pull, std::optional<WriteBackArrays> write_back, int64_t catch_up_to) {
   const TableRef& t = table.ref();
   const std::string& name = t.name;
   const int64_t n = table.Keys(keys);
@@ -145,15 +146,15 @@ Handle Push(RemoteTable& table, std::optional<Arr<int64_t>> keys, Arr<float> gra
   }
   const WriteBack* wbp = write_back ? &wb : nullptr;
   const int op = pull ? kPushPull : kPush;
-  auto req = Send([&](KVWorker& w) { return SendPush(w, t, op, k, n, g, c, iteration, lr, wbp); });
+  auto req = Send([&](KVWorker& w) { return SendPush(w, t, op, k, n, g, c, iteration, lr, wbp, catch_up_to); });
   return Handle(req, keep);
 }
 
 void Bind(PyFace& f) {
   f.table.def("push", &Push, py::kw_only(), py::arg("keys") = py::none(), py::arg("grads"),
               py::arg("counts") = py::none(), py::arg("iteration") = -1, py::arg("lr"), py::arg("pull") = false,
-              py::arg("write_back") = py::none(),
-              "pull=True: push-pull (result: the rows after the push's iteration). write_back: (keys, values, state, "
+              py::arg("write_back") = py::none(), py::arg("catch_up_to") = 0,
+              "catch_up_to: a catch-up optimizer's rows are brought to that step before they are stepped. pull=True: push-pull (result: the rows after the push's iteration). write_back: (keys, values, state, "
               "steps, version_add), written just before the push is taken in.");
 }
 

@@ -292,6 +292,21 @@ def _step_bags(op_name, ids, offsets, mean, g, empty_slots, config, lr, table, s
         raise IndexError(f"{op_name}: id {bad[1]} (position {bad[0]}) outside the table of {table.shape[0]} rows")
 
 
+def catch_up_read(state, param, table, ids):
+    """Before a table this process holds is read: under a catch-up optimizer (hetu.optim), the
+    rows of `ids` (-1 and ids outside the table are left to the read's own checks) take the steps
+    they skipped, up to the steps taken so far."""
+    op = state.executor.graph.catching_up.get(param.id)
+    if op is None:
+        return
+    flat = ids.reshape(-1) if not cuda.is_device_array(ids) else None
+    if flat is None or cuda.is_device_array(table):
+        raise NotImplementedError(f"optimizer {op.optimizer.kind!r}: table {param.name} on the GPU does not catch up "
+                                  f"its rows; put the tables on the parameter server (--comm PS or Hybrid)")
+    opt_state, steps = state.optimizer_state(param, op.optimizer, rowwise=True)
+    op.optimizer.catch_up(table, opt_state, steps, flat, op.step_count)
+
+
 def gather(op_name, table, ids, out, checks=None):
     """out = table[ids] with a bounds check that names the op, the id and the table size. On the
     device the check is recorded in `checks` (hetu.cuda.DeviceChecks) and raised after the step."""
@@ -344,6 +359,8 @@ class EmbeddingLookupOp(Op):
         out = state.buffer(self, ids.shape + (table.shape[1],), np.float32)
         if self.dynamic is not None:
             self.dynamic.admit_locally(state, self.inputs[0])
+        catch_up_read(state, self.inputs[0], table, ids)
+        if self.dynamic is not None:
             return gather_slots(self.name, table, ids, out)
         return gather(self.name, table, ids, out, state.checks)
 
@@ -496,6 +513,7 @@ class EmbeddingBagOp(EmbeddingLookupOp):
         out = state.buffer(self, self.bags.out_shape(ids.shape, table.shape[1]), np.float32)
         if self.dynamic is not None:
             self.dynamic.admit_locally(state, self.inputs[0])
+        catch_up_read(state, self.inputs[0], table, ids)
         return self.bags.pool(self.name, table, ids, out, state.checks)
 
     def gradient(self, g):

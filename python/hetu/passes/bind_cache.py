@@ -32,6 +32,9 @@ def bind_cache(graph):
                                         graph.config.cache_bound, opt_op.optimizer)
     route_through_caches(graph)
     if graph.config.prefetch:
+        if any(graph.ps_params[pid][1].optimizer.catches_up for pid in tables):
+            raise ValueError("the cache's prefetch is not supported with a catch-up optimizer (adam_catchup): "
+                             "the next step's pull would bring rows to this step; drop --prefetch")
         _prefetch_from_dataloaders(graph)
     return graph
 

@@ -23,6 +23,8 @@ def bind_ps(graph):
         remote = graph.remote[param.id] = RemoteTable(client, param, opt_op.optimizer, seed, sync, graph.counters,
                                                       dense=not sparse)
         if sparse:
+            if opt_op.optimizer.catches_up:
+                remote.steps_taken = lambda op=opt_op: op.step_count
             tables[param.id] = PlainRows(remote)
             opt_op.updaters[param.id] = PSSparseUpdater(tables[param.id])
         else:

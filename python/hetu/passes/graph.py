@@ -40,6 +40,11 @@ class Graph:
         # Embedding tables (stepped row by row) -> their optimizer, which rounds them to their rows' type.
         self.row_stepped = {p.id: op.optimizer for op in self.optimizer_ops
                             for p, g in zip(op.params, op.inputs[1:]) if getattr(g, "produces_sparse", False)}
+        # Tables whose rows catch up (hetu.optim: adam_catchup) -> the OptimizerOp stepping them,
+        # whose step count is the step a read brings a row to.
+        self.catching_up = {p.id: op for op in self.optimizer_ops
+                            for p, g in zip(op.params, op.inputs[1:])
+                            if getattr(g, "produces_sparse", False) and op.optimizer.catches_up}
         # Tables on the parameter server stay parameters of the graph after their lookups were
         # rewritten to pulls.
         for param, _, _ in self.ps_params.values():

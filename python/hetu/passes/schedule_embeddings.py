@@ -52,6 +52,9 @@ def schedule_embeddings(graph):
         return graph
     for i, (pid, remote) in enumerate(sorted(tables.items())):
         _, opt_op, _ = graph.ps_params[pid]
+        if graph.config.prefetch and opt_op.optimizer.catches_up:
+            raise ValueError("Herald's prefetch is not supported with a catch-up optimizer (adam_catchup): the next "
+                             "step's pull would bring rows to this step; drop --prefetch")
         graph.caches[pid] = HeraldTable(remote, scheduler, cache_capacity(graph.config, remote.param.shape[0]),
                                         policy, opt_op.optimizer, primary=(i == 0), prefetch=graph.config.prefetch)
     route_through_caches(graph)

@@ -265,47 +265,51 @@ class Table:
             raise ValueError(f"table {self.name!r} is an embedding table, not dense: use pull/push")
 
     # rows
-    def pull(self, keys, iteration=None):
+    def pull(self, keys, iteration=None, catch_up_to=0):
         """Rows of `keys` -> (n, width) float32. With `iteration=t` (BSP table) the rows as they
-        are after iteration t-1 was applied."""
+        are after iteration t-1 was applied. `catch_up_to`: a catch-up optimizer's rows come
+        brought to that step (hetu.optim, adam_catchup), and every method that reads or steps
+        rows takes it too."""
         self._sparse()
-        return Handle(self._t.pull(keys=_keys(keys), iteration=_iter(iteration)))
+        return Handle(self._t.pull(keys=_keys(keys), iteration=_iter(iteration), catch_up_to=int(catch_up_to)))
 
-    def push(self, keys, grads, iteration=None, lr=None, counts=None, write_back=None):
+    def push(self, keys, grads, iteration=None, lr=None, counts=None, write_back=None, catch_up_to=0):
         """Sends gradients (n, width) of `keys`. Result: None. `counts`: per-key contributions
         added to the rows' versions (default: 1 per distinct key). `write_back`: (keys, values,
         state, steps, version_add) as for :meth:`assign`, written in the same message just
         before the push is taken in (one message instead of an assign and a push)."""
-        return self._push(keys, grads, iteration, lr, counts, False, write_back)
+        return self._push(keys, grads, iteration, lr, counts, False, write_back, catch_up_to)
 
-    def push_pull(self, keys, grads, iteration=None, lr=None, counts=None):
+    def push_pull(self, keys, grads, iteration=None, lr=None, counts=None, catch_up_to=0):
         """push, then the rows of `keys` as they are once this push's iteration is applied."""
-        return self._push(keys, grads, iteration, lr, counts, True)
+        return self._push(keys, grads, iteration, lr, counts, True, catch_up_to=catch_up_to)
 
-    def _push(self, keys, grads, iteration, lr, counts, pull, write_back=None):
+    def _push(self, keys, grads, iteration, lr, counts, pull, write_back=None, catch_up_to=0):
         self._sparse()
         c = None if counts is None else _keys(counts)
         wb = None if write_back is None else self._assignment(*write_back)
         return Handle(self._t.push(keys=_keys(keys), grads=_f32(grads), counts=c, iteration=_iter(iteration),
-                                   lr=_lr(lr), pull=pull, write_back=wb))
+                                   lr=_lr(lr), pull=pull, write_back=wb, catch_up_to=int(catch_up_to)))
 
-    def pull_stale(self, keys, versions, bound=0, iteration=None, with_state=False):
+    def pull_stale(self, keys, versions, bound=0, iteration=None, with_state=False, catch_up_to=0):
         """Rows whose server version exceeds the given local version by more than `bound`.
         Result: (positions into keys (sorted), rows (m, width), server versions (m,)), and with
         `with_state` also their optimizer state (m, state_width) and step counts (m,). With
         `iteration=t` (BSP table) it waits like a pull for t: versions as of iteration t-1."""
         self._sparse()
         return Handle(self._t.pull_stale(keys=_keys(keys), versions=_keys(versions), bound=int(bound),
-                                         iteration=_iter(iteration), with_state=bool(with_state)))
+                                         iteration=_iter(iteration), with_state=bool(with_state),
+                                         catch_up_to=int(catch_up_to)))
 
-    def pull_with_state(self, keys, iteration=None, with_state=None):
+    def pull_with_state(self, keys, iteration=None, with_state=None, catch_up_to=0):
         """Result: (rows (n, width), optimizer state (n, state_width), steps (n,), versions (n,)).
         With `iteration=t` (BSP table) it waits like a pull for t. With `with_state` (n bools)
         the state, steps and versions are those of the marked keys only, in key order (m rows);
         the rows are every key's."""
         self._sparse()
         mask = None if with_state is None else np.ascontiguousarray(with_state, dtype=np.uint8).reshape(-1)
-        return Handle(self._t.pull_with_state(keys=_keys(keys), iteration=_iter(iteration), state_mask=mask))
+        return Handle(self._t.pull_with_state(keys=_keys(keys), iteration=_iter(iteration), state_mask=mask,
+                                              catch_up_to=int(catch_up_to)))
 
     def assign(self, keys, values, state=None, steps=None, version_add=1):
         """Writes rows, their optimizer state (n, state_width) and step counts (owner-computes
@@ -314,15 +318,16 @@ class Table:
         k, v, s, st, va = self._assignment(keys, values, state, steps, version_add)
         return Handle(self._t.assign(keys=k, values=v, state=s, steps=st, version_add=va))
 
-    def admit(self, slots, keys, iteration=None):
+    def admit(self, slots, keys, iteration=None, catch_up_to=0):
         """Dynamic tables (DESIGN.md section 13): the row at each of `slots` becomes the initial
         row of the key admitted into it (``hetu._C.key_rows`` with the table's initializer, seed
         and stream, rounded to its storage type), with zero optimizer state and steps and a newer
         version. Result: None. With `iteration=t` (BSP table) it lands after every push of t-1
         and before any push of t, once per slot however many workers send it; send it before
-        the push of t."""
+        the push of t. A catch-up optimizer's admitted rows start at step `catch_up_to`."""
         self._sparse()
-        return Handle(self._t.admit(slots=_keys(slots), keys=_keys(keys), iteration=_iter(iteration)))
+        return Handle(self._t.admit(slots=_keys(slots), keys=_keys(keys), iteration=_iter(iteration),
+                                    catch_up_to=int(catch_up_to)))
 
     def _assignment(self, keys, values, state=None, steps=None, version_add=1):
         """The arrays of an assignment (assign, or a push's write-back), defaults filled in."""

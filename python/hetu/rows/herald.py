@@ -66,7 +66,8 @@ class HeraldTable(RowSource):
         vals = np.empty((n, self.width), np.float32)
         state = np.empty((n, self.state_width), np.float32)
         steps = np.empty(n, np.int64)
-        error, served, evictions = self.store.begin(uniq, plan.hit, plan.pull, vals, state, steps)
+        error, served, evictions = self.store.begin(uniq, plan.hit, plan.pull, vals, state, steps,
+                                                    catch_up_to=self.remote.catch_up_to())
         if error:
             raise self._mismatch(error)
         fetch, self._prefetched = self._prefetched, None

@@ -73,7 +73,7 @@ class CachedTable(RowSource):
     def _receive(self, fetch, prefetched=False):
         uniq, hit, handle, evictions = fetch
         pos, rows, versions, *state = handle.wait()
-        out = self.store.fill(uniq, pos, rows, versions, *state)
+        out = self.store.fill(uniq, pos, rows, versions, *state, catch_up_to=self.remote.catch_up_to())
         refreshed = int(np.count_nonzero(hit[pos]))
         served = int(np.count_nonzero(hit)) - refreshed
         # Each key sent: itself and its local version. Each row back: its position, values and

@@ -68,6 +68,10 @@ class RemoteTable:
     def __init__(self, client, param, optimizer, seed, sync, counters, dense=False):
         self.param, self.sync, self.counters, self.dense = param, sync, counters, dense
         self.clock = 0
+        # Under a catch-up optimizer (hetu.optim: adam_catchup), the steps taken so far (a
+        # callable: the stepping OptimizerOp's count, set by bind_ps): every read and push
+        # carries it, and the servers bring the rows to that step first.
+        self.steps_taken = None
         settings = dict(init=init_spec(param), seed=seed, stream=_C.name_stream(param.name),
                         optimizer=optimizer.rule(dense=dense), bsp=sync.synchronous,
                         staleness=sync.staleness)
@@ -82,30 +86,38 @@ class RemoteTable:
     def _tag(self):
         return self.sync.tag(self.clock)
 
+    def catch_up_to(self):
+        """The step the servers bring a catch-up optimizer's rows to before they are read or
+        stepped (0: the optimizer does not catch up)."""
+        return 0 if self.steps_taken is None else self.steps_taken()
+
     # --- an embedding table's rows ----------------------------------------------------------------
     def pull(self, keys):
-        return self._table.pull(keys, iteration=self._tag()).wait()
+        return self._table.pull(keys, iteration=self._tag(), catch_up_to=self.catch_up_to()).wait()
 
     def pull_stale(self, keys, versions, bound, with_state=False):
         """A handle to (positions, rows, versions[, state, steps]) of the keys whose server
         version is more than `bound` ahead of `versions`, as of the next step (clock: every push
         so far applied)."""
-        return self._table.pull_stale(keys, versions, bound, iteration=self._tag(), with_state=with_state)
+        return self._table.pull_stale(keys, versions, bound, iteration=self._tag(), with_state=with_state,
+                                      catch_up_to=self.catch_up_to())
 
     def pull_with_state(self, keys, with_state):
         """A handle to (rows, optimizer state, steps, versions) of `keys` as of the next step, the
         state, steps and versions of the keys marked in `with_state` only (hetu.ps.Table)."""
-        return self._table.pull_with_state(keys, iteration=self._tag(), with_state=with_state)
+        return self._table.pull_with_state(keys, iteration=self._tag(), with_state=with_state,
+                                           catch_up_to=self.catch_up_to())
 
     def push(self, keys, grads, lr, counts=None, write_back=None):
         """The step's push (and a write-back of rows, written first: hetu.ps.Table.push)."""
-        self._table.push(keys, grads, iteration=self._tag(), lr=lr, counts=counts, write_back=write_back).wait()
+        self._table.push(keys, grads, iteration=self._tag(), lr=lr, counts=counts, write_back=write_back,
+                         catch_up_to=self.catch_up_to()).wait()
         self.clock += 1
 
     def admit(self, slots, keys):
         """Dynamic tables: `keys` start from their initial rows in `slots` as of this step (after
         every push before it, before this step's push). It does not advance the clock."""
-        self._table.admit(slots, keys, iteration=self._tag()).wait()
+        self._table.admit(slots, keys, iteration=self._tag(), catch_up_to=self.catch_up_to()).wait()
 
     # --- a dense tensor ---------------------------------------------------------------------------
     def push_pull(self, grad, lr):

@@ -56,9 +56,10 @@ def _files(folder, name, kind):
     return files
 
 
-def read_shards(folder, name):
-    """(rows [rows, width] in the storage type, storage name) of a table's full shards."""
-    table, storage = None, None
+def read_shards(folder, name, with_state=False):
+    """(rows [rows, width] in the storage type, storage name) of a table's full shards; with_state,
+    then (optimizer state [rows, state width] float32, step counts [rows] int64)."""
+    table, storage, state, steps = None, None, None, None
     for k, path in sorted(_files(folder, name, ".shard").items()):
         header = np.fromfile(path, SHARD_HEADER, count=1)
         if len(header) != 1 or header["magic"][0] != SHARD_MAGIC:
@@ -72,16 +73,32 @@ def read_shards(folder, name):
         if values.size != len(at) * h["width"]:
             raise ValueError(f"{path} is truncated: {values.size} of {len(at) * h['width']} values")
         table[at] = values.reshape(len(at), h["width"])
+        if with_state:
+            sw = h["unit_state_width"]
+            if state is None:
+                state, steps = np.zeros((h["rows"], sw), np.float32), np.zeros(h["rows"], np.int64)
+            offset = SHARD_HEADER.itemsize + values.nbytes
+            saved_state = np.fromfile(path, np.float32, count=len(at) * sw, offset=offset)
+            saved_steps = np.fromfile(path, np.int64, count=len(at), offset=offset + saved_state.nbytes)
+            if saved_state.size != len(at) * sw or saved_steps.size != len(at):
+                raise ValueError(f"{path} is truncated: its optimizer state or step counts are missing")
+            state[at], steps[at] = saved_state.reshape(len(at), sw), saved_steps
     if table is None:
         raise ValueError(f"{folder}: no saved shard of table {name}")
+    if with_state:
+        return table, storage, state, steps
     return table, storage
 
 
-def apply_delta(folder, name, table):
+def apply_delta(folder, name, table, state=None):
     """Writes a delta's rows of table `name` (its .delta files, or a dense table's whole .shard
-    files) into `table`; returns it (a new array when the shards replace it)."""
+    files) into `table`, and with `state` (optimizer state, step counts) theirs into it; returns
+    the table (a new array when the shards replace it)."""
     if _files(folder, name, ".shard"):
-        return read_shards(folder, name)[0]
+        if state is None:
+            return read_shards(folder, name)[0]
+        table, _, state[0], state[1] = read_shards(folder, name, with_state=True)
+        return table
     for k, path in sorted(_files(folder, name, ".delta").items()):
         header = np.fromfile(path, DELTA_HEADER, count=1)
         if len(header) != 1 or header["magic"][0] != DELTA_MAGIC:
@@ -92,7 +109,33 @@ def apply_delta(folder, name, table):
         if len(ids) != count or values.size != count * width:
             raise ValueError(f"{path} is truncated")
         table[ids] = values.reshape(count, width)
+        if state is not None:
+            sw, cb = int(header["unit_state_width"][0]), int(header["counter_bytes"][0])
+            offset = DELTA_HEADER.itemsize + 8 * count + values.nbytes
+            saved_state = np.fromfile(path, np.float32, count=count * sw, offset=offset)
+            saved_steps = np.fromfile(path, np.int64 if cb == 8 else np.int32, count=count,
+                                      offset=offset + saved_state.nbytes)
+            if saved_state.size != count * sw or saved_steps.size != count:
+                raise ValueError(f"{path} is truncated")
+            state[0][ids], state[1][ids] = saved_state.reshape(count, sw), saved_steps
     return table
+
+
+def catch_up_rule(meta):
+    """name -> (OptimConfig, steps taken) of each table a catch-up optimizer steps (hetu.optim:
+    adam_catchup), from the checkpoint's meta.json; empty for other optimizers and for
+    checkpoints that do not record their rules."""
+    from .. import optim
+    out = {}
+    rules, steps = meta.get("optimizers", {}), meta.get("optimizer_steps", {})
+    for table, op in meta.get("table_optimizers", {}).items():
+        rule = dict(rules.get(op, {}))
+        kind = rule.pop("kind", None)
+        if kind is None or not optim.KINDS[kind]["catches_up"]:
+            continue
+        config = optim.config(kind, **{k: v for k, v in rule.items() if k in optim.KINDS[kind]["hyperparameters"]})
+        out[table] = (config, int(steps[op]))
+    return out
 
 
 class CheckpointChanged(RuntimeError):
@@ -119,12 +162,25 @@ class CheckpointRows:
         arrays = self._local_arrays(folder, chain)
         self.values = {k[len("param/"):]: v for k, v in arrays.items() if k.startswith("param/")}
         self.persistent = {k[len("persistent/"):]: v for k, v in arrays.items() if k.startswith("persistent/")}
+        # A catch-up optimizer's tables: (config, steps taken) and their optimizer state and
+        # step counts (name -> [state, steps]), so that export brings every row to that step.
+        self.catch_up = catch_up_rule(self.meta)
+        self.state = {}
         self.storage = {}
         for name in self.meta.get("tables", {}):
-            table, self.storage[name] = read_shards(os.path.join(folder, checkpoint.SERVERS), name)
+            stated = self.catch_up.get(name) is not None
+            table, self.storage[name], *state = read_shards(os.path.join(folder, checkpoint.SERVERS), name,
+                                                            with_state=stated)
             for path, _ in chain:
-                table = apply_delta(os.path.join(path, checkpoint.SERVERS), name, table)
+                table = apply_delta(os.path.join(path, checkpoint.SERVERS), name, table, state if stated else None)
             self.values[name] = table
+            if stated:
+                self.state[name] = state
+        for name in self.catch_up:
+            if name not in self.state and f"optstate/{name}" in arrays:   # a table the process held
+                self.state[name] = [arrays[f"optstate/{name}"], arrays[f"optsteps/{name}"]]
+        for name, (config, steps_taken) in self.catch_up.items():
+            self.values[name] = self._caught_up(name, config, steps_taken)
         self.dynamic = self._key_directories(chain[-1][0] if chain else folder)
         # A job may swap a new full checkpoint in while its files are read here (the checksums
         # above were of the files before it): the save read must still be the one in place.
@@ -134,6 +190,25 @@ class CheckpointRows:
             unchanged = False
         if not unchanged:
             raise CheckpointChanged(f"{folder} was replaced by a newer save while it was read")
+
+    def _caught_up(self, name, config, steps_taken):
+        """Table `name`'s rows, each brought to the steps taken (hetu._C.catch_up_rows), in the
+        type they are stored in: what training's reads and --save-params see."""
+        from .. import _C
+        if name not in self.state:
+            raise KeyError(f"{self.folder}: table {name} is stepped by a catch-up optimizer and the checkpoint "
+                           f"holds no optimizer state for it")
+        stored, storage = self.values[name], self.storage.get(name, "fp32")
+        rows = np.array(to_fp32(stored, storage), np.float32)
+        # each skipped step rounds to the type the rows are stepped in: a local table's fp32 rows
+        # are rounded to the run's embedding type
+        stepped_as = storage if name in self.storage else (self.meta.get("run") or {}).get("embedding_dtype") or "fp32"
+        config.storage = STORAGE_TYPES.index(stepped_as)
+        state, steps = (np.ascontiguousarray(a) for a in self.state[name])
+        _C.catch_up_rows(config, rows, state.reshape(-1), steps.astype(np.int64), np.arange(len(rows)), steps_taken)
+        if storage == "bf16":
+            return (rows.view(np.uint32) >> 16).astype(np.uint16)   # exact: the rule rounds to bf16
+        return rows.astype(stored.dtype)
 
     @staticmethod
     def _local_arrays(folder, chain):
@@ -148,7 +223,9 @@ class CheckpointRows:
                     for key in rows.files:
                         if key.startswith("rows/"):
                             name = key[len("rows/"):]
-                            arrays[f"param/{name}"][rows[key]] = rows[f"param/{name}"]
+                            for kind in ("param", "optstate", "optsteps"):   # a catch-up export reads the state
+                                if f"{kind}/{name}" in rows.files and f"{kind}/{name}" in arrays:
+                                    arrays[f"{kind}/{name}"][rows[key]] = rows[f"{kind}/{name}"]
         return arrays
 
     def _key_directories(self, folder):
