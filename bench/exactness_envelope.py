@@ -36,7 +36,7 @@ from dist_harness import run_cluster, run_single  # noqa: E402
 
 # The suites whose tests compare trained parameters with the single-process reference.
 EQUIVALENCE_SUITES = ["test_dist_equivalence.py", "test_cache.py", "test_herald.py", "test_checkpoint.py",
-                      "test_planner_threads.py"]
+                      "test_planner_threads.py", "test_catch_up.py"]
 
 def worst(a, b):
     errs = {k: float(np.linalg.norm(a[k].astype(np.float64) - b[k]) / (np.linalg.norm(b[k].astype(np.float64)) or 1))
