@@ -194,9 +194,11 @@ class BiasCorrections {
   std::array<std::unique_ptr<float[]>, kChunks> chunks_;
 };
 
-// The skipped steps applied one by one (the rest only decay the moments); 0: all of them.
+// The skipped steps applied one by one (the rest only decay the moments, and AdamW's row); 0:
+// all of them. With l2reg the gradient l2reg * w keeps feeding the moments, so every skipped
+// step is applied: a row's catch-up then costs as many steps as it skipped.
 inline int64_t catch_up_horizon(const Config& c) {
-  if (c.l2reg != 0.0f || (c.kind == kAdamWCatchUp && c.weight_decay != 0.0f)) return 0;
+  if (c.l2reg != 0.0f) return 0;
   const double ratio = static_cast<double>(c.beta1) / std::sqrt(static_cast<double>(c.beta2));
   if (!(ratio > 0.0 && ratio < 1.0)) return 0;
   // ratio^K < 2^-32: the terms left sum to less than 2^-24 of the first (ratio <= 0.95).
@@ -211,7 +213,8 @@ inline void catch_up_row(const Config& c, float* w, float* state, int64_t* step,
   if (s >= target) return;
   float* m = state;
   float* v = state + width;
-  if (horizon > 0) {
+  const float decay = c.kind == kAdamWCatchUp ? c.catch_up_lr * c.weight_decay : 0.0f;  // AdamW's, a step
+  if (horizon > 0 && decay == 0.0f) {
     bool moving = false;
     for (int64_t i = 0; i < width && !moving; ++i) moving = m[i] != 0.0f || v[i] != 0.0f;
     if (!moving) {  // zero moments stay zero, and w - lr * 0 / (0 + eps) is w
@@ -227,11 +230,17 @@ inline void catch_up_row(const Config& c, float* w, float* state, int64_t* step,
     storage::round_row(c.storage, w, width);
   }
   if (applied < skipped) {
-    const float d1 = static_cast<float>(std::pow(static_cast<double>(c.beta1), static_cast<double>(skipped - applied)));
-    const float d2 = static_cast<float>(std::pow(static_cast<double>(c.beta2), static_cast<double>(skipped - applied)));
+    const double rest = static_cast<double>(skipped - applied);
+    const float d1 = static_cast<float>(std::pow(static_cast<double>(c.beta1), rest));
+    const float d2 = static_cast<float>(std::pow(static_cast<double>(c.beta2), rest));
     for (int64_t i = 0; i < width; ++i) {
       m[i] *= d1;
       v[i] *= d2;
+    }
+    if (decay != 0.0f) {  // AdamW's decay of the rest, at once: (1 - lr wd)^rest
+      const float dw = static_cast<float>(std::pow(1.0 - static_cast<double>(decay), rest));
+      for (int64_t i = 0; i < width; ++i) w[i] *= dw;
+      storage::round_row(c.storage, w, width);
     }
   }
   *step = target;
