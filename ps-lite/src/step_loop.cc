@@ -1,5 +1,7 @@
 #include "step_loop.h"
 
+#include "common/simd.h"
+
 #include <cstdlib>
 #include <stdexcept>
 #include <vector>
@@ -82,19 +84,9 @@ std::string ChooseVariant() {
 
 }  // namespace
 
-const std::vector<std::string>& SimdVariants() {
-  static const std::vector<std::string> variants{"avx512f", "avx2", "default"};
-  return variants;
-}
+const std::vector<std::string>& SimdVariants() { return hetu::simd::variants(); }
 
-bool SimdRunnable(const std::string& variant) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (variant == "avx512f") return __builtin_cpu_supports("avx512f");
-  if (variant == "avx2") return __builtin_cpu_supports("avx2");
-#endif
-  return variant == "default";
-}
+bool SimdRunnable(const std::string& variant) { return hetu::simd::runnable(variant); }
 
 const std::string& SimdVariant() {
   static const std::string chosen = ChooseVariant();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/simd.h"
 #include "kernels/kernels.h"
 
 namespace hetu {
@@ -141,15 +142,6 @@ HETU_PRODUCT_VERSION(RunDefault, , 4)
 #undef HETU_PRODUCT_VERSION
 #undef HETU_INLINE
 
-bool runnable(const std::string& variant) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (variant == "avx512f") return __builtin_cpu_supports("avx512f");
-  if (variant == "avx2") return __builtin_cpu_supports("avx2");
-#endif
-  return variant == "default";
-}
-
 RunFn version_of(const std::string& variant) {
 #if defined(__x86_64__)
   if (variant == "avx512f") return RunAvx512f;
@@ -176,10 +168,7 @@ Pool& products_pool() {
 
 }  // namespace
 
-const std::vector<std::string>& matmul_variants() {
-  static const std::vector<std::string> variants{"avx512f", "avx2", "default"};
-  return variants;
-}
+const std::vector<std::string>& matmul_variants() { return simd::variants(); }
 
 std::string runnable_matmul_variant(const std::string& want) {
   const auto& all = matmul_variants();
@@ -188,12 +177,12 @@ std::string runnable_matmul_variant(const std::string& want) {
   const std::string where = !want.empty() ? "batched_matmul: " : "HETU_SIMD: ";
   if (asked.empty()) {
     for (const auto& v : all)
-      if (runnable(v)) return v;
+      if (simd::runnable(v)) return v;
     return "default";
   }
   if (std::find(all.begin(), all.end(), asked) == all.end())
     throw std::invalid_argument(where + "no version '" + asked + "' (avx512f, avx2, default)");
-  if (!runnable(asked)) throw std::invalid_argument(where + "this CPU cannot run '" + asked + "'");
+  if (!simd::runnable(asked)) throw std::invalid_argument(where + "this CPU cannot run '" + asked + "'");
   return asked;
 }
 
