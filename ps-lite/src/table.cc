@@ -160,10 +160,10 @@ std::string TableShard::CheckVersionAdds(const int64_t* keys, const int64_t* add
 }
 
 void TableShard::CatchUp(const int64_t* keys, int64_t n, int64_t target) {
-  if (dense() || !hetu::optim::catches_up(cfg_.kind) || target <= 0 || n == 0) return;
+  if (!catches_up() || target <= 0 || n == 0) return;
   ReserveCounters(0, target, true);
-  const int64_t w = width(), horizon = hetu::optim::catch_up_horizon(cfg_);
-  const auto& bias = hetu::optim::BiasCorrections::Of(cfg_.beta1, cfg_.beta2, target);
+  const int64_t w = width();
+  const hetu::optim::CatchUp catch_up(cfg_, target);
   bool increasing = true;
   for (int64_t i = 1; i < n && increasing; ++i) increasing = keys[i - 1] < keys[i];
   auto visit = [&](int64_t b, int64_t e) {
@@ -175,7 +175,7 @@ void TableShard::CatchUp(const int64_t* keys, int64_t n, int64_t target) {
       char* row = &values_[r * row_bytes_];
       float* values = wide.empty() ? reinterpret_cast<float*>(row) : wide.data();
       if (!wide.empty()) hetu::storage::widen_row(storage_, row, values, w);
-      hetu::optim::catch_up_row(cfg_, values, &state_[r * unit_state_width_], &s, target, w, horizon, bias);
+      catch_up.Row(values, &state_[r * unit_state_width_], &s, w);
       if (!wide.empty()) hetu::storage::narrow_row(storage_, values, row, w);
       counters_.Assign(r, s, 0);
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -71,6 +72,8 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
   std::vector<uint8_t> returned(n, 0);
   const size_t row_bytes = width_ * sizeof(float);
   const int64_t sw = state_width_;
+  std::optional<optim::CatchUp> catch_up;
+  if (catch_up_to > 0 && optim::catches_up(optimizer_.kind)) catch_up.emplace(optimizer_, catch_up_to);
   for (int64_t j = 0; j < m; ++j) {
     const int64_t i = pos[j];
     if (i < 0 || i >= n) throw std::invalid_argument("RowCache.fill: position " + std::to_string(i) + " out of range");
@@ -88,10 +91,8 @@ int64_t RowCache::Fill(const int64_t* keys, int64_t n, const int64_t* pos, const
     const int64_t s = policy_.SlotOf(keys[i]);
     if (s < 0 || version_[s] == kNeverVersion) return i;  // the pull must have returned it
     values_.Get(s, out + i * width_);
-    if (catch_up_to > opt_steps_[s] && optim::catches_up(optimizer_.kind)) {
-      optim::catch_up_row(optimizer_, out + i * width_, &opt_state_[s * sw], &opt_steps_[s], catch_up_to, width_,
-                          optim::catch_up_horizon(optimizer_),
-                          optim::BiasCorrections::Of(optimizer_.beta1, optimizer_.beta2, catch_up_to));
+    if (catch_up && catch_up_to > opt_steps_[s]) {
+      catch_up->Row(out + i * width_, &opt_state_[s * sw], &opt_steps_[s], width_);
       values_.Put(s, out + i * width_);  // rounded to the storage type: stored exactly
     }
   }

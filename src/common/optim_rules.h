@@ -205,7 +205,8 @@ inline int64_t catch_up_horizon(const Config& c) {
   return static_cast<int64_t>(std::ceil(-32.0 * std::log(2.0) / std::log(ratio))) + 1;
 }
 
-// Brings one row (float32 values, its m then v, its step count) to step `target`; `bias`:
+// Brings one row (float32 values, its m then v, its step count) to step `target` (callers go
+// through CatchUp below, which finds `horizon` and `bias` once); `bias`:
 // BiasCorrections::Of(c.beta1, c.beta2, target).
 inline void catch_up_row(const Config& c, float* w, float* state, int64_t* step, int64_t target, int64_t width,
                          int64_t horizon, const BiasCorrections& bias) {
@@ -245,6 +246,24 @@ inline void catch_up_row(const Config& c, float* w, float* state, int64_t* step,
   }
   *step = target;
 }
+
+// Brings rows of a catch-up kind to step `target`: the horizon and the bias corrections found
+// once for all of them (a lookup of BiasCorrections takes a lock).
+class CatchUp {
+ public:
+  CatchUp(const Config& c, int64_t target)
+      : c_(c), target_(target), horizon_(catch_up_horizon(c)), bias_(BiasCorrections::Of(c.beta1, c.beta2, target)) {}
+  int64_t target() const { return target_; }
+  // One row: float32 values, its m then v (state), its step count.
+  void Row(float* w, float* state, int64_t* step, int64_t width) const {
+    catch_up_row(c_, w, state, step, target_, width, horizon_, bias_);
+  }
+
+ private:
+  const Config c_;
+  const int64_t target_, horizon_;
+  const BiasCorrections& bias_;
+};
 
 }  // namespace optim
 }  // namespace hetu

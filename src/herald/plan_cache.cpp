@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <numeric>
 #include <stdexcept>
 #include <utility>
@@ -42,8 +43,8 @@ void PlanCache::AppendSlot(RowsOut* out, int64_t key, int64_t slot) const {
 std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan_hit, const uint8_t* plan_pull,
                              float* vals, float* state, int64_t* steps, int64_t* served, int64_t* evictions,
                              int64_t catch_up_to) {
-  const bool catches_up = optim::catches_up(optimizer_.kind);
-  const int64_t horizon = catches_up ? optim::catch_up_horizon(optimizer_) : 0;
+  std::optional<optim::CatchUp> catch_up;
+  if (catch_up_to > 0 && optim::catches_up(optimizer_.kind)) catch_up.emplace(optimizer_, catch_up_to);
   cache::AccessResult r = policy_.Access(keys, n);
   int64_t wrong = 0;
   for (int64_t i = 0; i < n; ++i) wrong += (r.hit[i] != 0) != (plan_hit[i] != 0);
@@ -72,9 +73,8 @@ std::string PlanCache::Begin(const int64_t* keys, int64_t n, const uint8_t* plan
       values_.Get(slot, vals + i * width_);
       std::memcpy(state + i * state_width_, &state_[slot * state_width_], state_width_ * sizeof(float));
       steps[i] = steps_[slot];
-      if (catches_up && catch_up_to > steps[i]) {  // the copy kept in step with the working one
-        optim::catch_up_row(optimizer_, vals + i * width_, state + i * state_width_, &steps[i], catch_up_to, width_,
-                            horizon, optim::BiasCorrections::Of(optimizer_.beta1, optimizer_.beta2, catch_up_to));
+      if (catch_up && catch_up_to > steps[i]) {  // the copy kept in step with the working one
+        catch_up->Row(vals + i * width_, state + i * state_width_, &steps[i], width_);
         values_.Put(slot, vals + i * width_);
         std::memcpy(&state_[slot * state_width_], state + i * state_width_, state_width_ * sizeof(float));
         steps_[slot] = steps[i];

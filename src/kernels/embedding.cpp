@@ -294,8 +294,7 @@ void apply_rows(const optim::Config& cfg, float lr, float* table, float* state, 
 void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t* steps, int64_t num_rows,
                    int64_t width, const int64_t* rows, int64_t n, int64_t target) {
   const int64_t state_width = optim::state_width(cfg.kind, width);
-  const int64_t horizon = optim::catch_up_horizon(cfg);
-  const optim::BiasCorrections& bias = optim::BiasCorrections::Of(cfg.beta1, cfg.beta2, target);
+  const optim::CatchUp catch_up(cfg, target);
   // Each part takes the rows r with r % parts in its range, whatever their order and repeats:
   // no two threads touch one row, and a repeat finds its row at `target` already. Ids outside
   // the table (an empty slot's -1) are skipped.
@@ -304,7 +303,7 @@ void catch_up_rows(const optim::Config& cfg, float* table, float* state, int64_t
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = rows[i];
       if (r < 0 || r >= num_rows || steps[r] >= target || r % parts < b || r % parts >= e) continue;
-      optim::catch_up_row(cfg, table + r * width, state + r * state_width, steps + r, target, width, horizon, bias);
+      catch_up.Row(table + r * width, state + r * state_width, steps + r, width);
     }
   });
 }
