@@ -112,3 +112,19 @@ def test_shapes_are_checked_by_name():
     x, w = ht.Variable("x", value=np.ones((2, 3), np.float32)), ht.Variable("w", value=np.ones((4, 5), np.float32))
     with pytest.raises(Exception, match="w \\(4, 5\\)"):
         ht.Executor([ht.linear_op(x, w)]).run()
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_products_over_one_inner_element_are_each_element_rounded_once(ta, tb):
+    # An outer product (a [batch, 1] gradient times a one-output layer's weight, transposed) is
+    # not left to NumPy's slow loop; each element must still be the one float product the BLAS gives.
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((1, 37) if ta else (37, 1)).astype(np.float32)
+    b = rng.standard_normal((29, 1) if tb else (1, 29)).astype(np.float32)
+    x, y = ht.Variable("a", value=a), ht.Variable("b", value=b)
+    out, = ht.Executor([ht.matmul_op(x, y, trans_A=ta, trans_B=tb)], ctx=ht.cpu(0)).run(
+        convert_to_numpy_ret_vals=True)
+    exact = (a.astype(np.float64).reshape(-1, 1) * b.astype(np.float64).reshape(1, -1)).astype(np.float32)
+    np.testing.assert_array_equal(out, exact)
+    np.testing.assert_array_equal(out, np.matmul(np.ascontiguousarray(a.T if ta else a),
+                                                 np.ascontiguousarray(b.T if tb else b)))
