@@ -304,7 +304,11 @@ def profile(cfg, frameworks):
 def measure(cfg, frameworks):
     """Median samples/s of each framework; their windows are interleaved (hetu, torch, torch
     tuned, hetu, ...) so that the machine's noise falls on all of them alike. The workers set
-    up and warm up one after another, and only one runs a window at a time."""
+    up and warm up one after another, and only one runs a window at a time. Before each window
+    the machine is left idle for cfg["settle"] seconds: a framework's threads spin-wait for a
+    while after its window (OpenMP's and OpenBLAS's idle threads), and on a small host the
+    window that follows would share its cores with them (measured on 2 cores: the framework
+    run right after PyTorch lost 5-6% of its samples/s)."""
     workers = {}
     try:
         for key in frameworks:
@@ -312,6 +316,7 @@ def measure(cfg, frameworks):
             w.ready()
         for _ in range(cfg["windows"]):
             for w in workers.values():
+                time.sleep(cfg["settle"])
                 w.window()
     finally:
         for w in workers.values():
@@ -327,7 +332,7 @@ def config(args, batch, emb, opt):
     """One configuration's settings, as the workers read them."""
     n = steps_per_window(batch)
     return {"model": args.model, "batch": batch, "emb": emb, "opt": opt, "rows": args.rows, "steps": n,
-            "warmup": max(3, n // 3), "windows": args.windows, "baseline": args.baseline,
+            "warmup": max(3, n // 3), "windows": args.windows, "settle": args.settle, "baseline": args.baseline,
             "batches": min(args.rows * 9 // 10 // batch, max(8, n))}
 
 
@@ -339,6 +344,9 @@ def main():
     ap.add_argument("--emb", type=int, nargs="*", default=None)
     ap.add_argument("--opt", nargs="*", default=None, choices=OPTIMIZERS)
     ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=0.5,
+                    help="seconds the machine idles before each window, so that the previous framework's "
+                         "spinning threads have stopped (default 0.5)")
     ap.add_argument("--rows", type=int, default=200000)
     ap.add_argument("--frameworks", default="hetu,torch,torch-tuned")
     ap.add_argument("--profile", action="store_true",
