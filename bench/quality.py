@@ -28,7 +28,9 @@ of epochs, and both are scored on the validation split the folder's meta names.
   Adam's bias correction). `--torch-table` picks the PyTorch table's optimizer under Adam:
   rowwise (default: that rule, torch_dlrm.RowwiseAdam), sparse (torch.optim.SparseAdam: rows not
   in the batch untouched too, bias correction by the global step) or dense (dense gradients,
-  torch.optim.Adam over every row). SGD is plain SGD on both. `--optimizer adam_catchup` trains
+  torch.optim.Adam over every row). SGD is plain SGD on both; AdaGrad is torch.optim.Adagrad with
+  hetu's eps (a row a batch does not read keeps its value and accumulator, so stepping only the
+  rows read is AdaGrad over every row). `--optimizer adam_catchup` trains
   hetu under its catch-up rule (every row takes every step: dense Adam's result) against
   torch.optim.Adam over every row.
 
@@ -356,8 +358,9 @@ def main():
     ap.add_argument("--rows", type=int, default=None, help="criteo-multihot, --table's synthetic Criteo: rows")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--optimizer", choices=["adam", "adam_catchup", "sgd"], default=None,
-                    help="adam_catchup: hetu's catch-up rule, against torch.optim.Adam over every row")
+    ap.add_argument("--optimizer", choices=["adam", "adam_catchup", "adagrad", "sgd"], default=None,
+                    help="adam_catchup: hetu's catch-up rule, against torch.optim.Adam over every row; "
+                         "adagrad: against torch.optim.Adagrad (rows not read keep their state: lazy is dense)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--emb", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-ADAM_EPS = 1e-7   # hetu's AdamOptimizer default (PyTorch's is 1e-8)
+ADAM_EPS = 1e-7   # hetu's AdamOptimizer and AdaGradOptimizer default (PyTorch's are 1e-8 and 1e-10)
 BOTTOM, TOP = (64, 32), (128, 64)   # examples/ctr/models/dlrm.py's defaults
 
 
@@ -124,11 +124,15 @@ TABLE_OPTIMIZERS = ("rowwise", "sparse", "dense")
 
 
 def make_optimizers(model, optimizer, lr, table="rowwise"):
-    """SGD (it takes the sparse table's gradient as it is), or Adam with hetu's eps: on the table
+    """SGD (it takes the sparse table's gradient as it is); AdaGrad with hetu's eps on every
+    parameter (a row a batch does not read keeps its accumulator and value, so hetu's steps on the
+    rows read are AdaGrad's over the whole table); or Adam with hetu's eps: on the table
     RowwiseAdam (`table` "rowwise", hetu's rule) or torch.optim.SparseAdam ("sparse"), and
     torch.optim.Adam on the rest; "dense" (a table with dense gradients): Adam on every row."""
     if optimizer == "sgd":
         return [torch.optim.SGD(model.parameters(), lr=lr)]
+    if optimizer == "adagrad":
+        return [torch.optim.Adagrad(model.parameters(), lr=lr, eps=ADAM_EPS)]
     if table == "dense":
         return [torch.optim.Adam(model.parameters(), lr=lr, eps=ADAM_EPS)]
     table_adam = RowwiseAdam if table == "rowwise" else torch.optim.SparseAdam
