@@ -1,6 +1,6 @@
-"""The sort behind unique_sum and the bag gradient (kernels/sort.cpp, sort_ids): from 2 x 32768 ids
-on it runs in parts on HETU_NUM_THREADS threads. Whatever the thread count, each distinct id's
-rows must be summed in their order of occurrence, as np.add.at sums them, bit for bit."""
+"""The sums behind unique_sum and the bag gradient (kernels/sort.cpp's sort_ids, then the runs of
+equal ids summed on HETU_NUM_THREADS threads): whatever the thread count, each distinct id's rows
+must be summed in their order of occurrence, as np.add.at sums them, bit for bit."""
 import json
 import os
 import subprocess

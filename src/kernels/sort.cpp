@@ -8,158 +8,73 @@
 namespace hetu {
 namespace kernels {
 
-namespace {
-
-constexpr int kDigit = 11;
-constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
-
-// Ids a part of a parallel sort takes at least: below, waking a thread costs more than it saves.
-constexpr int64_t kIdsPerPart = 32768;
-
-// The bits of a word that (id - min id) takes, the bits its position takes, and the radix passes.
-struct SortWords {
-  int bits = 0, pos_bits = 0, passes = 0;
-  SortWords(uint64_t range, int64_t n) {
-    while (bits < 64 && (range >> bits) != 0) ++bits;
-    while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
-    passes = (bits + kDigit - 1) / kDigit;
-  }
-  // An id range too wide for three digits or for one word with the positions.
-  bool radix() const { return passes <= 3 && bits + pos_bits <= 64; }
-};
-
-// The stable LSD radix passes over the words in a (id - min id above the position bits), in
-// `parts` parts that each_part(size, fn) runs, fn(part, first, end): each part counts its own
-// words' digits, the counts give every part its place in each digit's run (the parts in order,
-// so equal digits keep their order), and each part scatters its own words. The sorted words end
-// in a; the answer is the same for any number of parts.
-template <typename EachPart>
-void RadixPasses(std::vector<uint64_t>& a, std::vector<uint64_t>& b, int64_t n, const SortWords& w, int parts,
-                 std::vector<int64_t>& count, EachPart each_part) {
-  count.resize(static_cast<size_t>(parts) * (kMask + 1));
-  for (int pass = 0; pass < w.passes; ++pass) {
-    const int shift = w.pos_bits + pass * kDigit;
-    each_part(n, [&](int p, int64_t first, int64_t end) {
-      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
-      std::fill(c, c + kMask + 1, 0);
-      for (int64_t i = first; i < end; ++i) ++c[(a[i] >> shift) & kMask];
-    });
-    int64_t at = 0;
-    for (uint64_t d = 0; d <= kMask; ++d)
-      for (int p = 0; p < parts; ++p) {
-        int64_t& c = count[static_cast<size_t>(p) * (kMask + 1) + d];
-        const int64_t here = c;
-        c = at;
-        at += here;
-      }
-    each_part(n, [&](int p, int64_t first, int64_t end) {
-      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
-      for (int64_t i = first; i < end; ++i) b[c[(a[i] >> shift) & kMask]++] = a[i];
-    });
-    a.swap(b);
-  }
-}
-
-// Calls fn(part, first, end) for the `parts` parts of [0, size) on the kernels' threads.
-template <typename Fn>
-void EachPart(int parts, int64_t size, Fn fn) {
-  if (parts == 1) {
-    fn(0, int64_t(0), size);
-    return;
-  }
-  parallel_for(parts, 1, [&](int64_t first, int64_t last) {
-    for (int64_t p = first; p < last; ++p)
-      fn(static_cast<int>(p), PartBegin(size, p, parts), PartBegin(size, p + 1, parts));
-  });
-}
-
-// One pass of the single thread's radix sort: the input as two halves with their own bucket
-// offsets, the second's after the first's in each bucket. Ids are skewed, runs of one bucket are
-// common, and each half's counter updates then wait only on their own, so the two chains overlap.
-void RadixPassOneThread(const std::vector<uint64_t>& a, std::vector<uint64_t>& b, int64_t n, int shift,
-                        std::vector<int64_t>& count) {
-  count.resize(2 * (kMask + 1));
-  int64_t* const first = count.data();
-  int64_t* const second = first + kMask + 1;
-  auto digit = [&](uint64_t v) { return (v >> shift) & kMask; };
-  const int64_t half = n / 2;
-  std::fill(count.begin(), count.end(), 0);
-  for (int64_t i = 0, j = half; i < half; ++i, ++j) {
-    ++first[digit(a[i])];
-    ++second[digit(a[j])];
-  }
-  if (n % 2) ++second[digit(a[n - 1])];
-  int64_t at = 0;
-  for (uint64_t d = 0; d <= kMask; ++d) {
-    const int64_t in_first = first[d], in_second = second[d];
-    first[d] = at;
-    second[d] = at + in_first;
-    at += in_first + in_second;
-  }
-  for (int64_t i = 0, j = half; i < half; ++i, ++j) {
-    b[first[digit(a[i])]++] = a[i];
-    b[second[digit(a[j])]++] = a[j];
-  }
-  if (n % 2) b[second[digit(a[n - 1])]++] = a[n - 1];
-}
-
-}  // namespace
-
 const SortedIds& sort_ids(const int64_t* ids, int64_t n) {
-  // This thread's answer and scratch, named by references: the parts run on other threads, where
-  // a thread_local's name is another object.
-  static thread_local SortedIds this_threads_out;
-  static thread_local std::vector<uint64_t> this_threads_a, this_threads_b;
-  static thread_local std::vector<int64_t> this_threads_count;
-  SortedIds& out = this_threads_out;
+  static thread_local SortedIds out;
   out.id.resize(n);
   out.pos.resize(n);
   if (n == 0) return out;
-  // Many ids are sorted in parts on the kernels' threads (RadixPasses); the answer is the same.
-  const int parts = static_cast<int>(std::clamp<int64_t>(n / kIdsPerPart, 1, num_threads()));
-  std::vector<int64_t> lows(parts), highs(parts);
-  EachPart(parts, n, [&](int p, int64_t first, int64_t end) {
-    int64_t lo = ids[first], hi = ids[first];
-    for (int64_t i = first + 1; i < end; ++i) {
-      lo = std::min(lo, ids[i]);
-      hi = std::max(hi, ids[i]);
-    }
-    lows[p] = lo;
-    highs[p] = hi;
-  });
-  const int64_t lo = *std::min_element(lows.begin(), lows.end());
-  const SortWords w(static_cast<uint64_t>(*std::max_element(highs.begin(), highs.end())) - static_cast<uint64_t>(lo), n);
-  // Tiny inputs, or an id range too wide for the radix sort: a comparison sort is as good.
-  if (n < 64 || !w.radix()) {
+  int64_t lo = ids[0], hi = ids[0];
+  for (int64_t i = 1; i < n; ++i) {
+    lo = std::min(lo, ids[i]);
+    hi = std::max(hi, ids[i]);
+  }
+  const uint64_t range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+  int bits = 0;
+  while (bits < 64 && (range >> bits) != 0) ++bits;
+  int pos_bits = 0;
+  while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
+  constexpr int kDigit = 11;
+  constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
+  const int passes = (bits + kDigit - 1) / kDigit;
+  // Tiny inputs, or an id range too wide for three digits or for one word with the positions:
+  // a comparison sort is as good.
+  if (n < 64 || passes > 3 || bits + pos_bits > 64) {
     std::iota(out.pos.begin(), out.pos.end(), int64_t(0));
     std::stable_sort(out.pos.begin(), out.pos.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
     for (int64_t i = 0; i < n; ++i) out.id[i] = ids[out.pos[i]];
     return out;
   }
-  std::vector<uint64_t>& a = this_threads_a;
-  std::vector<uint64_t>& b = this_threads_b;
-  std::vector<int64_t>& count = this_threads_count;
+  static thread_local std::vector<uint64_t> a, b;
   a.resize(n);
   b.resize(n);
-  EachPart(parts, n, [&](int, int64_t first, int64_t end) {
-    for (int64_t i = first; i < end; ++i)
-      a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << w.pos_bits | static_cast<uint64_t>(i);
-  });
-  if (parts > 1) {
-    RadixPasses(a, b, n, w, parts, count, [&](int64_t size, auto fn) { EachPart(parts, size, fn); });
-  } else {
-    for (int pass = 0; pass < w.passes; ++pass) {
-      RadixPassOneThread(a, b, n, w.pos_bits + pass * kDigit, count);
-      a.swap(b);
+  for (int64_t i = 0; i < n; ++i)
+    a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << pos_bits | static_cast<uint64_t>(i);
+  // Each pass takes the input as two halves with their own bucket offsets, the second's after
+  // the first's in each bucket: ids are skewed, runs of one bucket are common, and each half's
+  // counter updates then wait only on their own, so the two chains overlap.
+  static thread_local std::vector<int64_t> count;
+  count.resize(2 * (kMask + 1));
+  int64_t* const first = count.data();
+  int64_t* const second = first + kMask + 1;
+  const int64_t half = n / 2;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pos_bits + pass * kDigit;
+    auto digit = [&](uint64_t v) { return (v >> shift) & kMask; };
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t i = 0, j = half; i < half; ++i, ++j) {
+      ++first[digit(a[i])];
+      ++second[digit(a[j])];
     }
+    if (n % 2) ++second[digit(a[n - 1])];
+    int64_t at = 0;
+    for (uint64_t d = 0; d <= kMask; ++d) {
+      const int64_t in_first = first[d], in_second = second[d];
+      first[d] = at;
+      second[d] = at + in_first;
+      at += in_first + in_second;
+    }
+    for (int64_t i = 0, j = half; i < half; ++i, ++j) {
+      b[first[digit(a[i])]++] = a[i];
+      b[second[digit(a[j])]++] = a[j];
+    }
+    if (n % 2) b[second[digit(a[n - 1])]++] = a[n - 1];
+    a.swap(b);
   }
-  const uint64_t pos_mask = (uint64_t(1) << w.pos_bits) - 1;
-  EachPart(parts, n, [&](int, int64_t first, int64_t end) {
-    for (int64_t i = first; i < end; ++i) {
-      out.id[i] = static_cast<int64_t>((a[i] >> w.pos_bits) + static_cast<uint64_t>(lo));
-      out.pos[i] = static_cast<int64_t>(a[i] & pos_mask);
-    }
-  });
+  const uint64_t pos_mask = (uint64_t(1) << pos_bits) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    out.id[i] = static_cast<int64_t>((a[i] >> pos_bits) + static_cast<uint64_t>(lo));
+    out.pos[i] = static_cast<int64_t>(a[i] & pos_mask);
+  }
   return out;
 }
 
@@ -331,12 +246,17 @@ void sorted_unique_parallel(const int64_t* ids, int64_t n, Pool* pool, SortScrat
     sorted_unique(ids, n, keys, inverse);
     return;
   }
-  const SortWords w(range, n);
-  if (w.bits + w.pos_bits > 64) {  // ids too far apart to share a word with their positions
+  int bits = 0;
+  while (bits < 64 && (range >> bits) != 0) ++bits;
+  int pos_bits = 0;
+  while ((uint64_t(1) << pos_bits) < static_cast<uint64_t>(n)) ++pos_bits;
+  if (bits + pos_bits > 64) {  // ids too far apart to share a word with their positions
     sorted_unique(ids, n, keys, inverse);
     return;
   }
-  const int pos_bits = w.pos_bits;
+  constexpr int kDigit = 11;
+  constexpr uint64_t kMask = (uint64_t(1) << kDigit) - 1;
+  const int passes = (bits + kDigit - 1) / kDigit;
   std::vector<uint64_t>& a = scratch->a;
   std::vector<uint64_t>& b = scratch->b;
   a.resize(n);
@@ -345,8 +265,28 @@ void sorted_unique_parallel(const int64_t* ids, int64_t n, Pool* pool, SortScrat
     for (int64_t i = first; i < end; ++i)
       a[i] = (static_cast<uint64_t>(ids[i]) - static_cast<uint64_t>(lo)) << pos_bits | static_cast<uint64_t>(i);
   });
-  std::vector<int64_t> count;
-  RadixPasses(a, b, n, w, parts, count, each_part);
+  std::vector<int64_t> count(static_cast<size_t>(parts) * (kMask + 1));
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pos_bits + pass * kDigit;
+    each_part(n, [&](int p, int64_t first, int64_t end) {
+      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
+      std::fill(c, c + kMask + 1, 0);
+      for (int64_t i = first; i < end; ++i) ++c[(a[i] >> shift) & kMask];
+    });
+    int64_t at = 0;
+    for (uint64_t d = 0; d <= kMask; ++d)
+      for (int p = 0; p < parts; ++p) {
+        int64_t& c = count[static_cast<size_t>(p) * (kMask + 1) + d];
+        const int64_t here = c;
+        c = at;
+        at += here;
+      }
+    each_part(n, [&](int p, int64_t first, int64_t end) {
+      int64_t* c = &count[static_cast<size_t>(p) * (kMask + 1)];
+      for (int64_t i = first; i < end; ++i) b[c[(a[i] >> shift) & kMask]++] = a[i];
+    });
+    a.swap(b);
+  }
   // Distinct ids: each part counts the runs that start in it, then writes its keys and the
   // inverse of its ids.
   const uint64_t pos_mask = (uint64_t(1) << pos_bits) - 1;

@@ -1,6 +1,5 @@
-// Radix sorts of ids: sort_ids (behind unique_sum, bag_gradient and sorted_unique), in parts on
-// the kernels' threads where the ids are many, and the parallel numbering that Herald's planner
-// runs on each global batch on a pool of its own.
+// Radix sorts of ids: the one thread's (behind unique_sum, bag_gradient and sorted_unique) and
+// the parallel one that Herald's planner runs on each global batch.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -16,9 +15,7 @@ namespace kernels {
 // stay in order under the stable passes over the id's digits.
 // The result and the scratch arrays are per-thread and reused: at batch 4096 they are a few MB,
 // which glibc would otherwise map and unmap (and the kernel zero) on every step.
-// The answer stands until this thread's next call. From 2 x 32768 ids on, the passes run in parts
-// on the kernels' threads (HETU_NUM_THREADS): each part counts its own digits and scatters its own
-// ids, so the answer is the same for any thread count.
+// The answer stands until this thread's next call.
 struct SortedIds {
   std::vector<int64_t> id, pos;
 };
