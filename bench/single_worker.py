@@ -19,7 +19,8 @@ OMP/OPENBLAS/MKL_NUM_THREADS, HETU_NUM_THREADS) and are fed the same pre-sliced 
 of in-memory arrays (hetu through ht.dataloader_op without prefetch, whose batches are views of
 those arrays); data generation, model set-up and warm-up are outside the timed windows. After
 warm-up the workers take turns, one window of N steps each (hetu, torch, torch tuned, hetu, ...),
-so that a loaded machine's noise falls on all three alike.
+so that a loaded machine's noise falls on all three alike, each window after --settle seconds of
+idling (PyTorch's threads spin-wait after its window and would share the next one's cores).
 
 Columns: median samples/s of each; hetu/best = hetu median / the faster torch median (the
 number the targets apply to: >= 1.2x at batch >= 1024, >= 1.0x at batch 128); paired = median
