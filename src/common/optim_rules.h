@@ -253,7 +253,6 @@ class CatchUp {
  public:
   CatchUp(const Config& c, int64_t target)
       : c_(c), target_(target), horizon_(catch_up_horizon(c)), bias_(BiasCorrections::Of(c.beta1, c.beta2, target)) {}
-  int64_t target() const { return target_; }
   // One row: float32 values, its m then v (state), its step count.
   void Row(float* w, float* state, int64_t* step, int64_t width) const {
     catch_up_row(c_, w, state, step, target_, width, horizon_, bias_);

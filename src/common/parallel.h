@@ -37,6 +37,23 @@ inline int num_threads() {
   return n;
 }
 
+// The process's one object of a call site, made by make() (a new T*) at the first call. After a
+// fork the old one's threads do not exist in the child: it is leaked and a new one made. Never
+// destroyed, so no exit waits on its threads. Each call site (each make's type) has its own.
+template <typename T, typename Make>
+T* per_process(Make make) {
+  static std::mutex mu;
+  static T* object = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const pid_t me = getpid();
+  if (object == nullptr || owner != me) {
+    object = make();
+    owner = me;
+  }
+  return object;
+}
+
 namespace detail {
 
 class ThreadPool {
@@ -104,17 +121,7 @@ class ThreadPool {
 };
 
 inline ThreadPool* pool() {
-  static std::mutex mu;
-  static ThreadPool* p = nullptr;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lk(mu);
-  const pid_t me = getpid();
-  if (p == nullptr || owner != me) {
-    // After a fork the old pool's threads do not exist here: leak it and start a new one.
-    p = new ThreadPool(num_threads() - 1);
-    owner = me;
-  }
-  return p;
+  return per_process<ThreadPool>([] { return new ThreadPool(num_threads() - 1); });
 }
 
 }  // namespace detail

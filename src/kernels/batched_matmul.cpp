@@ -7,12 +7,10 @@
 // -ffp-contract=off, and vector extensions, which it does not fuse). A vector lane is one output
 // element, so the width of the vectors changes nothing: the AVX-512, AVX2 and baseline versions,
 // and any thread count, give the same bits.
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -154,17 +152,7 @@ RunFn version_of(const std::string& variant) {
 // gone). Not parallel_for's pool: that one waits for each of its parts, and on a busy host a
 // thread the OS had not yet woken held a 1 ms product up for 4-5 ms (median); in this one the threads
 // take chunks as they come, and the caller does them all if the other threads are late.
-Pool& products_pool() {
-  static std::mutex mu;
-  static Pool* pool = nullptr;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (pool == nullptr || owner != getpid()) {
-    pool = new Pool(num_threads());   // never destroyed: no thread waits on it at exit
-    owner = getpid();
-  }
-  return *pool;
-}
+Pool& products_pool() { return *per_process<Pool>([] { return new Pool(num_threads()); }); }
 
 }  // namespace
 
