@@ -23,7 +23,9 @@ from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
 from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
 import models
+import train_sequences
 from models import MODELS
+from train_sequences import SEQUENCE_DEFAULTS, SEQUENTIAL
 
 # --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
 OPTIMIZERS = {name: functools.partial(ht.optim.optimizer, name) for name in ht.optim.KINDS}
@@ -52,11 +54,13 @@ BSP = _checked(int, lambda v: v >= -1, "must be 0 (BSP), -1 (ASP) or k > 0 (SSP)
 
 def build_parser(herald):
     p = argparse.ArgumentParser(description="Train a CTR model with hetu" + (" and the Herald scheduler" if herald else ""))
-    p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS),
+    p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS) + sorted(SEQUENTIAL),
                    help="<arch>_<dataset>: the architecture on the dataset it is named for (its synthetic shape "
-                        "by default); a bare architecture: on --dataset / --data-dir")
+                        "by default); a bare architecture: on --dataset / --data-dir. sasrec and hstu are "
+                        "sequential models over user histories (a sequences dataset)")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=128, help="per-worker batch size")
-    p.add_argument("--embedding-size", type=POSITIVE_INT, default=128)
+    p.add_argument("--embedding-size", type=POSITIVE_INT, default=None,
+                   help="default 128; the sequential models' 50")
     p.add_argument("--nepoch", type=POSITIVE_FLOAT, default=1,
                    help="epochs to train, each a full pass over the training split (fractions allowed)")
     p.add_argument("--val", action="store_true", help="validate after every epoch")
@@ -77,15 +81,17 @@ def build_parser(herald):
     p.add_argument("--cache-limit-ratio", type=RATIO, default=0.1, help="cache rows / table rows")
     p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to --csv-dir")
     p.add_argument("--csv-dir", default="csv", help="folder for --cache-perf files")
-    p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS),
-                   help="a kind of the optimizer registry (default: sgd). Embedding tables are stepped row by "
+    p.add_argument("--optimizer", default=None, choices=sorted(OPTIMIZERS),
+                   help="a kind of the optimizer registry (default: sgd; the sequential models': adamw_catchup, "
+                        "betas (0.9, 0.98), no weight decay). Embedding tables are stepped row by "
                         "row, only the rows a step reads: adam and adamw take lazy row-wise steps, as FBGEMM's "
                         "and TF's LazyAdam (rows not read in a step are not stepped, their moments do not "
                         "decay; each row keeps its own step count for the bias correction); dense parameters "
                         "take ordinary Adam steps. adam_catchup and adamw_catchup give dense Adam's result "
                         "instead: a row's skipped steps are applied when it is next read (a constant "
                         "--learning-rate; docs/design.md section 4)")
-    p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=0.01)
+    p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=None,
+                   help="default 0.01; the sequential models' 0.001")
     p.add_argument("--embedding-dtype", default="fp32", choices=sorted(ht.optim.EMBEDDING_DTYPES),
                    help="type embedding rows are stored and moved in; steps compute in fp32 and round to it, "
                         "optimizer state stays fp32")
@@ -152,6 +158,7 @@ def build_parser(herald):
     p.add_argument("--prefetch", action="store_true",
                    help="caches send a step's pull during the step before (faster on loopback, slower on "
                         "shaped 1 Gbit/s links: see the README)")
+    train_sequences.add_flags(p)
     if herald:
         p.add_argument("--lookahead", type=POSITIVE_INT, default=HeraldOptions.lookahead,
                        help="iterations the scheduler plans ahead")
@@ -574,9 +581,21 @@ def main(argv=None, herald=False):
         raise
 
 
+CTR_DEFAULTS = {"optimizer": "sgd", "learning_rate": 0.01, "embedding_size": 128}
+
+
+def parse(parser, argv):
+    """The command line, with the defaults of the model's kind where it leaves them."""
+    args = parser.parse_args(argv)
+    for flag, value in (SEQUENCE_DEFAULTS if args.model in SEQUENTIAL else CTR_DEFAULTS).items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
+    return args
+
+
 def train(argv, herald):
     parser = build_parser(herald)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     threads = size_threads(args)
     check_outputs(parser, args)
     check_stream_flags(parser, args)
@@ -584,6 +603,11 @@ def train(argv, herald):
     options = distribution_options(args, herald)
     ctx = device_of(args)
     dynamic = dynamic_table(args)
+    if args.model in SEQUENTIAL:
+        if dynamic is not None:
+            raise SystemExit(f"--model {args.model}: --table-capacity (dynamic tables) is not supported for the "
+                             "sequential models yet")
+        return train_sequences.train(args, herald, options, ctx, threads)
     if args.stream:
         return train_stream(args, herald, options, ctx, dynamic, threads)
     data = load(args)

@@ -71,9 +71,12 @@ class WorkerSlice(SamplePlan):
 
 class Dataloader:
     def __init__(self, data, batch_size, name="default", drop_last=True, shuffle=False, seed=0, prefetch=2,
-                 check=None):
+                 check=None, columns=None):
         """`check(batch, rows)`, if given, sees every batch read and the rows of `data` it holds,
-        and raises on bad values (hetu.data.DatasetPart.checker)."""
+        and raises on bad values (hetu.data.DatasetPart.checker). `columns(step, rows, batch)`, if
+        given, returns the batch with columns appended that are computed from the global step and
+        the samples' rows of `data` (a sequence model's negatives, hetu.data.sequences): a pure
+        function of them, so every worker and every mode reads the same values for a sample."""
         if batch_size <= 0:
             raise ValueError(f"Dataloader {name!r}: batch_size must be positive, got {batch_size}")
         self.data = data
@@ -84,6 +87,7 @@ class Dataloader:
         self.seed = seed
         self.prefetch = max(0, int(prefetch))
         self.check = check
+        self.columns = columns
         self.rank, self.num_workers = 0, 1
         self.plan = WorkerSlice(0, self.batch_size)
         self.host_allocator = None   # set_host_allocator
@@ -140,6 +144,8 @@ class Dataloader:
 
     @property
     def sample_shape(self):
+        if self.columns is not None:
+            return tuple(self.columns(0, np.zeros(1, np.int64), np.asarray(self.data[:1])).shape[1:])
         return tuple(self.data.shape[1:])
 
     @property
@@ -162,10 +168,14 @@ class Dataloader:
     def global_rows(self, step):
         """The rows of every worker's samples of global batch `step` (a dynamic table's directory
         takes the whole global batch's keys)."""
-        return self.data[self.batches.indices(step)]
+        idx = self.batches.indices(step)
+        batch = self.data[idx]
+        return batch if self.columns is None else self.columns(step, idx, batch)
 
     def load(self, step):
         idx = self.indices(step)
+        if self.columns is not None:
+            return self._with_columns(step, idx)
         out = self._host_batch(step, len(idx))
         contiguous = not self.shuffle and self.plan.in_order and len(idx) and idx[-1] - idx[0] + 1 == len(idx)
         if out is not None:
@@ -181,6 +191,16 @@ class Dataloader:
         if self.check is not None:
             self.check(batch, idx)
         return batch
+
+    def _with_columns(self, step, idx):
+        batch = self.columns(step, idx, np.asarray(self.data[idx]))
+        if self.check is not None:
+            self.check(batch, idx)
+        out = self._host_batch(step, len(idx))
+        if out is None:
+            return np.ascontiguousarray(batch)
+        out[...] = batch
+        return out
 
     @property
     def position(self):
@@ -222,6 +242,10 @@ class Dataloader:
         return self._pending[0].result()
 
 
+def _step_and_rows(loader, step):
+    return step, np.asarray(loader.indices(step), np.int64)
+
+
 class DataloaderOp(Op):
     """Feeds itself: in subgraph `name` it yields the next batch of that subgraph's dataloader
     (a host array; on a GPU the executor copies it to the device, hetu.device_step)."""
@@ -257,6 +281,10 @@ class DataloaderOp(Op):
 
     def compute(self, vals, state):
         loader = self.loader(state.subgraph)
+        # The step's global batch and this worker's samples in it (rows of the data), read when
+        # asked: what per-sample random draws (dropout masks, DropoutOp) are keyed by, so that
+        # they do not depend on the worker count or on which worker trains a sample.
+        state.batch_samples = functools.partial(_step_and_rows, loader, loader.position)
         if self.keys is None:
             return loader.next_batch()
         # A dynamic table's keys become slots: in training, after the directory takes the step's

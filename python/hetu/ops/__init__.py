@@ -6,3 +6,5 @@ from .shape import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .norm import *  # noqa: F401,F403
 from .embedding import *  # noqa: F401,F403
+from .attention import *  # noqa: F401,F403
+from .sequence import *  # noqa: F401,F403

@@ -1,13 +1,15 @@
-"""Normalisation and regularisation: batch_norm, layer_norm, dropout.
+"""Normalisation and regularisation: batch_norm, layer_norm, l2_normalize, dropout.
 
 Backward passes that yield several gradients compute them together once; the parameter
 gradients are read back by small ops that depend on the combined one."""
 import numpy as np
 
+from .. import _C
 from ..context import array_module_of
 from ..graph import Op
+from ..init import UNIFORM as _UNIFORM
 
-__all__ = ["batch_normalization_op", "layer_normalization_op", "dropout_op"]
+__all__ = ["batch_normalization_op", "layer_normalization_op", "l2_normalize_op", "dropout_op"]
 
 
 def _norm_backward(xp, g, xhat, rstd, gamma, axes, fixed_stats):
@@ -146,17 +148,70 @@ class LayerNormOp(_Normalize):
         return b.node("Add", [b.node("Mul", [b.node("Mul", [centered, rstd]), x[1]]), x[2]])
 
 
+class L2NormalizeOp(Op):
+    """x / max(||x||_2, eps) over the last axis (a user vector or an item row on the unit sphere)."""
+
+    def __init__(self, x, eps=1e-6, ctx=None):
+        super().__init__(x, ctx=ctx)
+        self.eps = np.float32(eps)
+
+    def infer_shape(self, s):
+        return s[0]
+
+    def divisor(self, xp, x):
+        """max(||x||_2, eps) over the last axis, kept as an axis of 1."""
+        return xp.maximum(xp.sqrt((x * x).sum(axis=-1, keepdims=True)), self.eps)
+
+    def compute(self, vals, state):
+        x = vals[0]
+        xp = array_module_of(x)
+        return xp.divide(x, self.divisor(xp, x), out=state.buffer(self, x.shape, np.float32))
+
+    def to_onnx(self, b, x):
+        norm = b.node("ReduceL2", x, axes=[-1], keepdims=1)   # opset 17: axes an attribute
+        return b.node("Div", [x[0], b.node("Max", [norm, b.const(self.eps)])])
+
+    def gradient(self, g):
+        return [L2NormalizeGradOp(g, self)]
+
+
+class L2NormalizeGradOp(Op):
+    """(g - y <g, y>) / ||x|| where ||x|| > eps, else g / eps (there y = x / eps: a constant's
+    multiple)."""
+
+    def __init__(self, g, fwd):
+        super().__init__(g, fwd.inputs[0], fwd, ctx=fwd.ctx)
+        self.fwd = fwd
+
+    def infer_shape(self, s):
+        return s[1]
+
+    def compute(self, vals, state):
+        g, x, y = vals
+        xp = array_module_of(g)
+        divisor = self.fwd.divisor(xp, x)
+        along = (g * y).sum(axis=-1, keepdims=True)
+        along *= divisor > self.fwd.eps
+        out = xp.multiply(y, along, out=state.buffer(self, x.shape, np.float32))
+        xp.subtract(g, out, out=out)
+        return xp.divide(out, divisor, out=out)
+
+
 class DropoutOp(Op):
     """Inverted dropout in training, identity in inference. The mask is drawn from the executor's
-    seed, the op's name and the step, so runs repeat exactly."""
+    seed, the op's name and the step, so runs repeat exactly. With `per_sample`, x's first axis is
+    the batch's samples and sample s's mask is a pure function of (seed, op name, global step, s's
+    row in the data, element): the same whichever worker trains s and however many there are
+    (docs/design.md, sequences), drawn by the counter-based generator of the initializers."""
 
     capturable = False   # its mask is drawn on the host
 
-    def __init__(self, x, keep_prob, ctx=None):
-        super().__init__(x, ctx=ctx)
+    def __init__(self, x, keep_prob, per_sample=False, ctx=None, name=None):
+        super().__init__(x, ctx=ctx, name=name)
         if not 0 < keep_prob <= 1:
             raise ValueError(f"{self.name}: keep_prob must be in (0, 1], got {keep_prob}")
         self.keep_prob = np.float32(keep_prob)
+        self.per_sample = per_sample
 
     def infer_shape(self, s):
         return s[0]
@@ -164,12 +219,26 @@ class DropoutOp(Op):
     def to_onnx(self, b, x):
         return b.node("Identity", x)   # inference
 
+    def _uniforms(self, shape, state):
+        if not self.per_sample:
+            return state.rng(self).random(shape, dtype=np.float32)
+        step, rows = state.batch_samples() if hasattr(state, "batch_samples") else \
+            (state.iteration, np.arange(shape[0], dtype=np.int64))
+        if len(rows) != shape[0]:
+            raise ValueError(f"{self.name}: per-sample dropout over {shape[0]} rows, but the step has {len(rows)} samples")
+        seed = int(np.random.SeedSequence([state.executor.config.seed, int(step)]).generate_state(1, np.uint64)[0])
+        stream = _C.name_stream(self.name)
+        out = np.empty((shape[0], int(np.prod(shape[1:], dtype=np.int64))), np.float32)
+        for k, row in enumerate(rows):
+            _C.init_fill(_UNIFORM, 0.0, 1.0, seed, stream, int(row), out[k:k + 1])
+        return out.reshape(shape)
+
     def compute(self, vals, state):
         x = vals[0]
         if not state.training or self.keep_prob == 1:
             state.scratch[self.id] = None
             return x
-        mask = state.rng(self).random(x.shape, dtype=np.float32) < self.keep_prob
+        mask = self._uniforms(x.shape, state) < self.keep_prob
         scaled = array_module_of(x).asarray(mask, dtype=np.float32) / self.keep_prob
         state.scratch[self.id] = scaled
         return x * scaled
@@ -200,5 +269,10 @@ def layer_normalization_op(x, scale, bias, eps=0.01, ctx=None):
     return LayerNormOp(x, scale, bias, eps, ctx=ctx)
 
 
-def dropout_op(x, keep_prob, ctx=None):
-    return DropoutOp(x, keep_prob, ctx=ctx)
+def l2_normalize_op(x, eps=1e-6, ctx=None):
+    return L2NormalizeOp(x, eps, ctx=ctx)
+
+
+def dropout_op(x, keep_prob, per_sample=False, ctx=None, name=None):
+    """`name` keys a per-sample mask: give one where the graph is built in other orders."""
+    return DropoutOp(x, keep_prob, per_sample, ctx=ctx, name=name)

@@ -1,0 +1,215 @@
+"""The driver of the sequential models (sasrec, hstu; docs/design.md section 17) behind
+run_hetu.py and run_laia.py: train.py hands it a parsed command line whose --model is one of them.
+
+Data path: hetu.data.load_dataset (a sequences folder: histories, their timestamps, each user's
+held-out last item) -> ht.Dataloader per split, whose ids rows get their targets and the
+counter-based negatives appended (hetu.data.sequences.draw_negatives: the same for a sample in
+every mode and worker count) -> models.sequential -> ht.Executor -> per-epoch loss and, with --val,
+full-corpus HR@K and NDCG@K over every user's held-out item (hetu.metrics.ranking_hits), gathered
+over the workers."""
+import json
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+import hetu as ht
+from hetu.data import load_dataset
+from hetu.data.sequences import draw_negatives
+
+from models.sequential import SequenceConfig, build
+
+RANKS = (10, 50, 200)
+
+# name -> (architecture, the dataset it trains on by default)
+SEQUENTIAL = {"sasrec": ("sasrec", None), "hstu": ("hstu", None),
+              "sasrec_movielens": ("sasrec", "movielens-sequences"), "hstu_movielens": ("hstu", "movielens-sequences"),
+              "sasrec_synthetic": ("sasrec", "synthetic-sequences"), "hstu_synthetic": ("hstu", "synthetic-sequences")}
+
+# The published MovieLens-1M settings where the command line leaves them at the CTR defaults.
+SEQUENCE_DEFAULTS = {"optimizer": "adamw_catchup", "learning_rate": 1e-3, "embedding_size": 50}
+ADAM_BETAS = {"beta1": 0.9, "beta2": 0.98}
+
+
+def add_flags(p):
+    """The sequential models' own flags (train.build_parser)."""
+    g = p.add_argument_group("sequential models (sasrec, hstu)")
+    g.add_argument("--num-negatives", type=int, default=128, metavar="N",
+                   help="uniform negatives per position of the sampled softmax (default 128)")
+    g.add_argument("--blocks", type=int, default=2, help="attention blocks (default 2)")
+    g.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
+    g.add_argument("--dropout", type=float, default=0.2, help="dropout probability (default 0.2)")
+    g.add_argument("--temperature", type=float, default=0.05, help="sampled softmax temperature (default 0.05)")
+
+
+def config_of(args, meta):
+    for flag in ("num_negatives", "blocks", "heads"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if not 0 <= args.dropout < 1:
+        raise SystemExit(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.temperature <= 0:
+        raise SystemExit(f"--temperature must be positive, got {args.temperature}")
+    if args.embedding_size % args.heads:
+        raise SystemExit(f"--embedding-size {args.embedding_size} is not a multiple of --heads {args.heads}")
+    return SequenceConfig(num_items=meta.num_items, max_length=meta.max_length, num_negatives=args.num_negatives,
+                          embedding_size=args.embedding_size, blocks=args.blocks, heads=args.heads,
+                          dropout=args.dropout, temperature=args.temperature)
+
+
+def training_ids(config, seed):
+    """A training batch's ids row as the model reads it, from a stored [L + 1] history row."""
+    L = config.max_length
+
+    def columns(step, rows, batch):
+        targets = batch[:, 1:L + 1]
+        negatives = draw_negatives(seed, step, rows, targets, config.num_negatives, config.num_items)
+        return np.concatenate([batch[:, :L], targets, negatives.reshape(len(batch), -1)], axis=1)
+    return columns
+
+
+def validation_ids(config):
+    """A validation history [L] as the model's ids row: no targets, no negatives."""
+    def columns(step, rows, batch):
+        empty = np.full((len(batch), config.id_columns - config.max_length), -1, np.int64)
+        return np.concatenate([batch, empty], axis=1)
+    return columns
+
+
+def first_columns(length):
+    def columns(step, rows, batch):
+        return batch[:, :length]
+    return columns
+
+
+def make_inputs(data, config, args, hstu):
+    """The ids dataloader op, and for HSTU the timestamps' (None for SASRec)."""
+    b = args.batch_size
+
+    def loader(array, name, columns):
+        return ht.Dataloader(array, b, name, drop_last=name == "train", seed=args.seed, columns=columns)
+    ids = ht.dataloader_op([loader(data.train.items, "train", training_ids(config, args.seed)),
+                            loader(data.val.items, "validate", validation_ids(config))])
+    times = None
+    if hstu:
+        L = config.max_length
+        times = ht.dataloader_op([loader(data.train.times, "train", first_columns(L)),
+                                  loader(data.val.times, "validate", first_columns(L))])
+    return ids, times
+
+
+def load(args):
+    name = args.data_dir or (SEQUENTIAL[args.model][1] if args.dataset == "synthetic" else args.dataset)
+    if name is None:
+        raise SystemExit(f"--model {args.model} trains on a sequences dataset: give --dataset or --data-dir")
+    try:
+        data = load_dataset(name)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {name}: {e}") from None
+    if getattr(data.meta, "kind", None) != "sequences":
+        raise SystemExit(f"--model {args.model} reads user histories, and {name} is not a sequences dataset "
+                         f"(prepare one with: python -m hetu.data.prepare movielens --sequences ...)")
+    return data, name
+
+
+def optimizer_of(args):
+    kind = args.optimizer
+    settings = dict(ADAM_BETAS) if kind.startswith("adam") else {}
+    if kind in ("adamw", "adamw_catchup"):
+        settings["weight_decay"] = 0.0
+    return ht.optim.optimizer(kind, learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype,
+                              **settings)
+
+
+def gather(comm, array):
+    return comm.allgather_array(array) if comm is not None and comm.size > 1 else array
+
+
+def validate(executor, data, graph, ids, progress):
+    """Full-corpus HR@K and NDCG@K over every user's held-out item: this worker's users ranked
+    against the whole item table, the per-user results gathered over the workers."""
+    executor.flush()
+    table = executor.parameters()[graph.item_table.name].astype(np.float32)
+    table /= np.maximum(np.linalg.norm(table, axis=1, keepdims=True), 1e-6)
+    loader = ids.loader("validate")
+    hits, ndcg = [], []
+    steps = executor.get_batch_num("validate")
+    for _ in tqdm(range(steps), desc="validate", disable=progress != "bar", leave=False, file=sys.stdout):
+        rows = np.asarray(loader.indices(loader.position), np.int64)
+        user = executor.run("validate", convert_to_numpy_ret_vals=True)[0]
+        h, n = ht.metrics.ranking_hits(user, table, np.asarray(data.val.target[rows]),
+                                       np.asarray(data.val.items[rows]), RANKS)
+        hits.append(h)
+        ndcg.append(n)
+    comm = executor.graph.comm
+    width = len(RANKS)
+    hits = gather(comm, np.concatenate(hits) if hits else np.zeros((0, width)))
+    ndcg = gather(comm, np.concatenate(ndcg) if ndcg else np.zeros((0, width)))
+    return ht.metrics.ranking_summary(hits.reshape(-1, width), ndcg.reshape(-1, width), RANKS)
+
+
+def ranking_text(metrics):
+    return " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith(("hr@", "ndcg@")))
+
+
+def train(args, herald, options, ctx, threads):
+    """The run of a sequential --model; returns its summary (train.report_end prints it)."""
+    import train as driver   # the CTR driver's shared pieces (it imports this module lazily)
+    if args.stream:
+        raise SystemExit(f"--model {args.model} trains on a prepared sequences folder; --stream is for CTR logs")
+    if herald:
+        raise SystemExit(f"--model {args.model}: Herald does not plan a sequence model's negatives yet (they are "
+                         f"drawn per step); train it with run_hetu.py (one process, PS, or the HET cache)")
+    data, name = load(args)
+    config = config_of(args, data.meta)
+    kind = SEQUENTIAL[args.model][0]
+    ids, times = make_inputs(data, config, args, hstu=kind == "hstu")
+    graph = build(kind, ids, times, config, optimizer_of(args))
+    executor = ht.Executor({"train": [graph.loss, graph.train_op], "validate": [graph.user]}, ctx=ctx,
+                           seed=args.seed, **options)
+    per_epoch = executor.get_batch_num("train")
+    if args.iters_per_epoch and not args.all:
+        per_epoch = min(per_epoch, args.iters_per_epoch)
+    workers = executor.graph.num_workers
+    total = int(round(args.nepoch * per_epoch))
+    if total == 0:
+        raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration: "
+                         f"{len(data.train.items)} histories make {executor.get_batch_num('train')} global batches "
+                         f"of {workers} x {args.batch_size}")
+    progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
+    print(f"{args.model}: {config.num_items} items x {config.embedding_size}, histories of up to "
+          f"{config.max_length} from {name}, {config.num_negatives} negatives a position; "
+          f"{len(data.train.items)} train / {len(data.val.items)} val users; "
+          + driver.epoch_text(per_epoch, workers, args) + f"; {total} iterations, {threads} thread"
+          + "s" * (threads != 1) + " per process", flush=True)
+    comm = executor.graph.comm
+    start, done, epoch, history = time.time(), 0, 0, []
+    while done < total:
+        n = min(per_epoch * (epoch + 1), total) - done
+        t0 = time.time()
+        losses = []
+        bar = tqdm(range(n), desc=f"epoch {epoch}", disable=progress != "bar", leave=False, file=sys.stdout)
+        for _ in bar:
+            losses.append(float(np.asarray(executor.run("train", convert_to_numpy_ret_vals=True)[0]).reshape(-1)[0]))
+        loss = float(np.mean(losses))
+        if comm is not None and comm.size > 1:
+            loss = comm.allreduce_mean(loss)   # each worker's loss is its part of the global batch's
+        stats = {"loss": loss,
+                 "seconds": time.time() - t0, "iterations": n}
+        line = f"epoch {epoch}: train loss {stats['loss']:.4f} ({driver.rates_text(n, stats['seconds'], args.batch_size, workers)})"
+        if args.val:
+            stats["val"] = validate(executor, data, graph, ids, progress)
+            line += " | val " + ranking_text(stats["val"])
+        print(line, flush=True)
+        history.append(stats)
+        done += n
+        epoch += 1
+    executor.flush()
+    elapsed = time.time() - start
+    summary = {"model": args.model, "mode": driver.mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
+               "iterations": total, "first_step": 0, "seconds": elapsed, "counters": executor.counters.totals(),
+               **driver.job_rates(total, elapsed, args.batch_size, workers), "final": history[-1]}
+    if args.val:
+        summary.update(history[-1]["val"])
+    return driver.report_end(executor, args, herald, summary)
