@@ -1,5 +1,5 @@
-// hetu._C's kernels: gather, bags, unique-and-sum, optimizer steps, batched small products, initializers. Every call
-// releases the GIL while it computes.
+// hetu._C's kernels: gather, bags, unique-and-sum, optimizer steps, batched small products, attention
+// weights, initializers. Every call releases the GIL while it computes.
 #include <string>
 #include <vector>
 
@@ -190,6 +190,58 @@ void batched_matmul(Array<float> a, Array<float> b, bool trans_a, bool trans_b, 
   hetu::kernels::batched_matmul(a.data(), b.data(), batch, m, n, k, trans_a, trans_b, o, variant);
 }
 
+// The kernels' AttentionShape of scores [batch, ..., lq, lk] (2-D without a mask: a batch of
+// one) and a mask [batch, lk] or None; `mask` keeps the mask's array alive.
+hetu::kernels::AttentionShape attention_shape(const std::string& what, const Array<float>& scores,
+                                              const py::object& mask_or_none, bool causal, float scale,
+                                              Array<float>* mask) {
+  const auto nd = scores.ndim();
+  if (nd < 2 || (nd < 3 && !mask_or_none.is_none()))
+    throw std::invalid_argument(what + ": scores must be [batch, ..., lq, lk] (or [lq, lk] without a mask)");
+  const int64_t lq = scores.shape(nd - 2), lk = scores.shape(nd - 1), batch = nd >= 3 ? scores.shape(0) : 1;
+  const int64_t heads = batch * lq * lk == 0 ? 0 : scores.size() / (batch * lq * lk);
+  hetu::kernels::AttentionShape shape{batch, heads, lq, lk, nullptr, causal, scale};
+  if (!mask_or_none.is_none()) {
+    *mask = mask_or_none.cast<Array<float>>();
+    if (mask->ndim() != 2 || mask->shape(0) != batch || mask->shape(1) != lk)
+      throw std::invalid_argument(what + ": mask must be [" + std::to_string(batch) + ", " + std::to_string(lk) +
+                                  "] float32, as scores' batch and keys");
+    shape.mask = mask->data();
+  }
+  return shape;
+}
+
+void check_same_size(const std::string& what, const Array<float>& scores, const Array<float>& other,
+                     const char* name) {
+  if (other.size() != scores.size()) throw std::invalid_argument(what + ": " + name + " must have the scores' shape");
+}
+
+using AttentionForward = void (*)(const hetu::kernels::AttentionShape&, const float*, float*);
+using AttentionBackward = void (*)(const hetu::kernels::AttentionShape&, const float*, const float*, float*);
+
+// scores -> out: one of the attention kernels' forwards.
+void attention_forward(AttentionForward kernel, const std::string& what, Array<float> scores, py::object mask,
+                       bool causal, float scale, Array<float> out) {
+  Array<float> mask_array;
+  const auto shape = attention_shape(what, scores, mask, causal, scale, &mask_array);
+  check_same_size(what, scores, out, "out");
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  kernel(shape, scores.data(), o);
+}
+
+// (grad, saved) -> out: a backward, `saved` its forward's output or input as the kernel reads it.
+void attention_backward(AttentionBackward kernel, const std::string& what, Array<float> grad, Array<float> saved,
+                        py::object mask, bool causal, float scale, Array<float> out) {
+  Array<float> mask_array;
+  const auto shape = attention_shape(what, grad, mask, causal, scale, &mask_array);
+  check_same_size(what, grad, saved, "the saved array");
+  check_same_size(what, grad, out, "out");
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  kernel(shape, grad.data(), saved.data(), o);
+}
+
 void round_to_storage(Array<float> values, int storage) {
   if (storage < 0 || storage >= hetu::storage::kNumTypes)
     throw std::invalid_argument("round_to_storage: storage " + std::to_string(storage) + " is not a storage type");
@@ -236,6 +288,27 @@ void bind_kernels(py::module_& m) {
   m.attr("MATMUL_VARIANTS") = hetu::kernels::matmul_variants();
   m.def("matmul_variant", [](const std::string& want) { return hetu::kernels::runnable_matmul_variant(want); },
         py::arg("want") = "", "the batched_matmul version that runs: want checked, or '' HETU_SIMD's or the best this CPU runs");
+  const auto forward = [&m](const char* name, AttentionForward kernel, const char* doc) {
+    m.def(name, [kernel, name](Array<float> scores, py::object mask, bool causal, float scale, Array<float> out) {
+      attention_forward(kernel, name, scores, mask, causal, scale, out);
+    }, py::arg("scores"), py::arg("mask"), py::arg("causal"), py::arg("scale"), py::arg("out"), doc);
+  };
+  const auto backward = [&m](const char* name, AttentionBackward kernel, const char* doc) {
+    m.def(name, [kernel, name](Array<float> grad, Array<float> saved, py::object mask, bool causal, float scale,
+                               Array<float> out) {
+      attention_backward(kernel, name, grad, saved, mask, causal, scale, out);
+    }, py::arg("grad"), py::arg("saved"), py::arg("mask"), py::arg("causal"), py::arg("scale"), py::arg("out"), doc);
+  };
+  forward("masked_softmax", hetu::kernels::masked_softmax,
+          "out = softmax of scale * scores [batch, ..., lq, lk] over the keys allowed (mask [batch, lk] != 0 or None, "
+          "and j <= i when causal); disallowed entries and rows without a key 0; threaded over rows, the same bits on "
+          "every thread count");
+  backward("masked_softmax_grad", hetu::kernels::masked_softmax_backward,
+           "out = d scores of masked_softmax from grad and saved = its output");
+  forward("pointwise_attention", hetu::kernels::pointwise_attention,
+          "out = silu(scale * scores) / lk on the keys allowed (as masked_softmax), else 0 (HSTU)");
+  backward("pointwise_attention_grad", hetu::kernels::pointwise_attention_backward,
+           "out = d scores of pointwise_attention from grad and saved = its input scores");
   m.attr("STORAGE_TYPES") = std::vector<std::string>{hetu::storage::name(hetu::storage::kF32),
                                                      hetu::storage::name(hetu::storage::kBF16),
                                                      hetu::storage::name(hetu::storage::kF16)};

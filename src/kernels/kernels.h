@@ -75,6 +75,25 @@ const std::vector<std::string>& matmul_variants();
 // version HETU_SIMD names (checked alike), else the best this CPU runs.
 std::string runnable_matmul_variant(const std::string& want);
 
+// Attention weights over scores [batch, heads, lq, lk] (kernels/attention.cpp): key j is allowed
+// for query i iff mask[b, j] != 0 (mask [batch, lk], or null: every key) and, when causal,
+// j <= i. Disallowed entries come out 0. Every row is one thread's, in key order: the same bits
+// on every thread count.
+struct AttentionShape {
+  int64_t batch, heads, lq, lk;
+  const float* mask;
+  bool causal;
+  float scale;
+};
+// out = softmax over the allowed keys of scale * scores; a row without one is zeros.
+void masked_softmax(const AttentionShape& shape, const float* scores, float* out);
+// out = d(scores) of masked_softmax from grad and its output probs: scale * probs * (grad - <grad, probs>).
+void masked_softmax_backward(const AttentionShape& shape, const float* grad, const float* probs, float* out);
+// out = silu(scale * scores) / lk on the allowed keys (HSTU's pointwise attention).
+void pointwise_attention(const AttentionShape& shape, const float* scores, float* out);
+// out = d(scores) of pointwise_attention from grad and its input scores.
+void pointwise_attention_backward(const AttentionShape& shape, const float* grad, const float* scores, float* out);
+
 // Rows [row_begin, row_end) of a parameter initialised by rng::init_value.
 void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin, int64_t row_end,
                int64_t width, float* out);

@@ -5,7 +5,7 @@ import numpy as np
 from ..context import array_module_of
 from ..graph import Op
 
-__all__ = ["relu_op", "leaky_relu_op", "sigmoid_op", "tanh_op", "gelu_op", "softmax_op"]
+__all__ = ["relu_op", "leaky_relu_op", "sigmoid_op", "silu_op", "tanh_op", "gelu_op", "softmax_op"]
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -100,6 +100,36 @@ class SigmoidOp(Activation):
         return xp.multiply(out, g, out=out)
 
 
+def sigmoid(xp, x, out):
+    """sigmoid(x) into out (not x) through e = exp(-|x|), which never overflows: 1 / (1 + e) for
+    x >= 0, e / (1 + e) below; 0 (not a tiny constant) where x is far below 0, so that x times it
+    is 0 however large |x| is (silu)."""
+    e = xp.exp(-xp.abs(x))
+    return xp.divide(xp.where(x >= 0, np.float32(1), e), e + 1, out=out)
+
+
+def silu_derivative(xp, x, out):
+    """d silu / dx = sigmoid(x) (1 + x (1 - sigmoid(x))) into out (not x), finite for every x."""
+    s = sigmoid(xp, x, out)
+    t = xp.subtract(1, s)
+    t *= x
+    t += 1
+    return xp.multiply(s, t, out=out)
+
+
+class SiLUOp(Activation):
+    """x * sigmoid(x) (swish; HSTU's pointwise attention and gates), finite for every x."""
+
+    def forward(self, xp, x, out):
+        return xp.multiply(sigmoid(xp, x, out), x, out=out)
+
+    def to_onnx(self, b, x):
+        return b.node("Mul", [x[0], b.node("Sigmoid", x)])
+
+    def backward(self, xp, g, x, y, out):
+        return xp.multiply(g, silu_derivative(xp, x, out), out=out)
+
+
 class TanhOp(Activation):
     onnx_type = "Tanh"
 
@@ -161,6 +191,10 @@ def leaky_relu_op(x, alpha=0.01, ctx=None):
 
 def sigmoid_op(x, ctx=None):
     return SigmoidOp(x, ctx=ctx)
+
+
+def silu_op(x, ctx=None):
+    return SiLUOp(x, ctx=ctx)
 
 
 def tanh_op(x, ctx=None):

@@ -214,20 +214,21 @@ def _matrix_product(a, b, trans_A, trans_B, out):
 
 
 class MatMulOp(Op):
+    """a @ b of matrices, or of stacks of them with the same leading dims ([..., m, k] @
+    [..., k, n]: DLRM's dot interaction [batch, m, k], attention's [batch, heads, L, d]);
+    trans_A / trans_B transpose each matrix (the last two axes). On CPU a stack runs through
+    _C.batched_matmul, its leading dims as one (its products are too small for a BLAS call each;
+    the same bits on every CPU and thread count), a matrix through the BLAS."""
+
     def __init__(self, a, b, trans_A=False, trans_B=False, ctx=None):
         super().__init__(a, b, ctx=ctx)
         self.trans_A, self.trans_B = trans_A, trans_B
 
-    """a @ b of matrices, or of stacks of them ([batch, m, k] @ [batch, k, n]: DLRM's dot
-    interaction); trans_A / trans_B transpose each matrix. On CPU a stack runs through
-    _C.batched_matmul (its products are too small for a BLAS call each; the same bits on every
-    CPU and thread count), a matrix through the BLAS."""
-
     def infer_shape(self, s):
         a, b = s
-        if not (len(a) == len(b) == 2 or (len(a) == len(b) == 3 and a[0] == b[0])):
-            raise ShapeError(f"{self.name}: matmul takes 2-D inputs or 3-D stacks of as many matrices, got "
-                             f"{self.inputs[0].name} {a} and {self.inputs[1].name} {b}")
+        if not (len(a) == len(b) >= 2 and tuple(a[:-2]) == tuple(b[:-2])):
+            raise ShapeError(f"{self.name}: matmul takes 2-D inputs or stacks of as many matrices (equal leading "
+                             f"dims), got {self.inputs[0].name} {a} and {self.inputs[1].name} {b}")
         m, k = (a[-1], a[-2]) if self.trans_A else a[-2:]
         k2, n = (b[-1], b[-2]) if self.trans_B else b[-2:]
         if k != k2:
@@ -241,13 +242,16 @@ class MatMulOp(Op):
         m = a.shape[-1] if self.trans_A else a.shape[-2]
         n = b.shape[-2] if self.trans_B else b.shape[-1]
         out = state.buffer(self, a.shape[:-2] + (m, n), np.float32)
-        if a.ndim == 3:
+        if a.ndim >= 3:
             xp = array_module_of(a)
             if xp is np:   # hetu's kernel: NumPy would call the BLAS once per small product of the stack
-                _C.batched_matmul(np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32),
-                                  self.trans_A, self.trans_B, out)
+                count = int(np.prod(a.shape[:-2]))
+
+                def stack(x):
+                    return np.ascontiguousarray(x, dtype=np.float32).reshape((count,) + x.shape[-2:])
+                _C.batched_matmul(stack(a), stack(b), self.trans_A, self.trans_B, out.reshape((count, m, n)))
                 return out
-            return xp.matmul(a.swapaxes(1, 2) if self.trans_A else a, b.swapaxes(1, 2) if self.trans_B else b,
+            return xp.matmul(a.swapaxes(-1, -2) if self.trans_A else a, b.swapaxes(-1, -2) if self.trans_B else b,
                              out=out)
         return _matrix_product(a, b, self.trans_A, self.trans_B, out)
 
