@@ -63,6 +63,7 @@ void bind_data(py::module_& m);
 void bind_key_hash(py::module_& m);
 void bind_dynamic(py::module_& m);
 void bind_stream(py::module_& m);
+void bind_sample_ids(py::module_& m);
 
 }  // namespace bindings
 }  // namespace hetu

@@ -11,4 +11,5 @@ PYBIND11_MODULE(_C, m) {
   hetu::bindings::bind_key_hash(m);
   hetu::bindings::bind_dynamic(m);
   hetu::bindings::bind_stream(m);
+  hetu::bindings::bind_sample_ids(m);
 }

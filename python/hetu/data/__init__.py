@@ -13,23 +13,32 @@ the jagged values and offsets). What a model reads of it (fields, slots, rows, d
 ``DatasetMeta.fields``, a ``Fields``. Prepared with ``--ids hashed`` (``meta.ids``), sparse.npy
 holds each value's 64-bit key instead (keys.py), with no vocabulary and no field offsets.
 
-The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``; the rest needs
-no compiled code.
+User histories for sequential models (SASRec, HSTU) have a folder format of their own
+(sequences.py: ``train_items.npy`` [U, L+1] and the held-out last items); ``load_dataset`` returns
+a ``SequenceData`` for such a folder, or for the names ``movielens-sequences`` and
+``synthetic-sequences``.
+
+The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``, and
+``draw_negatives`` draws with ``hetu._C``; the rest needs no compiled code.
 """
 from .avazu import prepare_avazu
-from .cache import data_home, ensure_synthetic, synthetic_dataset_dir
+from .cache import data_home, ensure_synthetic, ensure_synthetic_sequences, synthetic_dataset_dir
 from .criteo import prepare_criteo
 from .dataset import BadBatch, Dataset, DatasetMeta, DatasetPart, load_dataset
 from .movielens import prepare_movielens
 from .schema import Fields
+from .sequences import (SequenceData, draw_negatives, generate_synthetic_sequences, load_sequences,
+                        prepare_movielens_sequences, shared_negatives)
 from .stats import rank_auc, reuse_distances, reuse_share_within, top_rows_lookup_share
 from .store import is_complete_dataset
 from .synthetic import SyntheticSpec, generate_synthetic, shape_fields, synthetic_spec
 from .textio import DataFormatError
 
 __all__ = [
-    "BadBatch", "Dataset", "DatasetMeta", "DatasetPart", "DataFormatError", "Fields", "SyntheticSpec", "data_home",
-    "ensure_synthetic", "generate_synthetic", "is_complete_dataset", "load_dataset",
-    "prepare_avazu", "prepare_criteo", "prepare_movielens", "rank_auc", "reuse_distances",
-    "reuse_share_within", "shape_fields", "synthetic_dataset_dir", "synthetic_spec", "top_rows_lookup_share",
+    "BadBatch", "Dataset", "DatasetMeta", "DatasetPart", "DataFormatError", "Fields", "SequenceData",
+    "SyntheticSpec", "data_home", "draw_negatives", "ensure_synthetic", "ensure_synthetic_sequences",
+    "generate_synthetic", "generate_synthetic_sequences", "is_complete_dataset", "load_dataset", "load_sequences",
+    "prepare_avazu", "prepare_criteo", "prepare_movielens", "prepare_movielens_sequences", "rank_auc",
+    "reuse_distances", "reuse_share_within", "shape_fields", "shared_negatives", "synthetic_dataset_dir",
+    "synthetic_spec", "top_rows_lookup_share",
 ]

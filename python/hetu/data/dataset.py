@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import store
-from .cache import data_home, ensure_synthetic
+from . import sequences, store
+from .cache import data_home, ensure_movielens_sequences, ensure_synthetic, ensure_synthetic_sequences
 from .schema import Fields
 from .synthetic import parse_synthetic_name
 
@@ -266,13 +266,18 @@ def resolve_dataset_dir(name_or_dir, **synthetic_params):
     """Folder for a dataset path, a synthetic name (``synthetic`` = ``synthetic-criteo``,
     ``synthetic-avazu``, ``synthetic-movielens``, ``synthetic-criteo-multihot``, each also with
     sessions: ``-sessions``, e.g. ``synthetic-criteo-sessions``), or a prepared name under
-    $HETU_DATA_HOME."""
+    $HETU_DATA_HOME. User histories (sequences.py): ``synthetic-sequences`` (generated on first
+    use) and ``movielens-sequences`` (cache.ensure_movielens_sequences)."""
     name = str(name_or_dir)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / store.META_FILE).is_file():
             raise FileNotFoundError(f"{path} is not a complete dataset folder (no meta.json)")
         return path
+    if name == sequences.SYNTHETIC_NAME:
+        return ensure_synthetic_sequences(**synthetic_params)
+    if name == sequences.MOVIELENS_NAME and not synthetic_params:
+        return ensure_movielens_sequences()
     if name == "synthetic" or name.startswith("synthetic-"):
         shape, sessions = parse_synthetic_name(name)
         if sessions:
@@ -292,8 +297,13 @@ def resolve_dataset_dir(name_or_dir, **synthetic_params):
 
 
 def load_dataset(name_or_dir, mmap=True, **synthetic_params):
-    """Load a dataset (see ``resolve_dataset_dir`` for names) with memory-mapped train/val views.
+    """Load a dataset (see ``resolve_dataset_dir`` for names) with memory-mapped train/val views;
+    a sequences folder (meta.json kind "sequences") loads as a sequences.SequenceData.
 
-    Synthetic parameters (``rows``, ``scale``, ``zipf_exponent``, ``drift``, ``seed``, ...)
-    select which cached synthetic dataset to use, generating it on first use."""
-    return Dataset(resolve_dataset_dir(name_or_dir, **synthetic_params), mmap=mmap)
+    Synthetic parameters (``rows``, ``scale``, ``zipf_exponent``, ``drift``, ``seed``, ...;
+    for ``synthetic-sequences`` those of sequences.SYNTHETIC_DEFAULTS) select which cached
+    synthetic dataset to use, generating it on first use."""
+    folder = resolve_dataset_dir(name_or_dir, **synthetic_params)
+    if sequences.is_sequences_folder(folder):
+        return sequences.load_sequences(folder, mmap=mmap)
+    return Dataset(folder, mmap=mmap)

@@ -4,6 +4,10 @@
     python -m hetu.data.prepare avazu     --input train      --output DIR [--rows N] [--min-count K]
     python -m hetu.data.prepare movielens --input u.data     --output DIR [--label binary|rating]
                                           [--time-order] [--users u.user --items u.item]
+    python -m hetu.data.prepare movielens --sequences --input u.data|ratings.dat|FOLDER
+                                          --output DIR [--max-length L]
+    python -m hetu.data.prepare synthetic-sequences --output DIR [--users U] [--items I]
+                                          [--mean-length M] [--max-length L] [--zipf A] [--seed S]
     python -m hetu.data.prepare synthetic --output DIR [--rows N]
                                           [--shape criteo|criteo-multihot|avazu|movielens]
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
@@ -15,6 +19,10 @@ Every command takes --ids indexed|hashed: hashed writes each categorical value a
 synthetic --ids hashed --drift D is an open world: new values keep being born, old ones fade,
 so the distinct keys grow without bound with the rows.
 
+movielens --sequences writes user histories for sequential models (hetu.data.sequences: each
+user's items in time order, the last one held out) instead of rating rows; it takes no side
+files, shuffle or hashed ids (--label, --threshold and --val-fraction do not apply).
+
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
 import argparse
@@ -25,6 +33,8 @@ from .avazu import prepare_avazu
 from .criteo import prepare_criteo
 from .keys import HASH_NAME, ID_KINDS
 from .movielens import prepare_movielens
+from .sequences import (DEFAULT_MAX_LENGTH, KIND as SEQUENCES_KIND, SYNTHETIC_DEFAULTS as SEQUENCE_DEFAULTS,
+                        generate_synthetic_sequences, prepare_movielens_sequences)
 from .store import read_meta
 from .synthetic import (DRIFT_ROWS, LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec,
                         generate_synthetic, synthetic_spec)
@@ -88,6 +98,21 @@ def build_parser():
     movielens.add_argument("--items", default=None,
                            help="items file (u.item or movies.dat): adds the year field and "
                                 "the genres bag field")
+    movielens.add_argument("--sequences", action="store_true",
+                           help="write user histories for sequential models (hetu.data.sequences): "
+                                "each user's items in time order, the last one held out; --input may "
+                                "be a folder holding u.data or ratings.dat")
+    movielens.add_argument("--max-length", type=int, default=None, metavar="L",
+                           help=f"with --sequences: the longest history kept (default {DEFAULT_MAX_LENGTH})")
+    histories = subparsers.add_parser("synthetic-sequences",
+                                      help="generate synthetic user histories over a long-tail catalog")
+    histories.add_argument("--output", required=True)
+    for name in ("users", "items", "max_length", "seed"):
+        histories.add_argument("--" + name.replace("_", "-"), type=int, default=SEQUENCE_DEFAULTS[name])
+    for name in ("mean_length", "zipf"):
+        histories.add_argument("--" + name.replace("_", "-"), type=float, default=SEQUENCE_DEFAULTS[name])
+    histories.add_argument("--force", action="store_true")
+    histories.add_argument("--quiet", action="store_true")
     synthetic = subparsers.add_parser("synthetic", help="generate a synthetic dataset")
     synthetic.add_argument("--output", required=True)
     synthetic.add_argument("--shape", choices=sorted(SHAPES), default="criteo")
@@ -139,6 +164,12 @@ def run(args):
                        skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
                        shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress,
                        ids=args.ids)
+    if args.command == "movielens" and (args.sequences or args.max_length is not None):
+        return movielens_sequences(args, progress)
+    if args.command == "synthetic-sequences":
+        return generate_synthetic_sequences(
+            args.output, overwrite=args.force, progress=progress,
+            **{name: getattr(args, name) for name in ("users", "items", "mean_length", "max_length", "zipf", "seed")})
     if args.command == "movielens":
         # prepare_movielens refuses a seed given with --time-order
         shuffle_seed = args.shuffle_seed if args.shuffle_seed is not None \
@@ -159,6 +190,20 @@ def run(args):
     return generate_synthetic(args.output, spec, overwrite=args.force, progress=progress)
 
 
+def movielens_sequences(args, progress):
+    if not args.sequences:
+        raise ValueError("--max-length is the length of the histories of --sequences")
+    given = [flag for flag, value in (("--users", args.users), ("--items", args.items),
+                                      ("--shuffle-seed", args.shuffle_seed)) if value is not None]
+    given += ["--ids hashed"] if args.ids == "hashed" else []
+    if given:
+        raise ValueError(f"{', '.join(given)} do not apply to --sequences (histories of indexed items, "
+                         f"in time order)")
+    max_length = DEFAULT_MAX_LENGTH if args.max_length is None else args.max_length
+    return prepare_movielens_sequences(args.input, args.output, max_length, skip_bad_lines=args.skip_bad_lines,
+                                       overwrite=args.force, progress=progress)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
@@ -167,6 +212,10 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 2
     meta = read_meta(output)
+    if meta.get("kind") == SEQUENCES_KIND:
+        summary = {key: meta[key] for key in ("name", "num_users", "num_items", "num_interactions", "max_length")}
+        print(f"wrote {output}: {json.dumps(summary)}")
+        return 0
     summary = {key: meta[key] for key in ("name", "num_rows", "num_fields", "num_dense",
                                           "num_embeddings")}
     summary["split"] = meta["split"]
