@@ -41,7 +41,8 @@ class TorchSequential(nn.Module):
         return self.p[name]
 
     def _linear(self, x, name):
-        return x @ self._w(f"{name}_weight") + self._w(f"{name}_bias")
+        y = x @ self._w(f"{name}_weight")
+        return y + self._w(f"{name}_bias") if f"{name}_bias" in self.p else y
 
     def _norm(self, x, name, eps):
         return F.layer_norm(x, (x.shape[-1],), self._w(f"{name}_scale"), self._w(f"{name}_bias"), eps)

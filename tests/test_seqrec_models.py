@@ -61,5 +61,4 @@ def test_same_loss_user_vectors_and_gradients_as_pytorch(kind):
     for p, g in zip(params, got):
         want = twin.p[p.name].grad
         want = np.zeros(p.shape, np.float32) if want is None else want.numpy()
-        # A key projection's bias has no effect on a softmax: its gradient is rounding noise.
         np.testing.assert_allclose(g, want, rtol=1e-3, atol=2e-5, err_msg=p.name)

@@ -174,13 +174,16 @@ class MultiHeadAttention(Layer):
     """Causal multi-head self-attention over x [batch, length, dim] with a padding mask [batch,
     length] (1: filled): softmax(q k^T / sqrt(dim / heads)) v, dropout on the attention weights,
     and an output projection; PyTorch's nn.MultiheadAttention in its parameters (q, k, v and out
-    projections, each with a bias). Dropout masks are per sample (DropoutOp)."""
+    projections; q, v and out with a bias). Dropout masks are per sample (DropoutOp)."""
 
     def __init__(self, dim, heads, length, dropout=0.0, causal=True, name="mha", ctx=None):
         if dim % heads:
             raise ValueError(f"MultiHeadAttention {name}: dim {dim} is not a multiple of heads {heads}")
         self.dim, self.heads, self.length, self.causal = dim, heads, length, causal
-        self.q, self.k, self.v, self.out = (Linear(dim, dim, name=f"{name}_{part}", ctx=ctx)
+        # The key projection has no bias: a softmax over keys does not change when every score
+        # of a query moves by the same q . b_k, so its gradient is rounding noise, which Adam
+        # would turn into full-size steps.
+        self.q, self.k, self.v, self.out = (Linear(dim, dim, bias=part != "k", name=f"{name}_{part}", ctx=ctx)
                                             for part in ("q", "k", "v", "out"))
         self.dropout = Dropout(dropout, per_sample=True, name=f"{name}_dropout")
 
