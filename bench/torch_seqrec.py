@@ -2,8 +2,8 @@
 the model tests to compare hetu with.
 
 Built from a dict of hetu's parameters (name -> array: the same initial weights) and reading the
-same ids rows [inputs | targets | negatives] (hetu.data.sequences.draw_negatives: the same
-negatives), so that with dropout 0 the two compute the same losses and gradients up to float
+same ids rows [inputs | targets | distinct negatives] and negatives' index
+(hetu.data.sequences.draw_negatives and distinct_candidates: the same negatives), so that with dropout 0 the two compute the same losses and gradients up to float
 rounding. hetu's Linear weights are [in, out]; here they stay so (x @ W + b)."""
 import math
 
@@ -104,22 +104,26 @@ class TorchSequential(nn.Module):
         gated = u * F.layer_norm(attended, (h * lin,), eps=1e-6)
         return (x + self._linear(self._drop(gated), f"{name}_out")) * mask[..., None]
 
-    def loss(self, ids, times=None):
-        """The mean over batch x L of the positions' sampled softmax losses (hetu's loss)."""
+    def loss(self, ids, index, times=None):
+        """The mean over batch x L of the positions' sampled softmax losses (hetu's loss), computed
+        as generative-recommenders computes it: over the positions that have a target only, the
+        table L2-normalised once, each position's negatives gathered from it."""
         c = self.config
-        L, N, d = c.max_length, c.num_negatives, c.embedding_size
+        L, N = c.max_length, c.num_negatives
         user = self.encode(ids, times)
         b = ids.shape[0]
-        table = self._w("item_embedding")
-        target_ids, neg_ids = ids[:, L:2 * L], ids[:, 2 * L:].reshape(b, L, N)
-        target = F.normalize(table[target_ids.clamp(min=0)], dim=-1, eps=NORM_EPS)
-        negs = F.normalize(table[neg_ids.clamp(min=0)], dim=-1, eps=NORM_EPS)
-        pos = (user * target).sum(-1, keepdim=True) / c.temperature
-        neg = torch.einsum("bld,blnd->bln", user, negs) / c.temperature
-        neg = neg.masked_fill((neg_ids < 0) | (neg_ids == target_ids[..., None]), float("-inf"))
-        per_position = -torch.log_softmax(torch.cat([pos, neg], dim=-1), dim=-1)[..., 0]
-        per_position = torch.where(target_ids >= 0, per_position, torch.zeros(()))
-        return per_position.mean()
+        target_ids = ids[:, L:2 * L]
+        valid = target_ids >= 0
+        user, target_ids = user[valid], target_ids[valid]                       # [P, d], [P]
+        index = index.reshape(b, L, N)
+        picked = torch.gather(ids[:, 2 * L:], 1, index.clamp(min=0).reshape(b, -1)).reshape(b, L, N)
+        neg_ids = torch.where(index >= 0, picked, -1)[valid]                    # [P, N]
+        table = self.normalized_items()
+        pos = (user * table[target_ids]).sum(-1, keepdim=True)
+        neg = torch.bmm(table[neg_ids.clamp(min=0)], user[:, :, None])[..., 0]
+        neg = neg.masked_fill((neg_ids < 0) | (neg_ids == target_ids[:, None]), float("-inf"))
+        per_position = -torch.log_softmax(torch.cat([pos, neg], dim=-1) / c.temperature, dim=-1)[:, 0]
+        return per_position.sum() / (b * L)
 
     def user_vectors(self, ids, times=None):
         """The user vector at each history's last filled position."""

@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples/ctr"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from hetu.data.sequences import distinct_candidates  # noqa: E402
 from models.sequential import SequenceConfig, build  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -21,7 +22,8 @@ from torch_seqrec import TorchSequential  # noqa: E402
 
 
 def ids_rows(rng, batch, length, negatives, items):
-    """[inputs | targets | negatives] rows of histories of 1 to L + 1 items (some full, some short)."""
+    """[inputs | targets | distinct negatives] rows of histories of 1 to L + 1 items (some full,
+    some short), and the negatives' index."""
     sizes = rng.integers(2, length + 2, batch)
     sizes[0] = 1   # one input and no target: a position that reads no rows but its input
     stored = np.full((batch, length + 1), -1, np.int64)
@@ -31,7 +33,8 @@ def ids_rows(rng, batch, length, negatives, items):
     neg = rng.integers(0, items, (batch, length, negatives))
     neg[targets < 0] = -1
     neg[1, 0, 0] = targets[1, 0]   # a negative equal to the target
-    return np.concatenate([stored[:, :length], targets, neg.reshape(batch, -1)], axis=1)
+    candidates, index = distinct_candidates(neg, items)
+    return np.concatenate([stored[:, :length], targets, candidates], axis=1), index.reshape(batch, -1)
 
 
 @pytest.mark.parametrize("kind", ["sasrec", "hstu"])
@@ -39,21 +42,23 @@ def test_same_loss_user_vectors_and_gradients_as_pytorch(kind):
     rng = np.random.default_rng(0)
     config = SequenceConfig(num_items=30, max_length=6, num_negatives=4, embedding_size=8, blocks=2, heads=2,
                             dropout=0.0, temperature=0.1, time_buckets=8)
-    ids = ids_rows(rng, 5, config.max_length, config.num_negatives, config.num_items)
+    ids, index = ids_rows(rng, 5, config.max_length, config.num_negatives, config.num_items)
     times = np.sort(rng.integers(0, 10**6, (5, config.max_length)), axis=1)
-    ids_node = ht.Variable("ids", dtype=np.int64)
+    ids_node, index_node = ht.Variable("ids", dtype=np.int64), ht.Variable("index", dtype=np.int64)
     times_node = ht.Variable("times", dtype=np.int64) if kind == "hstu" else None
-    graph = build(kind, ids_node, times_node, config, ht.optim.optimizer("sgd", learning_rate=0.0))
+    graph = build(kind, ids_node, index_node, times_node, config, ht.optim.optimizer("sgd", learning_rate=0.0))
     params = [p for p in ht.topo_sort([graph.loss]) if isinstance(p, ht.Variable) and p.trainable]
     grads = [SparseToDenseOp(g) if getattr(g, "produces_sparse", False) else g
              for g in ht.gradients(graph.loss, params)]
     executor = ht.Executor([graph.loss, graph.user] + grads, seed=1)
-    feed = {ids_node: ids} if times_node is None else {ids_node: ids, times_node: times}
+    feed = {ids_node: ids, index_node: index}
+    if times_node is not None:
+        feed[times_node] = times
     loss, user, *got = executor.run(feed_dict=feed, convert_to_numpy_ret_vals=True)
 
     twin = TorchSequential(kind, config, executor.parameters())
     t_ids, t_times = torch.tensor(ids), (torch.tensor(times) if times_node is not None else None)
-    reference = twin.loss(t_ids, t_times)
+    reference = twin.loss(t_ids, torch.tensor(index), t_times)
     reference.backward()
     assert abs(float(loss) - reference.item()) < 1e-5 * max(1.0, abs(reference.item()))
     np.testing.assert_allclose(user, twin.user_vectors(t_ids, t_times).detach().numpy(), atol=2e-6)

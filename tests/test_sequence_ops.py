@@ -5,13 +5,14 @@ import pytest
 
 import hetu as ht
 from gradcheck import check_gradients
+from hetu.data.sequences import distinct_candidates
 
 L, N, D = 4, 3, 5
 
 
 def history_ids(rng, batch, items=7):
-    """ids rows [inputs | targets | negatives] with padding, a position without a target, and
-    negatives equal to the target."""
+    """ids rows [inputs | targets | distinct negatives] with padding, a position without a target,
+    and negatives equal to the target; the negatives' index [batch, L, N]; the negatives."""
     lengths = rng.integers(1, L + 1, batch)
     inputs = np.full((batch, L), -1, np.int64)
     targets = np.full((batch, L), -1, np.int64)
@@ -22,15 +23,17 @@ def history_ids(rng, batch, items=7):
     negatives = rng.integers(0, items, (batch, L, N))
     negatives[targets < 0] = -1
     negatives[0, 0, 0] = targets[0, 0]   # a negative that is the target: left out
-    return np.concatenate([inputs, targets, negatives.reshape(batch, -1)], axis=1), lengths
+    candidates, index = distinct_candidates(negatives, items)
+    return np.concatenate([inputs, targets, candidates], axis=1), index, lengths, negatives
 
 
-def torch_sampled_softmax(torch, user, rows, ids, temperature):
+def torch_sampled_softmax(torch, user, rows, ids, index, neg_ids, temperature):
     F = torch.nn.functional
     b = user.shape[0]
-    target_ids, neg_ids = ids[:, L:2 * L], ids[:, 2 * L:].reshape(b, L, N)
+    target_ids = ids[:, L:2 * L]
     target = F.normalize(rows[:, L:2 * L], dim=-1, eps=1e-6)
-    negs = F.normalize(rows[:, 2 * L:].reshape(b, L, N, D), dim=-1, eps=1e-6)
+    candidates = F.normalize(rows[:, 2 * L:], dim=-1, eps=1e-6)
+    negs = candidates[torch.arange(b)[:, None, None], index.clamp(min=0)]
     pos = (user * target).sum(-1, keepdim=True) / temperature
     neg = torch.einsum("bld,blnd->bln", user, negs) / temperature
     left_out = (neg_ids < 0) | (neg_ids == target_ids[..., None])
@@ -43,20 +46,22 @@ def torch_sampled_softmax(torch, user, rows, ids, temperature):
 def test_sampled_softmax_against_pytorch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
-    ids, _ = history_ids(rng, 6)
+    ids, index, _, negatives = history_ids(rng, 6)
     user = rng.standard_normal((6, L, D)).astype(np.float32)
     user /= np.linalg.norm(user, axis=-1, keepdims=True)
     rows = rng.standard_normal((6, ids.shape[1], D)).astype(np.float32)
     u, r, i = ht.Variable("u", dtype=np.float32), ht.Variable("r", dtype=np.float32), ht.Variable("i", dtype=np.int64)
-    loss = ht.sampled_softmax_loss_op(u, r, i, L, N, temperature=0.1)
+    x = ht.Variable("x", dtype=np.int64)
+    loss = ht.sampled_softmax_loss_op(u, r, i, x, L, temperature=0.1)
     weights = rng.standard_normal((6, L)).astype(np.float32)
     total = ht.reduce_sum_op(loss * ht.Variable("w", value=weights, trainable=False))
     du, dr = ht.gradients(total, [u, r])
-    out = ht.Executor([loss, du, dr]).run(feed_dict={u: user, r: rows, i: ids}, convert_to_numpy_ret_vals=True)
+    out = ht.Executor([loss, du, dr]).run(feed_dict={u: user, r: rows, i: ids, x: index},
+                                          convert_to_numpy_ret_vals=True)
 
     tu = torch.tensor(user, requires_grad=True)
     tr = torch.tensor(rows, requires_grad=True)
-    ref = torch_sampled_softmax(torch, tu, tr, torch.tensor(ids), 0.1)
+    ref = torch_sampled_softmax(torch, tu, tr, torch.tensor(ids), torch.tensor(index), torch.tensor(negatives), 0.1)
     (ref * torch.tensor(weights)).sum().backward()
     np.testing.assert_allclose(out[0], ref.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[1], tu.grad.numpy(), rtol=1e-4, atol=1e-5)
@@ -67,16 +72,16 @@ def test_sampled_softmax_against_pytorch():
 
 def test_sampled_softmax_finite_differences():
     rng = np.random.default_rng(1)
-    ids, _ = history_ids(rng, 2)
+    ids, index, _, _ = history_ids(rng, 2)
     user = rng.standard_normal((2, L, D)).astype(np.float32)
     rows = rng.standard_normal((2, ids.shape[1], D)).astype(np.float32)
-    check_gradients(lambda u, r, i: ht.sampled_softmax_loss_op(u, r, i, L, N, temperature=0.5), [user, rows, ids],
-                    wrt=[0, 1], eps=1e-2, rtol=3e-2, atol=3e-3)
+    check_gradients(lambda u, r, i, x: ht.sampled_softmax_loss_op(u, r, i, x, L, temperature=0.5),
+                    [user, rows, ids, index], wrt=[0, 1], eps=1e-2, rtol=3e-2, atol=3e-3)
 
 
 def test_last_valid_and_mask():
     rng = np.random.default_rng(2)
-    ids, lengths = history_ids(rng, 5)
+    ids, _, lengths, _ = history_ids(rng, 5)
     x = rng.standard_normal((5, L, D)).astype(np.float32)
     xv, iv = ht.Variable("x", dtype=np.float32), ht.Variable("ids", dtype=np.int64)
     last = ht.last_valid_op(xv, iv, L)

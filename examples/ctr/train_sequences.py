@@ -7,8 +7,9 @@ counter-based negatives appended (hetu.data.sequences.draw_negatives: the same f
 every mode and worker count) -> models.sequential -> ht.Executor -> per-epoch loss and, with --val,
 full-corpus HR@K and NDCG@K over every user's held-out item (hetu.metrics.ranking_hits), gathered
 over the workers."""
-import json
+import collections
 import sys
+import threading
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
-from hetu.data.sequences import draw_negatives
+from hetu.data.sequences import distinct_candidates, draw_negatives
 
 from models.sequential import SequenceConfig, build
 
@@ -58,15 +59,38 @@ def config_of(args, meta):
                           dropout=args.dropout, temperature=args.temperature)
 
 
-def training_ids(config, seed):
-    """A training batch's ids row as the model reads it, from a stored [L + 1] history row."""
-    L = config.max_length
+class TrainingColumns:
+    """What a training batch's two id inputs read, from its stored [L + 1] history rows: the ids
+    row [inputs | targets | the sample's distinct negatives] and the negatives' index into them.
+    The negatives are drawn once per batch for both (each loader asks from its own thread)."""
 
-    def columns(step, rows, batch):
-        targets = batch[:, 1:L + 1]
-        negatives = draw_negatives(seed, step, rows, targets, config.num_negatives, config.num_items)
-        return np.concatenate([batch[:, :L], targets, negatives.reshape(len(batch), -1)], axis=1)
-    return columns
+    def __init__(self, config, seed):
+        self.config, self.seed = config, seed
+        self._drawn = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def _negatives(self, step, rows, batch):
+        key = (int(step), np.asarray(rows, np.int64).tobytes())
+        with self._lock:
+            drawn = self._drawn.get(key)
+        if drawn is None:
+            c = self.config
+            negatives = draw_negatives(self.seed, step, rows, batch[:, 1:c.max_length + 1], c.num_negatives,
+                                       c.num_items)
+            drawn = distinct_candidates(negatives, c.num_items)
+            with self._lock:
+                self._drawn[key] = drawn
+                while len(self._drawn) > 8:
+                    self._drawn.popitem(last=False)
+        return drawn
+
+    def ids(self, step, rows, batch):
+        candidates, _ = self._negatives(step, rows, batch)
+        return np.concatenate([batch[:, :self.config.max_length], batch[:, 1:], candidates], axis=1)
+
+    def index(self, step, rows, batch):
+        _, index = self._negatives(step, rows, batch)
+        return index.reshape(len(batch), -1)
 
 
 def validation_ids(config):
@@ -77,6 +101,12 @@ def validation_ids(config):
     return columns
 
 
+def no_negatives(config):
+    def columns(step, rows, batch):
+        return np.full((len(batch), config.max_length * config.num_negatives), -1, np.int64)
+    return columns
+
+
 def first_columns(length):
     def columns(step, rows, batch):
         return batch[:, :length]
@@ -84,19 +114,25 @@ def first_columns(length):
 
 
 def make_inputs(data, config, args, hstu):
-    """The ids dataloader op, and for HSTU the timestamps' (None for SASRec)."""
+    """The dataloader ops of the ids, of the negatives' index, and for HSTU of the timestamps
+    (None for SASRec)."""
     b = args.batch_size
 
     def loader(array, name, columns):
-        return ht.Dataloader(array, b, name, drop_last=name == "train", seed=args.seed, columns=columns)
-    ids = ht.dataloader_op([loader(data.train.items, "train", training_ids(config, args.seed)),
+        # Training reads the users in a seeded order, anew each epoch (the same in every mode).
+        return ht.Dataloader(array, b, name, drop_last=name == "train", shuffle=name == "train", seed=args.seed,
+                             columns=columns)
+    training = TrainingColumns(config, args.seed)
+    ids = ht.dataloader_op([loader(data.train.items, "train", training.ids),
                             loader(data.val.items, "validate", validation_ids(config))])
+    negatives = ht.dataloader_op([loader(data.train.items, "train", training.index),
+                                  loader(data.val.items, "validate", no_negatives(config))])
     times = None
     if hstu:
         L = config.max_length
         times = ht.dataloader_op([loader(data.train.times, "train", first_columns(L)),
                                   loader(data.val.times, "validate", first_columns(L))])
-    return ids, times
+    return ids, negatives, times
 
 
 def load(args):
@@ -164,8 +200,8 @@ def train(args, herald, options, ctx, threads):
     data, name = load(args)
     config = config_of(args, data.meta)
     kind = SEQUENTIAL[args.model][0]
-    ids, times = make_inputs(data, config, args, hstu=kind == "hstu")
-    graph = build(kind, ids, times, config, optimizer_of(args))
+    ids, negatives, times = make_inputs(data, config, args, hstu=kind == "hstu")
+    graph = build(kind, ids, negatives, times, config, optimizer_of(args))
     executor = ht.Executor({"train": [graph.loss, graph.train_op], "validate": [graph.user]}, ctx=ctx,
                            seed=args.seed, **options)
     per_epoch = executor.get_batch_num("train")

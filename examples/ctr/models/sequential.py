@@ -3,9 +3,10 @@ McAuley 2018; causal self-attention blocks over item plus position embeddings) a
 al. 2024; pointwise attention with relative position and time biases, gated), both trained with a
 sampled softmax at every position, as generative-recommenders trains them.
 
-A sample's ids are one int64 row [inputs (L) | targets (L) | negatives (L x N)] read by one
-lookup of the item table (hetu.ops.sequence): every row it reads passes one row source (a
-process's own table, the parameter server, a cache). Published MovieLens-1M configurations:
+A sample's ids are one int64 row [inputs (L) | targets (L) | its distinct negatives (C)] read by
+one lookup of the item table (hetu.ops.sequence): every row it reads passes one row source (a
+process's own table, the parameter server, a cache); a second input says which candidate is each
+position's j-th negative. Published MovieLens-1M configurations:
 embedding 50, 2 blocks, 1 head, dropout 0.2, 128 negatives, temperature 0.05, AdamW lr 1e-3 betas
 (0.9, 0.98), batch 128, L 200."""
 from dataclasses import dataclass, field
@@ -28,8 +29,13 @@ class SequenceConfig:
     time_buckets: int = 128
 
     @property
+    def candidates(self):
+        """Columns of a sample's distinct negatives: at most L x N, at most the catalog."""
+        return min(self.max_length * self.num_negatives, self.num_items)
+
+    @property
     def id_columns(self):
-        return self.max_length * (2 + self.num_negatives)
+        return 2 * self.max_length + self.candidates
 
 
 @dataclass
@@ -98,16 +104,17 @@ def hstu_encoder(x, mask, config, times=None):
 ENCODERS = {"sasrec": sasrec_encoder, "hstu": hstu_encoder}
 
 
-def build(kind, ids, times, config, optimizer, dynamic=None):
-    """The graph of model `kind` ("sasrec" or "hstu") over ids [batch, M] (and times [batch, L]
-    for HSTU's time bias, or None) -> SequenceGraph. The loss is the mean of the positions' sampled
+def build(kind, ids, negatives, times, config, optimizer, dynamic=None):
+    """The graph of model `kind` ("sasrec" or "hstu") over ids [batch, 2L + C], the negatives'
+    index [batch, L x N] into each sample's candidates (and times [batch, L] for HSTU's time
+    bias, or None) -> SequenceGraph. The loss is the mean of the positions' sampled
     softmax losses over batch x L (a position without a target counts 0): summed over workers,
     the global batch's (docs/design.md section 4)."""
     table, rows, x, mask = embed_history(ids, config, dynamic)
     encoded = ENCODERS[kind](x, mask, config, times)
     user = ht.l2_normalize_op(encoded)
-    per_position = ht.sampled_softmax_loss_op(user, rows, ids, config.max_length, config.num_negatives,
-                                              config.temperature)
+    index = ht.array_reshape_op(negatives, (-1, config.max_length, config.num_negatives))
+    per_position = ht.sampled_softmax_loss_op(user, rows, ids, index, config.max_length, config.temperature)
     loss = ht.reduce_mean_op(per_position)
     train_op = optimizer.minimize(loss)
     return SequenceGraph(loss, train_op, ht.last_valid_op(user, ids, config.max_length), table.embedding_table)

@@ -507,3 +507,32 @@ def shared_negatives(seed, step, num_negatives, num_items):
     targets = np.zeros((1, 1), np.int64)
     return _kernels().draw_negatives(int(seed) & MASK64, int(step) & MASK64, np.array([SHARED_SAMPLE], np.int64),
                                      targets, int(num_negatives), int(num_items), 0).reshape(-1)
+
+
+def distinct_candidates(negatives, num_items):
+    """A batch's negatives [n, L, N] (-1: none) as each sample's distinct candidates and an index
+    into them: (candidates int64 [n, C], ascending, -1 after them; index int64 [n, L, N], -1 where
+    there is no negative), C = min(L x N, num_items). A sample reads each candidate row once (a
+    catalog of a few thousand items is read whole by 200 x 128 uniform draws), and the rows it
+    reads are its own, as for any other id of the sample."""
+    n = negatives.shape[0]
+    flat = negatives.reshape(n, -1)
+    width = min(flat.shape[1], int(num_items))
+    valid = flat >= 0
+    owner = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], flat.shape)
+    candidates = np.full((n, width), -1, np.int64)
+    index = np.full(flat.shape, -1, np.int64)
+    if n * num_items <= 1 << 26:   # a mark per (sample, item): ranks by a running count
+        present = np.zeros((n, int(num_items)), bool)
+        present[owner[valid], flat[valid]] = True
+        rank = np.cumsum(present, axis=1, dtype=np.int64) - 1
+        index[valid] = rank[owner[valid], flat[valid]]
+        sample, item = np.nonzero(present)   # row by row, items ascending
+        candidates[sample, rank[sample, item]] = item
+    else:                          # a large catalog: sort the (sample, item) keys
+        keys, inverse = np.unique(owner[valid] * int(num_items) + flat[valid], return_inverse=True)
+        sample = keys // int(num_items)
+        rank = np.arange(len(keys), dtype=np.int64) - np.searchsorted(keys, sample * int(num_items))
+        candidates[sample, rank] = keys % int(num_items)
+        index[valid] = rank[inverse.reshape(-1)]
+    return candidates, index.reshape(negatives.shape)

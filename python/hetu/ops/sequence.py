@@ -2,8 +2,9 @@
 history ends with, and the sampled softmax loss over one lookup of a sample's rows.
 
 A sequence sample's ids are one int64 row (so that one lookup, and every row source behind it,
-sees every row the sample reads): [inputs (L) | targets (L) | negatives (L x N, position by
-position)], -1 where there is nothing (padding; no target; no negatives where no target)."""
+sees every row the sample reads): [inputs (L) | targets (L) | the sample's distinct negatives
+(C)], -1 where there is nothing (padding; no target); which candidate is each position's j-th
+negative is a second int64 input, index [L, N] (hetu.data.sequences.distinct_candidates)."""
 import numpy as np
 
 from .. import _C
@@ -126,73 +127,95 @@ def _normalize_backward(g, normalized, norm):
     return (g - normalized * (g * normalized).sum(axis=-1, keepdims=True)) / norm
 
 
-def _bmm(a, b, trans_b):
-    """a [P, m, k] @ b [P, k, n] (or b^T): hetu's batched kernel on the host."""
-    xp = array_module_of(a)
-    if xp is not np:
-        return xp.matmul(a, b.swapaxes(1, 2) if trans_b else b)
-    n = b.shape[1] if trans_b else b.shape[2]
-    out = np.empty((a.shape[0], a.shape[1], n), np.float32)
-    _C.batched_matmul(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32), False, trans_b, out)
-    return out
+def sampled_logits(user, candidates, index):
+    """[b, L, N]: user[s, p] . candidates[s, index[s, p, j]] (0 where index is -1)."""
+    xp = array_module_of(user)
+    if xp is np and hasattr(_C, "sampled_logits"):
+        out = np.empty(index.shape, np.float32)
+        _C.sampled_logits(user, candidates, index, out)
+        return out
+    picked = candidates[xp.arange(index.shape[0])[:, None, None], xp.maximum(index, 0)]
+    return xp.where(index >= 0, xp.einsum("bpd,bpjd->bpj", user, picked), 0).astype(np.float32)
+
+
+def sampled_logits_grad(dlogits, user, candidates, index):
+    """(d user, d candidates) of sampled_logits."""
+    xp = array_module_of(user)
+    if xp is np and hasattr(_C, "sampled_logits_grad"):
+        duser, dcandidates = np.empty(user.shape, np.float32), np.empty(candidates.shape, np.float32)
+        _C.sampled_logits_grad(np.ascontiguousarray(dlogits), user, candidates, index, duser, dcandidates)
+        return duser, dcandidates
+    b = index.shape[0]
+    d = xp.where(index >= 0, dlogits, 0)
+    picked = candidates[xp.arange(b)[:, None, None], xp.maximum(index, 0)]
+    duser = xp.einsum("bpj,bpjd->bpd", d, picked)
+    dcandidates = xp.zeros_like(candidates)
+    xp.add.at(dcandidates, (xp.arange(b)[:, None, None], xp.maximum(index, 0)), d[..., None] * user[:, :, None, :])
+    return duser, dcandidates
 
 
 class SampledSoftmaxLossOp(Op):
-    """Sampled softmax (docs/design.md section 17) at every position of a batch of histories:
-    user [batch, L, d] (L2-normalised by the model), rows [batch, M, d] and ids [batch, M] of one
-    lookup of the layout above -> the loss at each position, [batch, L] (0 where there is no
-    target). The target's and the negatives' rows are L2-normalised here; a logit is an inner
-    product over `temperature`; a negative equal to the target, or -1, is left out of the softmax
-    (as generative-recommenders masks it). The rows' gradient is zero over the inputs' columns."""
+    """Sampled softmax (docs/design.md section 17) at every position of a batch of histories.
+    Inputs: user [batch, L, d] (L2-normalised by the model); rows [batch, 2L + C, d] and ids
+    [batch, 2L + C] of one lookup of [inputs | targets | the sample's distinct candidates];
+    index [batch, L, N]: position p's negative j is candidate index[s, p, j] (-1: none;
+    hetu.data.sequences.distinct_candidates). Output: the loss at each position, [batch, L] (0
+    where there is no target). The target's and the candidates' rows are L2-normalised here; a
+    logit is an inner product over `temperature`; a negative equal to the target is left out of
+    the softmax (as generative-recommenders masks it). The rows' gradient is zero over the
+    inputs' columns; the candidates' logits and their gradients are hetu's kernels
+    (_C.sampled_logits), which read each candidate row once per sample."""
 
-    def __init__(self, user, rows, ids, length, num_negatives, temperature, ctx=None):
-        super().__init__(user, rows, ids, ctx=ctx)
-        self.length, self.num_negatives = int(length), int(num_negatives)
+    def __init__(self, user, rows, ids, index, length, temperature, ctx=None):
+        super().__init__(user, rows, ids, index, ctx=ctx)
+        self.length = int(length)
         self.inv_temperature = np.float32(1.0 / temperature)
 
     def infer_shape(self, s):
-        user, rows, ids = s
-        L, N = self.length, self.num_negatives
-        if len(user) != 3 or user[1] != L or tuple(rows[:2]) != tuple(ids) or ids[1] != L * (2 + N) or \
-                rows[2] != user[2] or rows[0] != user[0]:
-            raise ShapeError(f"{self.name}: takes user [batch, {L}, d], rows [batch, {L * (2 + N)}, d] and ids "
-                             f"[batch, {L * (2 + N)}] (L {L}, {N} negatives), got {user}, {rows}, {ids}")
+        user, rows, ids, index = s
+        L = self.length
+        if len(user) != 3 or user[1] != L or tuple(rows[:2]) != tuple(ids) or ids[1] <= 2 * L or \
+                rows[2] != user[2] or rows[0] != user[0] or len(index) != 3 or index[:2] != user[:2]:
+            raise ShapeError(f"{self.name}: takes user [batch, {L}, d], rows [batch, 2 x {L} + C, d], ids "
+                             f"[batch, 2 x {L} + C] and index [batch, {L}, N], got {user}, {rows}, {ids}, {index}")
         return (user[0], L)
 
-    def _parts(self, xp, user, rows, ids):
-        """Everything forward and backward share, per position (P = batch x L)."""
-        L, N = self.length, self.num_negatives
-        b, d = user.shape[0], user.shape[2]
-        u = user.reshape(b * L, 1, d)
-        target_ids = ids[:, L:2 * L].reshape(b * L)
-        neg_ids = ids[:, 2 * L:].reshape(b * L, N)
-        target, target_norm = _normalize_rows(xp, rows[:, L:2 * L].reshape(b * L, 1, d))
-        negs, neg_norm = _normalize_rows(xp, rows[:, 2 * L:].reshape(b * L, N, d))
-        logits = xp.empty((b * L, 1 + N), np.float32)
-        logits[:, 0] = (u[:, 0] * target[:, 0]).sum(axis=-1)
-        logits[:, 1:] = _bmm(u, negs, True)[:, 0]
+    def _parts(self, xp, user, rows, ids, index):
+        """Everything forward and backward share."""
+        L = self.length
+        user = xp.ascontiguousarray(user, dtype=np.float32)
+        target_ids = ids[:, L:2 * L]
+        target, target_norm = _normalize_rows(xp, rows[:, L:2 * L])
+        candidates, candidate_norm = _normalize_rows(xp, rows[:, 2 * L:])
+        candidates = xp.ascontiguousarray(candidates, dtype=np.float32)
+        b, N = index.shape[0], index.shape[2]
+        logits = xp.empty((b, L, 1 + N), np.float32)
+        logits[..., 0] = (user * target).sum(axis=-1)
+        logits[..., 1:] = sampled_logits(user, candidates, index)
         logits *= self.inv_temperature
+        negative_ids = xp.take_along_axis(ids[:, 2 * L:], xp.maximum(index, 0).reshape(b, -1), axis=1).reshape(
+            index.shape)
+        left_out = (index < 0) | (negative_ids == target_ids[..., None])
+        logits[..., 1:][left_out] = -np.inf
         valid = target_ids >= 0
-        left_out = (neg_ids < 0) | (neg_ids == target_ids[:, None])
-        logits[:, 1:][left_out] = -np.inf
         logits[~valid] = 0   # no target: a row of zeros, whose loss is then dropped
-        top = logits.max(axis=1, keepdims=True)
+        top = logits.max(axis=-1, keepdims=True)
         probs = xp.exp(logits - top)
-        total = probs.sum(axis=1, keepdims=True)
+        total = probs.sum(axis=-1, keepdims=True)
         probs /= total
-        loss = (xp.log(total[:, 0]) + top[:, 0] - logits[:, 0]) * valid
-        return dict(u=u, target=target, target_norm=target_norm, negs=negs, neg_norm=neg_norm, probs=probs,
-                    valid=valid, loss=loss.astype(np.float32))
+        loss = (xp.log(total[..., 0]) + top[..., 0] - logits[..., 0]) * valid
+        return dict(user=user, target=target, target_norm=target_norm, candidates=candidates,
+                    candidate_norm=candidate_norm, probs=probs, valid=valid, loss=loss.astype(np.float32))
 
     def compute(self, vals, state):
-        user, rows, ids = vals
-        parts = self._parts(array_module_of(user), user, rows, ids)
+        parts = self._parts(array_module_of(vals[0]), *vals)
         state.scratch[self.id] = parts
-        return parts["loss"].reshape(user.shape[0], self.length)
+        return parts["loss"]
 
     def gradient(self, g):
         grad = SampledSoftmaxGradOp(g, self)
-        return [SampledSoftmaxPartOp(grad, self.inputs[0], 0), SampledSoftmaxPartOp(grad, self.inputs[1], 1), None]
+        return [SampledSoftmaxPartOp(grad, self.inputs[0], 0), SampledSoftmaxPartOp(grad, self.inputs[1], 1), None,
+                None]
 
 
 class SampledSoftmaxGradOp(Op):
@@ -206,27 +229,25 @@ class SampledSoftmaxGradOp(Op):
         return s[0]
 
     def compute(self, vals, state):
-        g, user, rows, ids = vals
-        fwd = self.fwd
+        g, user, rows, ids, index = vals
+        fwd, L = self.fwd, self.fwd.length
         xp = array_module_of(user)
         parts = state.scratch.get(fwd.id)
         if parts is None:   # the forward ran in another step (a gradient asked for alone)
-            parts = fwd._parts(xp, user, rows, ids)
-        L, N = fwd.length, fwd.num_negatives
-        b, d = user.shape[0], user.shape[2]
-        # d loss / d logit, times the upstream gradient and 1/temperature: softmax minus one-hot.
-        dlogits = parts["probs"] * (g.reshape(b * L, 1) * parts["valid"][:, None] * fwd.inv_temperature)
-        dlogits[:, 0] -= g.reshape(b * L) * parts["valid"] * fwd.inv_temperature
-        dpos, dneg = dlogits[:, :1], dlogits[:, 1:]
-        u, target, negs = parts["u"], parts["target"], parts["negs"]
-        duser = dpos * target[:, 0] + _bmm(np.ascontiguousarray(dneg[:, None, :]), negs, False)[:, 0]
+            parts = fwd._parts(xp, user, rows, ids, index)
+        # d loss / d logit, times the upstream gradient over the temperature: softmax minus one-hot.
+        scale = (g * parts["valid"] * fwd.inv_temperature).astype(np.float32)
+        dlogits = parts["probs"] * scale[..., None]
+        dlogits[..., 0] -= scale
+        dpos = dlogits[..., :1]
+        duser, dcandidates = sampled_logits_grad(xp.ascontiguousarray(dlogits[..., 1:]), parts["user"],
+                                                 parts["candidates"], index)
+        duser += dpos * parts["target"]
         drows = state.buffer(self, rows.shape, np.float32)
         drows[:, :L] = 0
-        dtarget = _normalize_backward(dpos[:, :, None] * u, target, parts["target_norm"])
-        drows[:, L:2 * L] = dtarget.reshape(b, L, d)
-        dnegs = _normalize_backward(dneg[:, :, None] * u, negs, parts["neg_norm"])
-        drows[:, 2 * L:] = dnegs.reshape(b, L * N, d)
-        return duser.reshape(user.shape).astype(np.float32, copy=False), drows
+        drows[:, L:2 * L] = _normalize_backward(dpos * parts["user"], parts["target"], parts["target_norm"])
+        drows[:, 2 * L:] = _normalize_backward(dcandidates, parts["candidates"], parts["candidate_norm"])
+        return duser, drows
 
 
 class SampledSoftmaxPartOp(Op):
@@ -253,5 +274,5 @@ def last_valid_op(x, ids, length, ctx=None):
     return LastValidOp(x, ids, length, ctx=ctx)
 
 
-def sampled_softmax_loss_op(user, rows, ids, length, num_negatives, temperature=0.05, ctx=None):
-    return SampledSoftmaxLossOp(user, rows, ids, length, num_negatives, temperature, ctx=ctx)
+def sampled_softmax_loss_op(user, rows, ids, index, length, temperature=0.05, ctx=None):
+    return SampledSoftmaxLossOp(user, rows, ids, index, length, temperature, ctx=ctx)
