@@ -123,3 +123,46 @@ def test_per_sample_dropout_depends_on_the_sample_alone():
     kept = (both != 0).mean()
     assert 0.2 < kept < 0.8
     assert set(np.unique(both)) <= {0.0, 2.0}
+
+
+_CANDIDATES_DIGEST = """
+import hashlib, numpy as np, hetu as ht
+rng = np.random.default_rng(3)
+user = rng.standard_normal((9, 7, 13)).astype(np.float32)
+rows = rng.standard_normal((9, 4 + 21, 13)).astype(np.float32)
+rows[0, 5] = 0   # a zero row: normalised by eps
+index = rng.integers(-1, 21, (9, 7, 6))
+out = np.empty(index.shape, np.float32)
+ht._C.candidate_logits(user, rows, 4, index, out)
+duser, drows = np.empty_like(user), np.full_like(rows, 7.0)
+ht._C.candidate_logits_grad(rng.standard_normal(index.shape).astype(np.float32), user, rows, 4, index, duser, drows)
+assert (drows[:, :4] == 7.0).all(), "the columns before the candidates are not written"
+print(ht._C.num_threads(), hashlib.sha256(out.tobytes() + duser.tobytes() + drows.tobytes()).hexdigest())
+"""
+
+
+def test_candidate_kernels_give_the_same_bits_on_any_thread_count():
+    """hetu's thread count is read once per process: a process per count."""
+    import os
+    import subprocess
+    import sys
+    digests = set()
+    for threads in (1, 2, 3):
+        env = dict(os.environ, HETU_NUM_THREADS=str(threads), OMP_NUM_THREADS="1")
+        run = subprocess.run([sys.executable, "-c", _CANDIDATES_DIGEST], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr
+        count, digest = run.stdout.split()
+        assert int(count) == threads
+        digests.add(digest)
+    assert len(digests) == 1
+
+
+def test_candidate_index_outside_the_candidates_is_refused():
+    user = np.zeros((1, 2, 3), np.float32)
+    rows = np.zeros((1, 5, 3), np.float32)
+    out = np.empty((1, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="index 3 at flat position 2 is outside"):
+        ht._C.candidate_logits(user, rows, 2, np.array([[[0, 1], [3, 0]]]), out)
+    with pytest.raises(ValueError, match="takes user"):
+        ht._C.candidate_logits(user, rows[:, :, :2], 2, np.zeros((1, 2, 2), np.int64), out)

@@ -64,6 +64,7 @@ void bind_key_hash(py::module_& m);
 void bind_dynamic(py::module_& m);
 void bind_stream(py::module_& m);
 void bind_sample_ids(py::module_& m);
+void bind_candidate_logits(py::module_& m);
 
 }  // namespace bindings
 }  // namespace hetu

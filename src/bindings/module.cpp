@@ -12,4 +12,5 @@ PYBIND11_MODULE(_C, m) {
   hetu::bindings::bind_dynamic(m);
   hetu::bindings::bind_stream(m);
   hetu::bindings::bind_sample_ids(m);
+  hetu::bindings::bind_candidate_logits(m);
 }

@@ -127,31 +127,36 @@ def _normalize_backward(g, normalized, norm):
     return (g - normalized * (g * normalized).sum(axis=-1, keepdims=True)) / norm
 
 
-def sampled_logits(user, candidates, index):
-    """[b, L, N]: user[s, p] . candidates[s, index[s, p, j]] (0 where index is -1)."""
+def candidate_logits(user, rows, first, index):
+    """[b, L, N]: user[s, p] . normalised(rows[s, first + index[s, p, j]]) (0 where index is -1)."""
     xp = array_module_of(user)
-    if xp is np and hasattr(_C, "sampled_logits"):
+    if xp is np:
         out = np.empty(index.shape, np.float32)
-        _C.sampled_logits(user, candidates, index, out)
+        _C.candidate_logits(user, np.ascontiguousarray(rows, np.float32), first, np.ascontiguousarray(index, np.int64),
+                            out)
         return out
+    candidates, _ = _normalize_rows(xp, rows[:, first:])
     picked = candidates[xp.arange(index.shape[0])[:, None, None], xp.maximum(index, 0)]
     return xp.where(index >= 0, xp.einsum("bpd,bpjd->bpj", user, picked), 0).astype(np.float32)
 
 
-def sampled_logits_grad(dlogits, user, candidates, index):
-    """(d user, d candidates) of sampled_logits."""
+def candidate_logits_grad(dlogits, user, rows, first, index, drows):
+    """candidate_logits' d user, and its d rows written into drows' columns from `first` on."""
     xp = array_module_of(user)
-    if xp is np and hasattr(_C, "sampled_logits_grad"):
-        duser, dcandidates = np.empty(user.shape, np.float32), np.empty(candidates.shape, np.float32)
-        _C.sampled_logits_grad(np.ascontiguousarray(dlogits), user, candidates, index, duser, dcandidates)
-        return duser, dcandidates
+    if xp is np:
+        duser = np.empty(user.shape, np.float32)
+        _C.candidate_logits_grad(np.ascontiguousarray(dlogits), user, np.ascontiguousarray(rows, np.float32), first,
+                                 np.ascontiguousarray(index, np.int64), duser, drows)
+        return duser
     b = index.shape[0]
+    candidates, norm = _normalize_rows(xp, rows[:, first:])
     d = xp.where(index >= 0, dlogits, 0)
     picked = candidates[xp.arange(b)[:, None, None], xp.maximum(index, 0)]
     duser = xp.einsum("bpj,bpjd->bpd", d, picked)
     dcandidates = xp.zeros_like(candidates)
     xp.add.at(dcandidates, (xp.arange(b)[:, None, None], xp.maximum(index, 0)), d[..., None] * user[:, :, None, :])
-    return duser, dcandidates
+    drows[:, first:] = _normalize_backward(dcandidates, candidates, norm)
+    return duser
 
 
 class SampledSoftmaxLossOp(Op):
@@ -164,7 +169,7 @@ class SampledSoftmaxLossOp(Op):
     logit is an inner product over `temperature`; a negative equal to the target is left out of
     the softmax (as generative-recommenders masks it). The rows' gradient is zero over the
     inputs' columns; the candidates' logits and their gradients are hetu's kernels
-    (_C.sampled_logits), which read each candidate row once per sample."""
+    (_C.candidate_logits, which normalise them too), which read each candidate row once per sample."""
 
     def __init__(self, user, rows, ids, index, length, temperature, ctx=None):
         super().__init__(user, rows, ids, index, ctx=ctx)
@@ -186,12 +191,10 @@ class SampledSoftmaxLossOp(Op):
         user = xp.ascontiguousarray(user, dtype=np.float32)
         target_ids = ids[:, L:2 * L]
         target, target_norm = _normalize_rows(xp, rows[:, L:2 * L])
-        candidates, candidate_norm = _normalize_rows(xp, rows[:, 2 * L:])
-        candidates = xp.ascontiguousarray(candidates, dtype=np.float32)
         b, N = index.shape[0], index.shape[2]
         logits = xp.empty((b, L, 1 + N), np.float32)
         logits[..., 0] = (user * target).sum(axis=-1)
-        logits[..., 1:] = sampled_logits(user, candidates, index)
+        logits[..., 1:] = candidate_logits(user, rows, 2 * L, index)
         logits *= self.inv_temperature
         negative_ids = xp.take_along_axis(ids[:, 2 * L:], xp.maximum(index, 0).reshape(b, -1), axis=1).reshape(
             index.shape)
@@ -204,8 +207,8 @@ class SampledSoftmaxLossOp(Op):
         total = probs.sum(axis=-1, keepdims=True)
         probs /= total
         loss = (xp.log(total[..., 0]) + top[..., 0] - logits[..., 0]) * valid
-        return dict(user=user, target=target, target_norm=target_norm, candidates=candidates,
-                    candidate_norm=candidate_norm, probs=probs, valid=valid, loss=loss.astype(np.float32))
+        return dict(user=user, target=target, target_norm=target_norm, probs=probs, valid=valid,
+                    loss=loss.astype(np.float32))
 
     def compute(self, vals, state):
         parts = self._parts(array_module_of(vals[0]), *vals)
@@ -240,13 +243,11 @@ class SampledSoftmaxGradOp(Op):
         dlogits = parts["probs"] * scale[..., None]
         dlogits[..., 0] -= scale
         dpos = dlogits[..., :1]
-        duser, dcandidates = sampled_logits_grad(xp.ascontiguousarray(dlogits[..., 1:]), parts["user"],
-                                                 parts["candidates"], index)
-        duser += dpos * parts["target"]
         drows = state.buffer(self, rows.shape, np.float32)
+        duser = candidate_logits_grad(xp.ascontiguousarray(dlogits[..., 1:]), parts["user"], rows, 2 * L, index, drows)
+        duser += dpos * parts["target"]
         drows[:, :L] = 0
         drows[:, L:2 * L] = _normalize_backward(dpos * parts["user"], parts["target"], parts["target_norm"])
-        drows[:, 2 * L:] = _normalize_backward(dcandidates, parts["candidates"], parts["candidate_norm"])
         return duser, drows
 
 
