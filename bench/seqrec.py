@@ -5,8 +5,8 @@ PS and the HET cache move on user histories.
   --part speed    ms a training step on one CPU worker, hetu and PyTorch eager in alternating
                   windows (the machine idles --settle s before each), medians over --windows
   --part quality  HR@10 / NDCG@10 after each epoch, hetu and PyTorch trained side by side
-  --part rows     PS and HET (bound 0) at W workers under python/runner.py: rows moved and
-                  samples/s from each run's summary line
+  --part rows     PS, HET (bound 0) and Herald at W workers under python/runner.py: rows moved
+                  and samples/s from the workers' summary lines
 
 Examples:
   python bench/seqrec.py --part speed --model sasrec hstu --dataset movielens-sequences --batch 128
@@ -53,6 +53,7 @@ def parse():
     p.add_argument("--epochs", type=int, default=10, help="quality: epochs")
     p.add_argument("--workers", type=int, nargs="+", default=[2], help="rows: worker counts")
     p.add_argument("--iters", type=int, default=20, help="rows: iterations a run")
+    p.add_argument("--cache-ratio", type=float, default=0.1, help="rows: HET's and Herald's cache, a share of the rows")
     return p.parse_args()
 
 
@@ -106,7 +107,7 @@ class Pair:
         loss.backward()
         self.twin_opt.step()
         self.step += 1
-        return float(loss)
+        return loss.item()
 
     def evaluate(self, chunk=256):
         """(hetu's, PyTorch's) HR / NDCG at RANKS over every user's held-out item."""
@@ -189,15 +190,16 @@ def rows(args):
     env = dict(os.environ, HETU_NUM_THREADS="1")
     common = ["--no-progress", "--dataset", args.dataset, "--embedding-size", str(args.embedding), "--num-negatives",
               str(args.negatives), "--iters-per-epoch", str(args.iters), "--dropout", str(args.dropout)]
-    modes = {"PS": ["--comm", "PS"],
-             "HET": ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.1"]}
+    cache = ["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", str(args.cache_ratio)]
+    modes = {"PS": (["--comm", "PS"], "run_hetu.py"), "HET": ([*cache, "--bound", "0"], "run_hetu.py"),
+             "Herald": (cache, "run_laia.py")}
     print("| model | dataset | W | mode | rows moved / iteration | MB moved / iteration | samples/s |")
     print("|---|---|---|---|---|---|---|")
     for kind in args.model:
         for w in args.workers:
-            for mode, flags in modes.items():
+            for mode, (flags, script) in modes.items():
                 cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(w), "-s", "1", sys.executable,
-                       str(REPO / "examples/ctr/run_hetu.py"), "--model", kind, *common, *flags, "--bsp", "0",
+                       str(REPO / "examples/ctr" / script), "--model", kind, *common, *flags, "--bsp", "0",
                        "--batch-size", str(args.batch)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
                 # Every worker prints its summary: the rows of all of them.

@@ -2,14 +2,10 @@
 sections 4 and 17), parameter by parameter: the item table on the servers (PS, HET's cache at bound
 0) or summed with the dense parameters (AllReduce), dropout on (its masks keyed by each sample,
 not by the worker that trains it) and the negatives drawn by (seed, step, sample, position), so
-that no mode or worker count draws others. Herald refuses the models in one line."""
-import os
-import sys
-
+that no mode or worker count draws others. Herald plans every row a sample reads: its history,
+its targets and its negatives (each global batch submitted with the ids its loader computes)."""
 import pytest
 
-import jobs
-from conftest import REPO
 from dist_harness import assert_same_parameters, run_cluster, run_single
 
 pytestmark = pytest.mark.timeout(600)
@@ -17,8 +13,11 @@ pytestmark = pytest.mark.timeout(600)
 COMMON = ["--no-progress", "--embedding-size", "16", "--num-negatives", "8", "--iters-per-epoch", "8",
           "--heads", "2", "--dropout", "0.2"]
 HET = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-ratio", "0.2"]
-# (model, mode flags, workers, servers)
-CASES = {"sasrec-PS-w2s2": ("sasrec_synthetic", ["--comm", "PS"], 2, 2),
+HERALD = ["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", "0.2"]
+# (model, mode flags, workers, servers[, script])
+CASES = {"sasrec-Herald-w2s1": ("sasrec_synthetic", HERALD, 2, 1, "run_laia.py"),
+         "hstu-Herald-w4s2": ("hstu_synthetic", HERALD, 4, 2, "run_laia.py"),
+         "sasrec-PS-w2s2": ("sasrec_synthetic", ["--comm", "PS"], 2, 2),
          "sasrec-HET-w2s1": ("sasrec_synthetic", HET, 2, 1),
          "sasrec-AllReduce-w2": ("sasrec_synthetic", ["--comm", "AllReduce"], 2, 0),
          "sasrec-PS-w4s2": ("sasrec_synthetic", ["--comm", "PS"], 4, 2),
@@ -29,22 +28,12 @@ GLOBAL_BATCH = 64
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_mode_equals_the_single_process(tmp_path, data_home, case):
-    model, flags, workers, servers = CASES[case]
+    model, flags, workers, servers, *script = CASES[case]
     args = ["--model", model]
     reference, single = run_single(tmp_path, data_home, "run_hetu.py", args, GLOBAL_BATCH, common=COMMON)
-    got, log = run_cluster(tmp_path, data_home, "run_hetu.py", [*flags, "--bsp", "0", *args], workers, servers,
-                           GLOBAL_BATCH // workers, common=COMMON)
+    got, log = run_cluster(tmp_path, data_home, *(script or ["run_hetu.py"]), [*flags, "--bsp", "0", *args], workers,
+                           servers, GLOBAL_BATCH // workers, common=COMMON)
     assert len(reference) > 10 and "item_embedding" in reference
     assert_same_parameters(reference, got, exact_rows=False)
     if "--cache" in flags:
         assert "hit rate 0.000" not in log, "the HET cache served no row from its copies"
-
-
-def test_herald_refuses_sequence_models(tmp_path, data_home):
-    cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", "2", "-s", "1", sys.executable,
-           str(REPO / "examples/ctr/run_laia.py"), *COMMON, "--model", "sasrec_synthetic", *HET[:4], "--bsp", "0",
-           "--batch-size", "32"]
-    proc = jobs.run(cmd, capture_output=True, text=True, env={**os.environ, "HETU_DATA_HOME": data_home},
-                    timeout=120)
-    assert proc.returncode != 0
-    assert "Herald does not plan a sequence model's negatives yet" in proc.stdout + proc.stderr

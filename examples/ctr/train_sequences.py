@@ -194,9 +194,6 @@ def train(args, herald, options, ctx, threads):
     import train as driver   # the CTR driver's shared pieces (it imports this module lazily)
     if args.stream:
         raise SystemExit(f"--model {args.model} trains on a prepared sequences folder; --stream is for CTR logs")
-    if herald:
-        raise SystemExit(f"--model {args.model}: Herald does not plan a sequence model's negatives yet (they are "
-                         f"drawn per step); train it with run_hetu.py (one process, PS, or the HET cache)")
     data, name = load(args)
     config = config_of(args, data.meta)
     kind = SEQUENTIAL[args.model][0]

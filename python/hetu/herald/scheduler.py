@@ -50,6 +50,9 @@ from ..dynamic import TableKeys
 from .options import HeraldOptions
 
 
+_NOTHING_TO_FORGET = np.zeros(0, np.int64)
+
+
 class Plan:
     """One iteration of this worker. Arrays over `keys` (its distinct rows, ascending):
     `hit` (resident before this iteration, per the policy), `pull` (must be fetched), `owner`
@@ -79,7 +82,7 @@ class Scheduler(SamplePlan):
     def __init__(self, sparse, batches, num_workers, rank, batch_size, capacity, policy="lru",
                  lookahead=HeraldOptions.lookahead, allocator=HeraldOptions.allocator, pin_threshold=8, timeout=600.0,
                  planner_threads=HeraldOptions.planner_threads, comm=None, planners=HeraldOptions.planners,
-                 table_keys=None):
+                 table_keys=None, global_rows=None):
         HeraldOptions(lookahead, allocator, planners=planners, planner_threads=planner_threads)   # checks them
         if capacity < 1:
             raise ValueError(f"Herald: cache capacity {capacity} rows; it must hold at least one row")
@@ -115,6 +118,10 @@ class Scheduler(SamplePlan):
         self._new_planner = functools.partial(_C.Planner, num_workers, self.host_ranks, batch_size, policy, capacity,
                                               pin_threshold, allocator=allocator, threads=planner_threads)
         self._ids = np.ascontiguousarray(sparse)
+        # `global_rows(step)`: a global batch's ids where the loader computes them per step (a
+        # sequence model's negatives, hetu.dataloader's `columns`): each batch is submitted with
+        # its ids, every row its samples read, instead of gathered from the stored table.
+        self._global_rows = global_rows
         # A dynamic table's ids are keys (`table_keys`: the training replica of its directory, a
         # hetu.dynamic.TableKeys): the planner's own replica turns each batch's into slots.
         self._training_keys = table_keys
@@ -139,8 +146,9 @@ class Scheduler(SamplePlan):
             self._planner_keys.restore(self._training_keys.state(), step)
         # Data loaders ask for allocations up to a few steps behind the plans taken.
         history = 2 * self.lookahead + 8
-        # With a dynamic table each batch is submitted with its slots: no id table to gather from.
-        table = self._ids if self._planner_keys is None else None
+        # With a dynamic table each batch is submitted with its slots, with computed ids with
+        # them: no id table to gather from.
+        table = self._ids if self._planner_keys is None and self._global_rows is None else None
         if len(self.host_ranks) == 1:
             self._thread = _C.PlanningThread(self._new_planner(), table, history=history)
         elif self.plans_here:
@@ -191,7 +199,10 @@ class Scheduler(SamplePlan):
         with self._lock:
             while self._submitted <= last:
                 step = self._submitted
-                if self._planner_keys is None:
+                if self._global_rows is not None:
+                    self._thread.submit_ids(step - self._first, np.ascontiguousarray(self._global_rows(step), np.int64),
+                                            _NOTHING_TO_FORGET)
+                elif self._planner_keys is None:
                     self._thread.submit(step - self._first, self.batches.indices(step))
                 else:
                     global_keys = self._global_keys(step, wait)

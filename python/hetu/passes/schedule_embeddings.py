@@ -39,7 +39,9 @@ def schedule_embeddings(graph):
     scheduler = Scheduler(sparse_loader.data, sparse_loader.batches, graph.num_workers, graph.rank, sparse_loader.batch_size,
                           capacity, policy, options.lookahead, options.allocator,
                           planner_threads=options.planner_threads, comm=graph.comm, planners=options.planners,
-                          table_keys=sparse_op.keys)   # a dynamic table's (bind_dynamic): the planner plans its slots
+                          table_keys=sparse_op.keys,   # a dynamic table's (bind_dynamic): the planner plans its slots
+                          # ids computed per step (a sequence model's negatives): planned as the loader gives them
+                          global_rows=sparse_loader.global_rows if sparse_loader.columns is not None else None)
     graph.scheduler = scheduler
     if len(scheduler.host_ranks) > 1 and scheduler.plans_here:
         print(f"Herald: worker {graph.rank} plans for this host's workers "
