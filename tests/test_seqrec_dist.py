@@ -16,6 +16,8 @@ HET = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--cache-limit-rati
 HERALD = ["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", "0.2"]
 # (model, mode flags, workers, servers[, script])
 CASES = {"sasrec-Herald-w2s1": ("sasrec_synthetic", HERALD, 2, 1, "run_laia.py"),
+         "sasrec-shared-Herald-w2s2": ("sasrec_synthetic --negatives shared", HERALD, 2, 2, "run_laia.py"),
+         "hstu-shared-HET-w2s1": ("hstu_synthetic --negatives shared", HET, 2, 1),
          "hstu-Herald-w4s2": ("hstu_synthetic", HERALD, 4, 2, "run_laia.py"),
          "sasrec-PS-w2s2": ("sasrec_synthetic", ["--comm", "PS"], 2, 2),
          "sasrec-HET-w2s1": ("sasrec_synthetic", HET, 2, 1),
@@ -29,7 +31,7 @@ GLOBAL_BATCH = 64
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_mode_equals_the_single_process(tmp_path, data_home, case):
     model, flags, workers, servers, *script = CASES[case]
-    args = ["--model", model]
+    args = ["--model", *model.split()]
     reference, single = run_single(tmp_path, data_home, "run_hetu.py", args, GLOBAL_BATCH, common=COMMON)
     got, log = run_cluster(tmp_path, data_home, *(script or ["run_hetu.py"]), [*flags, "--bsp", "0", *args], workers,
                            servers, GLOBAL_BATCH // workers, common=COMMON)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
-from hetu.data.sequences import distinct_candidates, draw_negatives
+from hetu.data.sequences import distinct_candidates, draw_negatives, shared_negatives
 
 from models.sequential import SequenceConfig, build
 
@@ -38,6 +38,9 @@ def add_flags(p):
     g = p.add_argument_group("sequential models (sasrec, hstu)")
     g.add_argument("--num-negatives", type=int, default=128, metavar="N",
                    help="uniform negatives per position of the sampled softmax (default 128)")
+    g.add_argument("--negatives", default="uniform", choices=("uniform", "shared"),
+                   help="uniform: N drawn for each position; shared: N drawn once per global batch, read by every "
+                        "position (fewer rows a step)")
     g.add_argument("--blocks", type=int, default=2, help="attention blocks (default 2)")
     g.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
     g.add_argument("--dropout", type=float, default=0.2, help="dropout probability (default 0.2)")
@@ -56,7 +59,7 @@ def config_of(args, meta):
         raise SystemExit(f"--embedding-size {args.embedding_size} is not a multiple of --heads {args.heads}")
     return SequenceConfig(num_items=meta.num_items, max_length=meta.max_length, num_negatives=args.num_negatives,
                           embedding_size=args.embedding_size, blocks=args.blocks, heads=args.heads,
-                          dropout=args.dropout, temperature=args.temperature)
+                          dropout=args.dropout, temperature=args.temperature, negatives=args.negatives)
 
 
 class TrainingColumns:
@@ -75,9 +78,13 @@ class TrainingColumns:
             drawn = self._drawn.get(key)
         if drawn is None:
             c = self.config
-            negatives = draw_negatives(self.seed, step, rows, batch[:, 1:c.max_length + 1], c.num_negatives,
-                                       c.num_items)
-            drawn = distinct_candidates(negatives, c.num_items)
+            targets = batch[:, 1:c.max_length + 1]
+            if c.negatives == "shared":
+                shared = shared_negatives(self.seed, step, c.num_negatives, c.num_items)
+                negatives = np.where((targets >= 0)[..., None], shared, -1)
+            else:
+                negatives = draw_negatives(self.seed, step, rows, targets, c.num_negatives, c.num_items)
+            drawn = distinct_candidates(negatives, c.num_items, c.candidates)
             with self._lock:
                 self._drawn[key] = drawn
                 while len(self._drawn) > 8:

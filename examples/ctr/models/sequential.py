@@ -27,11 +27,13 @@ class SequenceConfig:
     dropout: float = 0.2
     temperature: float = 0.05
     time_buckets: int = 128
+    negatives: str = "uniform"   # or "shared": N drawn once per global batch for every position
 
     @property
     def candidates(self):
-        """Columns of a sample's distinct negatives: at most L x N, at most the catalog."""
-        return min(self.max_length * self.num_negatives, self.num_items)
+        """Columns of a sample's distinct negatives: at most L x N (shared: N), at most the catalog."""
+        most = self.num_negatives if self.negatives == "shared" else self.max_length * self.num_negatives
+        return min(most, self.num_items)
 
     @property
     def id_columns(self):

@@ -509,15 +509,16 @@ def shared_negatives(seed, step, num_negatives, num_items):
                                      targets, int(num_negatives), int(num_items), 0).reshape(-1)
 
 
-def distinct_candidates(negatives, num_items):
+def distinct_candidates(negatives, num_items, width=None):
     """A batch's negatives [n, L, N] (-1: none) as each sample's distinct candidates and an index
     into them: (candidates int64 [n, C], ascending, -1 after them; index int64 [n, L, N], -1 where
-    there is no negative), C = min(L x N, num_items). A sample reads each candidate row once (a
-    catalog of a few thousand items is read whole by 200 x 128 uniform draws), and the rows it
-    reads are its own, as for any other id of the sample."""
+    there is no negative), C = `width`, by default min(L x N, num_items), the most a sample can
+    have (shared negatives: N). A sample reads each candidate row once (a catalog of a few
+    thousand items is read whole by 200 x 128 uniform draws), and the rows it reads are its own,
+    as for any other id of the sample."""
     n = negatives.shape[0]
     flat = negatives.reshape(n, -1)
-    width = min(flat.shape[1], int(num_items))
+    width = min(flat.shape[1], int(num_items)) if width is None else int(width)
     valid = flat >= 0
     owner = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], flat.shape)
     candidates = np.full((n, width), -1, np.int64)
