@@ -54,6 +54,8 @@ def parse():
     p.add_argument("--workers", type=int, nargs="+", default=[2], help="rows: worker counts")
     p.add_argument("--iters", type=int, default=20, help="rows: iterations a run")
     p.add_argument("--cache-ratio", type=float, default=0.1, help="rows: HET's and Herald's cache, a share of the rows")
+    p.add_argument("--kinds", nargs="+", default=["uniform"], choices=("uniform", "shared"),
+                   help="rows: negatives per position (uniform) or per global batch (shared)")
     return p.parse_args()
 
 
@@ -193,25 +195,24 @@ def rows(args):
     cache = ["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", str(args.cache_ratio)]
     modes = {"PS": (["--comm", "PS"], "run_hetu.py"), "HET": ([*cache, "--bound", "0"], "run_hetu.py"),
              "Herald": (cache, "run_laia.py")}
-    print("| model | dataset | W | mode | rows moved / iteration | MB moved / iteration | samples/s |")
-    print("|---|---|---|---|---|---|---|")
-    for kind in args.model:
-        for w in args.workers:
-            for mode, (flags, script) in modes.items():
-                cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(w), "-s", "1", sys.executable,
-                       str(REPO / "examples/ctr" / script), "--model", kind, *common, *flags, "--bsp", "0",
-                       "--batch-size", str(args.batch)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-                # Every worker prints its summary: the rows of all of them.
-                lines = [json.loads(x.split("summary ", 1)[1]) for x in proc.stdout.splitlines() if "summary {" in x]
-                if proc.returncode or len(lines) != w:
-                    print(f"| {kind} | {args.dataset} | {w} | {mode} | failed: {proc.stderr.strip()[-200:]} |")
-                    continue
-                s, it = lines[0], max(1, lines[0]["iterations"])
-                moved = sum(x["counters"]["rows_pulled"] + x["counters"]["rows_pushed"] for x in lines) / it
-                mb = sum(x["counters"]["bytes_pulled"] + x["counters"]["bytes_pushed"] for x in lines) / it / 2**20
-                print(f"| {kind} | {args.dataset} | {w} | {mode} | {moved:,.0f} | {mb:.1f} | "
-                      f"{s['samples_per_second']:.0f} |", flush=True)
+    print("| model | dataset | negatives | W | mode | rows moved / iteration | MB moved / iteration | samples/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for kind, negatives, w in ((k, n, w) for k in args.model for n in args.kinds for w in args.workers):
+        for mode, (flags, script) in modes.items():
+            cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(w), "-s", "1", sys.executable,
+                   str(REPO / "examples/ctr" / script), "--model", kind, *common, "--negatives", negatives, *flags,
+                   "--bsp", "0", "--batch-size", str(args.batch)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+            # Every worker prints its summary: the rows of all of them.
+            lines = [json.loads(x.split("summary ", 1)[1]) for x in proc.stdout.splitlines() if "summary {" in x]
+            row = f"| {kind} | {args.dataset} | {negatives} | {w} | {mode} |"
+            if proc.returncode or len(lines) != w:
+                print(f"{row} failed: {proc.stderr.strip()[-200:]} |")
+                continue
+            it = max(1, lines[0]["iterations"])
+            moved = sum(x["counters"]["rows_pulled"] + x["counters"]["rows_pushed"] for x in lines) / it
+            mb = sum(x["counters"]["bytes_pulled"] + x["counters"]["bytes_pushed"] for x in lines) / it / 2**20
+            print(f"{row} {moved:,.0f} | {mb:.1f} | {lines[0]['samples_per_second']:.0f} |", flush=True)
 
 
 def main():
