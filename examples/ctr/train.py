@@ -303,6 +303,18 @@ def run_epoch(executor, name, iterations, progress, desc, after_step=None):
             "predictions": preds}   # this worker's, batch by batch
 
 
+def schedule(executor, args, why=""):
+    """(iterations an epoch, workers, iterations in all) of --nepoch and --iters-per-epoch; none at
+    all is an error (`why`: what the data makes, for its message)."""
+    per_epoch = executor.get_batch_num("train")
+    if args.iters_per_epoch and not args.all:
+        per_epoch = min(per_epoch, args.iters_per_epoch)
+    total = int(round(args.nepoch * per_epoch))
+    if total == 0:
+        raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration{why}")
+    return per_epoch, executor.graph.num_workers, total
+
+
 def epoch_text(iterations, workers, args):
     """What an epoch is: its iterations, and the samples they train (a pass over the training
     split leaves out only its last partial global batch)."""
@@ -619,13 +631,7 @@ def train(argv, herald):
     executor = ht.Executor({"train": [loss, prediction, y_, train_op], "validate": [loss, prediction, y_]},
                            ctx=ctx, seed=args.seed, cuda_graph=args.cuda_graph, **options)
     check_batches(executor, data, args)
-    per_epoch = executor.get_batch_num("train")
-    if args.iters_per_epoch and not args.all:
-        per_epoch = min(per_epoch, args.iters_per_epoch)
-    workers = executor.graph.num_workers
-    total = int(round(args.nepoch * per_epoch))
-    if total == 0:
-        raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration")
+    per_epoch, workers, total = schedule(executor, args)
     first = resume(executor, args)
     progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
     if first >= total:

@@ -214,15 +214,9 @@ def train(args, herald, options, ctx, threads):
     graph = build(kind, ids, negatives, times, config, optimizer_of(args))
     executor = ht.Executor({"train": [graph.loss, graph.train_op], "validate": [graph.user]}, ctx=ctx,
                            seed=args.seed, **options)
-    per_epoch = executor.get_batch_num("train")
-    if args.iters_per_epoch and not args.all:
-        per_epoch = min(per_epoch, args.iters_per_epoch)
-    workers = executor.graph.num_workers
-    total = int(round(args.nepoch * per_epoch))
-    if total == 0:
-        raise SystemExit(f"--nepoch {args.nepoch} of {per_epoch} iterations per epoch is no iteration: "
-                         f"{len(data.train.items)} histories make {executor.get_batch_num('train')} global batches "
-                         f"of {workers} x {args.batch_size}")
+    per_epoch, workers, total = driver.schedule(
+        executor, args, f": {len(data.train.items)} histories make {executor.get_batch_num('train')} global batches "
+                        f"of {executor.graph.num_workers} x {args.batch_size}")
     progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
     print(f"{args.model}: {config.num_items} items x {config.embedding_size}, histories of up to "
           f"{config.max_length} from {name}, {config.num_negatives} negatives a position; "
