@@ -260,6 +260,17 @@ void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int
   hetu::kernels::init_fill(kind, a, b, seed, stream, row_begin, row_begin + rows, width, o);
 }
 
+void init_fill_rows(int kind, double a, double b, uint64_t seed, uint64_t stream, Array<int64_t> rows,
+                    Array<float> out) {
+  const int64_t n = rows.size();
+  if (out.ndim() < 1 || out.shape(0) != n)
+    throw std::invalid_argument("init_fill_rows: out must hold one row per entry of rows (" + std::to_string(n) + ")");
+  const int64_t width = n ? out.size() / n : 0;
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  hetu::kernels::init_fill_rows(kind, a, b, seed, stream, rows.data(), n, width, o);
+}
+
 }  // namespace
 
 void bind_kernels(py::module_& m) {
@@ -315,6 +326,7 @@ void bind_kernels(py::module_& m) {
   m.def("round_to_storage", &round_to_storage, py::arg("values"), py::arg("storage"),
         "values (float32, in place) rounded to nearest even in storage type 0 fp32, 1 bf16, 2 fp16");
   m.def("init_fill", &init_fill, "rows [row_begin, row_begin + len(out)) of a counter-based initializer");
+  m.def("init_fill_rows", &init_fill_rows, "out[k] = row rows[k] of a counter-based initializer (any rows, any order)");
   m.def("name_stream", [](const std::string& s) { return hetu::rng::name_stream(s.c_str()); });
   m.def("num_threads", &hetu::num_threads);
 }

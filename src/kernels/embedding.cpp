@@ -345,5 +345,12 @@ void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int
   });
 }
 
+void init_fill_rows(int kind, double a, double b, uint64_t seed, uint64_t stream, const int64_t* rows, int64_t n,
+                    int64_t width, float* out) {
+  parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, width)), [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) rng::fill_rows(kind, a, b, seed, stream, rows[k], rows[k] + 1, width, out + k * width);
+  });
+}
+
 }  // namespace kernels
 }  // namespace hetu

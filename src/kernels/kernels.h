@@ -98,5 +98,10 @@ void pointwise_attention_backward(const AttentionShape& shape, const float* grad
 void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin, int64_t row_end,
                int64_t width, float* out);
 
+// init_fill's rows rows[0..n) (any order, repeats allowed) into out [n, width]: row k of out is
+// row rows[k] of the initializer (per-sample random draws keyed by each sample's data row).
+void init_fill_rows(int kind, double a, double b, uint64_t seed, uint64_t stream, const int64_t* rows, int64_t n,
+                    int64_t width, float* out);
+
 }  // namespace kernels
 }  // namespace hetu

@@ -229,8 +229,7 @@ class DropoutOp(Op):
         seed = int(np.random.SeedSequence([state.executor.config.seed, int(step)]).generate_state(1, np.uint64)[0])
         stream = _C.name_stream(self.name)
         out = np.empty((shape[0], int(np.prod(shape[1:], dtype=np.int64))), np.float32)
-        for k, row in enumerate(rows):
-            _C.init_fill(_UNIFORM, 0.0, 1.0, seed, stream, int(row), out[k:k + 1])
+        _C.init_fill_rows(_UNIFORM, 0.0, 1.0, seed, stream, np.ascontiguousarray(rows, np.int64), out)
         return out.reshape(shape)
 
     def compute(self, vals, state):
