@@ -7,8 +7,8 @@ from .ops import (activation, array_reshape_op, batch_normalization_op, concaten
 
 
 class Layer:
-    def __call__(self, *args):
-        return self.forward(*args)
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
 
 
 class Linear(Layer):
@@ -224,7 +224,9 @@ class HSTUBlock(Layer):
                           init.zeros((heads * self.linear_dim,), name=f"{name}_out_norm_bias", trainable=False,
                                      ctx=ctx))
 
-    def forward(self, x, mask, times=None):
+    def forward(self, x, mask, times=None, time_index=None):
+        """`time_index`: time_bucket_op(times, time_buckets), given where several blocks read the
+        same timestamps (computed once), else computed here from `times`."""
         d, h, n, lin, att = self.dim, self.heads, self.length, self.linear_dim, self.attention_dim
         normed = layer_normalization_op(x, *self._unit_norm, eps=1e-6)
         uvqk = ops.silu_op(_positionwise(self.uvqk, normed, d, h * (2 * lin + 2 * att), n))
@@ -234,8 +236,10 @@ class HSTUBlock(Layer):
         k = ops.slice_op(uvqk, (0, 0, 2 * h * lin + h * att), (-1, -1, h * att))
         scores = ops.matmul_op(_heads(q, n, h, att), _heads(k, n, h, att), trans_B=True)   # [batch, h, n, n]
         bias = ops.relative_bias_op(self.position_bias, self.position_index)   # [n, n]
-        if times is not None:
-            time_bias = ops.relative_bias_op(self.time_bias, ops.time_bucket_op(times, self.time_buckets))
+        if time_index is None and times is not None:
+            time_index = ops.time_bucket_op(times, self.time_buckets)
+        if time_index is not None:
+            time_bias = ops.relative_bias_op(self.time_bias, time_index)
             bias = bias + array_reshape_op(time_bias, (-1, 1, n, n))
         weights = ops.pointwise_attention_op(scores + bias, mask, causal=True)
         attended = _merge_heads(ops.matmul_op(weights, _heads(v, n, h, lin)), n, h, lin)

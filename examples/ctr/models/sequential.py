@@ -96,10 +96,11 @@ def hstu_encoder(x, mask, config, times=None):
     """HSTU's layers over the dropped-out input; padding zeroed after each."""
     L, d = config.max_length, config.embedding_size
     x = _masked(layers.Dropout(config.dropout, per_sample=True, name="input_dropout")(x), mask, L)
+    time_index = None if times is None else ht.time_bucket_op(times, config.time_buckets)   # once for every block
     for i in range(config.blocks):
         block = layers.HSTUBlock(d, config.heads, L, dropout=config.dropout, time_buckets=config.time_buckets,
                                  name=f"hstu{i}")
-        x = _masked(block(x, mask, times), mask, L)
+        x = _masked(block(x, mask, time_index=time_index), mask, L)
     return x
 
 
