@@ -98,7 +98,7 @@ class Pair:
 
     def twin_step(self):
         torch, L = self.torch, self.config.max_length
-        rows = self.batches.indices(self.step % self.batches.batch_num)
+        rows = self.batches.indices(self.step)   # the step's global batch: each epoch in its own order
         stored = np.asarray(self.data.train.items[rows])
         ids = self.columns.ids(self.step, rows, stored)
         index = self.columns.index(self.step, rows, stored)
