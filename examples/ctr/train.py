@@ -616,9 +616,6 @@ def train(argv, herald):
     ctx = device_of(args)
     dynamic = dynamic_table(args)
     if args.model in SEQUENTIAL:
-        if dynamic is not None:
-            raise SystemExit(f"--model {args.model}: --table-capacity (dynamic tables) is not supported for the "
-                             "sequential models yet")
         return train_sequences.train(args, herald, options, ctx, threads)
     if args.stream:
         return train_stream(args, herald, options, ctx, dynamic, threads)

@@ -23,7 +23,7 @@ from models.sequential import SequenceConfig, build
 
 RANKS = (10, 50, 200)
 # Flags of the CTR driver that the sequential models do not take yet: refused, never dropped.
-NOT_YET = ("checkpoint", "resume", "save_predictions", "rows", "scale", "tensorboard")
+NOT_YET = ("checkpoint", "resume", "save_predictions", "rows", "scale", "tensorboard", "table_capacity")
 
 # name -> (architecture, the dataset it trains on by default)
 SEQUENTIAL = {"sasrec": ("sasrec", None), "hstu": ("hstu", None),

@@ -88,6 +88,7 @@ class Dataloader:
         self.prefetch = max(0, int(prefetch))
         self.check = check
         self.columns = columns
+        self._columns_shape = None
         self.rank, self.num_workers = 0, 1
         self.plan = WorkerSlice(0, self.batch_size)
         self.host_allocator = None   # set_host_allocator
@@ -144,9 +145,11 @@ class Dataloader:
 
     @property
     def sample_shape(self):
-        if self.columns is not None:
-            return tuple(self.columns(0, np.zeros(1, np.int64), np.asarray(self.data[:1])).shape[1:])
-        return tuple(self.data.shape[1:])
+        if self.columns is None:
+            return tuple(self.data.shape[1:])
+        if self._columns_shape is None:   # asked for every batch on a GPU: a sample's columns drawn once
+            self._columns_shape = tuple(self.columns(0, np.zeros(1, np.int64), np.asarray(self.data[:1])).shape[1:])
+        return self._columns_shape
 
     @property
     def dtype(self):

@@ -47,6 +47,9 @@ class RunState:
         self.subgraph = None
         self.iteration = 0
         self.scratch = {}
+        # () -> (global step, this worker's samples' rows of the data), set by the step's
+        # DataloaderOp: what per-sample draws are keyed by (DropoutOp); None without a dataloader.
+        self.batch_samples = None
         self._buffers = {}
         # On a GPU: errors kernels record on the device (read after each step), and the device
         # flag that lets this step's optimizer updates go ahead (set by the OptimizerOp).

@@ -146,8 +146,8 @@ class Scheduler(SamplePlan):
             self._planner_keys.restore(self._training_keys.state(), step)
         # Data loaders ask for allocations up to a few steps behind the plans taken.
         history = 2 * self.lookahead + 8
-        # With a dynamic table each batch is submitted with its slots, with computed ids with
-        # them: no id table to gather from.
+        # A batch submitted with its ids (a dynamic table's slots, or ids its loader computes)
+        # needs no id table to gather from.
         table = self._ids if self._planner_keys is None and self._global_rows is None else None
         if len(self.host_ranks) == 1:
             self._thread = _C.PlanningThread(self._new_planner(), table, history=history)

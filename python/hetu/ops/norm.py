@@ -148,6 +148,21 @@ class LayerNormOp(_Normalize):
         return b.node("Add", [b.node("Mul", [b.node("Mul", [centered, rstd]), x[1]]), x[2]])
 
 
+def l2_divisor(xp, x, eps):
+    """max(||x||_2, eps) over the last axis, kept as an axis of 1."""
+    return xp.maximum(xp.sqrt((x * x).sum(axis=-1, keepdims=True)), eps)
+
+
+def l2_normalize_backward(xp, g, y, divisor, eps, out=None):
+    """The gradient of y = x / divisor (l2_divisor): (g - y <g, y>) / ||x|| where ||x|| > eps, else
+    g / eps (there y = x / eps: a constant's multiple)."""
+    along = (g * y).sum(axis=-1, keepdims=True)
+    along *= divisor > eps
+    out = xp.multiply(y, along, out=out)
+    xp.subtract(g, out, out=out)
+    return xp.divide(out, divisor, out=out)
+
+
 class L2NormalizeOp(Op):
     """x / max(||x||_2, eps) over the last axis (a user vector or an item row on the unit sphere)."""
 
@@ -158,14 +173,10 @@ class L2NormalizeOp(Op):
     def infer_shape(self, s):
         return s[0]
 
-    def divisor(self, xp, x):
-        """max(||x||_2, eps) over the last axis, kept as an axis of 1."""
-        return xp.maximum(xp.sqrt((x * x).sum(axis=-1, keepdims=True)), self.eps)
-
     def compute(self, vals, state):
         x = vals[0]
         xp = array_module_of(x)
-        return xp.divide(x, self.divisor(xp, x), out=state.buffer(self, x.shape, np.float32))
+        return xp.divide(x, l2_divisor(xp, x, self.eps), out=state.buffer(self, x.shape, np.float32))
 
     def to_onnx(self, b, x):
         norm = b.node("ReduceL2", x, axes=[-1], keepdims=1)   # opset 17: axes an attribute
@@ -176,8 +187,7 @@ class L2NormalizeOp(Op):
 
 
 class L2NormalizeGradOp(Op):
-    """(g - y <g, y>) / ||x|| where ||x|| > eps, else g / eps (there y = x / eps: a constant's
-    multiple)."""
+    """l2_normalize_backward of the op's output."""
 
     def __init__(self, g, fwd):
         super().__init__(g, fwd.inputs[0], fwd, ctx=fwd.ctx)
@@ -189,12 +199,9 @@ class L2NormalizeGradOp(Op):
     def compute(self, vals, state):
         g, x, y = vals
         xp = array_module_of(g)
-        divisor = self.fwd.divisor(xp, x)
-        along = (g * y).sum(axis=-1, keepdims=True)
-        along *= divisor > self.fwd.eps
-        out = xp.multiply(y, along, out=state.buffer(self, x.shape, np.float32))
-        xp.subtract(g, out, out=out)
-        return xp.divide(out, divisor, out=out)
+        eps = self.fwd.eps
+        return l2_normalize_backward(xp, g, y, l2_divisor(xp, x, eps), eps,
+                                     out=state.buffer(self, x.shape, np.float32))
 
 
 class DropoutOp(Op):
@@ -222,8 +229,8 @@ class DropoutOp(Op):
     def _uniforms(self, shape, state):
         if not self.per_sample:
             return state.rng(self).random(shape, dtype=np.float32)
-        step, rows = state.batch_samples() if hasattr(state, "batch_samples") else \
-            (state.iteration, np.arange(shape[0], dtype=np.int64))
+        step, rows = state.batch_samples() if state.batch_samples is not None else \
+            (state.iteration, np.arange(shape[0], dtype=np.int64))   # fed values: rows by position
         if len(rows) != shape[0]:
             raise ValueError(f"{self.name}: per-sample dropout over {shape[0]} rows, but the step has {len(rows)} samples")
         seed = int(np.random.SeedSequence([state.executor.config.seed, int(step)]).generate_state(1, np.uint64)[0])

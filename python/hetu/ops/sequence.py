@@ -11,6 +11,7 @@ from .. import _C
 from ..context import array_module_of
 from ..graph import Op
 from .common import ShapeError
+from .norm import l2_divisor, l2_normalize_backward
 
 __all__ = ["sequence_mask_op", "last_valid_op", "sampled_softmax_loss_op", "int_constant_op"]
 
@@ -61,7 +62,6 @@ class SequenceMaskOp(Op):
         return (s[0][0], self.length)
 
     def compute(self, vals, state):
-        xp = array_module_of(vals[0])
         return (vals[0][:, :self.length] >= 0).astype(np.float32)
 
     def to_onnx(self, b, x):
@@ -118,13 +118,13 @@ class LastValidGradOp(Op):
 
 
 def _normalize_rows(xp, rows):
-    """rows / max(||rows||, eps) over the last axis, and the divisor."""
-    norm = xp.maximum(xp.sqrt((rows * rows).sum(axis=-1, keepdims=True)), _NORM_EPS)
-    return rows / norm, norm
+    """rows / max(||rows||, eps) over the last axis, and the divisor (l2_normalize_op's rule)."""
+    divisor = l2_divisor(xp, rows, _NORM_EPS)
+    return rows / divisor, divisor
 
 
-def _normalize_backward(g, normalized, norm):
-    return (g - normalized * (g * normalized).sum(axis=-1, keepdims=True)) / norm
+def _normalize_backward(g, normalized, divisor):
+    return l2_normalize_backward(array_module_of(g), g, normalized, divisor, _NORM_EPS)
 
 
 def candidate_logits(user, rows, first, index):
