@@ -160,14 +160,19 @@ class TableKeys:
             return np.minimum(slots // per, self.servers - 1)
         return slots % self.servers
 
+    def home_slots(self, keys):
+        """The slot each key's reads are charged to while it holds no row: the way of its bucket
+        that the hash's quotient picks, bucket * ways + (h(k) div B) mod ways (docs/design.md
+        section 13), so that misses spread over the servers that hold the bucket's ways."""
+        h = _C.bucket_hash(np.ascontiguousarray(keys, np.int64))
+        B, ways = np.uint64(self.table.num_buckets), np.uint64(self.table.ways)
+        return ((h % B) * ways + (h // B) % ways).astype(np.int64)
+
     def _count(self, st):
         S = self.servers
         admitted = np.bincount(self.server_of_slots(st.admitted_slots), minlength=S)
         evicted = np.bincount(self.server_of_slots(st.evicted_slots), minlength=S)
-        # A read of a key without a row counts on the server of its bucket's first slot.
-        missing = st.keys[st.slots < 0]
-        buckets = (_C.bucket_hash(missing) % np.uint64(self.table.num_buckets)).astype(np.int64)
-        missed = np.bincount(self.server_of_slots(buckets * self.table.ways), minlength=S)
+        missed = np.bincount(self.server_of_slots(self.home_slots(st.keys[st.slots < 0])), minlength=S)
         self._server_counts += np.stack([admitted, evicted, missed], axis=1)
         self._resident += admitted - evicted
         self.per_step.append((st.step, self._resident.copy(), admitted, evicted, missed))
