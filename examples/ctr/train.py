@@ -378,11 +378,14 @@ def check_outputs(parser, args):
 # The learning rate and the scheduler's settings may change.
 RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "embedding_dtype", "comm", "dataset", "data_dir",
                 "rows", "scale", "stream", "stream_format")
-SAME_FLAGS = tuple(name for name in RESUME_FLAGS if name != "batch_size")
+
+
+def resume_flags(args):
+    return RESUME_FLAGS + (train_sequences.RESUME_FLAGS if args.model in SEQUENTIAL else ())
 
 
 def run_record(args):
-    return {name: getattr(args, name) for name in RESUME_FLAGS}
+    return {name: getattr(args, name) for name in resume_flags(args)}
 
 
 def checkpoint_run(args):
@@ -405,8 +408,8 @@ def check_resume(parser, args):
         saved = ht.Executor.checkpoint_info(args.resume).get("run") or {}
     except (FileNotFoundError, ValueError) as e:
         parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: {e}\n")
-    for name in SAME_FLAGS:
-        if name in saved and saved[name] != getattr(args, name):
+    for name in resume_flags(args):
+        if name != "batch_size" and name in saved and saved[name] != getattr(args, name):
             flag = "--" + name.replace("_", "-")
             parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: the checkpoint was trained with "
                            f"{flag} {saved[name]}, this run has {flag} {getattr(args, name)}\n")
@@ -441,15 +444,21 @@ def checkpoint_record(executor, args):
     return run
 
 
-def seek_stream(executor, args, source, first):
-    """A resumed stream job: its source continues after the checkpoint's last trained sample."""
+def seek_stream(args, source, feed):
+    """A resumed stream job, before anything reads the stream (Herald's look-ahead reads it as the
+    executor is built): its source continues after the checkpoint's last trained sample, the
+    first batch read being the checkpoint's step. Returns that step (0 for a new job)."""
     args.stream_start = None
-    if first:
-        args.stream_start = (ht.Executor.checkpoint_info(args.resumed_from).get("run") or {}).get("stream_position")
-        if args.stream_start is None:
-            raise SystemExit(f"--resume {args.resume}: the checkpoint records no stream position (it was not "
-                             f"written by a --stream job)")
-        source.seek(args.stream_start)
+    if not args.resume:
+        return 0
+    meta = ht.Executor.checkpoint_info(args.resume)   # check_resume has read it: it is there
+    args.stream_start = (meta.get("run") or {}).get("stream_position")
+    if args.stream_start is None:
+        raise SystemExit(f"--resume {args.resume}: the checkpoint records no stream position (it was not "
+                         f"written by a --stream job)")
+    source.seek(args.stream_start)
+    feed.start_at(meta["iteration"])
+    return meta["iteration"]
 
 
 def save_checkpoint(executor, args):
@@ -745,11 +754,14 @@ def train_stream(args, herald, options, ctx, dynamic, threads):
     loss, prediction, y_, train_op = MODELS[args.model](
         dense_input, sparse_input, y_, fields, embedding_size=args.embedding_size,
         optimizer=OPTIMIZERS[args.optimizer](learning_rate=args.learning_rate, embedding_dtype=args.embedding_dtype))
+    sought = seek_stream(args, source, feed)
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ctx, seed=args.seed,
                            cuda_graph=args.cuda_graph, **options)
     graph, workers = executor.graph, executor.graph.num_workers
     first = resume(executor, args)
-    seek_stream(executor, args, source, first)
+    if first != sought:
+        raise SystemExit(f"--resume {args.resume}: the checkpoint changed while the job started (step "
+                         f"{sought}, then {first})")
     args.stream_feed = feed   # its position goes into each checkpoint
     rank = graph.rank
     csv_path = None

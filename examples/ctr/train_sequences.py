@@ -23,7 +23,10 @@ from models.sequential import SequenceConfig, build
 
 RANKS = (10, 50, 200)
 # Flags of the CTR driver that the sequential models do not take yet: refused, never dropped.
-NOT_YET = ("checkpoint", "resume", "save_predictions", "rows", "scale", "tensorboard", "table_capacity")
+NOT_YET = ("save_predictions", "rows", "scale", "tensorboard", "table_capacity")
+# What a resumed run must share with the run that wrote its checkpoint besides train.RESUME_FLAGS:
+# the model's sizes and its loss (they change what a step computes).
+RESUME_FLAGS = ("num_negatives", "negatives", "blocks", "heads", "dropout", "temperature")
 
 # name -> (architecture, the dataset it trains on by default)
 SEQUENTIAL = {"sasrec": ("sasrec", None), "hstu": ("hstu", None),
@@ -217,21 +220,29 @@ def train(args, herald, options, ctx, threads):
     per_epoch, workers, total = driver.schedule(
         executor, args, f": {len(data.train.items)} histories make {executor.get_batch_num('train')} global batches "
                         f"of {executor.graph.num_workers} x {args.batch_size}")
+    first = driver.resume(executor, args)
+    if first >= total:
+        raise SystemExit(f"--resume {args.resume}: the checkpoint is at step {first}, and --nepoch {args.nepoch:g} "
+                         f"of {per_epoch} iterations per epoch is {total} steps: nothing is left to train")
     progress = None if args.no_progress else "bar" if sys.stdout.isatty() else args.log_interval
     print(f"{args.model}: {config.num_items} items x {config.embedding_size}, histories of up to "
           f"{config.max_length} from {name}, {config.num_negatives} negatives a position; "
           f"{len(data.train.items)} train / {len(data.val.items)} val users; "
           + driver.epoch_text(per_epoch, workers, args) + f"; {total} iterations, {threads} thread"
-          + "s" * (threads != 1) + " per process", flush=True)
+          + "s" * (threads != 1) + " per process"
+          + (f", resumed at step {first} from {args.resumed_from}" if first else ""), flush=True)
     comm = executor.graph.comm
-    start, done, epoch, history = time.time(), 0, 0, []
+    start, done, epoch, history = time.time(), first, first // per_epoch, []
     while done < total:
-        n = min(per_epoch * (epoch + 1), total) - done
+        n = min(per_epoch * (epoch + 1), total) - done   # a resumed run may start within an epoch
         t0 = time.time()
         losses = []
+        after_step = driver.midway_checkpoints(executor, args, done + n)
         bar = tqdm(range(n), desc=f"epoch {epoch}", disable=progress != "bar", leave=False, file=sys.stdout)
         for _ in bar:
             losses.append(float(np.asarray(executor.run("train", convert_to_numpy_ret_vals=True)[0]).reshape(-1)[0]))
+            if after_step is not None:
+                after_step()
         loss = float(np.mean(losses))
         if comm is not None and comm.size > 1:
             loss = comm.allreduce_mean(loss)   # each worker's loss is its part of the global batch's
@@ -245,11 +256,13 @@ def train(args, herald, options, ctx, threads):
         history.append(stats)
         done += n
         epoch += 1
+        if args.checkpoint:
+            driver.save_checkpoint(executor, args)
     executor.flush()
     elapsed = time.time() - start
     summary = {"model": args.model, "mode": driver.mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
-               "iterations": total, "first_step": 0, "seconds": elapsed, "counters": executor.counters.totals(),
-               **driver.job_rates(total, elapsed, args.batch_size, workers), "final": history[-1]}
+               "iterations": total - first, "first_step": first, "seconds": elapsed, "counters": executor.counters.totals(),
+               **driver.job_rates(total - first, elapsed, args.batch_size, workers), "final": history[-1]}
     if args.val:
         summary.update(history[-1]["val"])
     return driver.report_end(executor, args, herald, summary)
