@@ -13,6 +13,7 @@ import pytest
 import jobs
 from conftest import REPO
 from dist_harness import COMMON, THREADS, assert_same_parameters, run_cluster, run_single
+from hetu import checkpoint
 
 # lr 0.001, as every equivalence test: at 0.01 this model's 60 Adam steps are chaotic, and the
 # single process alone moves by 1e-1 when OpenBLAS's kernel changes (bench/exactness_envelope.py).
@@ -139,13 +140,14 @@ def test_a_resume_whose_saved_shards_do_not_add_up_is_refused(tmp_path, data_hom
     assert code != 0 and "Traceback" not in out
     assert "global batch of 2 worker(s) x --batch-size 32 = 64, this run has 4 worker(s) x --batch-size 32 = 128" \
         in out, out[-3000:]
-    # A shard file gone, and meta.json no longer listing it (else its sha256 check names it first).
+    # A shard file gone, and meta.json no longer listing it (else its sha256 check names it first),
+    # its own sha256 recomputed (else that check names meta.json first).
     broken = tmp_path / "broken"
     shutil.copytree(ckpt, broken)
     os.remove(broken / "ps" / "embedding.shard1-of-2.bin")
     meta = json.loads((broken / "meta.json").read_text())
     del meta["files"]["ps/embedding.shard1-of-2.bin"]
-    (broken / "meta.json").write_text(json.dumps(meta))
+    (broken / "meta.json").write_text(json.dumps(checkpoint.stamped(meta)))
     code, out = resume(broken, 4, 1, 16)
     assert code != 0 and "Traceback" not in out
     assert f"table 'embedding': cannot read {broken}/ps/embedding.shard1-of-2.bin" in out, out[-3000:]

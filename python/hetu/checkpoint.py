@@ -6,13 +6,15 @@ and seed (RunState), the optimizer ops' step counts, the dataloaders' positions,
 scheduler.
 
 A save writes a new folder `.tmp-NAME.XXXXXXXX` beside NAME, syncs every file, records each
-file's sha256 in meta.json (written last), then swaps by renames:
+file's sha256 in meta.json (written last, with the sha256 of its own content: meta_digest), then
+swaps by renames:
 
     NAME -> NAME.previous,  .tmp-NAME.XXXXXXXX -> NAME,  remove NAME.previous
 
 so that at every instant NAME or NAME.previous holds a complete checkpoint; locate() finds it.
-Temporary folders of interrupted saves are removed by the next save. Loading checks every
-file against meta.json first: a changed byte is an error naming the file.
+Temporary folders of interrupted saves are removed by the next save. Loading checks meta.json
+against its own sha256 and every file against meta.json first: a changed byte is an error naming
+the file.
 
 Incremental checkpoints (save's `full_every` K > 1): every K-th save is full, the ones between
 are deltas, folders NAME/deltas/000001, 000002, ... each holding what changed since the save
@@ -45,6 +47,8 @@ import numpy as np
 from . import cuda
 
 META = "meta.json"
+FORMAT = 2   # meta.json's format: 2 records the sha256 of its own content (META_DIGEST)
+META_DIGEST = "meta_sha256"
 PREVIOUS = ".previous"
 STOP_POINTS = ("written", "old-set-aside", "new-in-place")   # a full checkpoint's swap
 DELTA_STOP_POINTS = ("delta-written",)   # a delta sealed, not yet renamed into place
@@ -98,14 +102,27 @@ def new_folder(directory):
     return tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory) + ".", dir=parent)
 
 
+def meta_digest(meta):
+    """The sha256 of a meta.json's content without its own digest: of its JSON with sorted keys
+    and no spaces, as it reads back (so a key that JSON turns into a string counts as one)."""
+    content = {k: v for k, v in json.loads(json.dumps(meta)).items() if k != META_DIGEST}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def stamped(meta):
+    """`meta` with the format and its own digest, as seal() writes it."""
+    meta = {**meta, "format": FORMAT}
+    return {**meta, META_DIGEST: meta_digest(meta)}
+
+
 def seal(folder, meta):
-    """Syncs every file of `folder`, then writes meta.json with their checksums, last."""
+    """Syncs every file of `folder`, then writes meta.json with their checksums and its own, last."""
     files = {}
     for rel in _files(folder):
         path = os.path.join(folder, rel)
         files[rel] = {"sha256": sha256_of(path), "bytes": os.path.getsize(path)}
         _fsync(path)
-    meta = {**meta, "files": files}
+    meta = stamped({**meta, "files": files})
     with open(os.path.join(folder, META), "w") as f:
         json.dump(meta, f)
         f.flush()
@@ -163,6 +180,15 @@ def read_meta(folder):
     if not isinstance(files, dict) or not all(isinstance(f, dict) and {"sha256", "bytes"} <= set(f)
                                               for f in files.values()):
         raise ValueError(f"{path} is not a checkpoint's meta.json: the checkpoint is damaged")
+    # A meta.json of format 2 carries the sha256 of the rest of its content; one written before
+    # (neither key) is read unchecked. One key without the other is damage, not an older format.
+    if META_DIGEST in meta or "format" in meta:
+        if meta.get(META_DIGEST) != meta_digest(meta):
+            raise ValueError(f"checkpoint file {path} is corrupt: its content differs from the sha256 it records "
+                             f"of itself ({META_DIGEST})")
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"checkpoint file {path} is of format {meta.get('format')}, this version of hetu "
+                             f"reads format {FORMAT} and the unversioned one before it")
     return meta
 
 
@@ -518,4 +544,5 @@ def resumed_from(executor, directory):
     return (f"resumed {directory} at step {meta['iteration']}{chain}: written by {meta.get('workers', 1)} worker(s) "
             f"and {meta.get('servers', 0)} server(s), continued by {executor.graph.num_workers} and "
             f"{executor.num_servers()}; every file's sha256 checked"
+            + ("" if META_DIGEST in meta else f" ({META} unchecked: written before it recorded its own)")
             + (f", the servers' rows of {tables} table(s) counted as loaded" if tables else ""))
