@@ -532,7 +532,14 @@ def validate_only(executor, args, step, progress, herald):
 
 
 def resume(executor, args):
-    """Loads --resume into the executor; the step it continues from."""
+    """Worker 0 holds the --checkpoint folder for the job's life (one job saves into a folder at a
+    time: hetu.checkpoint.hold); then loads --resume into the executor; the step it continues
+    from."""
+    if args.checkpoint and executor.graph.rank == 0:
+        try:
+            ht.checkpoint.hold(args.checkpoint)
+        except ht.checkpoint.FolderHeld as e:
+            raise SystemExit(f"--checkpoint {args.checkpoint}: {e}") from None
     if not args.resume:
         return 0
     try:

@@ -33,13 +33,16 @@ whole chain out.
 HETU_CHECKPOINT_STOP_AT=POINT kills the saving process (SIGKILL) at one of STOP_POINTS or
 DELTA_STOP_POINTS, to test that every step of a save leaves a checkpoint to resume from.
 """
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
+import time
 import weakref
 
 import numpy as np
@@ -208,6 +211,54 @@ def verify(folder, meta, only=None):
         if sha256_of(path) != saved["sha256"]:
             raise ValueError(f"checkpoint file {path} is corrupt: its content differs from its sha256 in "
                              f"{os.path.join(folder, META)}")
+
+
+# --- one job writes a checkpoint folder at a time ----------------------------------------------
+class FolderHeld(RuntimeError):
+    """Another process holds the checkpoint folder (hold)."""
+
+
+_held = {}   # lock file path -> its open file, for the life of the process
+
+
+def lock_path(directory):
+    """The lock file of the checkpoint at `directory`: beside it, `.NAME.lock`, since a full save
+    replaces the folder itself by renames (a lock file in it would move out with the old one)."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    return os.path.join(parent, f".{name}.lock")
+
+
+def hold(directory):
+    """Takes an exclusive lock (flock) on the checkpoint folder `directory` for the life of this
+    process: the kernel releases it when the process ends, however it ends. Raises FolderHeld,
+    naming the holder's pid and host, when another process holds it."""
+    path = lock_path(directory)
+    if path in _held:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        with os.fdopen(fd, "r") as f:
+            holder = f.read().split()
+        who = (f"pid {holder[0]} on {holder[1]}, since {holder[2]}" if len(holder) == 3 else "a process that has not "
+               "said who it is yet")
+        raise FolderHeld(f"another job is saving checkpoints into this folder ({who}; lock {path}): wait for it to "
+                         f"end or give this job another folder") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+              .encode(), 0)
+    _held[path] = os.fdopen(fd, "r+")
+
+
+def release(directory):
+    """Gives up hold()'s lock on `directory` before the process ends."""
+    f = _held.pop(lock_path(directory), None)
+    if f is not None:
+        f.close()
 
 
 # --- an executor's checkpoint: each stateful part gives its state and takes it back ------------
