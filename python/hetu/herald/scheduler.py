@@ -130,14 +130,19 @@ class Scheduler(SamplePlan):
             self._planner_keys = TableKeys(table_keys.table, f"{table_keys.name} (Herald's planner)")
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
         self._thread = None
-        self.start_at(0)
+        # A stream is read from its first batch (a resumed job's source continues after its
+        # checkpoint: StreamFeed.start_at), and not yet: its look-ahead starts with the first plan
+        # asked for, or with a checkpoint's load, once the source is positioned.
+        self.start_at(0 if self._stream is None else self._stream.first, read_ahead=self._stream is None)
         # The thread reads the id table: stop it before the interpreter tears the table down.
         atexit.register(self.close)
 
-    def start_at(self, step):
+    def start_at(self, step, read_ahead=True):
         """Plans from global batch `step` on, every cache empty: a new run starts at 0, a run
         resumed from a checkpoint (whose caches were flushed, so that its rows are all on the
-        servers) at the checkpoint's step. All workers call it with the same step."""
+        servers) at the checkpoint's step. All workers call it with the same step. `read_ahead`:
+        the batches of the look-ahead are submitted now (those there, on a stream), else with
+        the first plan asked for."""
         if self._thread is not None:
             self._thread.close()
         if self._planner_keys is not None:
@@ -163,7 +168,8 @@ class Scheduler(SamplePlan):
             self._thread = _C.PlanReceiver(name, self.rank, self.host_ranks[0], history, self.timeout)
         # The planner counts its iterations from 0: global batch `step` is its iteration 0.
         self._first = self._submitted = int(step)
-        self._submit(step + self.lookahead, wait=False)
+        if read_ahead:
+            self._submit(step + self.lookahead, wait=False)
 
     # --- consumers ----------------------------------------------------------------------------
     def samples(self, t):
