@@ -393,6 +393,8 @@ def checkpoint_run(args):
     MovieLens stream's side files."""
     run = run_record(args)
     run["models_dir"] = os.path.dirname(os.path.abspath(models.__file__))
+    if args.model in SEQUENTIAL:
+        run.update(train_sequences.export_record(args))
     for name in ("users", "items"):
         if getattr(args, name):
             run[name] = os.path.abspath(getattr(args, name))

@@ -105,6 +105,12 @@ class TrainingColumns:
         return index.reshape(len(batch), -1)
 
 
+def export_record(args):
+    """What export rebuilds the model from besides the flags a checkpoint records: its
+    architecture and the sequences folder it trained on (the item ids, L)."""
+    return {"architecture": SEQUENTIAL[args.model][0], "sequence_data": args.sequence_data}
+
+
 def validation_ids(config):
     """A validation history [L] as the model's ids row: no targets, no negatives."""
     def columns(step, rows, batch):
@@ -211,6 +217,7 @@ def train(args, herald, options, ctx, threads):
             raise SystemExit(f"--model {args.model}: --{flag.replace('_', '-')} is not supported for the sequential "
                              f"models yet")
     data, name = load(args)
+    args.sequence_data = str(data.path)
     config = config_of(args, data.meta)
     kind = SEQUENTIAL[args.model][0]
     ids, negatives, times = make_inputs(data, config, args, hstu=kind == "hstu")

@@ -57,12 +57,13 @@ def _truncated(std):
     return make
 
 
-def embed_history(ids, config, dynamic=None):
-    """The one lookup of the item table: (rows [batch, M, d], the history's input [batch, L, d]
-    as item embedding * sqrt(d) + a learned position embedding, the padding mask [batch, L])."""
+def embed_history(ids, config, columns, dynamic=None):
+    """The one lookup of the item table over ids [batch, columns]: (rows [batch, columns, d], the
+    history's input [batch, L, d] as item embedding * sqrt(d) + a learned position embedding, the
+    padding mask [batch, L])."""
     L, d = config.max_length, config.embedding_size
     table = layers.EmbeddingBag(None if dynamic else config.num_items, d, mode="sum",
-                                slots=(1,) * config.id_columns, initializer=_truncated(0.02),
+                                slots=(1,) * columns, initializer=_truncated(0.02),
                                 name="item_embedding", dynamic=dynamic)
     rows = table(ids)
     items = ht.slice_op(rows, (0, 0, 0), (-1, L, -1))
@@ -107,17 +108,29 @@ def hstu_encoder(x, mask, config, times=None):
 ENCODERS = {"sasrec": sasrec_encoder, "hstu": hstu_encoder}
 
 
+def user_vectors(kind, ids, times, config, columns, dynamic=None):
+    """(the item table layer, its rows [batch, columns, d], the L2-normalised user vector at each
+    position [batch, L, d]) of model `kind` over ids [batch, columns] whose first L are the history."""
+    table, rows, x, mask = embed_history(ids, config, columns, dynamic)
+    return table, rows, ht.l2_normalize_op(ENCODERS[kind](x, mask, config, times))
+
+
 def build(kind, ids, negatives, times, config, optimizer, dynamic=None):
     """The graph of model `kind` ("sasrec" or "hstu") over ids [batch, 2L + C], the negatives'
     index [batch, L x N] into each sample's candidates (and times [batch, L] for HSTU's time
     bias, or None) -> SequenceGraph. The loss is the mean of the positions' sampled
     softmax losses over batch x L (a position without a target counts 0): summed over workers,
     the global batch's (docs/design.md section 4)."""
-    table, rows, x, mask = embed_history(ids, config, dynamic)
-    encoded = ENCODERS[kind](x, mask, config, times)
-    user = ht.l2_normalize_op(encoded)
+    table, rows, user = user_vectors(kind, ids, times, config, config.id_columns, dynamic)
     index = ht.array_reshape_op(negatives, (-1, config.max_length, config.num_negatives))
     per_position = ht.sampled_softmax_loss_op(user, rows, ids, index, config.max_length, config.temperature)
     loss = ht.reduce_mean_op(per_position)
     train_op = optimizer.minimize(loss)
     return SequenceGraph(loss, train_op, ht.last_valid_op(user, ids, config.max_length), table.embedding_table)
+
+
+def serving(kind, history, times, config):
+    """(the user vector [batch, d] each history [batch, L] ends with, the item table): the forward
+    that export writes to ONNX, with the parameters' names of training's graph."""
+    table, _, user = user_vectors(kind, history, times, config, config.max_length)
+    return ht.last_valid_op(user, history, config.max_length), table.embedding_table

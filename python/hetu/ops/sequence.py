@@ -96,6 +96,14 @@ class LastValidOp(Op):
         last = _last_positions(xp, ids, self.length)
         return xp.ascontiguousarray(x[xp.arange(x.shape[0]), last])
 
+    def to_onnx(self, b, x):
+        head = b.node("Slice", [x[1], b.const(np.array([0], np.int64)), b.const(np.array([self.length], np.int64)),
+                                b.const(np.array([1], np.int64))])
+        filled = b.node("ReduceSum", [b.node("Cast", [b.node("GreaterOrEqual", [head, b.const(np.array(0, np.int64))])],
+                                             to=7), b.const(np.array([1], np.int64))], keepdims=1)
+        last = b.node("Max", [b.node("Sub", [filled, b.const(np.array(1, np.int64))]), b.const(np.array(0, np.int64))])
+        return b.node("GatherND", [x[0], last], batch_dims=1)   # x[s, last[s]]: [batch, d]
+
     def gradient(self, g):
         return [LastValidGradOp(g, self), None]
 

@@ -69,6 +69,9 @@ def predict_command(argv):
         bundle = Bundle.open(args.bundle)
     except (BundleError, OSError, KeyError) as e:
         raise UsageError(f"predict: {e}") from None
+    if not isinstance(bundle, Bundle):
+        raise UsageError(f"predict: {args.bundle} is a sequential model's bundle, whose answers are top items, not "
+                         f"probabilities: ask it through python -m hetu.serve run")
     try:
         if args.instances:
             instances = read_instances(args.instances)

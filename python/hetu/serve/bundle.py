@@ -21,6 +21,29 @@ class BundleError(ValueError):
     """A folder that is not a readable bundle; the message names it."""
 
 
+def read_schema(path):
+    try:
+        with open(os.path.join(path, SCHEMA)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise BundleError(f"{path} is not a bundle (no {SCHEMA}): write one with python -m hetu.serve export") from None
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{os.path.join(path, SCHEMA)} is not valid JSON ({e})") from None
+
+
+def onnx_session(model_file, threads=None):
+    """An ONNX Runtime session on the CPU; `threads` its threads per run (default: one per core)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # Threads that spin between runs take the cores other requests need: at batch 64 on 2 cores
+    # the 99th percentile of a run falls from about 4 ms to 0.2 ms without spinning.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if threads:
+        options.intra_op_num_threads = int(threads)
+    return ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+
+
 class Table:
     """A table's rows, memory-mapped in their storage type, and a dynamic table's key index."""
 
@@ -60,17 +83,9 @@ class Bundle:
     dense, categorical or bag}, the columns an instance must have); `predict(instances)` and
     `predict_arrays(dense, sparse)` -> float32 probabilities [N]."""
 
-    def __init__(self, path, threads=None):
-        import onnxruntime as ort
+    def __init__(self, path, threads=None, schema=None):
         self.path = os.path.abspath(path)
-        try:
-            with open(os.path.join(self.path, SCHEMA)) as f:
-                self.schema = json.load(f)
-        except FileNotFoundError:
-            raise BundleError(f"{self.path} is not a bundle (no {SCHEMA}): write one with python -m hetu.serve "
-                              f"export") from None
-        except json.JSONDecodeError as e:
-            raise BundleError(f"{os.path.join(self.path, SCHEMA)} is not valid JSON ({e})") from None
+        self.schema = read_schema(self.path) if schema is None else schema
         self.name, self.version = self.schema["model"], int(self.schema["version"])
         self.columns = {c["name"]: c["kind"] for c in self.schema["columns"]}
         self.tables = {name: Table(self.path, name, info) for name, info in self.schema["tables"].items()}
@@ -82,21 +97,19 @@ class Bundle:
             with np.load(os.path.join(self.path, VOCABULARY)) as data:
                 vocabulary = Vocabulary({k: data[k] for k in data.files})
         self.encoder = InstanceEncoder(self.schema, vocabulary)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        # Threads that spin between runs take the cores other requests need: at batch 64 on 2 cores
-        # the 99th percentile of a run falls from about 4 ms to 0.2 ms without spinning.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if threads:
-            options.intra_op_num_threads = int(threads)
-        self.session = ort.InferenceSession(os.path.join(self.path, MODEL), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = onnx_session(os.path.join(self.path, MODEL), threads)
         self.num_slots = int(sum(f["slots"] for f in self.schema["fields"]))
 
     @classmethod
     def open(cls, path, threads=None):
-        """`threads`: ONNX Runtime's threads per run (default: its own, one per core)."""
-        return cls(path, threads)
+        """The bundle at `path`: a Bundle, or a sequential model's hetu.serve.sequences.SequenceBundle.
+        `threads`: ONNX Runtime's threads per run (default: its own, one per core)."""
+        path = os.path.abspath(path)
+        schema = read_schema(path)
+        if schema.get("kind") == "sequences":
+            from .sequences import SequenceBundle
+            return SequenceBundle(path, schema, threads)
+        return cls(path, threads, schema)
 
     def __repr__(self):
         return f"Bundle({self.name!r}, version {self.version}, {self.path})"

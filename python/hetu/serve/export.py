@@ -137,12 +137,42 @@ def read_checkpoint(checkpoint_dir):
 
 def export(checkpoint_dir, output_dir):
     """Writes the bundle of the checkpoint at `checkpoint_dir` (with its deltas) to `output_dir`;
-    returns the bundle's path."""
+    returns the bundle's path. A sequential model's (its run records an "architecture") is
+    hetu.serve.sequences'."""
     where = f"checkpoint {checkpoint_dir}"
     saved = read_checkpoint(checkpoint_dir)
     run = saved.meta.get("run") or {}
     if not run.get("model"):
         raise ExportError(f"{where} records no run (model, data): it was not written by examples/ctr's training")
+    if run.get("architecture"):
+        from .sequences import sequence_bundle
+        model, fill = sequence_bundle(saved, run, where)
+    else:
+        model, fill = ctr_bundle(saved, run, where)
+    final = os.path.abspath(output_dir)
+    tmp = checkpoint.new_folder(final)
+    try:
+        os.chmod(tmp, 0o755)   # mkdtemp's folder is private; a bundle is read by servers of other users too
+        os.makedirs(os.path.join(tmp, TABLES))
+        with open(os.path.join(tmp, MODEL), "wb") as f:
+            f.write(model.SerializeToString())
+        schema = {
+            # The version of the saves read (a save landing meanwhile is the next export's).
+            "format": BUNDLE_FORMAT, "model": run["model"], "version": int(saved.meta["iteration"]),
+            "checkpoint": saved.folder, "deltas": saved.deltas,
+            "embedding_dtype": run.get("embedding_dtype") or "fp32", **fill(tmp)}
+        with open(os.path.join(tmp, SCHEMA), "w") as f:
+            json.dump(schema, f, indent=1)
+        checkpoint.swap_in(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def ctr_bundle(saved, run, where):
+    """(the ONNX model, fill(folder) -> the rest of schema.json, writing the tables and the
+    vocabulary into the folder) of a CTR model's checkpoint."""
     prediction, dense, fields, data_info, fmt = rebuild(run, saved.meta, where)
     columns, vocabulary = raw_columns(data_info, fmt, fields, where)
 
@@ -162,23 +192,11 @@ def export(checkpoint_dir, output_dir):
     except onnx_graph.ExportError as e:
         raise ExportError(f"{where}: {e}") from None
 
-    final = os.path.abspath(output_dir)
-    tmp = checkpoint.new_folder(final)
-    try:
-        os.chmod(tmp, 0o755)   # mkdtemp's folder is private; a bundle is read by servers of other users too
-        os.makedirs(os.path.join(tmp, TABLES))
-        with open(os.path.join(tmp, MODEL), "wb") as f:
-            f.write(model.SerializeToString())
-        table_info = {}
-        for name, var in tables.items():
-            table_info[name] = write_table(tmp, name, var, saved, run, where)
+    def fill(folder):
+        table_info = {name: write_table(folder, name, var, saved, run, where) for name, var in tables.items()}
         if vocabulary is not None:
-            np.savez(os.path.join(tmp, VOCABULARY), **vocabulary)
-        schema = {
-            # The version of the saves read (a save landing meanwhile is the next export's).
-            "format": BUNDLE_FORMAT, "model": run["model"], "version": int(saved.meta["iteration"]),
-            "checkpoint": saved.folder, "deltas": saved.deltas,
-            "embedding_dtype": run.get("embedding_dtype") or "fp32",
+            np.savez(os.path.join(folder, VOCABULARY), **vocabulary)
+        return {
             "ids": "indexed" if fmt is None and data_info.get("ids", "indexed") == "indexed" else "hashed",
             "hashing": {"name": HASH_NAME, "field": "the field's position in fields",
                         "value_bytes": "the value's UTF-8 text; synthetic data: the field-local id's 8 "
@@ -196,13 +214,7 @@ def export(checkpoint_dir, output_dir):
                                          "[batch, fields, width], pooled per bag (bags: slots, mode) for a bag lookup"},
             "tables": table_info,
         }
-        with open(os.path.join(tmp, SCHEMA), "w") as f:
-            json.dump(schema, f, indent=1)
-        checkpoint.swap_in(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return model, fill
 
 
 def write_table(folder, name, var, saved, run, where):

@@ -76,20 +76,31 @@ def build(prediction, dense, values, persistent, lookup_names, dense_width, slot
     `persistent` the running statistics, `lookup_names` the input name of each lookup (lookups_of
     order), whose ids are [batch, `slots`]. A parameter is an initializer; an op without to_onnx,
     or ids read other than through a lookup, is an ExportError naming it."""
-    import onnx
-    from onnx import TensorProto, helper
+    inputs = {op.id: (name, np.float32, None) for op, name in zip(lookups_of(prediction), lookup_names)}
+    if dense is not None:
+        inputs[dense.id] = ("dense", np.float32, (dense_width,))
+    # The probability as [batch] (the graph's is [batch, 1]).
+    return to_model(prediction, PROBABILITY, inputs, values, persistent, slots,
+                    finish=lambda b, out: b.node("Reshape", [out, b.const(np.array([-1], np.int64))]))
 
-    lookups = {op.id: name for op, name in zip(lookups_of(prediction), lookup_names)}
-    order = walk(prediction, set(lookups))
+
+def to_model(output, output_name, inputs, values, persistent, slots, finish=None):
+    """(onnx ModelProto) of `output`'s forward, named `output_name`: `inputs` {node id: (input
+    name, numpy dtype, shape without the batch, None for an embedding lookup's rows over ids of
+    [batch, `slots`])}, the nodes the model takes instead of computing (the walk stops there);
+    `finish(builder, name)` a last reshaping of the output. Everything else as build says."""
+    import onnx
+    from onnx import helper
+    order = walk(output, set(inputs))
     shapes = {}
     for n in order:   # static shapes for a batch of one
-        if n.id in lookups:
-            shapes[n.id] = tuple(n.infer_shape([tuple(n.inputs[0].shape), (1, slots)]))
+        if n.id in inputs:
+            tail = inputs[n.id][2]
+            shapes[n.id] = tuple(n.infer_shape([tuple(n.inputs[0].shape), (1, slots)])) if tail is None \
+                else (1, *tail)
         elif isinstance(n, Variable) and n.is_placeholder:
-            if dense is None or n.id != dense.id:
-                raise ExportError(f"the graph reads {n.name} other than through an embedding lookup, which the "
-                                  f"exported dense part cannot")
-            shapes[n.id] = (1, dense_width)
+            raise ExportError(f"the graph reads {n.name} other than through an embedding lookup, which the "
+                              f"exported dense part cannot")
         elif isinstance(n, Variable):
             shapes[n.id] = tuple(n.shape)
         else:
@@ -98,13 +109,11 @@ def build(prediction, dense, values, persistent, lookup_names, dense_width, slot
     b = ONNXBuilder(shapes, persistent)
     graph_inputs = []
     for n in order:
-        if n.id in lookups:
-            names[n.id] = lookups[n.id]
-            graph_inputs.append(helper.make_tensor_value_info(lookups[n.id], TensorProto.FLOAT,
+        if n.id in inputs:
+            name, dtype = inputs[n.id][:2]
+            names[n.id] = name
+            graph_inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
                                                               ["batch", *shapes[n.id][1:]]))
-        elif isinstance(n, Variable) and n.is_placeholder:
-            names[n.id] = "dense"
-            graph_inputs.append(helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", dense_width]))
         elif isinstance(n, Variable):
             if n.name not in values:
                 raise ExportError(f"parameter {n.name}: the checkpoint holds no value for it")
@@ -114,11 +123,11 @@ def build(prediction, dense, values, persistent, lookup_names, dense_width, slot
             if mapping is None:
                 raise ExportError(f"op {type(n).__name__} ({n.name}) has no ONNX mapping: it cannot be exported")
             names[n.id] = mapping(b, [names[x.id] for x in n.inputs])
-    # The probability as [batch] (the graph's is [batch, 1]).
-    out = b.node("Reshape", [names[prediction.id], b.const(np.array([-1], np.int64))])
-    b.nodes.append(helper.make_node("Identity", [out], [PROBABILITY], name=PROBABILITY))
+    out = names[output.id] if finish is None else finish(b, names[output.id])
+    b.nodes.append(helper.make_node("Identity", [out], [output_name], name=output_name))
+    out_shape = ["batch"] if finish is not None else ["batch", *shapes[output.id][1:]]
     graph = helper.make_graph(b.nodes, "hetu_dense", graph_inputs,
-                              [helper.make_tensor_value_info(PROBABILITY, TensorProto.FLOAT, ["batch"])],
+                              [helper.make_tensor_value_info(output_name, onnx.TensorProto.FLOAT, out_shape)],
                               initializer=b.initializers)
     model = helper.make_model(graph, producer_name="hetu", opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8   # onnxruntime of several versions reads IR 8 (opset 17)

@@ -3,6 +3,9 @@ on aiohttp.
 
     POST /v1/models/NAME:predict   {"instances": [{column: raw value, ...}, ...]}
                                    -> {"predictions": [p, ...], "model_version": V}
+                                   a sequential model's: {"instances": [{"history": [item, ...],
+                                   "timestamps": [...], "k": K}, ...]} -> {"predictions":
+                                   [{"items": [...], "scores": [...]}, ...], ...} (hetu.serve.sequences)
     GET  /v1/models/NAME           -> {"model_version_status": [{"version": "V", "state": "AVAILABLE", ...}]}
     GET  /v1/models/NAME/stats     -> the batching counters and the swaps
 
@@ -111,10 +114,12 @@ class Endpoint:
                 return error(400, f"instance {i} is a JSON {type(instance).__name__}, not an object "
                                   f"{{column: raw value, ...}}")
         try:
-            probabilities, version = await self.batcher.predict(instances)
+            predictions, version = await self.batcher.predict(instances)
         except InstanceError as e:
             return error(400, one_line(e))
-        return web.json_response({"predictions": probabilities.tolist(), "model_version": version})
+        # A CTR bundle answers an array of probabilities, a sequential model's a list of top items.
+        predictions = predictions.tolist() if hasattr(predictions, "tolist") else predictions
+        return web.json_response({"predictions": predictions, "model_version": version})
 
 
 def make_app(served, batcher, max_body_bytes):
