@@ -1,8 +1,8 @@
 """SASRec and HSTU in every mode equal the single process with the global batch (docs/design.md
 sections 4 and 17), parameter by parameter: the item table on the servers (PS, HET's cache at bound
 0) or summed with the dense parameters (AllReduce), dropout on (its masks keyed by each sample,
-not by the worker that trains it) and the negatives drawn by (seed, step, sample, position), so
-that no mode or worker count draws others. Herald plans every row a sample reads: its history,
+not by the worker that trains it) and the negatives drawn by (seed, step, sample, position) (in-batch: from the global
+batch's targets), so that no mode or worker count draws others. Herald plans every row a sample reads: its history,
 its targets and its negatives (each global batch submitted with the ids its loader computes)."""
 import pytest
 
@@ -24,7 +24,9 @@ CASES = {"sasrec-Herald-w2s1": ("sasrec_synthetic", HERALD, 2, 1, "run_laia.py")
          "sasrec-AllReduce-w2": ("sasrec_synthetic", ["--comm", "AllReduce"], 2, 0),
          "sasrec-PS-w4s2": ("sasrec_synthetic", ["--comm", "PS"], 4, 2),
          "hstu-PS-w2s1": ("hstu_synthetic", ["--comm", "PS"], 2, 1),
-         "hstu-HET-w2s2": ("hstu_synthetic", HET, 2, 2)}
+         "hstu-HET-w2s2": ("hstu_synthetic", HET, 2, 2),
+         "sasrec-inbatch-Herald-w2s2": ("sasrec_synthetic --negatives in-batch", HERALD, 2, 2, "run_laia.py"),
+         "hstu-inbatch-PS-w4s1": ("hstu_synthetic --negatives in-batch", ["--comm", "PS"], 4, 1)}
 GLOBAL_BATCH = 64
 
 

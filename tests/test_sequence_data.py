@@ -9,8 +9,8 @@ import pytest
 
 from hetu.data import cache, load_dataset, sequences
 from hetu.data.prepare import main as prepare_main
-from hetu.data.sequences import (SequenceData, draw_negatives, generate_synthetic_sequences, load_sequences,
-                                 prepare_movielens_sequences, shared_negatives)
+from hetu.data.sequences import (SequenceData, draw_negatives, generate_synthetic_sequences, in_batch_negatives,
+                                 load_sequences, prepare_movielens_sequences, shared_negatives)
 
 # user item rating timestamp, users interleaved. User 1: items at 50, 100, 100 (10 before 30: file
 # order), 200; user 2: three items, two tied at 10; user 3: two items (dropped: item 50 is only
@@ -294,6 +294,23 @@ def test_negatives_are_the_samples_whatever_the_batch_and_threads():
     moved = targets.copy()
     moved[:, 1:] = -1
     assert (draw_negatives(11, 3, rows, moved, 16, 50_000)[:, 0] == whole[:, 0]).all()
+
+
+def test_in_batch_negatives_are_the_global_batchs_targets_whoever_draws_them():
+    rng = np.random.default_rng(2)
+    targets = rng.choice(np.r_[-1, rng.integers(0, 10**12, 30)], size=(16, 12))   # ids of a large catalog
+    rows = rng.permutation(1000)[:16]
+    whole = in_batch_negatives(5, 9, rows, targets, targets, 8)
+    pool = np.unique(targets[targets >= 0])
+    assert ((whole == -1) == (targets == -1)[:, :, None]).all()
+    assert np.isin(whole[whole >= 0], pool).all() and len(np.unique(whole[whole >= 0])) > len(pool) // 2
+    # A worker's half of the batch draws what the whole batch draws for those samples.
+    half = in_batch_negatives(5, 9, rows[8:], targets[8:], targets, 8)
+    assert (half == whole[8:]).all()
+    # Exactly draw_negatives' numbers over the sorted pool.
+    assert (whole == np.where(whole >= 0, pool[np.maximum(draw_negatives(5, 9, rows, targets, 8, len(pool)), 0)],
+                              -1)).all()
+    assert (in_batch_negatives(5, 9, rows, targets, np.full((2, 2), -1), 8) == -1).all()
 
 
 def test_negatives_are_uniform():

@@ -17,11 +17,12 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
-from hetu.data.sequences import distinct_candidates, draw_negatives, shared_negatives
+from hetu.data.sequences import distinct_candidates, draw_negatives, in_batch_negatives, shared_negatives
 
 from models.sequential import SequenceConfig, build
 
 RANKS = (10, 50, 200)
+NEGATIVES = ("uniform", "shared", "in-batch")
 # Flags of the CTR driver that the sequential models do not take yet: refused, never dropped.
 NOT_YET = ("save_predictions", "rows", "scale", "tensorboard", "table_capacity")
 # What a resumed run must share with the run that wrote its checkpoint besides train.RESUME_FLAGS:
@@ -43,9 +44,10 @@ def add_flags(p):
     g = p.add_argument_group("sequential models (sasrec, hstu)")
     g.add_argument("--num-negatives", type=int, default=128, metavar="N",
                    help="uniform negatives per position of the sampled softmax (default 128)")
-    g.add_argument("--negatives", default="uniform", choices=("uniform", "shared"),
-                   help="uniform: N drawn for each position; shared: N drawn once per global batch, read by every "
-                        "position (fewer rows a step)")
+    g.add_argument("--negatives", default="uniform", choices=NEGATIVES,
+                   help="uniform: N drawn from the catalog for each position; shared: N drawn once per global batch, "
+                        "read by every position (fewer rows a step); in-batch: N drawn for each position from the "
+                        "global batch's targets")
     g.add_argument("--blocks", type=int, default=2, help="attention blocks (default 2)")
     g.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
     g.add_argument("--dropout", type=float, default=0.2, help="dropout probability (default 0.2)")
@@ -70,12 +72,19 @@ def config_of(args, meta):
 class TrainingColumns:
     """What a training batch's two id inputs read, from its stored [L + 1] history rows: the ids
     row [inputs | targets | the sample's distinct negatives] and the negatives' index into them.
-    The negatives are drawn once per batch for both (each loader asks from its own thread)."""
+    The negatives are drawn once per batch for both (each loader asks from its own thread).
+    In-batch negatives read the global batch's targets through `loader` (set by make_inputs)."""
 
     def __init__(self, config, seed):
         self.config, self.seed = config, seed
+        self.loader = None
         self._drawn = collections.OrderedDict()
         self._lock = threading.Lock()
+
+    def _batch_targets(self, step):
+        """Every target of global batch `step`, whichever worker trains it."""
+        stored = np.asarray(self.loader.data[self.loader.batches.indices(step)])
+        return stored[:, 1:self.config.max_length + 1]
 
     def _negatives(self, step, rows, batch):
         key = (int(step), np.asarray(rows, np.int64).tobytes())
@@ -87,6 +96,9 @@ class TrainingColumns:
             if c.negatives == "shared":
                 shared = shared_negatives(self.seed, step, c.num_negatives, c.num_items)
                 negatives = np.where((targets >= 0)[..., None], shared, -1)
+            elif c.negatives == "in-batch":
+                negatives = in_batch_negatives(self.seed, step, rows, targets, self._batch_targets(step),
+                                               c.num_negatives)
             else:
                 negatives = draw_negatives(self.seed, step, rows, targets, c.num_negatives, c.num_items)
             drawn = distinct_candidates(negatives, c.num_items, c.candidates)
@@ -141,8 +153,8 @@ def make_inputs(data, config, args, hstu):
         return ht.Dataloader(array, b, name, drop_last=name == "train", shuffle=name == "train", seed=args.seed,
                              columns=columns)
     training = TrainingColumns(config, args.seed)
-    ids = ht.dataloader_op([loader(data.train.items, "train", training.ids),
-                            loader(data.val.items, "validate", validation_ids(config))])
+    training.loader = loader(data.train.items, "train", training.ids)
+    ids = ht.dataloader_op([training.loader, loader(data.val.items, "validate", validation_ids(config))])
     negatives = ht.dataloader_op([loader(data.train.items, "train", training.index),
                                   loader(data.val.items, "validate", no_negatives(config))])
     times = None

@@ -27,7 +27,7 @@ class SequenceConfig:
     dropout: float = 0.2
     temperature: float = 0.05
     time_buckets: int = 128
-    negatives: str = "uniform"   # or "shared": N drawn once per global batch for every position
+    negatives: str = "uniform"   # "shared": N drawn once per global batch; "in-batch": from its targets
 
     @property
     def candidates(self):

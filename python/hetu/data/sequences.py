@@ -509,6 +509,20 @@ def shared_negatives(seed, step, num_negatives, num_items):
                                      targets, int(num_negatives), int(num_items), 0).reshape(-1)
 
 
+def in_batch_negatives(seed, step, sample_index, targets, batch_targets, num_negatives):
+    """int64 [n, L, num_negatives]: negatives drawn from the global batch's own targets (in-batch
+    negatives): the distinct items >= 0 of ``batch_targets`` (every target of global batch
+    ``step``, whichever worker trains it), ascending, indexed by draw_negatives' numbers over their
+    count. So a negative is a function of (seed, step, the sample, p, j) and the global batch, and
+    no worker count or plan draws others. -1 where the position has no target."""
+    pool = np.unique(np.asarray(batch_targets, np.int64))
+    pool = pool[pool >= 0]
+    if not len(pool):
+        return np.full(np.shape(targets) + (int(num_negatives),), -1, np.int64)
+    drawn = draw_negatives(seed, step, sample_index, targets, num_negatives, len(pool))
+    return np.where(drawn >= 0, pool[np.maximum(drawn, 0)], -1)
+
+
 def distinct_candidates(negatives, num_items, width=None):
     """A batch's negatives [n, L, N] (-1: none) as each sample's distinct candidates and an index
     into them: (candidates int64 [n, C], ascending, -1 after them; index int64 [n, L, N], -1 where
