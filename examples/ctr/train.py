@@ -596,8 +596,8 @@ def device_of(args):
 
 
 # Errors whose message says all there is to say: a bad entry in the data (a stream's bad line), a dead or
-# lost peer.
-ONE_LINE_ERRORS = (BadBatch, DataFormatError, ht.ps.JobFailed)
+# lost peer, a table a server refused or a dynamic table this host has not the memory for.
+ONE_LINE_ERRORS = (BadBatch, DataFormatError, ht.ps.JobFailed, ht.ps.TableRefused, ht.dynamic.NotEnoughMemory)
 
 
 def main(argv=None, herald=False):

@@ -106,6 +106,18 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
   Reset();
 }
 
+int64_t TableShard::Bytes(const pb::TableSpec& spec, int rank, int num_servers) {
+  const auto placement = RowPlacement::Of(static_cast<RowPlacement::Kind>(spec.placement()), spec.dense(),
+                                          spec.rows(), num_servers);
+  const int64_t rows = placement.Rows(rank);
+  const int storage = spec.dense() ? hetu::storage::kF32 : spec.storage();
+  int64_t units = 0, unit_width = 0;
+  Units(spec.dense(), rows, spec.width(), &units, &unit_width);
+  const int64_t state = hetu::optim::state_width(OptimFromProto(spec.optim()).kind, unit_width);
+  return rows * spec.width() * hetu::storage::bytes(storage) +
+         units * (state * int64_t(sizeof(float)) + 2 * int64_t(sizeof(int32_t)));
+}
+
 void TableShard::Reset() {
   values_.Reset(rows_ * row_bytes_, 0);
   // Each row gets the values it has in the whole table, wherever it is placed, rounded to the

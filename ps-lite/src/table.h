@@ -23,6 +23,9 @@ namespace ps {
 class TableShard {
  public:
   TableShard(const std::string& name, const pb::TableSpec& spec, int server_rank, int num_servers);
+  // The bytes a shard of `spec` on server `server_rank` allocates: its rows as stored, their
+  // optimizer state and their step counts and versions (32 bits each until they widen).
+  static int64_t Bytes(const pb::TableSpec& spec, int server_rank, int num_servers);
 
   const std::string& name() const { return name_; }
   const pb::TableSpec& spec() const { return spec_; }

@@ -22,6 +22,10 @@ import numpy as np
 
 from . import _C
 
+# A key directory's bytes a slot when full: its arrays (key, count and last read of each slot and
+# of as many probation slots: 48 bytes) and its two hash maps, resident keys and keys on
+# probation, at one entry a slot in 16-byte cells at least half full.
+DIRECTORY_BYTES_PER_SLOT = 48 + 2 * 32
 # Ways per bucket tried by default, largest first: the first that divides the capacity.
 DEFAULT_WAYS = (16, 8, 4, 2, 1)
 PADDING = -1   # an empty bag slot; also the slot of a key without a row
@@ -237,6 +241,29 @@ class TableKeys:
             _, slots = self.resident()
             self._resident = np.bincount(self.server_of_slots(slots), minlength=self.servers)
             self._server_counts[:] = 0
+
+
+class NotEnoughMemory(MemoryError):
+    """Dynamic tables this process would hold need more memory than its host has left."""
+
+
+def check_memory(spaces, tables):
+    """Refuses, before anything is allocated, dynamic tables this process could not hold:
+    `spaces` the DynamicTable of each key directory it keeps (one replica each), `tables`
+    (name, DynamicTable, bytes a row) of the tables whose rows it holds itself (as the executor
+    allocates them: the row, its optimizer state and step count). Against the host's available
+    memory (_C.available_memory: MemAvailable, or the cgroup's limit where lower)."""
+    parts = [(f"a key directory: {t.capacity} slots x {DIRECTORY_BYTES_PER_SLOT} bytes",
+              t.capacity * DIRECTORY_BYTES_PER_SLOT) for t in spaces]
+    parts += [(f"table {name}: {t.capacity} rows x {row_bytes} bytes", t.capacity * row_bytes)
+              for name, t, row_bytes in tables]
+    need = sum(n for _, n in parts)
+    available, source = _C.available_memory()
+    if need > available:
+        raise NotEnoughMemory(
+            f"dynamic tables: this process needs {_C.byte_text(need)} ({'; '.join(text for text, _ in parts)}"
+            f"{'; a row with its optimizer state and step count' if tables else ''}) and its host has "
+            f"{_C.byte_text(available)} available ({source}): give a smaller capacity")
 
 
 def initial_rows(param, keys, seed):

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "bindings/bindings.h"
+#include "common/host_memory.h"
 #include "dynamic/key_directory.h"
 #include "dynamic/key_rows.h"
 
@@ -122,6 +123,12 @@ void bind_dynamic(py::module_& m) {
       .def("state", [](const KeyDirectory& d) { return StateDict(d.Save()); }, "the whole state as arrays")
       .def("restore", [](KeyDirectory& d, const py::dict& state) { d.Load(StateFrom(state)); }, py::arg("state"),
            "continues from a state() of a directory of the same capacity, buckets and probation ways");
+  m.def("available_memory", [] {
+          const AvailableMemory a = HostAvailableMemory();
+          return py::make_tuple(a.bytes, a.source);
+        }, "(bytes, where the figure comes from): the memory a process of this host may still take "
+           "(common/host_memory.h)");
+  m.def("byte_text", &ByteText, py::arg("bytes"), "'12.3 GB': bytes as the refusals write them");
   m.def("bucket_hash", [](const Array<int64_t>& keys) {
           Array<uint64_t> out(keys.size());
           for (py::ssize_t i = 0; i < keys.size(); ++i) out.mutable_data()[i] = dynamic::BucketHash(keys.data()[i]);

@@ -3,6 +3,7 @@
 //             storage; the worker sets the placement it splits keys by)
 //   answer:   no blobs; an error for an invalid spec or a table of that name and another shape
 // Idempotent for the same shape: the table keeps its values.
+#include "common/host_memory.h"
 #include "ops/serving.h"
 #include "optim_config.h"
 #include "py_face.h"
@@ -47,6 +48,21 @@ std::string Differs(const std::string& name, const pb::TableSpec& old, const pb:
   return "";  // same shape: keeps the current values
 }
 
+// "" or why this server's host cannot hold its shard of the table (common/host_memory.h).
+std::string TooLarge(Serving& s, const std::string& name, const pb::TableSpec& spec) {
+  const int rank = s.server.po().rank(), servers = s.server.po().num_servers();
+  const int64_t need = TableShard::Bytes(spec, rank, servers);
+  const hetu::AvailableMemory available = hetu::HostAvailableMemory();
+  if (need <= available.bytes) return "";
+  const int64_t rows = RowPlacement::Of(static_cast<RowPlacement::Kind>(spec.placement()), spec.dense(), spec.rows(),
+                                        servers).Rows(rank);
+  return "table '" + name + "': server " + std::to_string(rank) + " needs " + hetu::ByteText(need) + " for its " +
+         std::to_string(rows) + " of the " + std::to_string(spec.rows()) + " rows (" +
+         std::to_string(rows ? need / rows : need) + " bytes a row: the row as stored, its optimizer state, step " +
+         "count and version), and its host has " + hetu::ByteText(available.bytes) + " available (" +
+         available.source + ")";
+}
+
 bool Serve(Serving& s) {
   const auto& spec = s.msg.meta.spec();
   const std::string& name = s.msg.meta.table();
@@ -55,7 +71,7 @@ bool Serve(Serving& s) {
     if (err.empty()) {
       KVServer::Entry* e = s.server.Find(name);
       if (e) err = Differs(name, e->shard->spec(), spec);
-      else s.server.Create(name, spec);
+      else if ((err = TooLarge(s, name, spec)).empty()) s.server.Create(name, spec);
     }
     s.Reply({}, err);
   } catch (const std::exception& ex) {

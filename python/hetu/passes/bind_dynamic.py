@@ -3,7 +3,8 @@ into slots through the table's TableKeys, and the lookups read slots (-1: zeros,
 import os
 
 from ..dataloader import DataloaderOp
-from ..dynamic import TableKeys
+from ..dynamic import TableKeys, check_memory
+from ..herald.options import HeraldOptions
 from ..ops.embedding import EmbeddingLookupOp
 
 
@@ -19,11 +20,13 @@ def bind_dynamic(graph):
     if graph.config.prefetch:
         raise ValueError("dynamic tables: the cache's prefetch is not supported (it would map the next batch's "
                          "keys before the step that admits them)")
-    servers = int(os.environ.get("DMLC_NUM_SERVER", "1")) if graph.config.comm_mode in ("PS", "Hybrid") else 1
+    on_servers = graph.config.comm_mode in ("PS", "Hybrid")
+    servers = int(os.environ.get("DMLC_NUM_SERVER", "1")) if on_servers else 1
+    feeding = [(op, _feeding_loader(op.inputs[1], op.inputs[0])) for op in lookups]
+    _check_memory(graph, feeding, on_servers)
     by_loader = {}
-    for op in lookups:
+    for op, loader in feeding:
         table = op.inputs[0]
-        loader = _feeding_loader(op.inputs[1], table)
         keys = by_loader.get(loader.id)
         if keys is None:
             keys = by_loader[loader.id] = loader.keys = TableKeys(table.dynamic, table.name, servers)
@@ -35,6 +38,22 @@ def bind_dynamic(graph):
         op.dynamic = keys
         keys.tables.setdefault(table.id, table)
     return graph
+
+
+def _check_memory(graph, feeding, on_servers):
+    """The directories (a replica each, two under Herald, whose planner keeps its own) and, where
+    no server holds them, the rows of the dynamic tables fit in this host's memory
+    (hetu.dynamic.check_memory)."""
+    replicas = 1 if HeraldOptions.of_executor(graph.config.extra) is None else 2
+    spaces = {loader.id: op.inputs[0].dynamic for op, loader in feeding}
+    tables = {}
+    for op, _ in feeding:
+        table = op.inputs[0]
+        optimizer = graph.row_stepped.get(table.id)
+        width = table.shape[1]
+        state = optimizer.state_width(width) if optimizer is not None else 0
+        tables[table.id] = (table.name, table.dynamic, 4 * (width + state) + 8)
+    check_memory(list(spaces.values()) * replicas, [] if on_servers else list(tables.values()))
 
 
 def _feeding_loader(ids, table):

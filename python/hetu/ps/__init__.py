@@ -183,6 +183,11 @@ class JobFailed(RuntimeError):
     the scheduler ended the job. The message names the node; where the call was is of no use."""
 
 
+class TableRefused(RuntimeError):
+    """A server refused to create a table: an invalid spec, a table of that name and another
+    shape, or a shard its host has not the memory for. The message says which and why."""
+
+
 class _job_failure:
     """Turns the RuntimeError of an operation into JobFailed when this node's job has failed."""
 
@@ -424,8 +429,13 @@ class Client:
         c = dict(_OPTIM_DEFAULTS, **cfg)
         stream = _ps.name_stream(name) if stream is None else int(stream)
         table = Table(name, rows, width, opt, dense, _shape, storage)
-        table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed), stream=stream,
-                      optimizer=dict(c, kind=OPTIMIZERS[opt]), bsp=bool(bsp), staleness=int(staleness)).wait(timeout)
+        with _job_failure():   # a dead peer stays JobFailed
+            try:
+                table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed),
+                              stream=stream, optimizer=dict(c, kind=OPTIMIZERS[opt]), bsp=bool(bsp),
+                              staleness=int(staleness)).wait(timeout)
+            except RuntimeError as e:
+                raise TableRefused(str(e)) from None
         return table
 
     def init_dense(self, name, shape, init=("constant", 0.0), **kwargs):
