@@ -32,7 +32,9 @@ def run_single(tmp_path, data_home, script, args, global_batch, common=COMMON):
     return dict(np.load(out)), _summary(proc.stdout)
 
 
-def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300, van="zmq", common=COMMON):
+def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, timeout=300, van="zmq", common=COMMON,
+                stderr=False):
+    """(the parameters, the launcher's stdout, its stderr after it if `stderr`)."""
     out = tmp_path / f"cluster-{workers}w{servers}s.npz"
     env = dict(os.environ, HETU_DATA_HOME=data_home, PS_HEARTBEAT_TIMEOUT="20", **THREADS)
     cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(workers), "-s", str(servers), "--van", van,
@@ -40,7 +42,7 @@ def run_cluster(tmp_path, data_home, script, args, workers, servers, batch, time
            "--batch-size", str(batch), "--save-params", str(out)]
     proc = jobs.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return dict(np.load(out)), proc.stdout
+    return dict(np.load(out)), proc.stdout + (proc.stderr if stderr else "")
 
 
 def _record(name, error, row_ratio):

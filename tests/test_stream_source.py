@@ -288,6 +288,92 @@ def test_a_bad_line_names_file_and_line_or_is_skipped_and_counted(tmp_path):
         assert source.bad_lines == 2
 
 
+def test_a_later_file_ends_a_last_line_without_its_newline(tmp_path):
+    """A file's last line without its "\\n" waits until a later file exists, then is read as a
+    line: the samples of the same lines with their newlines, and a position after it resumes at
+    the next file."""
+    rng = np.random.default_rng(8)
+    parts = [clean_criteo(rng, 20), clean_criteo(rng, 1), clean_criteo(rng, 20)]
+    with_newlines = tmp_path / "with"
+    with_newlines.mkdir()
+    for k, data in enumerate(parts):
+        (with_newlines / f"{k}.log").write_bytes(data)
+    with StreamSource(with_newlines, "criteo") as source:
+        want = joined(read_all(source, 41))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "0.log").write_bytes(parts[0][:-1])
+    with StreamSource(logs, "criteo", poll_seconds=0.02) as source:
+        head = read_all(source, 19)
+        assert source.read(1, timeout=0.3) is None   # the last line waits for its end
+        (logs / "1.log").write_bytes(parts[1][:-1])  # a file of one line, without its newline too
+        head += read_all(source, 1)
+        assert head[-1].position == {"file": "0.log", "offset": len(parts[0]) - 1, "line": 20, "samples": 20}
+        (logs / "2.log").write_bytes(parts[2])
+        blocks = head + read_all(source, 21)
+        assert source.read(1, timeout=0.2) is None
+    for got, expected in zip(joined(blocks), want):
+        assert got.tobytes() == expected.tobytes()
+    with StreamSource(logs, "criteo") as resumed:   # after the first file's unended line: the next file
+        resumed.seek(head[-1].position)
+        assert joined(read_all(resumed, 21))[1].tobytes() == want[1][20:].tobytes()
+
+
+def test_a_waiting_reader_says_what_it_waits_for(tmp_path, capfd):
+    """Once after notice_seconds of waiting for the same thing, then after twice as long; only a
+    source that reports prints."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    data = clean_criteo(np.random.default_rng(9), 4)
+    (logs / "a.log").write_bytes(lines_of(data)[0] + lines_of(data)[1] + lines_of(data)[2][:-1])
+    sources = [StreamSource(logs, "criteo", poll_seconds=0.02, notice_seconds=0.3, report=r) for r in (True, False)]
+    for source in sources:
+        read_all(source, 2)
+    time.sleep(1.4)
+    unended = f"the \\n ending the last line of {logs / 'a.log'} (or a file after it, which ends it)"
+    assert all(source.waiting_for == unended for source in sources)
+    err = capfd.readouterr().err
+    assert err.splitlines() == [f"stream: waiting 0.3 s for {unended}", f"stream: waiting 0.6 s for {unended}",
+                                f"stream: waiting 1.2 s for {unended}"], err
+    (logs / "b.log").write_bytes(lines_of(data)[3])
+    for source in sources:
+        read_all(source, 2)
+        deadline = time.monotonic() + WAIT
+        while source.waiting_for != f"{logs / 'b.log'} to grow, or a file after it in {logs}":
+            assert time.monotonic() < deadline, source.waiting_for
+            time.sleep(0.02)
+        source.close()
+
+
+def test_skipped_lines_are_counted_per_file_and_quoted_printably(tmp_path, capfd):
+    """The first few skipped lines are printed, their reason printable and cut; each file's count
+    when the reader leaves it; a source that does not report prints nothing."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = lines_of(clean_criteo(np.random.default_rng(10), 30))
+    binary = b"1\t\x00\x1b[31m\xff" + b"z" * 300 + b"\n"
+    for i in (2, 4, 6, 8, 10, 12):
+        lines[i] = binary if i != 4 else lines[i].replace(b"\t", b"\t\x07" + b"y" * 200, 2)
+    (logs / "a").write_bytes(b"".join(lines[:20]))
+    (logs / "b").write_bytes(b"".join(lines[20:]) + binary)
+    for report in (True, False):
+        with StreamSource(logs, "criteo", skip_bad_lines=True, report=report) as source:
+            read_all(source, 24)
+            assert source.read(1, timeout=0.3) is None
+            assert source.bad_lines == 7 and source.bad_lines_by_file == {"a": 6, "b": 1}
+        err = capfd.readouterr().err
+        if not report:
+            assert err == ""
+            continue
+        lines_out = err.splitlines()
+        skipped = [line for line in lines_out if line.startswith("stream: skipping bad line: ")]
+        assert len(skipped) == 5 and skipped[-1].endswith("(the next are counted, not printed)"), err
+        assert f"stream: skipping bad line: {logs / 'a'}:5: column 2: expected an integer or empty, found '\\x07yyy" in skipped[1], err
+        assert all(line.isprintable() and len(line) < 100 + len(str(logs)) + 80 for line in lines_out), err
+        assert f"stream: {logs / 'a'}: 6 bad lines skipped" in lines_out, err
+        assert not any(line.startswith(f"stream: {logs / 'b'}: ") for line in lines_out), err   # still read
+
+
 def test_seek_continues_exactly_after_a_position(tmp_path):
     logs = tmp_path / "logs"
     rng = np.random.default_rng(5)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import jobs
@@ -154,6 +155,49 @@ def test_a_bad_line_stops_the_job_naming_file_and_line(tmp_path, stream_files):
     assert proc.returncode == 0, proc.stderr.decode()
     assert "; 1 bad lines skipped" in proc.stdout.decode()
     assert _summary(proc.stdout.decode())["iterations"] == PER_FILE // GLOBAL_BATCH
+
+
+def test_a_file_without_its_last_newline_is_ended_by_the_next(tmp_path, data_home, stream_files, single):
+    """Every file's last "\\n" missing: each file's last line is read once the next file is there
+    (the last file's waits, and the end line says so): the model of the files with their newlines."""
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for f in sorted(stream_files.iterdir()):
+        (cut / f.name).write_bytes(f.read_bytes()[:-1])
+    got, summary = run_single(tmp_path, data_home, "run_hetu.py", stream_args(cut, tmp_path), GLOBAL_BATCH,
+                              common=COMMON)
+    reference, expected = single
+    assert summary["iterations"] == expected["iterations"] == TRAINED // GLOBAL_BATCH
+    assert summary["final"]["not_trained"] == SAMPLES - TRAINED - 1   # the last file's last line waits
+    assert sorted(got) == sorted(reference)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_skipped_lines_are_printed_once_per_job_and_counted(tmp_path, data_home, stream_files):
+    """--skip-bad-lines on two workers: worker 0 alone prints the first bad lines (printable) and
+    each file's count; the summary counts them."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    binary = b"1\t\x00\x1b[2J\xff" + b"z" * 500 + b"\n"
+    first, second = sorted(stream_files.iterdir())[:2]
+    lines = first.read_bytes().splitlines(keepends=True)
+    for i in range(10, 80, 10):
+        lines.insert(i, binary)
+    (folder / first.name).write_bytes(b"".join(lines))
+    (folder / second.name).write_bytes(binary + second.read_bytes())
+    _, out = run_cluster(tmp_path, data_home, "run_hetu.py",
+                         [*MODES["PS"], *stream_args(folder, tmp_path), "--skip-bad-lines"], 2, 1,
+                         GLOBAL_BATCH // 2, common=COMMON, stderr=True)
+    skipped = [line for line in out.splitlines() if "stream: skipping bad line: " in line]
+    assert len(skipped) == 5 and all(line.startswith("[worker 0] ") for line in skipped), out[-3000:]
+    assert all(line.isprintable() and len(line) < 250 + len(str(folder)) for line in skipped), skipped
+    assert f"[worker 0] stream: {folder / first.name}: 7 bad lines skipped" in out, out[-3000:]
+    assert "[worker 1] stream:" not in out, out[-3000:]
+    final = _summary(out)["final"]
+    assert final["bad_lines"] == 8 and final["bad_lines_by_file"] == {first.name: 7, second.name: 1}
+    assert final["samples"] + final["not_trained"] == 2 * PER_FILE
+    assert "; 8 bad lines skipped" in out
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -767,6 +767,7 @@ def train_stream(args, herald, options, ctx, dynamic, threads):
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ctx, seed=args.seed,
                            cuda_graph=args.cuda_graph, **options)
     graph, workers = executor.graph, executor.graph.num_workers
+    source.report = graph.rank == 0   # every worker reads the stream: the first says what it skips and waits for
     first = resume(executor, args)
     if first != sought:
         raise SystemExit(f"--resume {args.resume}: the checkpoint changed while the job started (step "
@@ -798,15 +799,17 @@ def train_stream(args, herald, options, ctx, dynamic, threads):
         writer.close()
     trained = (first + steps) * feed.size
     if rank == 0:
-        bad = getattr(source, "bad_lines", 0)
+        bad, waiting = source.bad_lines, source.waiting_for
         print(f"stream: {steps} global batches trained, samples {first * feed.size}-{trained - 1}; "
               f"{feed.pending_samples} samples read after them not trained (an incomplete global batch)" +
-              (f"; {bad} bad lines skipped" if bad else ""), flush=True)
+              (f"; {bad} bad lines skipped" if bad else "") +
+              (f"; the reader was waiting for {waiting}" if waiting else ""), flush=True)
     if args.checkpoint:
         save_checkpoint(executor, args)
     source.close()
     final = {"loss": float(np.mean(losses)) if losses else float("nan"), "samples": steps * feed.size,
-             "not_trained": feed.pending_samples, "windows": windows.rows}
+             "not_trained": feed.pending_samples, "bad_lines": source.bad_lines,
+             "bad_lines_by_file": dict(source.bad_lines_by_file), "windows": windows.rows}
     summary = {"model": args.model, "mode": mode_name(args, herald), "gpu": args.gpu, "device": str(ctx),
                "iterations": steps, "first_step": first, "seconds": elapsed, "counters": executor.counters.totals(),
                **job_rates(steps, elapsed, args.batch_size, workers), "final": final}

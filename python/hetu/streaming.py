@@ -24,6 +24,7 @@ import numpy as np
 
 from . import metrics
 from .dataloader import Dataloader, WorkerSlice
+from .launch import progress
 
 # How long one read of the source waits before the feed looks at its idle clock again.
 POLL_SECONDS = 0.05
@@ -91,16 +92,18 @@ class StreamFeed:
             if self._end is not None and t >= self._end:
                 return False
             quiet_since = time.monotonic()
-            while self._next <= t:
-                wait = POLL_SECONDS if timeout is None else \
-                    min(POLL_SECONDS, max(0.0, quiet_since + timeout - time.monotonic()))
-                block = self.source.read(self.size - self._tail_rows, wait)
-                if block is None or not len(block.labels):
-                    if self._source_ended() or (timeout is not None and time.monotonic() - quiet_since >= timeout):
-                        return False
-                    continue
-                quiet_since = time.monotonic()
-                self._take(block)
+            with progress.waiting("data"):   # no stall for --stall-timeout
+                while self._next <= t:
+                    wait = POLL_SECONDS if timeout is None else \
+                        min(POLL_SECONDS, max(0.0, quiet_since + timeout - time.monotonic()))
+                    block = self.source.read(self.size - self._tail_rows, wait)
+                    if block is None or not len(block.labels):
+                        if self._source_ended() or (timeout is not None and
+                                                    time.monotonic() - quiet_since >= timeout):
+                            return False
+                        continue
+                    quiet_since = time.monotonic()
+                    self._take(block)
             return True
 
     def _source_ended(self):

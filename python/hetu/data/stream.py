@@ -8,10 +8,13 @@ order and followed for new ones, or standard input, parsed and hashed into the s
 
 Directory rules: regular files in name order, each read once from start to end. A file counts
 once it is complete: names starting with "." or ending ".tmp"/".part" are ignored (writers write
-there and rename), and only lines ending in "\\n" are read (an incomplete last line waits). The
-reader follows the newest file while it grows and moves on once a later file exists and the
-current one ends with "\\n". A new file whose name sorts before one already read is an error
-naming both.
+there and rename). The reader follows the newest file while it grows, reading its lines as their
+"\\n" lands (a last line without it waits), and moves on once a later file exists: a later file
+ends the one before it, whose last line is then read as a line even without its "\\n". A new
+file whose name sorts before one already read is an error naming both. A reader that has waited
+``notice_seconds`` for the same thing (a file's last line, a new file, standard input) prints
+one line on stderr saying what, again after twice as long, and so on; ``waiting_for`` says it
+while it waits.
 
 A background thread reads the files, parses and hashes them natively (``hetu._C``, the GIL
 released) and puts blocks of samples in a queue of at most ``max_buffered`` samples: it waits
@@ -20,12 +23,15 @@ while the queue is full, so memory is bounded whatever the log. The native encod
 format's Python definition (stream_formats.py: tabular.parse_chunk, movielens.parse_ratings_chunk,
 or the schema's), which words the errors, as prepare does. A bad line stops the reader with an error naming file and line
 (read() raises it after the samples before it), or, with ``skip_bad_lines``, is skipped and
-counted in ``bad_lines``.
+counted in ``bad_lines`` (``bad_lines_by_file``): the first few are printed, and each file's
+count once the reader leaves it. Messages quote a line printably (other characters escaped, at
+most 100 of them); ``report=False`` (every training worker but the first) prints none.
 
 Formats: ``criteo`` (Kaggle train.txt), ``movielens`` (ratings ``user::item::rating::timestamp``,
 tab separated, or ratings.csv with its header; label rating >= 4; side features from ``users``
 and ``items`` files read at start), ``schema:FILE`` (any delimited log; stream_formats.py).
 """
+import dataclasses
 import os
 import select
 import sys
@@ -44,7 +50,9 @@ STDIN = "-"
 STDIN_NAME = "<stdin>"   # in messages
 IGNORED_SUFFIXES = (".tmp", ".part")
 CHUNK_BYTES = 1 << 20
-MAX_REPORTED_BAD_LINES = 10
+MAX_REPORTED_BAD_LINES = 5
+QUOTED_CHARACTERS = 100    # of a bad line's reason, in messages
+NOTICE_SECONDS = 5.0       # a reader waiting this long for the same thing says so (then at 2x, 4x, ...)
 
 
 @dataclass
@@ -159,7 +167,7 @@ class StreamSource:
     C++ on a background thread into a bounded queue."""
 
     def __init__(self, path, fmt, *, schema=None, users=None, items=None, skip_bad_lines=False,
-                 poll_seconds=0.2, max_buffered=1 << 20):
+                 poll_seconds=0.2, max_buffered=1 << 20, notice_seconds=NOTICE_SECONDS, report=True):
         if schema is not None:
             if fmt not in (None, "schema"):
                 raise ValueError(f"a schema file goes with the schema format, not {fmt!r}")
@@ -168,6 +176,8 @@ class StreamSource:
             raise ValueError(f"max_buffered must be >= 1 sample, got {max_buffered}")
         if poll_seconds <= 0:
             raise ValueError(f"poll_seconds must be > 0, got {poll_seconds}")
+        if notice_seconds <= 0:
+            raise ValueError(f"notice_seconds must be > 0, got {notice_seconds}")
         self.path = path if path == STDIN else Path(path)
         if self.path != STDIN and not self.path.is_dir():
             raise FileNotFoundError(f"stream directory not found: {self.path}")
@@ -177,6 +187,12 @@ class StreamSource:
         self.poll_seconds = float(poll_seconds)
         self.max_buffered = int(max_buffered)
         self.bad_lines = 0
+        self.bad_lines_by_file = {}   # name -> lines skipped
+        # report: whether this source prints its notices (waits, skipped lines): the first
+        # worker's does, where every worker reads the same stream.
+        self.report = bool(report)
+        self.notice_seconds = float(notice_seconds)
+        self.waiting_for = None       # what the reader waits for, while it waits (else None)
         self._queue = _BoundedQueue(self.max_buffered)
         self._start = {"file": None, "offset": 0, "line": 0, "samples": 0}
         self._position = dict(self._start)
@@ -288,15 +304,27 @@ class StreamSource:
             if bad and not self.skip_bad_lines:
                 keep = parsed.line_index < bad[0].line_number - (line + lines + 1)
                 self._put(name, parsed, keep, offset, line + lines, arrival)
-                raise DataFormatError(bad[0].describe() + " (skip and count such lines: skip_bad_lines=True, "
+                raise DataFormatError(quoted(bad[0]) + " (skip and count such lines: skip_bad_lines=True, "
                                       "--skip-bad-lines on the command line)")
             for b in bad:   # counted before the samples after them can be read
                 if self.bad_lines < MAX_REPORTED_BAD_LINES:
-                    print(f"skipping bad line: {b.describe()}", file=sys.stderr)
+                    self._say(f"skipping bad line: {quoted(b)}" +
+                              (" (the next are counted, not printed)" if self.bad_lines + 1 == MAX_REPORTED_BAD_LINES
+                               else ""))
                 self.bad_lines += 1
+                self.bad_lines_by_file[name] = self.bad_lines_by_file.get(name, 0) + 1
             self._put(name, parsed, None, offset, line + lines, arrival)
             start, lines = stop, lines + used
         return lines
+
+    def _say(self, text):
+        if self.report:
+            print(f"stream: {text}", file=sys.stderr, flush=True)
+
+    def _file_done(self, name, where):
+        """The reader leaves file `name`: its count of bad lines, if any."""
+        if self.bad_lines_by_file.get(name):
+            self._say(f"{where}: {self.bad_lines_by_file[name]} bad lines skipped")
 
     def _put(self, name, parsed, keep, offset, line, arrival):
         if keep is not None:
@@ -314,6 +342,38 @@ class _Stopped(Exception):
     """close() was called: the reader thread ends quietly."""
 
 
+def printable(text, limit=QUOTED_CHARACTERS):
+    """`text` with every character that does not print escaped (\\x00, \\u200b), cut to `limit`."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def quoted(bad):
+    """A BadLine's description for a message: its reason printable and cut (the data may be binary)."""
+    return dataclasses.replace(bad, reason=printable(bad.reason)).describe()
+
+
+class _Notice:
+    """What a reader waits for: one line after `source.notice_seconds` of waiting for the same
+    thing, then after twice as long, and so on; anything read starts afresh."""
+
+    def __init__(self, source):
+        self.source, self.what = source, None
+
+    def waiting(self, what):
+        now = time.monotonic()
+        if what != self.what:
+            self.what, self.since, self.due = what, now, now + self.source.notice_seconds
+            self.source.waiting_for = what
+        elif now >= self.due:
+            waited = self.due - self.since
+            self.source._say(f"waiting {waited:g} s for {what}")
+            self.due = self.since + 2 * waited
+
+    def done(self):
+        self.what = self.source.waiting_for = None
+
+
 class _DirectoryReader:
     """Follows DIR: lists it every poll, reads its complete files in name order."""
 
@@ -324,6 +384,7 @@ class _DirectoryReader:
         self.last_listing = 0.0
         start = source._start
         self.skip_before = start["file"]
+        self.notice = _Notice(source)
 
     def eligible(self, entry):
         name = entry.name
@@ -360,7 +421,8 @@ class _DirectoryReader:
         self.list()
         return any(other > name for other in self.found)
 
-    def wait(self):
+    def wait(self, what):
+        self.notice.waiting(what)
         if self.source._stop.wait(self.source.poll_seconds):
             raise _Stopped()
 
@@ -369,16 +431,20 @@ class _DirectoryReader:
         while True:
             name = self.next_file()
             if name is None:
-                self.wait()
+                after = self.current or self.skip_before
+                self.wait(f"a file in {self.dir}" + (f" after {after}" if after else ""))
                 self.list()
                 continue
             start = self.source._start
             resume = start["file"] == name
             self.current = name
+            self.notice.done()
             self.read_file(name, start["offset"] if resume else 0, start["line"] if resume else 0)
+            self.source._file_done(name, str(self.dir / name))
 
     def read_file(self, name, offset, line):
-        """Reads ``name`` from ``offset`` until a later file exists and every line of it is read."""
+        """Reads ``name`` from ``offset`` until a later file exists and every byte of it is read:
+        a later file ends this one, whose last line then counts without its "\\n"."""
         source, path = self.source, self.dir / name
         growth = [(os.stat(path).st_size, self.found[name])]  # (size, time it was seen)
 
@@ -387,41 +453,54 @@ class _DirectoryReader:
             times = np.array([t for _, t in growth], dtype=np.float64)
             return times[np.minimum(np.searchsorted(sizes, offsets), len(times) - 1)]
 
+        def emit(text, offset, line, final=False):
+            if offset + len(text) > growth[-1][0]:
+                growth.append((os.fstat(f.fileno()).st_size, time.time()))
+            return source._emit(name, str(path), text, offset, line, arrival, final)
+
+        unended = f"the \\n ending the last line of {path} (or a file after it, which ends it)"
         with open(path, "rb") as f:
             first = f.readline()
             while not first.endswith(b"\n"):   # the header or first line decides the layout
-                if not first and self.later_file_exists(name):
-                    return   # an empty file
-                self.wait()
-                self.list()
+                ended = self.later_file_exists(name)
                 f.seek(0)
                 first = f.readline()
+                if ended or first.endswith(b"\n"):
+                    break   # a later file ends this one: its first line is all there is
+                self.wait(unended if first else f"{path} to get a line (or a file after it)")
+            if not first:
+                return   # an empty file, ended by a later one
+            self.notice.done()
             header = source.format.begin_file(first.decode("utf-8", errors="replace"), str(path))
             if offset == 0 and header:
                 offset, line = len(first), 1
             f.seek(offset)
             carry = b""
+            ended = False   # a later file exists: what this one holds now is all it will hold
             while True:
                 if time.time() - self.last_listing >= source.poll_seconds:
                     self.list()
                 block = f.read(CHUNK_BYTES)
                 if block:
+                    self.notice.done()
                     data = carry + block
                     cut = data.rfind(b"\n")
                     if cut < 0:
                         carry = data
                         continue
                     text, carry = data[:cut + 1], data[cut + 1:]
-                    size = offset + len(text)
-                    if size > growth[-1][0]:
-                        growth.append((os.fstat(f.fileno()).st_size, time.time()))
-                    line += source._emit(name, str(path), text, offset, line, arrival)
+                    line += emit(text, offset, line)
                     offset += len(text)
                     continue
-                # at the end of what is there: move on once a later file exists and no line waits
-                if not carry and self.later_file_exists(name):
+                if ended:   # every byte read: the last line without its "\n" is a line
+                    if carry:
+                        emit(carry, offset, line, final=True)
                     return
-                self.wait()
+                # at the end of what is there: once a later file exists, read what is left once more
+                if self.later_file_exists(name):
+                    ended = True
+                    continue
+                self.wait(unended if carry else f"{path} to grow, or a file after it in {self.dir}")
                 size = os.fstat(f.fileno()).st_size
                 if size > growth[-1][0]:
                     growth.append((size, time.time()))
@@ -433,6 +512,7 @@ class _StdinReader:
     def __init__(self, source):
         self.source = source
         self.fd = sys.stdin.fileno()
+        self.notice = _Notice(source)
 
     def read(self):
         """The next bytes of stdin (b"" at its end), polling so that close() is seen."""
@@ -441,7 +521,9 @@ class _StdinReader:
             if self.source._stop.is_set():
                 raise _Stopped()
             if ready:
+                self.notice.done()
                 return os.read(self.fd, CHUNK_BYTES)
+            self.notice.waiting(f"more of {STDIN_NAME}")
 
     def run(self):
         source = self.source
@@ -480,4 +562,5 @@ class _StdinReader:
         if carry:
             now = time.time()
             source._emit(STDIN, STDIN_NAME, carry, offset, line, lambda o: np.full(len(o), now), final=True)
+        source._file_done(STDIN, STDIN_NAME)
         source._queue.finish("ended")
