@@ -1,6 +1,7 @@
 """One job saves into a --checkpoint folder at a time (docs/design.md section 5): worker 0 holds
 an exclusive lock beside the folder for the job's life, and a second job is refused in one line
-naming the folder and the holder; the lock goes with its process, however it ends."""
+naming the folder and the holder (after waiting checkpoint.HOLD_WAIT_S for a holder that may be
+ending); the lock goes with its process, however it ends."""
 import os
 import signal
 import socket
@@ -34,15 +35,27 @@ def test_a_lock_held_by_another_process_is_refused_and_goes_with_it(tmp_path):
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(checkpoint.FolderHeld, match=f"another job is saving checkpoints into this folder "
                                                         f"\\(pid {holder.pid} on {socket.gethostname()}, since "):
-            checkpoint.hold(str(ckpt))
+            checkpoint.hold(str(ckpt), wait=0.5)
         holder.stop(signal.SIGKILL)
         holder.wait()
-    checkpoint.hold(str(ckpt))   # the kernel released the killed holder's lock
+    checkpoint.hold(str(ckpt), wait=0)   # the kernel released the killed holder's lock
     try:
         assert open(checkpoint.lock_path(str(ckpt))).read().split()[:2] == [str(os.getpid()), socket.gethostname()]
         checkpoint.hold(str(ckpt))   # this process holds it already
     finally:
         checkpoint.release(str(ckpt))
+
+
+def test_a_holder_that_ends_within_the_wait_hands_the_lock_over(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    code = f"from hetu import checkpoint; import time; checkpoint.hold({str(ckpt)!r}); print('held', flush=True); " \
+           f"time.sleep(1)"
+    with jobs.Job([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout.readline() == "held\n"
+        started = time.monotonic()
+        checkpoint.hold(str(ckpt), wait=30)
+        assert holder.poll() is not None and time.monotonic() - started < 10
+    checkpoint.release(str(ckpt))
 
 
 @pytest.mark.timeout(300)

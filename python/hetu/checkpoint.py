@@ -219,6 +219,7 @@ class FolderHeld(RuntimeError):
 
 
 _held = {}   # lock file path -> its open file, for the life of the process
+HOLD_WAIT_S = 15.0   # how long hold() waits for a holder that may be ending: the launcher's --kill-grace, and more
 
 
 def lock_path(directory):
@@ -228,16 +229,29 @@ def lock_path(directory):
     return os.path.join(parent, f".{name}.lock")
 
 
-def hold(directory):
+def _lock(fd, wait):
+    """flock(LOCK_EX) on `fd` within `wait` seconds; BlockingIOError after."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
+def hold(directory, wait=HOLD_WAIT_S):
     """Takes an exclusive lock (flock) on the checkpoint folder `directory` for the life of this
-    process: the kernel releases it when the process ends, however it ends. Raises FolderHeld,
-    naming the holder's pid and host, when another process holds it."""
+    process: the kernel releases it when the process ends, however it ends. A holder may still be
+    ending (a job just killed: its launcher gives its processes --kill-grace seconds): after
+    `wait` seconds raises FolderHeld, naming the holder's pid and host."""
     path = lock_path(directory)
     if path in _held:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _lock(fd, wait)
     except BlockingIOError:
         with os.fdopen(fd, "r") as f:
             holder = f.read().split()
