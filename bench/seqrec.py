@@ -54,8 +54,8 @@ def parse():
     p.add_argument("--workers", type=int, nargs="+", default=[2], help="rows: worker counts")
     p.add_argument("--iters", type=int, default=20, help="rows: iterations a run")
     p.add_argument("--cache-ratio", type=float, default=0.1, help="rows: HET's and Herald's cache, a share of the rows")
-    p.add_argument("--kinds", nargs="+", default=["uniform"], choices=("uniform", "shared"),
-                   help="rows: negatives per position (uniform) or per global batch (shared)")
+    p.add_argument("--kinds", nargs="+", default=["uniform"], choices=("uniform", "shared", "in-batch"),
+                   help="rows: negatives per position (uniform), per global batch (shared), or per position from the global batch's targets (in-batch)")
     return p.parse_args()
 
 

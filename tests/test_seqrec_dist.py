@@ -7,6 +7,7 @@ its targets and its negatives (each global batch submitted with the ids its load
 import pytest
 
 from dist_harness import assert_same_parameters, run_cluster, run_single
+from hetu.data.sequences import generate_synthetic_sequences
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -28,6 +29,32 @@ CASES = {"sasrec-Herald-w2s1": ("sasrec_synthetic", HERALD, 2, 1, "run_laia.py")
          "sasrec-inbatch-Herald-w2s2": ("sasrec_synthetic --negatives in-batch", HERALD, 2, 2, "run_laia.py"),
          "hstu-inbatch-PS-w4s1": ("hstu_synthetic --negatives in-batch", ["--comm", "PS"], 4, 1)}
 GLOBAL_BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def hashed_histories(tmp_path_factory):
+    """A synthetic sequences folder whose histories hold the items' hashed keys."""
+    return generate_synthetic_sequences(tmp_path_factory.mktemp("hashed") / "seq", users=400, items=1500, ids="hashed")
+
+
+# Hashed item ids on a dynamic table (keys admitted at their second read): (model, mode flags,
+# workers, servers[, script]).
+DYNAMIC = ["--table-capacity", "3000", "--admit-after", "2"]
+HASHED_CASES = {"sasrec-hashed-Herald-w2s2": ("sasrec", HERALD, 2, 2, "run_laia.py"),
+                "hstu-hashed-inbatch-PS-w2s1": ("hstu --negatives in-batch", ["--comm", "PS"], 2, 1),
+                "sasrec-hashed-HET-w4s2": ("sasrec", HET, 4, 2)}
+
+
+@pytest.mark.parametrize("case", sorted(HASHED_CASES))
+def test_hashed_items_on_a_dynamic_table_equal_the_single_process(tmp_path, data_home, hashed_histories, case):
+    model, flags, workers, servers, *script = HASHED_CASES[case]
+    args = ["--model", *model.split(), "--data-dir", str(hashed_histories), *DYNAMIC]
+    reference, single = run_single(tmp_path, data_home, "run_hetu.py", args, GLOBAL_BATCH, common=COMMON)
+    got, log = run_cluster(tmp_path, data_home, *(script or ["run_hetu.py"]), [*flags, "--bsp", "0", *args], workers,
+                           servers, GLOBAL_BATCH // workers, common=COMMON)
+    keys = reference["item_embedding:keys"]
+    assert len(keys) > 100 and (keys < 0).any(), "a hashed table holds negative keys too"
+    assert_same_parameters(reference, got, exact_rows=False)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

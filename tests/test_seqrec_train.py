@@ -12,6 +12,7 @@ import pytest
 
 import jobs
 from dist_harness import assert_same_parameters, run_cluster, run_single
+from hetu.data.sequences import generate_synthetic_sequences
 from conftest import REPO
 
 RUN = [sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress", "--embedding-size", "16",
@@ -35,13 +36,20 @@ def test_training_with_validation_prints_ranking_metrics(data_home):
     assert summary["hr@10"] <= summary["hr@50"] <= summary["hr@200"] and summary["hr@200"] > 0
 
 
-@pytest.mark.parametrize("flag", [["--save-predictions", "p.npy", "--val"], ["--table-capacity", "1000"], ["--stream", "logs"],
+@pytest.mark.parametrize("flag", [["--save-predictions", "p.npy", "--val"], ["--rows", "1000"], ["--stream", "logs"],
                                   ["--dropout", "1.5"], ["--heads", "3"]])
 def test_what_the_sequential_models_do_not_take_is_refused(data_home, tmp_path, flag):
     proc = run(data_home, "--model", "sasrec_synthetic", *flag)
     assert proc.returncode != 0
     last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
     assert flag[0] in last and "Traceback" not in proc.stderr, last
+
+
+def test_hashed_items_need_a_dynamic_table(data_home, tmp_path):
+    folder = generate_synthetic_sequences(tmp_path / "hashed", users=100, items=300, ids="hashed")
+    proc = run(data_home, "--model", "sasrec", "--data-dir", str(folder))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "hashed item ids" in proc.stderr and "--table-capacity" in proc.stderr, proc.stderr
 
 
 def assert_identical(a, b):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hetu.data import cache, load_dataset, sequences
+from hetu.data.keys import hash_ids, hash_values
 from hetu.data.prepare import main as prepare_main
 from hetu.data.sequences import (SequenceData, draw_negatives, generate_synthetic_sequences, in_batch_negatives,
                                  load_sequences, prepare_movielens_sequences, shared_negatives)
@@ -140,6 +141,26 @@ def test_the_command_line(tmp_path, capsys):
     assert prepare_main(["synthetic-sequences", "--users", "30", "--items", "200", "--max-length", "10",
                          "--output", str(tmp_path / "syn"), "--quiet"]) == 0
     assert load_dataset(tmp_path / "syn").train.items.shape == (30, 11)
+
+
+def test_hashed_ids_hold_each_items_key_in_place_of_its_index(tmp_path, capsys):
+    source = write_ratings(tmp_path / "u.data", RATINGS)
+    indexed = load_sequences(prepare(tmp_path, 2))
+    assert prepare_main(["movielens", "--sequences", "--max-length", "2", "--ids", "hashed", "--input", str(source),
+                         "--output", str(tmp_path / "hashed"), "--quiet"]) == 0
+    hashed = load_dataset(tmp_path / "hashed")
+    assert hashed.meta.ids == "hashed" and indexed.item_keys is None
+    keys = hash_values(0, [str(int(i)) for i in indexed.item_ids])
+    assert hashed.item_keys.tolist() == keys.tolist() and hashed.item_ids.tolist() == indexed.item_ids.tolist()
+    for name in ("train_items", "val_items", "val_target"):
+        want = np.load(indexed.path / f"{name}.npy")
+        got = np.load(hashed.path / f"{name}.npy")
+        assert got.tolist() == np.where(want >= 0, keys[np.maximum(want, 0)], -1).tolist(), name
+        assert hashed.catalog_index(got).tolist() == want.tolist(), name
+    synthetic = load_sequences(generate_synthetic_sequences(tmp_path / "s", users=50, items=400, ids="hashed"))
+    plain = load_sequences(generate_synthetic_sequences(tmp_path / "p", users=50, items=400))
+    assert synthetic.item_keys.tolist() == hash_ids(0, plain.item_ids).tolist()
+    assert synthetic.catalog_index(synthetic.train.items).tolist() == plain.train.items.tolist()
 
 
 def test_bad_folders_are_named(tmp_path):
@@ -298,19 +319,18 @@ def test_negatives_are_the_samples_whatever_the_batch_and_threads():
 
 def test_in_batch_negatives_are_the_global_batchs_targets_whoever_draws_them():
     rng = np.random.default_rng(2)
-    targets = rng.choice(np.r_[-1, rng.integers(0, 10**12, 30)], size=(16, 12))   # ids of a large catalog
+    keys = rng.integers(-2**63, 2**63 - 1, 30)   # hashed ids: any int64 but -1
+    targets = rng.choice(np.r_[-1, keys[keys != -1]], size=(16, 12))
     rows = rng.permutation(1000)[:16]
-    whole = in_batch_negatives(5, 9, rows, targets, targets, 8)
-    pool = np.unique(targets[targets >= 0])
-    assert ((whole == -1) == (targets == -1)[:, :, None]).all()
-    assert np.isin(whole[whole >= 0], pool).all() and len(np.unique(whole[whole >= 0])) > len(pool) // 2
+    drawn, pool = in_batch_negatives(5, 9, rows, targets, targets, 8)
+    assert (pool == np.unique(targets[targets != -1])).all()
+    assert ((drawn == -1) == (targets == -1)[:, :, None]).all()
+    assert drawn.max() < len(pool) and len(np.unique(drawn[drawn >= 0])) > len(pool) // 2
     # A worker's half of the batch draws what the whole batch draws for those samples.
-    half = in_batch_negatives(5, 9, rows[8:], targets[8:], targets, 8)
-    assert (half == whole[8:]).all()
-    # Exactly draw_negatives' numbers over the sorted pool.
-    assert (whole == np.where(whole >= 0, pool[np.maximum(draw_negatives(5, 9, rows, targets, 8, len(pool)), 0)],
-                              -1)).all()
-    assert (in_batch_negatives(5, 9, rows, targets, np.full((2, 2), -1), 8) == -1).all()
+    half, same = in_batch_negatives(5, 9, rows[8:], targets[8:], targets, 8)
+    assert (half == drawn[8:]).all() and (same == pool).all()
+    assert (drawn == draw_negatives(5, 9, rows, targets, 8, len(pool))).all()
+    assert len(in_batch_negatives(5, 9, rows, targets, np.full((2, 2), -1), 8)[1]) == 0
 
 
 def test_negatives_are_uniform():

@@ -634,7 +634,7 @@ def train(argv, herald):
     ctx = device_of(args)
     dynamic = dynamic_table(args)
     if args.model in SEQUENTIAL:
-        return train_sequences.train(args, herald, options, ctx, threads)
+        return train_sequences.train(args, herald, options, ctx, threads, dynamic)
     if args.stream:
         return train_stream(args, herald, options, ctx, dynamic, threads)
     data = load(args)

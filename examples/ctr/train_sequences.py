@@ -17,14 +17,15 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
-from hetu.data.sequences import distinct_candidates, draw_negatives, in_batch_negatives, shared_negatives
+from hetu.data.sequences import PADDING, distinct_candidates, draw_negatives, in_batch_negatives, shared_negatives
+from hetu.dynamic import by_key
 
 from models.sequential import SequenceConfig, build
 
 RANKS = (10, 50, 200)
 NEGATIVES = ("uniform", "shared", "in-batch")
 # Flags of the CTR driver that the sequential models do not take yet: refused, never dropped.
-NOT_YET = ("save_predictions", "rows", "scale", "tensorboard", "table_capacity")
+NOT_YET = ("save_predictions", "rows", "scale", "tensorboard")
 # What a resumed run must share with the run that wrote its checkpoint besides train.RESUME_FLAGS:
 # the model's sizes and its loss (they change what a step computes).
 RESUME_FLAGS = ("num_negatives", "negatives", "blocks", "heads", "dropout", "temperature")
@@ -75,8 +76,9 @@ class TrainingColumns:
     The negatives are drawn once per batch for both (each loader asks from its own thread).
     In-batch negatives read the global batch's targets through `loader` (set by make_inputs)."""
 
-    def __init__(self, config, seed):
+    def __init__(self, config, seed, item_keys=None):
         self.config, self.seed = config, seed
+        self.item_keys = item_keys   # hashed ids: each item index's key
         self.loader = None
         self._drawn = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -91,22 +93,32 @@ class TrainingColumns:
         with self._lock:
             drawn = self._drawn.get(key)
         if drawn is None:
-            c = self.config
-            targets = batch[:, 1:c.max_length + 1]
-            if c.negatives == "shared":
-                shared = shared_negatives(self.seed, step, c.num_negatives, c.num_items)
-                negatives = np.where((targets >= 0)[..., None], shared, -1)
-            elif c.negatives == "in-batch":
-                negatives = in_batch_negatives(self.seed, step, rows, targets, self._batch_targets(step),
-                                               c.num_negatives)
-            else:
-                negatives = draw_negatives(self.seed, step, rows, targets, c.num_negatives, c.num_items)
-            drawn = distinct_candidates(negatives, c.num_items, c.candidates)
+            drawn = self._draw(step, rows, batch)
             with self._lock:
                 self._drawn[key] = drawn
                 while len(self._drawn) > 8:
                     self._drawn.popitem(last=False)
         return drawn
+
+    def _draw(self, step, rows, batch):
+        """(each sample's distinct candidates as ids, the negatives' index into them): drawn as
+        indices into a catalog (the items, or in-batch the global batch's targets), mapped to ids."""
+        c = self.config
+        targets = batch[:, 1:c.max_length + 1]
+        catalog, size = self.item_keys, c.num_items
+        if c.negatives == "in-batch":
+            drawn, catalog = in_batch_negatives(self.seed, step, rows, targets, self._batch_targets(step),
+                                                c.num_negatives)
+            size = max(len(catalog), 1)
+        elif c.negatives == "shared":
+            shared = shared_negatives(self.seed, step, c.num_negatives, c.num_items)
+            drawn = np.where((targets != PADDING)[..., None], shared, PADDING)
+        else:
+            drawn = draw_negatives(self.seed, step, rows, targets, c.num_negatives, c.num_items)
+        candidates, index = distinct_candidates(drawn, size, c.candidates)
+        if catalog is not None:
+            candidates = np.where(candidates != PADDING, catalog[np.maximum(candidates, 0)], PADDING)
+        return candidates, index
 
     def ids(self, step, rows, batch):
         candidates, _ = self._negatives(step, rows, batch)
@@ -152,7 +164,7 @@ def make_inputs(data, config, args, hstu):
         # Training reads the users in a seeded order, anew each epoch (the same in every mode).
         return ht.Dataloader(array, b, name, drop_last=name == "train", shuffle=name == "train", seed=args.seed,
                              columns=columns)
-    training = TrainingColumns(config, args.seed)
+    training = TrainingColumns(config, args.seed, data.item_keys)
     training.loader = loader(data.train.items, "train", training.ids)
     ids = ht.dataloader_op([training.loader, loader(data.val.items, "validate", validation_ids(config))])
     negatives = ht.dataloader_op([loader(data.train.items, "train", training.index),
@@ -192,11 +204,28 @@ def gather(comm, array):
     return comm.allgather_array(array) if comm is not None and comm.size > 1 else array
 
 
+def catalog_rows(executor, data, graph):
+    """The item table's rows in catalog order (item_ids.npy's): a dynamic table's rows of each
+    item's key (or index), zeros for one that holds no row."""
+    params = executor.parameters()
+    if not executor.graph.dynamic_keys:
+        return params[graph.item_table.name]
+    rows = by_key(params, executor.graph.dynamic_keys)
+    resident, trained = rows[f"{graph.item_table.name}:keys"], rows[graph.item_table.name]
+    catalog = data.item_keys if data.item_keys is not None else np.arange(data.meta.num_items, dtype=np.int64)
+    table = np.zeros((len(catalog), trained.shape[1]), np.float32)
+    if len(resident):
+        at = np.minimum(np.searchsorted(resident, catalog), len(resident) - 1)
+        held = resident[at] == catalog
+        table[held] = trained[at[held]]
+    return table
+
+
 def validate(executor, data, graph, ids, progress):
     """Full-corpus HR@K and NDCG@K over every user's held-out item: this worker's users ranked
     against the whole item table, the per-user results gathered over the workers."""
     executor.flush()
-    table = executor.parameters()[graph.item_table.name].astype(np.float32)
+    table = catalog_rows(executor, data, graph).astype(np.float32)
     table /= np.maximum(np.linalg.norm(table, axis=1, keepdims=True), 1e-6)
     loader = ids.loader("validate")
     hits, ndcg = [], []
@@ -204,8 +233,8 @@ def validate(executor, data, graph, ids, progress):
     for _ in tqdm(range(steps), desc="validate", disable=progress != "bar", leave=False, file=sys.stdout):
         rows = np.asarray(loader.indices(loader.position), np.int64)
         user = executor.run("validate", convert_to_numpy_ret_vals=True)[0]
-        h, n = ht.metrics.ranking_hits(user, table, np.asarray(data.val.target[rows]),
-                                       np.asarray(data.val.items[rows]), RANKS)
+        h, n = ht.metrics.ranking_hits(user, table, data.catalog_index(data.val.target[rows]),
+                                       data.catalog_index(data.val.items[rows]), RANKS)
         hits.append(h)
         ndcg.append(n)
     comm = executor.graph.comm
@@ -219,7 +248,7 @@ def ranking_text(metrics):
     return " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith(("hr@", "ndcg@")))
 
 
-def train(args, herald, options, ctx, threads):
+def train(args, herald, options, ctx, threads, dynamic=None):
     """The run of a sequential --model; returns its summary (train.report_end prints it)."""
     import train as driver   # the CTR driver's shared pieces (it imports this module lazily)
     if args.stream:
@@ -229,11 +258,13 @@ def train(args, herald, options, ctx, threads):
             raise SystemExit(f"--model {args.model}: --{flag.replace('_', '-')} is not supported for the sequential "
                              f"models yet")
     data, name = load(args)
+    if data.item_keys is not None and dynamic is None:
+        raise SystemExit(f"{name} holds hashed item ids: train it on a dynamic table (--table-capacity ROWS)")
     args.sequence_data = str(data.path)
     config = config_of(args, data.meta)
     kind = SEQUENTIAL[args.model][0]
     ids, negatives, times = make_inputs(data, config, args, hstu=kind == "hstu")
-    graph = build(kind, ids, negatives, times, config, optimizer_of(args))
+    graph = build(kind, ids, negatives, times, config, optimizer_of(args), dynamic)
     executor = ht.Executor({"train": [graph.loss, graph.train_op], "validate": [graph.user]}, ctx=ctx,
                            seed=args.seed, **options)
     per_epoch, workers, total = driver.schedule(

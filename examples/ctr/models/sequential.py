@@ -129,8 +129,8 @@ def build(kind, ids, negatives, times, config, optimizer, dynamic=None):
     return SequenceGraph(loss, train_op, ht.last_valid_op(user, ids, config.max_length), table.embedding_table)
 
 
-def serving(kind, history, times, config):
+def serving(kind, history, times, config, dynamic=None):
     """(the user vector [batch, d] each history [batch, L] ends with, the item table): the forward
     that export writes to ONNX, with the parameters' names of training's graph."""
-    table, _, user = user_vectors(kind, history, times, config, config.max_length)
+    table, _, user = user_vectors(kind, history, times, config, config.max_length, dynamic)
     return ht.last_valid_op(user, history, config.max_length), table.embedding_table

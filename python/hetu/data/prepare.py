@@ -21,7 +21,9 @@ so the distinct keys grow without bound with the rows.
 
 movielens --sequences writes user histories for sequential models (hetu.data.sequences: each
 user's items in time order, the last one held out) instead of rating rows; it takes no side
-files, shuffle or hashed ids (--label, --threshold and --val-fraction do not apply).
+files or shuffle (--label, --threshold and --val-fraction do not apply); with --ids hashed the
+histories hold the items' keys (for a sequential model on a dynamic table), as
+synthetic-sequences --ids hashed does.
 
 Exit status: 0 on success, 2 for bad input (malformed line, missing file, existing output).
 """
@@ -113,6 +115,7 @@ def build_parser():
         histories.add_argument("--" + name.replace("_", "-"), type=float, default=SEQUENCE_DEFAULTS[name])
     histories.add_argument("--force", action="store_true")
     histories.add_argument("--quiet", action="store_true")
+    add_ids(histories)
     synthetic = subparsers.add_parser("synthetic", help="generate a synthetic dataset")
     synthetic.add_argument("--output", required=True)
     synthetic.add_argument("--shape", choices=sorted(SHAPES), default="criteo")
@@ -169,7 +172,8 @@ def run(args):
     if args.command == "synthetic-sequences":
         return generate_synthetic_sequences(
             args.output, overwrite=args.force, progress=progress,
-            **{name: getattr(args, name) for name in ("users", "items", "mean_length", "max_length", "zipf", "seed")})
+            **{name: getattr(args, name) for name in ("users", "items", "mean_length", "max_length", "zipf", "seed",
+                                                      "ids")})
     if args.command == "movielens":
         # prepare_movielens refuses a seed given with --time-order
         shuffle_seed = args.shuffle_seed if args.shuffle_seed is not None \
@@ -195,13 +199,11 @@ def movielens_sequences(args, progress):
         raise ValueError("--max-length is the length of the histories of --sequences")
     given = [flag for flag, value in (("--users", args.users), ("--items", args.items),
                                       ("--shuffle-seed", args.shuffle_seed)) if value is not None]
-    given += ["--ids hashed"] if args.ids == "hashed" else []
     if given:
-        raise ValueError(f"{', '.join(given)} do not apply to --sequences (histories of indexed items, "
-                         f"in time order)")
+        raise ValueError(f"{', '.join(given)} do not apply to --sequences (histories in time order)")
     max_length = DEFAULT_MAX_LENGTH if args.max_length is None else args.max_length
     return prepare_movielens_sequences(args.input, args.output, max_length, skip_bad_lines=args.skip_bad_lines,
-                                       overwrite=args.force, progress=progress)
+                                       overwrite=args.force, progress=progress, ids=args.ids)
 
 
 def main(argv=None):

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from . import store
+from .keys import HASH_NAME, ID_KINDS, check_ids, hash_ids, hash_values
 from .movielens import iter_ratings
 from .textio import BadLineTracker, DataFormatError
 
@@ -71,6 +72,7 @@ def _files(max_length):
 
 
 ITEM_IDS_FILE = "item_ids.npy"   # [I]: raw id of each item index
+ITEM_KEYS_FILE = "item_keys.npy"  # [I], hashed ids only: the key of each item index (hetu.data.keys, field 0)
 
 
 # --- reading a folder -----------------------------------------------------------------------------
@@ -118,19 +120,34 @@ class SequenceData:
         self.meta = read_sequence_meta(self.path)
         arrays = {}
         expected = _files(self.meta.max_length)
-        expected[ITEM_IDS_FILE] = ((), None)
+        catalog_files = (ITEM_IDS_FILE,) + ((ITEM_KEYS_FILE,) if self.meta.ids == "hashed" else ())
+        for name in catalog_files:
+            expected[name] = ((), None)
         for name, (shape, _) in expected.items():
-            rows = self.meta.num_items if name == ITEM_IDS_FILE else self.meta.num_users
+            rows = self.meta.num_items if name in catalog_files else self.meta.num_users
             arrays[name] = _load_checked(self.path / name, (rows,) + shape, mmap)
         self.user_ids, self.item_ids = arrays["user_ids.npy"], arrays[ITEM_IDS_FILE]
+        # The items' keys in index order (hashed ids), or None: the histories hold the indices.
+        self.item_keys = np.asarray(arrays[ITEM_KEYS_FILE]) if self.meta.ids == "hashed" else None
+        self._key_order = None if self.item_keys is None else np.argsort(self.item_keys, kind="stable")
         self.train = SequenceTrain(arrays["train_items.npy"], arrays["train_times.npy"])
         self.val = SequenceVal(arrays["val_items.npy"], arrays["val_times.npy"], arrays["val_target.npy"],
                                arrays["val_target_time.npy"])
         target = np.asarray(self.val.target)
-        bad = np.flatnonzero((target < 0) | (target >= self.meta.num_items))
+        bad = np.flatnonzero(target == PADDING if self.item_keys is not None else
+                             (target < 0) | (target >= self.meta.num_items))
         if len(bad):
             raise ValueError(f"{self.path}/val_target.npy, row {bad[0]}: {target[bad[0]]} is not an item "
                              f"(meta.json: num_items {self.meta.num_items})")
+
+    def catalog_index(self, items):
+        """The catalog index (item_ids.npy's order) of each history entry (a key or an index); -1
+        stays -1."""
+        items = np.asarray(items, np.int64)
+        if self.item_keys is None:
+            return items
+        at = np.minimum(np.searchsorted(self.item_keys, items, sorter=self._key_order), len(self.item_keys) - 1)
+        return np.where(items == PADDING, PADDING, self._key_order[at])
 
     def __repr__(self):
         m = self.meta
@@ -170,8 +187,8 @@ def read_sequence_meta(path):
             raise ValueError(f"{where}: {key} must be an integer of at least {least}, found {value!r}")
         numbers[key] = value
     ids = raw.get("ids", "indexed")
-    if ids != "indexed":
-        raise ValueError(f"{where}: ids {ids!r}; sequences hold indexed items only")
+    if ids not in ID_KINDS:
+        raise ValueError(f"{where}: ids {ids!r}, not one of {', '.join(ID_KINDS)}")
     return SequenceMeta(name=raw.get("name", KIND), num_interactions=int(raw.get("num_interactions", 0)),
                         source=raw.get("source", {}), info=raw, ids=ids, **numbers)
 
@@ -223,10 +240,14 @@ def _windows(values, starts, stops, width, padding):
 
 
 def write_sequences(out_dir, offsets, items, times, num_items, max_length, *, user_ids, item_ids, name, source,
-                    overwrite=False, **extra):
+                    overwrite=False, item_keys=None, **extra):
     """Write a sequences folder from histories: user u's items (indexed) and timestamps are
-    items[offsets[u]:offsets[u + 1]] and times[...], in time order, at least MIN_ITEMS each."""
+    items[offsets[u]:offsets[u + 1]] and times[...], in time order, at least MIN_ITEMS each.
+    With `item_keys` (each index's key: hashed ids) the histories hold the keys instead."""
     L = int(max_length)
+    if item_keys is not None:
+        item_keys = np.asarray(item_keys, np.int64)
+        items = item_keys[np.asarray(items, np.int64)]
     if L < 1:
         raise ValueError(f"max_length must be at least 1, got {max_length}")
     offsets = np.asarray(offsets, np.int64)
@@ -257,10 +278,15 @@ def write_sequences(out_dir, offsets, items, times, num_items, max_length, *, us
         described = {f: f"int64 [U{', ' + str(shape[0]) if shape else ''}]: {text}"
                      for f, (shape, text) in files.items()}
         described[ITEM_IDS_FILE] = "int64 [I]: raw id of each item index"
+        hashed = {}
+        if item_keys is not None:
+            np.save(tmp / ITEM_KEYS_FILE, item_keys)
+            described[ITEM_KEYS_FILE] = "int64 [I]: key of each item index; the histories hold these keys"
+            hashed = {"hashing": HASH_NAME, "field_names": ["item"]}
         store.write_meta(tmp, {
             "kind": KIND, "name": name, "format_version": store.FORMAT_VERSION, "max_length": L,
             "num_items": int(num_items), "num_users": int(num_users), "num_interactions": int(offsets[-1]),
-            "ids": "indexed", "timestamps": True, "padding": PADDING, "min_items_per_user": MIN_ITEMS,
+            "ids": "indexed" if item_keys is None else "hashed", **hashed, "timestamps": True, "padding": PADDING, "min_items_per_user": MIN_ITEMS,
             "split": "leave-one-out: each user's last item is val_target; training reads the history before it",
             "item_order": "most frequent first, ties the smaller raw id first",
             "files": described, "source": source, **extra})
@@ -283,11 +309,13 @@ def ratings_file(source):
 
 
 def prepare_movielens_sequences(source, out_dir, max_length=DEFAULT_MAX_LENGTH, *, skip_bad_lines=False,
-                                overwrite=False, progress=True, chunk_lines=500_000, log=None):
+                                overwrite=False, progress=True, chunk_lines=500_000, log=None, ids="indexed"):
     """A sequences folder (module docstring) from MovieLens ratings: 100K's ``u.data``
     (tab-separated user, item, rating, timestamp), 1M/10M's ``ratings.dat`` (``::``-separated)
     or 20M's ``ratings.csv``; ``source`` is the file or a folder holding one. Every rating is an
-    interaction, whatever its value. Returns the folder."""
+    interaction, whatever its value. ``ids="hashed"``: the histories hold each item's key, the
+    hash of field 0 and the raw id's decimal text (hetu.data.keys). Returns the folder."""
+    check_ids(ids)
     log = log if log is not None else sys.stderr
     path = ratings_file(source)
     tracker = BadLineTracker(skip_bad_lines, stream=log)
@@ -304,7 +332,8 @@ def prepare_movielens_sequences(source, out_dir, max_length=DEFAULT_MAX_LENGTH, 
                    "users_dropped": int(len(np.unique(users)) - len(user_ids))}
     out = write_sequences(out_dir, offsets, indexed, times, len(item_ids), max_length, user_ids=user_ids,
                           item_ids=item_ids, name=MOVIELENS_NAME, source=source_meta, overwrite=overwrite,
-                          user_order="ascending raw user id")
+                          user_order="ascending raw user id",
+                          item_keys=hash_values(0, [str(int(i)) for i in item_ids]) if ids == "hashed" else None)
     summary = tracker.summary(path)
     if summary:
         print(summary, file=log)
@@ -332,7 +361,9 @@ def synthetic_params(**overrides):
     p = {**SYNTHETIC_DEFAULTS, **overrides}
     if p["topics"] is None:
         p["topics"] = max(1, min(1000, p["items"] // 200))
-    p = {k: (float(v) if k in ("mean_length", "zipf", "follow", "wander") else int(v)) for k, v in p.items()}
+    p = {k: v if k == "ids" else float(v) if k in ("mean_length", "zipf", "follow", "wander") else int(v)
+         for k, v in p.items()}
+    check_ids(p["ids"])
     if p["users"] < 1 or p["items"] < 1 or p["max_length"] < 1 or not 1 <= p["topics"] <= p["items"]:
         raise ValueError(f"users, items and max_length must be positive and topics in [1, items]: {p}")
     if p["mean_length"] < MIN_ITEMS or p["zipf"] < 0:
@@ -421,7 +452,7 @@ def synthetic_histories(p):
 
 
 def generate_synthetic_sequences(out_dir, users=2000, items=5000, mean_length=30.0, max_length=50, zipf=1.1, seed=0,
-                                 topics=None, follow=0.5, wander=0.1, *, overwrite=False, progress=False):
+                                 topics=None, follow=0.5, wander=0.1, ids="indexed", *, overwrite=False, progress=False):
     """A sequences folder of synthetic histories over a long-tail catalog: ``users`` histories,
     ``items`` in the catalog (num_items), ``mean_length`` items a history on average (at least
     3: 2 + a geometric count), histories kept up to ``max_length`` (L), item popularity ~
@@ -433,8 +464,9 @@ def generate_synthetic_sequences(out_dir, users=2000, items=5000, mean_length=30
     can learn), with chance ``wander`` a draw from the whole catalog's law, else a draw from one
     of the user's topics. Timestamps: gaps of about half an hour within a session, days between
     sessions. Items are then numbered most frequent first (ties: the higher drawn popularity
-    first), items never drawn last. Same parameters, same bytes; 10^6 items x 10^4 users take
-    seconds."""
+    first), items never drawn last. ``ids="hashed"``: the histories hold each item's key, the hash
+    of field 0 and its drawn rank's 8 bytes (hetu.data.keys). Same parameters, same bytes; 10^6
+    items x 10^4 users take seconds."""
     p = synthetic_params(**{name: value for name, value in locals().items() if name in SYNTHETIC_DEFAULTS})
     started = time.perf_counter()
     offsets, drawn, times = synthetic_histories(p)
@@ -445,8 +477,8 @@ def generate_synthetic_sequences(out_dir, users=2000, items=5000, mean_length=30
     out = write_sequences(out_dir, offsets, rank[drawn], times, p["items"], p["max_length"],
                           user_ids=np.arange(p["users"]), item_ids=item_ids, name=SYNTHETIC_NAME,
                           source={"kind": SYNTHETIC_NAME, "version": SYNTHETIC_VERSION, "params": p},
-                          overwrite=overwrite, user_order="generated",
-                          top1pct_share=top_share(counts, 0.01))
+                          overwrite=overwrite, user_order="generated", top1pct_share=top_share(counts, 0.01),
+                          item_keys=hash_ids(0, item_ids) if p["ids"] == "hashed" else None)
     if progress:
         print(f"{SYNTHETIC_NAME}: {p['users']} users, {len(drawn)} items drawn of {p['items']} in "
               f"{time.perf_counter() - started:.1f} s -> {out}", file=sys.stderr)
@@ -510,17 +542,15 @@ def shared_negatives(seed, step, num_negatives, num_items):
 
 
 def in_batch_negatives(seed, step, sample_index, targets, batch_targets, num_negatives):
-    """int64 [n, L, num_negatives]: negatives drawn from the global batch's own targets (in-batch
-    negatives): the distinct items >= 0 of ``batch_targets`` (every target of global batch
-    ``step``, whichever worker trains it), ascending, indexed by draw_negatives' numbers over their
-    count. So a negative is a function of (seed, step, the sample, p, j) and the global batch, and
-    no worker count or plan draws others. -1 where the position has no target."""
+    """In-batch negatives, drawn from the global batch's own targets: (int64 [n, L, num_negatives]
+    indices into the pool, -1 where the position has no target; the pool, the distinct ids other
+    than -1 of ``batch_targets`` (every target of global batch ``step``, whichever worker trains
+    it), ascending). The indices are draw_negatives' numbers over the pool's size, so a negative
+    is a function of (seed, step, the sample, p, j) and the global batch: no worker count or plan
+    draws others."""
     pool = np.unique(np.asarray(batch_targets, np.int64))
-    pool = pool[pool >= 0]
-    if not len(pool):
-        return np.full(np.shape(targets) + (int(num_negatives),), -1, np.int64)
-    drawn = draw_negatives(seed, step, sample_index, targets, num_negatives, len(pool))
-    return np.where(drawn >= 0, pool[np.maximum(drawn, 0)], -1)
+    pool = pool[pool != PADDING]
+    return draw_negatives(seed, step, sample_index, targets, num_negatives, max(len(pool), 1)), pool
 
 
 def distinct_candidates(negatives, num_items, width=None):

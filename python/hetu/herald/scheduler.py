@@ -205,7 +205,7 @@ class Scheduler(SamplePlan):
         with self._lock:
             while self._submitted <= last:
                 step = self._submitted
-                if self._global_rows is not None:
+                if self._global_rows is not None and self._planner_keys is None:
                     self._thread.submit_ids(step - self._first, np.ascontiguousarray(self._global_rows(step), np.int64),
                                             _NOTHING_TO_FORGET)
                 elif self._planner_keys is None:
@@ -222,6 +222,8 @@ class Scheduler(SamplePlan):
     def _global_keys(self, step, wait):
         if self._stream is not None:
             return self._stream.global_rows(step, wait)
+        if self._global_rows is not None:   # keys the loader computes (a sequence's targets, negatives)
+            return np.ascontiguousarray(self._global_rows(step), np.int64)
         return self._ids[self.batches.indices(step)]
 
     def _answer(self, wait, t):

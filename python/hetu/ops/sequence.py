@@ -3,8 +3,9 @@ history ends with, and the sampled softmax loss over one lookup of a sample's ro
 
 A sequence sample's ids are one int64 row (so that one lookup, and every row source behind it,
 sees every row the sample reads): [inputs (L) | targets (L) | the sample's distinct negatives
-(C)], -1 where there is nothing (padding; no target); which candidate is each position's j-th
-negative is a second int64 input, index [L, N] (hetu.data.sequences.distinct_candidates)."""
+(C)], -1 where there is nothing (padding; no target; any other int64, a negative hashed key
+included, is an id); which candidate is each position's j-th negative is a second int64 input,
+index [L, N] (hetu.data.sequences.distinct_candidates)."""
 import numpy as np
 
 from .. import _C
@@ -16,6 +17,7 @@ from .norm import l2_divisor, l2_normalize_backward
 __all__ = ["sequence_mask_op", "last_valid_op", "sampled_softmax_loss_op", "int_constant_op"]
 
 _NORM_EPS = np.float32(1e-6)
+PADDING = -1   # no item (hetu.data.sequences.PADDING); every other int64 is an id (hashed ids included)
 
 
 class IntConstantOp(Op):
@@ -50,7 +52,8 @@ class IntConstantOp(Op):
 
 
 class SequenceMaskOp(Op):
-    """ids [batch, >= length] int64 -> float32 [batch, length]: 1 where ids[:, :length] >= 0."""
+    """ids [batch, >= length] int64 -> float32 [batch, length]: 1 where ids[:, :length] is not
+    the padding (-1; a hashed id may be any other int64)."""
 
     def __init__(self, ids, length, ctx=None):
         super().__init__(ids, ctx=ctx)
@@ -62,20 +65,25 @@ class SequenceMaskOp(Op):
         return (s[0][0], self.length)
 
     def compute(self, vals, state):
-        return (vals[0][:, :self.length] >= 0).astype(np.float32)
+        return (vals[0][:, :self.length] != PADDING).astype(np.float32)
 
     def to_onnx(self, b, x):
-        head = b.node("Slice", [x[0], b.const(np.array([0], np.int64)), b.const(np.array([self.length], np.int64)),
-                                b.const(np.array([1], np.int64))])
-        return b.node("Cast", [b.node("GreaterOrEqual", [head, b.const(np.array(0, np.int64))])], to=1)
+        return b.node("Cast", [_filled_onnx(b, x[0], self.length)], to=1)
 
     def gradient(self, g):
         return [None]
 
 
+def _filled_onnx(b, ids, length):
+    """ONNX: ids[:, :length] != -1 (bool)."""
+    head = b.node("Slice", [ids, b.const(np.array([0], np.int64)), b.const(np.array([length], np.int64)),
+                            b.const(np.array([1], np.int64))])
+    return b.node("Not", [b.node("Equal", [head, b.const(np.array(PADDING, np.int64))])])
+
+
 def _last_positions(xp, ids, length):
     """The last filled input position of each sample (0 for an empty history)."""
-    filled = (ids[:, :length] >= 0).sum(axis=1)
+    filled = (ids[:, :length] != PADDING).sum(axis=1)
     return xp.maximum(filled - 1, 0)
 
 
@@ -97,10 +105,8 @@ class LastValidOp(Op):
         return xp.ascontiguousarray(x[xp.arange(x.shape[0]), last])
 
     def to_onnx(self, b, x):
-        head = b.node("Slice", [x[1], b.const(np.array([0], np.int64)), b.const(np.array([self.length], np.int64)),
-                                b.const(np.array([1], np.int64))])
-        filled = b.node("ReduceSum", [b.node("Cast", [b.node("GreaterOrEqual", [head, b.const(np.array(0, np.int64))])],
-                                             to=7), b.const(np.array([1], np.int64))], keepdims=1)
+        filled = b.node("ReduceSum", [b.node("Cast", [_filled_onnx(b, x[1], self.length)], to=7),
+                                      b.const(np.array([1], np.int64))], keepdims=1)
         last = b.node("Max", [b.node("Sub", [filled, b.const(np.array(1, np.int64))]), b.const(np.array(0, np.int64))])
         return b.node("GatherND", [x[0], last], batch_dims=1)   # x[s, last[s]]: [batch, d]
 
@@ -208,7 +214,7 @@ class SampledSoftmaxLossOp(Op):
             index.shape)
         left_out = (index < 0) | (negative_ids == target_ids[..., None])
         logits[..., 1:][left_out] = -np.inf
-        valid = target_ids >= 0
+        valid = target_ids != PADDING
         logits[~valid] = 0   # no target: a row of zeros, whose loss is then dropped
         top = logits.max(axis=-1, keepdims=True)
         probs = xp.exp(logits - top)

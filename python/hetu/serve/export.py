@@ -97,16 +97,12 @@ def rebuild(run, meta, where):
     """(prediction, dense placeholder or None, fields, the data's meta.json dict or None, the
 stream's format or None) of the run's model, built as training built it."""
     import hetu as ht
-    from ..dynamic import DynamicTable
     models = models_module(run).MODELS
     model = run.get("model")
     if model not in models:
         raise ExportError(f"{where}: unknown model {model!r} (the models are {', '.join(sorted(models))})")
     data_meta, data_info, fmt = data_of(run, where)
-    saved = meta.get("dynamic", [])
-    if len(saved) > 1:
-        raise ExportError(f"{where}: {len(saved)} key directories; export reads one")
-    dynamic = DynamicTable(**{k: v for k, v in saved[0].items() if k != "name"}) if saved else None
+    dynamic = dynamic_of(meta, where)
     if fmt is not None:
         fields = fmt.fields.with_dynamic(dynamic)
     else:
@@ -117,6 +113,15 @@ stream's format or None) of the run's model, built as training built it."""
     size = {"embedding_size": run["embedding_size"]} if run.get("embedding_size") else {}
     _, prediction, _, _ = models[model](dense, sparse, label, fields, **size)
     return prediction, dense, fields, data_info, fmt
+
+
+def dynamic_of(meta, where):
+    """The dynamic table rule of a checkpoint's meta.json, or None."""
+    from ..dynamic import DynamicTable
+    saved = meta.get("dynamic", [])
+    if len(saved) > 1:
+        raise ExportError(f"{where}: {len(saved)} key directories; export reads one")
+    return DynamicTable(**{k: v for k, v in saved[0].items() if k != "name"}) if saved else None
 
 
 READ_TRIES = 3   # reads of a checkpoint that a job keeps replacing, before giving up

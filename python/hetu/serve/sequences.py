@@ -5,7 +5,8 @@ oldest first, left-aligned, -1 padded), "history_rows" [batch, L, d] (the item t
 those items, zeros in the padding) and for HSTU "times" [batch, L] int64 (their timestamps);
 output "user" [batch, d], the L2-normalised user vector the history ends with, which training's
 validation ranks by. Beside it: the item table (tables/NAME.npy) and the raw id of each item index
-(items.npy).
+(items.npy); a dynamic table's key index and each item's key (item_keys.npy: the hashed key, or
+the index of indexed items), through which the catalog's rows are read.
 
 A SequenceBundle answers a raw history ({"history": [raw item ids], "timestamps": [...], "k":
 K}) with its top K items: the inner products of the user vector with every L2-normalised item
@@ -23,6 +24,7 @@ from .encode import InstanceError
 
 HISTORY, HISTORY_ROWS, TIMES, USER = "history", "history_rows", "times", "user"
 ITEMS = "items.npy"
+ITEM_KEYS = "item_keys.npy"
 DEFAULT_K = 10
 # What a checkpoint's run records of the model's sizes (SequenceConfig's fields of the same names).
 CONFIG_FLAGS = ("embedding_size", "blocks", "heads", "dropout", "temperature", "num_negatives", "negatives")
@@ -33,7 +35,7 @@ def sequence_bundle(saved, run, where):
     (hetu.serve.export.export)."""
     import hetu as ht
     from ..data import load_dataset
-    from .export import ExportError, MODEL, models_module, write_table
+    from .export import ExportError, MODEL, dynamic_of, models_module, write_table
     try:
         data = load_dataset(run["sequence_data"])
     except (KeyError, FileNotFoundError, ValueError) as e:
@@ -44,7 +46,7 @@ def sequence_bundle(saved, run, where):
                                        **{k: run[k] for k in CONFIG_FLAGS if run.get(k) is not None})
     history = ht.placeholder_op(HISTORY, dtype=np.int64)
     times = ht.placeholder_op(TIMES, dtype=np.int64) if kind == "hstu" else None
-    user, table = sequential.serving(kind, history, times, config)
+    user, table = sequential.serving(kind, history, times, config, dynamic_of(saved.meta, where))
     L = config.max_length
     inputs = {onnx_graph.lookups_of(user)[0].id: (HISTORY_ROWS, np.float32, None), history.id: (HISTORY, np.int64, (L,))}
     if times is not None:
@@ -56,7 +58,12 @@ def sequence_bundle(saved, run, where):
 
     def fill(folder):
         np.save(os.path.join(folder, ITEMS), np.asarray(data.item_ids, np.int64))
-        return {"kind": "sequences", "architecture": kind, "max_length": L, "num_items": int(meta.num_items),
+        keyed = {}
+        if table.dynamic is not None:
+            keys = data.item_keys if data.item_keys is not None else np.arange(meta.num_items, dtype=np.int64)
+            np.save(os.path.join(folder, ITEM_KEYS), np.asarray(keys, np.int64))
+            keyed = {"item_keys": ITEM_KEYS}
+        return {**keyed,"kind": "sequences", "architecture": kind, "max_length": L, "num_items": int(meta.num_items),
                 "timestamps": times is not None, "items": ITEMS, "item_table": table.name,
                 "columns": [{"name": "history", "kind": "sequence"}]
                 + ([{"name": "timestamps", "kind": "sequence"}] if times is not None else []),
@@ -80,7 +87,13 @@ class SequenceBundle:
         self.length, self.timestamps = int(schema["max_length"]), bool(schema["timestamps"])
         name = schema["item_table"]
         table = Table(path, name, schema["tables"][name])
-        self.rows = to_fp32(table.rows, table.storage)
+        if table.keys is None:
+            self.rows = to_fp32(table.rows, table.storage)
+        else:   # a dynamic table: each item's row through its key, zeros where it holds none
+            slots = table.rows_of(np.load(os.path.join(path, schema["item_keys"])))
+            held = slots >= 0
+            self.rows = np.zeros((len(slots), table.rows.shape[1]), np.float32)
+            self.rows[held] = to_fp32(table.rows[slots[held]], table.storage)
         norms = np.maximum(np.linalg.norm(self.rows, axis=1, keepdims=True), np.float32(1e-6))
         self.normalized = np.ascontiguousarray(self.rows / norms, np.float32)   # what validation ranks against
         self.item_ids = np.load(os.path.join(path, schema["items"]))
