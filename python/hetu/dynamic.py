@@ -109,8 +109,8 @@ class TableKeys:
         self._server_counts = np.zeros((self.servers, 3), np.int64)   # admitted, evicted, missed
         self._resident = np.zeros(self.servers, np.int64)
         self.tables = {}       # param id -> Variable: the tables that read these keys
-        self._reset_at = {}
-        self.per_step = []     # (step, resident, admitted, evicted, missed per server): --cache-perf    # table param id -> the last step whose admissions it took (admit_locally)
+        self._reset_at = {}    # table param id -> the last step whose admissions it took (admit_locally)
+        self.per_step = []     # (step, resident, admitted, evicted, missed per server): --cache-perf
 
     # --- mapping --------------------------------------------------------------------------------
     def train(self, step, global_keys, keys):
