@@ -23,6 +23,7 @@ import train  # noqa: E402
 
 import hetu as ht  # noqa: E402
 from hetu import threads  # noqa: E402
+from hetu.checkpoint import stamped  # noqa: E402
 from hetu.data import load_dataset  # noqa: E402
 from hetu.data.prepare import main as prepare_main  # noqa: E402
 from hetu.data.movielens import prepare_movielens  # noqa: E402
@@ -329,7 +330,7 @@ def test_a_missing_checkpoint_and_an_unknown_model_are_one_line(wdl_bundle, tmp_
     meta_path = tmp_path / "ckpt" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["run"]["model"] = "resnet"
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_text(json.dumps(stamped(meta)))   # a well-formed checkpoint of another model
     err = one_error_line(capsys, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--output", str(tmp_path / "b")])
     assert "unknown model 'resnet'" in err
     assert not (tmp_path / "b").exists()
