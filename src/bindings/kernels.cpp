@@ -190,6 +190,21 @@ void batched_matmul(Array<float> a, Array<float> b, bool trans_a, bool trans_b, 
   hetu::kernels::batched_matmul(a.data(), b.data(), batch, m, n, k, trans_a, trans_b, o, variant);
 }
 
+// out = silu(x), or with g its gradient g * silu'(x): float32 arrays of one size.
+void silu(Array<float> x, py::object g, Array<float> out) {
+  Array<float> grad;
+  if (!g.is_none()) grad = g.cast<Array<float>>();
+  if (out.size() != x.size() || (!g.is_none() && grad.size() != x.size()))
+    throw std::invalid_argument("silu: x, g and out must hold as many float32 values");
+  float* o = mutable_data(out, "out");
+  const float* gd = g.is_none() ? nullptr : grad.data();
+  py::gil_scoped_release nogil;
+  if (gd == nullptr)
+    hetu::kernels::silu(x.data(), x.size(), o);
+  else
+    hetu::kernels::silu_backward(gd, x.data(), x.size(), o);
+}
+
 // The kernels' AttentionShape of scores [batch, ..., lq, lk] (2-D without a mask: a batch of
 // one) and a mask [batch, lk] or None; `mask` keeps the mask's array alive.
 hetu::kernels::AttentionShape attention_shape(const std::string& what, const Array<float>& scores,
@@ -299,6 +314,8 @@ void bind_kernels(py::module_& m) {
   m.attr("MATMUL_VARIANTS") = hetu::kernels::matmul_variants();
   m.def("matmul_variant", [](const std::string& want) { return hetu::kernels::runnable_matmul_variant(want); },
         py::arg("want") = "", "the batched_matmul version that runs: want checked, or '' HETU_SIMD's or the best this CPU runs");
+  m.def("silu", &silu, py::arg("x"), py::arg("g"), py::arg("out"),
+        "out = x * sigmoid(x) (g None), or g * d silu / dx at x; elementwise on the threads");
   const auto forward = [&m](const char* name, AttentionForward kernel, const char* doc) {
     m.def(name, [kernel, name](Array<float> scores, py::object mask, bool causal, float scale, Array<float> out) {
       attention_forward(kernel, name, scores, mask, causal, scale, out);

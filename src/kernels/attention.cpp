@@ -37,12 +37,6 @@ void for_rows(const AttentionShape& s, Fn fn) {
   });
 }
 
-// sigmoid(z) through e = exp(-|z|), which never overflows, as hetu.ops.activation.sigmoid.
-inline float sigmoid(float z) {
-  const float e = std::exp(-std::fabs(z));
-  return (z >= 0.0f ? 1.0f : e) / (e + 1.0f);
-}
-
 }  // namespace
 
 void masked_softmax(const AttentionShape& s, const float* scores, float* out) {

@@ -1,5 +1,6 @@
 // CPU kernels behind hetu's hot paths. All are safe to call without the GIL.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,6 +75,16 @@ const std::vector<std::string>& matmul_variants();
 // `want` checked (known, runnable on this CPU; std::invalid_argument if not), or for "" the
 // version HETU_SIMD names (checked alike), else the best this CPU runs.
 std::string runnable_matmul_variant(const std::string& want);
+
+// sigmoid(z) through e = exp(-|z|), which never overflows, as hetu.ops.activation.sigmoid.
+inline float sigmoid(float z) {
+  const float e = std::exp(-std::fabs(z));
+  return (z >= 0.0f ? 1.0f : e) / (e + 1.0f);
+}
+// out[i] = silu(x[i]) = x[i] sigmoid(x[i]) (kernels/activation.cpp), threaded.
+void silu(const float* x, int64_t n, float* out);
+// out[i] = g[i] d silu / dx at x[i] = g[i] sigmoid(x[i]) (1 + x[i] (1 - sigmoid(x[i]))).
+void silu_backward(const float* g, const float* x, int64_t n, float* out);
 
 // Attention weights over scores [batch, heads, lq, lk] (kernels/attention.cpp): key j is allowed
 // for query i iff mask[b, j] != 0 (mask [batch, lk], or null: every key) and, when causal,

@@ -2,6 +2,7 @@
 calls the backward with (g, x, y)."""
 import numpy as np
 
+from .. import _C
 from ..context import array_module_of
 from ..graph import Op
 
@@ -118,15 +119,22 @@ def silu_derivative(xp, x, out):
 
 
 class SiLUOp(Activation):
-    """x * sigmoid(x) (swish; HSTU's pointwise attention and gates), finite for every x."""
+    """x * sigmoid(x) (swish; HSTU's pointwise attention and gates), finite for every x. On the
+    CPU one threaded pass in C++ (_C.silu), the array code's arithmetic."""
 
     def forward(self, xp, x, out):
+        if xp is np:
+            _C.silu(np.ascontiguousarray(x, np.float32), None, out)
+            return out
         return xp.multiply(sigmoid(xp, x, out), x, out=out)
 
     def to_onnx(self, b, x):
         return b.node("Mul", [x[0], b.node("Sigmoid", x)])
 
     def backward(self, xp, g, x, y, out):
+        if xp is np:
+            _C.silu(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(g, np.float32), out)
+            return out
         return xp.multiply(g, silu_derivative(xp, x, out), out=out)
 
 
