@@ -278,6 +278,35 @@ def test_time_buckets_are_hstus_log_buckets():
     assert node.infer_shape([(4, 6)]) == (4, 6, 6) and node.infer_dtype([np.int64]) == np.int64
 
 
+@pytest.mark.parametrize("num_buckets", [8, 128])
+def test_the_time_bucket_kernel_is_the_definition_at_every_boundary(num_buckets):
+    """_C.time_buckets (a binary search over each bucket's least gap) against time_buckets' logarithm:
+    every bucket's first gap and the gap before it, gaps past the last bucket, padding's zeros."""
+    edges = attention.bucket_thresholds(num_buckets)
+    assert len(edges) == num_buckets - 1 and (np.diff(edges) >= 0).all()
+    gaps = np.unique(np.r_[0, 1, edges - 1, edges, edges + 1, 10 ** 9, 2 ** 62])
+    times = np.zeros((2, len(gaps) + 3), np.int64)
+    times[0, :len(gaps)] = gaps                       # every gap from 0, and from one another
+    times[1, 3:] = 10 ** 12 - gaps[::-1]              # a later start; zeros (padding) before it
+    node = ht.time_bucket_op(ht.Variable("t", dtype=np.int64), num_buckets)
+    got = ht.Executor([node]).run(feed_dict={node.inputs[0]: times}, convert_to_numpy_ret_vals=True)[0]
+    np.testing.assert_array_equal(got, attention.time_buckets(times, times, num_buckets))
+    assert got.min() == 0 and got.max() == num_buckets - 1
+
+
+def test_the_bias_gradient_has_bincounts_bits():
+    rng = np.random.default_rng(11)
+    w = ht.Variable("w", value=f32(rng, 64))
+    i = ht.Variable("i", dtype=np.int64)
+    index = rng.integers(0, 64, (3, 50, 50))
+    upstream = (rng.standard_normal((3, 50, 50)) * 10.0 ** rng.integers(-6, 6, (3, 50, 50))).astype(np.float32)
+    bias = ht.relative_bias_op(w, i)
+    (dw,) = ht.gradients(ht.reduce_sum_op(bias * ht.Variable("up", value=upstream, trainable=False)), [w])
+    got = ht.Executor([dw]).run(feed_dict={i: index}, convert_to_numpy_ret_vals=True)[0]
+    want = np.bincount(index.reshape(-1), weights=upstream.reshape(-1), minlength=64).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_relative_bias_against_pytorch_and_finite_differences():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)

@@ -190,6 +190,25 @@ void batched_matmul(Array<float> a, Array<float> b, bool trans_a, bool trans_b, 
   hetu::kernels::batched_matmul(a.data(), b.data(), batch, m, n, k, trans_a, trans_b, o, variant);
 }
 
+// times [batch, L] int64 -> out [batch, L, L]: each gap's bucket by the ascending thresholds.
+void time_buckets(Array<int64_t> times, Array<int64_t> thresholds, Array<int64_t> out) {
+  if (times.ndim() != 2 || out.ndim() != 3 || out.shape(0) != times.shape(0) || out.shape(1) != times.shape(1) ||
+      out.shape(2) != times.shape(1) || thresholds.ndim() != 1)
+    throw std::invalid_argument("time_buckets: times [batch, L], thresholds [n] and out [batch, L, L]");
+  int64_t* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  hetu::kernels::time_buckets(times.data(), times.shape(0), times.shape(1), thresholds.data(), thresholds.size(), o);
+}
+
+// out[b] = sum of values where index == b (np.bincount's bits); -1 or the first index outside.
+int64_t bucket_sums(Array<int64_t> index, Array<float> values, Array<float> out) {
+  if (index.size() != values.size())
+    throw std::invalid_argument("bucket_sums: index and values must hold as many entries");
+  float* o = mutable_data(out, "out");
+  py::gil_scoped_release nogil;
+  return hetu::kernels::bucket_sums(index.data(), values.data(), index.size(), out.size(), o);
+}
+
 // out = silu(x), or with g its gradient g * silu'(x): float32 arrays of one size.
 void silu(Array<float> x, py::object g, Array<float> out) {
   Array<float> grad;
@@ -314,6 +333,11 @@ void bind_kernels(py::module_& m) {
   m.attr("MATMUL_VARIANTS") = hetu::kernels::matmul_variants();
   m.def("matmul_variant", [](const std::string& want) { return hetu::kernels::runnable_matmul_variant(want); },
         py::arg("want") = "", "the batched_matmul version that runs: want checked, or '' HETU_SIMD's or the best this CPU runs");
+  m.def("time_buckets", &time_buckets, py::arg("times"), py::arg("thresholds"), py::arg("out"),
+        "out[b, i, j] = the number of thresholds (ascending) at or below |times[b, i] - times[b, j]|; threaded");
+  m.def("bucket_sums", &bucket_sums, py::arg("index"), py::arg("values"), py::arg("out"),
+        "out[k] = sum of values[i] with index[i] == k, in double in index order (np.bincount's bits); returns -1 "
+        "or the first i whose index is outside out");
   m.def("silu", &silu, py::arg("x"), py::arg("g"), py::arg("out"),
         "out = x * sigmoid(x) (g None), or g * d silu / dx at x; elementwise on the threads");
   const auto forward = [&m](const char* name, AttentionForward kernel, const char* doc) {

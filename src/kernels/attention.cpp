@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/parallel.h"
 #include "kernels/kernels.h"
@@ -100,6 +101,35 @@ void pointwise_attention_backward(const AttentionShape& s, const float* grad, co
     }
     std::fill(dx + keys, dx + s.lk, 0.0f);
   });
+}
+
+void time_buckets(const int64_t* times, int64_t batch, int64_t length, const int64_t* thresholds,
+                  int64_t num_thresholds, int64_t* out) {
+  const int64_t* first = thresholds;
+  const int64_t* last = thresholds + num_thresholds;
+  parallel_for(batch * length, std::max<int64_t>(1, kChunkScores / std::max<int64_t>(1, length)),
+               [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t* t = times + (r / length) * length;
+      const int64_t ti = t[r % length];
+      int64_t* o = out + r * length;
+      for (int64_t j = 0; j < length; ++j) {
+        const int64_t gap = ti >= t[j] ? ti - t[j] : t[j] - ti;
+        o[j] = std::upper_bound(first, last, gap) - first;
+      }
+    }
+  });
+}
+
+int64_t bucket_sums(const int64_t* index, const float* values, int64_t n, int64_t buckets, float* out) {
+  std::vector<double> sums(static_cast<size_t>(buckets), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = index[i];
+    if (b < 0 || b >= buckets) return i;
+    sums[b] += static_cast<double>(values[i]);
+  }
+  for (int64_t b = 0; b < buckets; ++b) out[b] = static_cast<float>(sums[b]);
+  return -1;
 }
 
 }  // namespace kernels

@@ -105,6 +105,15 @@ void pointwise_attention(const AttentionShape& shape, const float* scores, float
 // out = d(scores) of pointwise_attention from grad and its input scores.
 void pointwise_attention_backward(const AttentionShape& shape, const float* grad, const float* scores, float* out);
 
+// out [batch, L, L] = HSTU's bucket of each time gap |t[b, i] - t[b, j]| of times [batch, L]: the
+// number of thresholds (ascending) at or below it, thresholds[k - 1] being the least gap in bucket
+// k or above (hetu.ops.attention.bucket_thresholds). Threaded over (b, i).
+void time_buckets(const int64_t* times, int64_t batch, int64_t length, const int64_t* thresholds,
+                  int64_t num_thresholds, int64_t* out);
+// out[b] = the sum of values[i] over index[i] == b, in double and in index order, as np.bincount
+// does (the same bits); returns -1, or the first i whose index is outside [0, buckets).
+int64_t bucket_sums(const int64_t* index, const float* values, int64_t n, int64_t buckets, float* out);
+
 // Rows [row_begin, row_end) of a parameter initialised by rng::init_value.
 void init_fill(int kind, double a, double b, uint64_t seed, uint64_t stream, int64_t row_begin, int64_t row_end,
                int64_t width, float* out);

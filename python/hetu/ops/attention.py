@@ -7,6 +7,9 @@ where the key position holds an item and 0 where it is padding. Key j is allowed
 mask[batch, j] != 0 and, when causal, j <= i; every weight of a key not allowed is exactly 0. On
 CPU the weights run through hetu._C (threaded over rows, each row on one thread in a fixed
 order: the same bits on every thread count), elsewhere (CuPy) through the array functions below."""
+import functools
+import math
+
 import numpy as np
 
 from .. import _C
@@ -195,6 +198,26 @@ def time_buckets(query_times, key_times, num_buckets):
     return xp.clip(xp.floor(logs), 0, num_buckets - 1).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=None)
+def bucket_thresholds(num_buckets):
+    """int64 [num_buckets - 1]: the least gap of each bucket k >= 1 by time_buckets (ascending), so
+    that a gap's bucket is the number of thresholds at or below it (what _C.time_buckets counts,
+    a binary search instead of a logarithm per pair)."""
+    def bucket(gap):
+        return int(time_buckets(np.array([gap], np.int64), np.array([0], np.int64), num_buckets)[0, 0])
+    out = []
+    for k in range(1, num_buckets):
+        gap = max(int(math.ceil(math.exp(TIME_BUCKET_DIVISOR * k))), out[-1] if out else 1)
+        while gap > 1 and bucket(gap - 1) >= k:
+            gap -= 1
+        while bucket(gap) < k:
+            gap += 1
+        out.append(gap)
+    out = np.array(out, np.int64)
+    out.flags.writeable = False
+    return out
+
+
 class RelativeBiasOp(Op):
     """weights [n_buckets] read at index (int64, any shape) -> float32 of index's shape: a learned
     bias per bucket of relative position or time gap. The weights' gradient is dense, each
@@ -238,8 +261,16 @@ class RelativeBiasGradOp(Op):
 
     def compute(self, vals, state):
         g, index, weights = vals
-        sums = array_module_of(g).bincount(index.reshape(-1), weights=g.reshape(-1), minlength=weights.shape[0])
-        return sums.astype(np.float32)
+        xp = array_module_of(g)
+        if xp is not np:
+            return xp.bincount(index.reshape(-1), weights=g.reshape(-1), minlength=weights.shape[0]).astype(np.float32)
+        # np.bincount's sums (in double, in index order) in one C++ pass, with no float64 copy of g.
+        index = np.ascontiguousarray(index, np.int64).reshape(-1)
+        out = state.buffer(self, weights.shape, np.float32)
+        bad = _C.bucket_sums(index, np.ascontiguousarray(g, np.float32).reshape(-1), out)
+        if bad >= 0:
+            raise IndexError(f"{self.name}: bucket {int(index[bad])} outside the {weights.shape[0]} buckets")
+        return out
 
 
 class TimeBucketOp(Op):
@@ -259,7 +290,12 @@ class TimeBucketOp(Op):
         return np.int64
 
     def compute(self, vals, state):
-        return time_buckets(vals[0], vals[0], self.num_buckets)
+        times = vals[0]
+        if array_module_of(times) is not np:
+            return time_buckets(times, times, self.num_buckets)
+        out = state.buffer(self, (times.shape[0], times.shape[1], times.shape[1]), np.int64)
+        _C.time_buckets(np.ascontiguousarray(times, np.int64), bucket_thresholds(self.num_buckets), out)
+        return out
 
     def to_onnx(self, b, x):
         gap = b.node("Abs", [b.node("Sub", [b.node("Unsqueeze", [x[0], b.const(np.array([2], np.int64))]),
