@@ -29,6 +29,8 @@ from ..data.movielens_side import RELEASE_DATE, TITLE_YEAR, UNKNOWN_YEAR, ZIP_PR
 from ..data.store import BAG_PADDING
 from ..data.tabular import dense_transform
 
+INT64 = np.iinfo(np.int64)
+
 
 class InstanceError(ValueError):
     """A raw instance the model cannot read; the message is one line naming the instance's
@@ -41,6 +43,11 @@ def _bad(i, column, what):
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer(value):
+    """A large integer's text for a message (one of thousands of digits by its size)."""
+    return str(value) if value.bit_length() <= 256 else f"an integer of {value.bit_length()} bits"
 
 
 def dense_value(i, column, value, integer):
@@ -56,9 +63,13 @@ def dense_value(i, column, value, integer):
         raise _bad(i, column, f"expected a number, found {type(value).__name__} {value!r}")
     elif integer and not _is_int(value):
         raise _bad(i, column, f"expected an integer, found {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:   # an integer beyond a double's range
+        raise _bad(i, column, f"expected a finite number, found {_integer(value)}") from None
     if not math.isfinite(value):
         raise _bad(i, column, f"expected a finite number, found {value!r}")
-    return float(value)
+    return value
 
 
 def text_value(i, column, value):
@@ -73,12 +84,15 @@ def text_value(i, column, value):
 
 
 def id_value(i, column, value):
+    """A field-local id (an integer or its text), within int64."""
     if isinstance(value, str):
         try:
-            return int(value)
+            value = int(value)
         except ValueError:
-            pass
-    elif _is_int(value):
+            value = None
+    if _is_int(value):
+        if not INT64.min <= value <= INT64.max:
+            raise _bad(i, column, f"id {_integer(value)} is outside int64")
         return value
     raise _bad(i, column, f"expected a field-local id (an integer), found {value!r}")
 

@@ -1,0 +1,122 @@
+"""The serving endpoint's limits (docs/design.md "Serving over HTTP"): an instance the model cannot
+read fails its own request alone, whatever is merged with it, an integer outside int64 or a double
+included; a body nested too deeply is a 400; a request of more than --max-instances is refused in
+one line; a request larger than --max-batch runs in parts between the other requests' batches, all
+its parts answered by the version its first one ran on."""
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("onnxruntime")
+
+from hetu.serve.batching import Batcher, ServedBundle, TooManyInstances  # noqa: E402
+from hetu.serve.bundle import Bundle, InstanceError  # noqa: E402
+from hetu_tools.serve_load import random_instances  # noqa: E402
+from test_serve_http import Server, trained  # noqa: E402,F401 - the fixture, shared
+
+
+def test_an_integer_outside_int64_fails_its_own_request_alone(tmp_path, trained):  # noqa: F811
+    _, path = trained
+    bundle = Bundle.open(path)
+    column = next(c["name"] for c in bundle.schema["columns"] if c.get("value") == "id")
+    dense = next(c["name"] for c in bundle.schema["columns"] if c["kind"] == "dense")
+    requests = [random_instances(bundle, 3, seed=k) for k in range(40)]
+    requests[7][2][column] = 10 ** 30
+    requests[23][1][dense] = 10 ** 400
+    url = f"/v1/models/{bundle.name}:predict"
+    with Server(tmp_path, path, "--max-wait-ms", "20") as server:
+        server.wait_ready(bundle.name)
+        with concurrent.futures.ThreadPoolExecutor(40) as pool:
+            answers = list(pool.map(lambda r: server.post(url, {"instances": r}), requests))
+        for k, (code, answer) in enumerate(answers):
+            if k == 7:
+                assert (code, answer) == (400, {"error": f"instance 2: column {column!r}: id {10 ** 30} is outside "
+                                                         f"int64"}), answer
+            elif k == 23:
+                assert code == 400 and answer["error"].startswith(f"instance 1: column {dense!r}: expected a "
+                                                                  f"finite number"), answer
+            else:
+                assert code == 200, (k, answer)
+                np.testing.assert_allclose(answer["predictions"], bundle.predict(requests[k]), rtol=1e-5, atol=1e-6)
+        stats = server.get(f"/v1/models/{bundle.name}/stats")
+        assert stats["batches"] < 40 + 2 * 40, stats   # merged at least once
+        for body, says in ((b"[" * 100_000, "nests"), (b'{"instances": [{"I1": ' + b"7" * 5000 + b"}]}", "not JSON")):
+            code, answer = server.post(url, body)
+            assert code == 400 and says in answer["error"] and "\n" not in answer["error"], answer
+        code, answer = server.post(url, {"instances": requests[0]})
+        assert code == 200, answer
+        assert server.stop() == 0
+    assert "Traceback" not in server.output(), server.output()
+
+
+def test_a_request_over_max_instances_is_refused_and_a_large_one_runs_in_parts(tmp_path, trained):  # noqa: F811
+    _, path = trained
+    bundle = Bundle.open(path)
+    url = f"/v1/models/{bundle.name}:predict"
+    large = random_instances(bundle, 500, seed=3)
+    with Server(tmp_path, path, "--max-batch", "64", "--max-instances", "500") as server:
+        server.wait_ready(bundle.name)
+        code, answer = server.post(url, {"instances": large + large[:1]})
+        assert (code, answer) == (400, {"error": "the request has 501 instances, more than the server's limit of 500 "
+                                                 "(--max-instances): send them in several requests"}), answer
+        code, answer = server.post(url, {"instances": large})
+        assert code == 200 and answer["model_version"] == bundle.version, answer
+        np.testing.assert_allclose(answer["predictions"], bundle.predict(large), rtol=1e-5, atol=1e-6)
+        stats = server.get(f"/v1/models/{bundle.name}/stats")
+        assert (stats["requests"], stats["instances"], stats["largest_batch"]) == (1, 500, 64), stats
+        assert stats["batches"] == 8, stats
+        assert server.stop() == 0
+
+
+class SlowBundle:
+    """A bundle whose predict takes 10 ms a batch and records each batch: instance k's prediction
+    is k + version / 1000."""
+    name = "slow"
+
+    def __init__(self, version, runs):
+        self.version, self.runs = version, runs
+
+    def predict(self, instances):
+        self.runs.append((self.version, list(instances)))
+        time.sleep(0.01)
+        if any(i < 0 for i in instances):
+            raise InstanceError(f"instance {[i < 0 for i in instances].index(True)}: column 'x': negative")
+        return np.asarray(instances, np.float64) + self.version / 1000
+
+
+def test_a_large_request_runs_in_parts_between_the_others_on_one_version():
+    runs = []
+    old, new = SlowBundle(1, runs), SlowBundle(2, runs)
+
+    async def scenario():
+        served = ServedBundle(old)
+        batcher = Batcher(served, max_batch=8, max_wait=0, max_instances=100)
+        loop_task = asyncio.create_task(batcher.run())
+        big = asyncio.create_task(batcher.predict(list(range(100))))
+        await asyncio.sleep(0.025)   # its first parts run
+        served.swap(new, None)       # a new version while it runs: the request stays on its own
+        small = [asyncio.create_task(batcher.predict([1000 + k, 2000 + k])) for k in range(3)]
+        bad = asyncio.create_task(batcher.predict([5] * 30 + [-1]))
+        small_done = await asyncio.gather(*small)
+        big_done_first = big.done()
+        results = await big, await asyncio.gather(bad, return_exceptions=True)
+        with pytest.raises(TooManyInstances, match="101 instances, more than the server's limit of 100"):
+            await batcher.predict([0] * 101)
+        loop_task.cancel()
+        batcher.close()
+        return small_done, big_done_first, results, served
+
+    small_done, big_done_first, ((big, version), (bad,)), served = asyncio.run(scenario())
+    assert not big_done_first   # the small requests were answered between the large one's parts
+    assert version == 1 and big.tolist() == [k + 0.001 for k in range(100)]
+    assert [version for _, version in small_done] == [2, 2, 2]
+    assert isinstance(bad, InstanceError) and str(bad) == "instance 30: column 'x': negative"
+    assert max(len(instances) for _, instances in runs) <= 8
+    assert sorted(i for v, instances in runs if v == 1 for i in instances) == list(range(100))
+    assert not served._leases   # every lease released
