@@ -1,25 +1,29 @@
-"""The serving endpoint, `python -m hetu.serve run BUNDLE --port P`: TensorFlow Serving's REST form
-on aiohttp.
+"""The serving endpoint, `python -m hetu.serve run BUNDLE --port P`: TensorFlow Serving's REST API
+on aiohttp (hetu.serve.rest: its URLs, request forms and errors).
 
-    POST /v1/models/NAME:predict   {"instances": [{column: raw value, ...}, ...]}
+    GET  /v1/models/NAME[/versions/V|/labels/L]            -> {"model_version_status": [{"version": "V", ...}]}
+    GET  /v1/models/NAME[/versions/V|/labels/L]/metadata   -> {"model_spec": ..., "metadata": {"signature_def": ...}}
+    POST /v1/models/NAME[/versions/V|/labels/L]:predict    {"instances": [{column: raw value, ...}, ...]}
                                    -> {"predictions": [p, ...], "model_version": V}
+                                   or {"inputs": {column: [raw value, ...], ...}} -> {"outputs": [p, ...], ...}
                                    a sequential model's: {"instances": [{"history": [item, ...],
                                    "timestamps": [...], "k": K}, ...]} -> {"predictions":
                                    [{"items": [...], "scores": [...]}, ...], ...} (hetu.serve.sequences)
-    GET  /v1/models/NAME           -> {"model_version_status": [{"version": "V", "state": "AVAILABLE", ...}]}
     GET  /v1/models/NAME/stats     -> the batching counters and the swaps
 
 Concurrent requests are batched (batching.py); with --watch the server follows a training job's
 checkpoint folder and swaps in each new version (watch.py). A bad request gets
-{"error": "<one line>"} with 400 (413 for a body over --max-body-bytes, 404 for an unknown model
-or path) and the server goes on serving. A startup error (the bundle, the port) exits 2 with one
-line; SIGTERM and SIGINT stop it cleanly: it stops listening, answers the requests it has, exits 0.
+{"error": "<one line>"} with TensorFlow Serving's status (400 for a malformed one, 404 for another
+model or version, 413 for a body over --max-body-bytes) and the server goes on serving. A startup
+error (the bundle, the port) exits 2 with one line; SIGTERM and SIGINT stop it cleanly: it stops
+listening, answers the requests it has, exits 0.
 """
 import argparse
 import asyncio
 import functools
 import gc
 import json
+import re
 import signal
 import sys
 import tempfile
@@ -27,7 +31,8 @@ import traceback
 
 from aiohttp import web
 
-from .batching import DEFAULT_MAX_INSTANCES, Batcher, ServedBundle
+from . import rest
+from .batching import Batcher, ServedBundle
 from .bundle import Bundle, InstanceError
 
 PROG = "python -m hetu.serve run"
@@ -66,71 +71,95 @@ async def json_errors(request, handler):
 
 
 class Endpoint:
-    """The routes' handlers over one ServedBundle and its Batcher."""
+    """TensorFlow Serving's REST API (hetu.serve.rest) over one ServedBundle and its Batcher: every
+    /v1 path comes to dispatch, which answers it or says what is malformed, as TensorFlow Serving
+    does. `labels` name the served version (/labels/L); `lenient` keeps unknown columns and empty
+    "instances" as the server took them before it was strict."""
 
-    def __init__(self, served, batcher):
+    def __init__(self, served, batcher, labels=rest.DEFAULT_LABELS, lenient=False):
         self.served, self.batcher = served, batcher
+        self.labels, self.lenient = frozenset(labels), lenient
 
-    def _unknown_model(self, name):
-        known = self.served.bundle.name
-        if name == known:
-            return None
-        return error(404, f"no model named {name!r}: this server serves {known!r}")
+    async def dispatch(self, request):
+        path = request.rel_url.raw_path
+        if request.method == "OPTIONS" and rest.API.fullmatch(path):   # a CORS preflight, as TensorFlow Serving
+            if re.search(r"https?://", request.headers.get("Origin", "")):
+                return web.Response(content_type="application/json")
+            return error(400, "Origin header is missing in CORS preflight")
+        try:
+            asked = rest.route(request.method, path)
+            if asked is None:
+                raise web.HTTPNotFound()
+            return await getattr(self, asked.action)(request, asked)
+        except rest.RestError as e:
+            return error(e.status, e.message)
 
-    async def status(self, request):
-        unknown = self._unknown_model(request.match_info["name"])
-        if unknown:
-            return unknown
-        return web.json_response({"model_version_status": [{
-            "version": str(self.served.bundle.version), "state": "AVAILABLE",
-            "status": {"error_code": "OK", "error_message": ""}}]})
+    async def status(self, request, asked):
+        bundle = self.served.bundle
+        rest.resolve(asked, bundle, self.labels)
+        return web.json_response(rest.status(bundle))
 
-    async def stats(self, request):
-        unknown = self._unknown_model(request.match_info["name"])
-        if unknown:
-            return unknown
+    async def metadata(self, request, asked):
+        bundle = self.served.bundle
+        rest.resolve(asked, bundle, self.labels)
+        return web.json_response(rest.metadata(bundle))
+
+    async def stats(self, request, asked):
+        rest.resolve(asked, self.served.bundle, self.labels)
         counters = {key: self.batcher.stats[key] for key in
                     ("requests", "instances", "batches", "largest_batch", "failed_batches")}
         return web.json_response({**counters, "version": self.served.bundle.version, "swaps": self.served.swaps,
                                   "max_batch": self.batcher.max_batch, "max_wait_ms": self.batcher.max_wait * 1e3})
 
-    async def predict(self, request):
-        unknown = self._unknown_model(request.match_info["name"])
-        if unknown:
-            return unknown
+    async def document(self, request):
+        """The request's body: a JSON object, read within --max-body-bytes."""
         limit = request.app["max_body_bytes"]
         if request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
         body = await request.read()
         try:
             document = json.loads(body)
-        except ValueError as e:   # not UTF-8, not JSON, or an integer of more digits than Python reads
-            return error(400, f"the request body is not JSON: {one_line(e)}")
-        except RecursionError:
-            return error(400, "the request body nests its JSON deeper than the server reads")
-        instances = document.get("instances") if isinstance(document, dict) else None
-        if not isinstance(instances, list):
-            return error(400, 'the request body needs "instances": a list of objects, {column: raw value, ...}')
-        for i, instance in enumerate(instances):
-            if not isinstance(instance, dict):
-                return error(400, f"instance {i} is a JSON {type(instance).__name__}, not an object "
-                                  f"{{column: raw value, ...}}")
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise rest.RestError(400, f"the request body is not JSON: {e}") from None
+        if not isinstance(document, dict):
+            raise rest.RestError(400, 'the request body is not a JSON object: {"instances": [{column: raw value, '
+                                      '...}, ...]} or {"inputs": {column: [value, ...], ...}}')
+        return document
+
+    async def predict(self, request, asked):
+        # In TensorFlow Serving's order: the body, its signature's name, the model, then its inputs.
+        document = await self.document(request)
+        name = rest.signature_name(document)
+        bundle = self.served.bundle
+        rest.resolve(asked, bundle, self.labels)
+        rest.check_predict_signature(name)
+        signature = rest.signature(bundle)
+        instances, columnar = rest.instances_of(document, signature, self.lenient)
         try:
             predictions, version = await self.batcher.predict(instances)
         except InstanceError as e:
             return error(400, one_line(e))
-        # A CTR bundle answers an array of probabilities, a sequential model's a list of top items.
-        predictions = predictions.tolist() if hasattr(predictions, "tolist") else predictions
-        return web.json_response({"predictions": predictions, "model_version": version})
+        if asked.version is not None and version != asked.version:
+            raise rest.not_found(asked)   # the version asked for was swapped out while the request waited
+        return web.json_response(rest.answer(predictions, columnar, signature, version))
+
+    async def classify(self, request, asked):
+        """:classify and :regress: a bundle has no such signature, which TensorFlow Serving answers
+        with 400 once the body's "examples" and the model are found."""
+        document = await self.document(request)
+        name = rest.signature_name(document)
+        rest.check_examples(document, asked.action)
+        rest.resolve(asked, self.served.bundle, self.labels)
+        raise rest.no_signature_for(asked.action, name)
+
+    regress = classify
 
 
-def make_app(served, batcher, max_body_bytes):
+def make_app(served, batcher, max_body_bytes, labels=rest.DEFAULT_LABELS, lenient=False):
     app = web.Application(middlewares=[json_errors], client_max_size=max_body_bytes)
     app["max_body_bytes"] = max_body_bytes
-    endpoint = Endpoint(served, batcher)
-    app.router.add_post("/v1/models/{name}:predict", endpoint.predict)
-    app.router.add_get("/v1/models/{name}/stats", endpoint.stats)
-    app.router.add_get("/v1/models/{name}", endpoint.status)
+    endpoint = Endpoint(served, batcher, labels, lenient)
+    app.router.add_route("*", "/{path:.*}", endpoint.dispatch)
     return app
 
 
@@ -145,18 +174,20 @@ def parse_args(argv):
     p.add_argument("--max-wait-ms", type=float, default=0.0, metavar="T",
                    help="how long a batch waits for more requests after its first one (default 0: it takes "
                         "those waiting, which gather while the batch before runs)")
-    p.add_argument("--max-instances", type=int, default=DEFAULT_MAX_INSTANCES, metavar="N",
-                   help="the most instances one request may carry; more get 400 (default "
-                        f"{DEFAULT_MAX_INSTANCES}); a request larger than --max-batch runs in parts between the others")
     p.add_argument("--model-threads", type=int, default=1, metavar="N",
                    help="ONNX Runtime's threads for the dense part (default 1: the event loop keeps a core)")
     p.add_argument("--watch", metavar="CHECKPOINT_DIR", default=None,
                    help="follow a training job's checkpoint folder: serve each new full checkpoint or delta")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="B",
                    help=f"the largest request body accepted; larger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--version-label", action="append", default=None, metavar="LABEL", dest="labels",
+                   help="a label naming the served version, for /v1/models/NAME/labels/LABEL (repeatable; default: "
+                        + ", ".join(rest.DEFAULT_LABELS) + ")")
+    p.add_argument("--lenient", action="store_true",
+                   help="ignore an instance's columns the model does not read and answer empty \"instances\" "
+                        "(TensorFlow Serving refuses both with 400)")
     args = p.parse_args(argv)
     for flag, value in (("--max-batch", args.max_batch), ("--max-body-bytes", args.max_body_bytes),
-                        ("--max-instances", args.max_instances),
                         ("--model-threads", args.model_threads)):
         if value < 1:
             p.error(f"{flag} must be at least 1, not {value}")
@@ -174,8 +205,9 @@ async def serve(args, bundle):
     """Runs the server until SIGTERM or SIGINT; returns the exit status."""
     loop = asyncio.get_running_loop()
     served = ServedBundle(bundle)
-    batcher = Batcher(served, args.max_batch, args.max_wait_ms / 1e3, args.max_instances)
-    runner = web.AppRunner(make_app(served, batcher, args.max_body_bytes), access_log=None)
+    batcher = Batcher(served, args.max_batch, args.max_wait_ms / 1e3)
+    app = make_app(served, batcher, args.max_body_bytes, args.labels or rest.DEFAULT_LABELS, args.lenient)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     try:
