@@ -32,7 +32,7 @@ import traceback
 from aiohttp import web
 
 from . import rest
-from .batching import Batcher, ServedBundle
+from .batching import DEFAULT_MAX_INSTANCES, Batcher, ServedBundle
 from .bundle import Bundle, InstanceError
 
 PROG = "python -m hetu.serve run"
@@ -119,8 +119,10 @@ class Endpoint:
         body = await request.read()
         try:
             document = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise rest.RestError(400, f"the request body is not JSON: {e}") from None
+        except ValueError as e:   # not UTF-8, not JSON, or an integer of more digits than Python reads
+            raise rest.RestError(400, f"the request body is not JSON: {one_line(e)}") from None
+        except RecursionError:
+            raise rest.RestError(400, "the request body nests its JSON deeper than the server reads") from None
         if not isinstance(document, dict):
             raise rest.RestError(400, 'the request body is not a JSON object: {"instances": [{column: raw value, '
                                       '...}, ...]} or {"inputs": {column: [value, ...], ...}}')
@@ -174,6 +176,9 @@ def parse_args(argv):
     p.add_argument("--max-wait-ms", type=float, default=0.0, metavar="T",
                    help="how long a batch waits for more requests after its first one (default 0: it takes "
                         "those waiting, which gather while the batch before runs)")
+    p.add_argument("--max-instances", type=int, default=DEFAULT_MAX_INSTANCES, metavar="N",
+                   help="the most instances one request may carry; more get 400 (default "
+                        f"{DEFAULT_MAX_INSTANCES}); a request larger than --max-batch runs in parts between the others")
     p.add_argument("--model-threads", type=int, default=1, metavar="N",
                    help="ONNX Runtime's threads for the dense part (default 1: the event loop keeps a core)")
     p.add_argument("--watch", metavar="CHECKPOINT_DIR", default=None,
@@ -188,6 +193,7 @@ def parse_args(argv):
                         "(TensorFlow Serving refuses both with 400)")
     args = p.parse_args(argv)
     for flag, value in (("--max-batch", args.max_batch), ("--max-body-bytes", args.max_body_bytes),
+                        ("--max-instances", args.max_instances),
                         ("--model-threads", args.model_threads)):
         if value < 1:
             p.error(f"{flag} must be at least 1, not {value}")
@@ -205,7 +211,7 @@ async def serve(args, bundle):
     """Runs the server until SIGTERM or SIGINT; returns the exit status."""
     loop = asyncio.get_running_loop()
     served = ServedBundle(bundle)
-    batcher = Batcher(served, args.max_batch, args.max_wait_ms / 1e3)
+    batcher = Batcher(served, args.max_batch, args.max_wait_ms / 1e3, args.max_instances)
     app = make_app(served, batcher, args.max_body_bytes, args.labels or rest.DEFAULT_LABELS, args.lenient)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
