@@ -450,23 +450,36 @@ def _write_delta(executor, directory, run, number):
 def _chain(folder):
     """[(delta folder, its meta)] of the full checkpoint in `folder`, in order, each checked to
     follow the one before (its number and base mark). Interrupted deltas (.tmp-) are not in it."""
+    chain, problem = consistent_chain(folder)
+    if problem is not None:
+        raise ValueError(problem)
+    return chain
+
+
+def consistent_chain(folder):
+    """(chain, problem): the deltas of the full checkpoint in `folder` that follow it without a
+    break, in order, and None, or the line that says where the chain breaks (a delta missing, one
+    following another save, one damaged) when deltas after the break are left out."""
     deltas = os.path.join(folder, DELTAS)
     if not os.path.isdir(deltas):
-        return []
+        return [], None
     names = sorted(e for e in os.listdir(deltas) if re.fullmatch(r"\d{6}", e))
     chain, mark = [], read_meta(folder).get("mark")
     for number, name in enumerate(names, 1):
         path = os.path.join(deltas, name)
-        meta = read_meta(path)
+        try:
+            meta = read_meta(path)
+        except ValueError as e:   # damaged (a file gone is a checkpoint being replaced: raised)
+            return chain, f"checkpoint {folder}: delta {path} cannot be read ({e})"
         if int(name) != number or meta.get("delta") != number:
-            raise ValueError(f"checkpoint {folder}: delta {path} is number {meta.get('delta')} of the chain, "
-                             f"where number {number} belongs (a delta is missing)")
+            return chain, (f"checkpoint {folder}: delta {path} is number {meta.get('delta')} of the chain, "
+                           f"where number {number} belongs (a delta is missing)")
         if meta.get("base") != mark or mark is None:
-            raise ValueError(f"checkpoint {folder}: delta {path} follows the save marked {meta.get('base')}, the "
-                             f"one before it is marked {mark}: the chain is broken")
+            return chain, (f"checkpoint {folder}: delta {path} follows the save marked {meta.get('base')}, the "
+                           f"one before it is marked {mark}: the chain is broken")
         chain.append((path, meta))
         mark = meta.get("mark")
-    return chain
+    return chain, None
 
 
 def _full_meta(folder):

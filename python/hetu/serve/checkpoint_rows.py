@@ -148,13 +148,17 @@ class CheckpointRows:
     tables), `storage` (name -> storage type of the servers' tables), `persistent` (running
     statistics) and `dynamic` (per key directory: (resident keys ascending, their slots))."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, consistent=False):
+        """`consistent`: where the chain of deltas breaks, read it up to the break (`broken` says
+        where) rather than fail."""
         folder, _ = checkpoint.locate(directory)
         full = checkpoint.read_meta(folder)
         if not os.path.exists(os.path.join(folder, checkpoint.ARRAYS)):
             raise FileNotFoundError(f"{folder} is not a hetu checkpoint (no {checkpoint.ARRAYS})")
         checkpoint.verify(folder, full)
-        chain = checkpoint._chain(folder)
+        chain, self.broken = checkpoint.consistent_chain(folder)
+        if self.broken is not None and not consistent:
+            raise ValueError(self.broken)
         for path, meta in chain:
             checkpoint.verify(path, meta)
         self.folder, self.meta = folder, chain[-1][1] if chain else full

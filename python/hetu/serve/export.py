@@ -49,6 +49,29 @@ def checkpoint_version(checkpoint_dir):
     return int(checkpoint.info(checkpoint_dir)["iteration"])
 
 
+def consistent_version(checkpoint_dir):
+    """(version, broken): the version of the checkpoint's full save and the deltas that follow it
+    without a break, and None or the line that says where its chain of deltas breaks."""
+    folder, _ = checkpoint.locate(checkpoint_dir)
+    full = checkpoint.read_meta(folder)
+    chain, broken = checkpoint.consistent_chain(folder)
+    return int((chain[-1][1] if chain else full)["iteration"]), broken
+
+
+# What a run record says of the model itself: a checkpoint that differs in one of them is another
+# model, whatever its name; the rest (where the data lies and how much of it, the batch, the
+# optimizer, the storage type) is how a model of the same shape and data was trained: a new version.
+MODEL_IDENTITY = ("model", "embedding_size", "dataset", "stream_format", "architecture", "blocks", "heads")
+
+
+def another_model(run, served_run):
+    """None, or what in `run` (a checkpoint's run record) makes it another model than the one of
+    `served_run`, in a few words."""
+    differ = [f"{key} {run.get(key)} (served: {served_run.get(key)})" for key in MODEL_IDENTITY
+              if run.get(key) != served_run.get(key)]
+    return ", ".join(differ) or None
+
+
 def models_module(run):
     """examples/ctr's models package (MODELS): from $HETU_CTR_MODELS, the run record's
     "models_dir", ./examples/ctr/models or the source tree beside this package."""
@@ -127,12 +150,13 @@ def dynamic_of(meta, where):
 READ_TRIES = 3   # reads of a checkpoint that a job keeps replacing, before giving up
 
 
-def read_checkpoint(checkpoint_dir):
+def read_checkpoint(checkpoint_dir, consistent=False):
     """The checkpoint's rows, all from one save: a read that a newer full save's swap overtook (a
-    file gone, or the save in place no longer the one read) is read again."""
+    file gone, or the save in place no longer the one read) is read again. `consistent`: up to a
+    break in its chain of deltas, if it has one."""
     for attempt in range(READ_TRIES):
         try:
-            return CheckpointRows(checkpoint_dir)
+            return CheckpointRows(checkpoint_dir, consistent)
         except (FileNotFoundError, CheckpointChanged) as e:
             if attempt + 1 == READ_TRIES:
                 raise ExportError(str(e).strip("'")) from None
@@ -140,12 +164,12 @@ def read_checkpoint(checkpoint_dir):
             raise ExportError(str(e).strip("'")) from None
 
 
-def export(checkpoint_dir, output_dir):
-    """Writes the bundle of the checkpoint at `checkpoint_dir` (with its deltas) to `output_dir`;
-    returns the bundle's path. A sequential model's (its run records an "architecture") is
-    hetu.serve.sequences'."""
+def export(checkpoint_dir, output_dir, consistent=False):
+    """Writes the bundle of the checkpoint at `checkpoint_dir` (with its deltas; `consistent`: up
+    to a break in their chain) to `output_dir`; returns the bundle's path. A sequential model's
+    (its run records an "architecture") is hetu.serve.sequences'."""
     where = f"checkpoint {checkpoint_dir}"
-    saved = read_checkpoint(checkpoint_dir)
+    saved = read_checkpoint(checkpoint_dir, consistent)
     run = saved.meta.get("run") or {}
     if not run.get("model"):
         raise ExportError(f"{where} records no run (model, data): it was not written by examples/ctr's training")
@@ -164,7 +188,7 @@ def export(checkpoint_dir, output_dir):
         schema = {
             # The version of the saves read (a save landing meanwhile is the next export's).
             "format": BUNDLE_FORMAT, "model": run["model"], "version": int(saved.meta["iteration"]),
-            "checkpoint": saved.folder, "deltas": saved.deltas,
+            "checkpoint": saved.folder, "deltas": saved.deltas, "run": run,
             "embedding_dtype": run.get("embedding_dtype") or "fp32", **fill(tmp)}
         with open(os.path.join(tmp, SCHEMA), "w") as f:
             json.dump(schema, f, indent=1)

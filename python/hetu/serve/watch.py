@@ -6,7 +6,10 @@ times a second; when it rises above the served one, it exports the checkpoint in
 it and swaps it in (ServedBundle.swap): the batches from then on run on it, those running finish
 on the old one, whose folder goes once the last of them ends. A checkpoint replaced while it is
 read is read again by export (hetu.serve.export.read_checkpoint); an export that still fails is
-tried again at a later look."""
+tried again at a later look. A chain of deltas with a break (a delta missing, one following another
+save) is said in one line and served up to the break; a checkpoint of another model (another name,
+or a run record that differs in what makes the model: export.MODEL_IDENTITY) is refused in one
+line."""
 import asyncio
 import concurrent.futures
 import os
@@ -15,7 +18,7 @@ import time
 
 from .. import checkpoint
 from .bundle import Bundle
-from .export import checkpoint_version, export
+from .export import another_model, consistent_version, export
 
 LOOK_EVERY_S = 0.05
 RETRY_AFTER_S = 0.5   # a version whose export failed is tried again after this, or once a newer one comes
@@ -54,6 +57,7 @@ class CheckpointWatcher:
         self._failed_version = None   # the version whose export failed last (said once) ...
         self._retry_at = 0.0          # ... and when to try it again
         self._exports = 0
+        self._broken = None           # the last break of the chain of deltas said
 
     async def run(self):
         while True:
@@ -64,9 +68,14 @@ class CheckpointWatcher:
         """One look at the folder: export and swap in a newer version if there is one."""
         loop = asyncio.get_running_loop()
         try:
-            version = await loop.run_in_executor(self._export_thread, checkpoint_version, self.checkpoint_dir)
+            version, broken = await loop.run_in_executor(self._export_thread, consistent_version,
+                                                         self.checkpoint_dir)
         except (OSError, ValueError):
             return   # none yet, or a full checkpoint being swapped in: the next look sees it
+        if broken != self._broken:
+            self._broken = broken
+            if broken is not None:
+                self.log(f"{broken}: serving no version past it (the last before it: {version})")
         if version <= self.served.bundle.version:
             return
         if version == self._failed_version and time.monotonic() < self._retry_at:
@@ -77,9 +86,16 @@ class CheckpointWatcher:
             self._failed(version, f"its export failed ({type(e).__name__}: {e}); trying again")
             return
         served = self.served.bundle
+        other = None
         if bundle.name != served.name:
-            self._failed(version, f"it is a model {bundle.name}, this server serves {served.name}")
-        if bundle.version <= served.version or bundle.name != served.name:
+            other = f"it is a model {bundle.name}, this server serves {served.name}"
+        elif "run" in bundle.schema and "run" in served.schema:
+            differs = another_model(bundle.schema["run"], served.schema["run"])
+            if differs:
+                other = f"it is another model than the one served, trained with {differs}"
+        if other:
+            self._failed(version, other)
+        if bundle.version <= served.version or other:
             await loop.run_in_executor(self._export_thread, shutil.rmtree, folder, True)
             return
         self.served.swap(bundle, folder)
@@ -97,7 +113,7 @@ class CheckpointWatcher:
         folder = os.path.join(self.work_dir, f"version-{version}.{self._exports}")
         try:
             # The job may replace the checkpoint while it is read: export reads it again then.
-            path = export(self.checkpoint_dir, folder)
+            path = export(self.checkpoint_dir, folder, consistent=True)
             return self.open_bundle(path), folder, appeared
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
