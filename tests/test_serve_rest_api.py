@@ -146,6 +146,11 @@ def test_b64_values_of_string_inputs_are_their_decoded_text(server):
     status, answer = call(srv.base, "POST", url, {"inputs": columns_of(encoded)})
     assert status == 200, answer
     np.testing.assert_allclose(answer["outputs"], expected, rtol=1e-5, atol=1e-6)
+    escaped = json.dumps({"instances": encoded}).replace('"b64"', '"\\u0062\\u0036\\u0034"').encode()
+    assert b"b64" not in escaped
+    status, answer = call(srv.base, "POST", url, escaped)
+    assert status == 200, answer
+    np.testing.assert_allclose(answer["predictions"], expected, rtol=1e-5, atol=1e-6)
     for column, value, says in (("C1", {"b64": "%%%"}, "Unable to base64 decode"),
                                 ("C1", {"b64": "aGk=", "x": 1}, "not formatted correctly for base64 data"),
                                 ("I1", {"b64": "aGk="}, "column 'I1'")):

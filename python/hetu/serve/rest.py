@@ -196,23 +196,24 @@ def no_signature_for(action, name):
                           f"Was: {PREDICT_METHOD}")
 
 
-def instances_of(document, sig, lenient=False):
+def instances_of(document, sig, lenient=False, b64=True):
     """(instances: a list of {column: raw value}, columnar: whether the request used "inputs") of a
     predict body. Strict as TensorFlow Serving: "instances" or "inputs", not both; no empty
     "instances"; an instance's column the signature does not have is a 400 (`lenient`: ignored,
-    and empty "instances" answered with none)."""
+    and empty "instances" answered with none). `b64`: whether {"b64": ...} values are looked for
+    (False where the body has no "b64" at all)."""
     has_rows, has_columns = "instances" in document, "inputs" in document
     if has_rows and has_columns:
         raise RestError(400, "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist")
     if has_rows:
-        return _rows(document["instances"], sig, lenient), False
+        return _rows(document["instances"], sig, lenient, b64), False
     if has_columns:
-        return _columns(document["inputs"], sig), True
+        return _columns(document["inputs"], sig, b64), True
     raise RestError(400, "Missing 'inputs' or 'instances' key: the body is {\"instances\": [{column: raw value, ...}, "
                          "...]} or {\"inputs\": {column: [value, ...], ...}}")
 
 
-def _rows(rows, sig, lenient):
+def _rows(rows, sig, lenient, b64):
     if not isinstance(rows, list):
         raise RestError(400, f"Expecting 'instances' to be an list/array, not a JSON {_json_type(rows)}")
     if not rows and not lenient:
@@ -225,16 +226,15 @@ def _rows(rows, sig, lenient):
                 raise RestError(400, f"instance {i} is a JSON {_json_type(row)}, not an object {{column: raw value, "
                                      f"...}}: the model has {len(sig.inputs)} inputs")
             row = {single: row}
-        elif not lenient:
-            unknown = [name for name in row if name not in sig.inputs]
-            if unknown:
-                raise RestError(400, f"instance {i}: unknown column {unknown[0]!r}: the model's inputs are "
-                                     f"{', '.join(sig.inputs)} (--lenient ignores others)")
-        instances.append(_decoded(row, i, sig))
+        elif not lenient and not row.keys() <= sig.inputs.keys():
+            unknown = next(name for name in row if name not in sig.inputs)
+            raise RestError(400, f"instance {i}: unknown column {unknown!r}: the model's inputs are "
+                                 f"{', '.join(sig.inputs)} (--lenient ignores others)")
+        instances.append(_decoded(row, i, sig) if b64 else row)
     return instances
 
 
-def _columns(columns, sig):
+def _columns(columns, sig, b64):
     if not isinstance(columns, dict) or _is_b64(columns):
         if len(sig.inputs) > 1:
             raise RestError(400, "inputs is a plain value/list, but expecting an object as multiple input tensors "
@@ -248,7 +248,7 @@ def _columns(columns, sig):
             raise RestError(400, f"Missing named input: {name} in 'inputs' object.")
         values = columns[name]
         if not isinstance(values, list):
-            if name == "k":   # one K for every history
+            if name in sig.defaults:   # one value for every instance (a history's K, say)
                 given[name] = values
                 continue
             raise RestError(400, f"input {name!r}: a list of one value per instance, not a JSON {_json_type(values)}")
@@ -260,17 +260,17 @@ def _columns(columns, sig):
         given[name] = values
     rows = [{name: values[i] if isinstance(values, list) else values for name, values in given.items()}
             for i in range(count or 0)]
-    return [_decoded(row, i, sig) for i, row in enumerate(rows)]
+    return [_decoded(row, i, sig) for i, row in enumerate(rows)] if b64 else rows
 
 
 def _decoded(row, i, sig):
     """`row` with its DT_STRING inputs' {"b64": ...} values (and those in a bag's list) decoded."""
     for name in sig.strings.intersection(row):
         value = row[name]
-        if isinstance(value, list):
-            row[name] = [_text(v, i, name) for v in value]
-        else:
+        if isinstance(value, dict):
             row[name] = _text(value, i, name)
+        elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
+            row[name] = [_text(v, i, name) for v in value]
     return row
 
 

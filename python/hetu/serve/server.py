@@ -79,6 +79,7 @@ class Endpoint:
     def __init__(self, served, batcher, labels=rest.DEFAULT_LABELS, lenient=False):
         self.served, self.batcher = served, batcher
         self.labels, self.lenient = frozenset(labels), lenient
+        self._signature = (None, None)   # (the bundle, its signature), found once per bundle served
 
     async def dispatch(self, request):
         path = request.rel_url.raw_path
@@ -112,7 +113,8 @@ class Endpoint:
                                   "max_batch": self.batcher.max_batch, "max_wait_ms": self.batcher.max_wait * 1e3})
 
     async def document(self, request):
-        """The request's body: a JSON object, read within --max-body-bytes."""
+        """(the request's body: a JSON object, read within --max-body-bytes; whether its text may
+        hold a {"b64": ...} value, which rows without one are not searched for)."""
         limit = request.app["max_body_bytes"]
         if request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
@@ -126,17 +128,19 @@ class Endpoint:
         if not isinstance(document, dict):
             raise rest.RestError(400, 'the request body is not a JSON object: {"instances": [{column: raw value, '
                                       '...}, ...]} or {"inputs": {column: [value, ...], ...}}')
-        return document
+        return document, b"b64" in body or b"\\u" in body   # "b64" itself, or written in escapes
 
     async def predict(self, request, asked):
         # In TensorFlow Serving's order: the body, its signature's name, the model, then its inputs.
-        document = await self.document(request)
+        document, b64 = await self.document(request)
         name = rest.signature_name(document)
         bundle = self.served.bundle
         rest.resolve(asked, bundle, self.labels)
         rest.check_predict_signature(name)
-        signature = rest.signature(bundle)
-        instances, columnar = rest.instances_of(document, signature, self.lenient)
+        if self._signature[0] is not bundle:
+            self._signature = (bundle, rest.signature(bundle))
+        signature = self._signature[1]
+        instances, columnar = rest.instances_of(document, signature, self.lenient, b64)
         try:
             predictions, version = await self.batcher.predict(instances)
         except InstanceError as e:
@@ -148,7 +152,7 @@ class Endpoint:
     async def classify(self, request, asked):
         """:classify and :regress: a bundle has no such signature, which TensorFlow Serving answers
         with 400 once the body's "examples" and the model are found."""
-        document = await self.document(request)
+        document, _ = await self.document(request)
         name = rest.signature_name(document)
         rest.check_examples(document, asked.action)
         rest.resolve(asked, self.served.bundle, self.labels)
