@@ -26,6 +26,7 @@ from hetu.serve.bundle import Bundle  # noqa: E402
 from hetu.serve.export import export  # noqa: E402
 from test_serve_export import criteo_lines  # noqa: E402
 from test_serve_http import Server  # noqa: E402
+from test_serve_sequences import exported, raw_instances  # noqa: E402,F401 - the fixture, shared
 
 ROWS = 600
 
@@ -292,3 +293,30 @@ def test_signatures_of_synthetic_movielens_and_sequential_bundles():
     assert rest.answer(predictions, True, sequences, 3) == {
         "outputs": {"items": [[4, 5], [6, 7]], "scores": [[0.5, 0.25], [0.75, 0.5]]}, "model_version": 3}
     assert rest.answer(predictions, False, sequences, 3) == {"predictions": predictions, "model_version": 3}
+
+
+@pytest.mark.parametrize("exported", ["hstu_synthetic"], indirect=True)
+def test_a_sequential_bundle_s_signature_and_columnar_form_over_http(exported, tmp_path):
+    model, _, path, data = exported
+    bundle = Bundle.open(path)
+    instances = raw_instances(data, 3, 5)
+    with Server(tmp_path, path, env=THREADS) as srv:
+        srv.wait_ready(model)
+        status, answer = call(srv.base, "GET", f"/v1/models/{model}/labels/stable/metadata")
+        assert status == 200, answer
+        sig = answer["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert list(sig["inputs"]) == ["history", "timestamps", "k"] and list(sig["outputs"]) == ["items", "scores"]
+        assert list(sig["defaults"]) == ["k"]   # HSTU reads the timestamps
+        expected = json.loads(json.dumps(bundle.predict(instances)))
+        columns = {"history": [x["history"] for x in instances], "timestamps": [x["timestamps"] for x in instances],
+                   "k": 5}
+        status, answer = call(srv.base, "POST", f"/v1/models/{model}/versions/{bundle.version}:predict",
+                              {"inputs": columns})
+        assert status == 200, answer
+        assert answer["outputs"] == {"items": [p["items"] for p in expected], "scores": [p["scores"] for p in expected]}
+        status, answer = call(srv.base, "POST", f"/v1/models/{model}:predict", {"instances": instances})
+        assert (status, answer["predictions"]) == (200, expected)
+        status, answer = call(srv.base, "POST", f"/v1/models/{model}:predict",
+                              {"instances": [{**instances[0], "user": 1}]})
+        assert status == 400 and "instance 0: unknown column 'user'" in answer["error"], answer
+        assert srv.stop() == 0
