@@ -56,7 +56,7 @@ def read_instances(path):
 def predict_command(argv):
     parser = argparse.ArgumentParser(prog="python -m hetu.serve predict",
                                      description="Probabilities of raw instances or of a dataset's split")
-    parser.add_argument("bundle")
+    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle folder (python -m hetu.serve export)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--instances", metavar="FILE.jsonl", help="raw instances, one JSON object a line")
     source.add_argument("--data-dir", metavar="DIR", help="a prepared dataset folder (its samples as encoded)")
@@ -106,12 +106,25 @@ def run_command(argv):
 
 
 COMMANDS = {"export": export_command, "predict": predict_command, "run": run_command}
+HELP = f"""usage: python -m hetu.serve {{{','.join(COMMANDS)}}} ...
+
+Export a checkpoint to a bundle, predict from it offline, or serve it over HTTP (docs/usage.md, "Serving").
+
+verbs:
+  export   a checkpoint (with its deltas) -> a bundle folder
+  predict  a bundle's probabilities of raw instances or of a dataset's split, to a .npy file
+  run      the HTTP server: TensorFlow Serving's REST API over a bundle, or over a training job's checkpoints
+
+python -m hetu.serve VERB --help: the verb's options."""
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(HELP)
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m hetu.serve {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        print(f"usage: python -m hetu.serve {{{','.join(COMMANDS)}}} ... (--help: the verbs)", file=sys.stderr)
         return 2
     try:
         result = COMMANDS[argv[0]](argv[1:])
