@@ -81,9 +81,11 @@ class StreamFeed:
             self.first = self._next = int(step)
 
     # --- arrival -------------------------------------------------------------------------------------
-    def ready(self, t, timeout):
+    def ready(self, t, timeout, idle=False):
         """Whether global batch t is complete, reading the source until it is, for at most
-        `timeout` seconds without a new sample (None: without limit; 0: what is there now)."""
+        `timeout` seconds without a new sample (None: without limit; 0: what is there now).
+        `idle`: the timeout counts only while the source has no data to read (an idle limit: the
+        files listed and not yet read are waited for however long they take)."""
         with self._lock:
             if t < self.first:
                 raise ValueError(f"stream: global batch {t} comes before the first read, {self.first}")
@@ -98,8 +100,11 @@ class StreamFeed:
                         min(POLL_SECONDS, max(0.0, quiet_since + timeout - time.monotonic()))
                     block = self.source.read(self.size - self._tail_rows, wait)
                     if block is None or not len(block.labels):
-                        if self._source_ended() or (timeout is not None and
-                                                    time.monotonic() - quiet_since >= timeout):
+                        if self._source_ended():
+                            return False
+                        if idle and not getattr(self.source, "idle", True):
+                            quiet_since = time.monotonic()   # data is there, being read
+                        elif timeout is not None and time.monotonic() - quiet_since >= timeout:
                             return False
                         continue
                     quiet_since = time.monotonic()
@@ -129,7 +134,7 @@ class StreamFeed:
         on every worker (an allreduce over `comm`, hetu.dist's communicator). Once one is not
         there, the stream ends before it: later batches are not there either, and Herald's planner
         is handed a batch of no rows in its place (`global_rows`)."""
-        have = self.ready(t, self.idle_exit)
+        have = self.ready(t, self.idle_exit, idle=True)
         if comm is not None and comm.size > 1:
             have = bool(comm.comm.allreduce(int(have), op=comm.MPI.MIN))
         if not have:

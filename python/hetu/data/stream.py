@@ -31,6 +31,7 @@ Formats: ``criteo`` (Kaggle train.txt), ``movielens`` (ratings ``user::item::rat
 tab separated, or ratings.csv with its header; label rating >= 4; side features from ``users``
 and ``items`` files read at start), ``schema:FILE`` (any delimited log; stream_formats.py).
 """
+import bisect
 import dataclasses
 import os
 import select
@@ -248,6 +249,13 @@ class StreamSource:
         return self._queue.samples
 
     @property
+    def idle(self):
+        """Whether no data is there to read: the reader waits for some to come (a file to grow, a
+        later file, more of stdin) or has stopped. False while it reads what is there (files
+        listed and not yet read), so that an idle limit counts only the time without data."""
+        return self._thread is None or not self._thread.is_alive() or self.waiting_for is not None
+
+    @property
     def ended(self):
         """True once standard input ended and every sample was read (a directory never ends)."""
         q = self._queue
@@ -380,6 +388,7 @@ class _DirectoryReader:
     def __init__(self, source):
         self.source, self.dir = source, source.path
         self.found = {}          # name -> time.time() of the listing that first saw it
+        self.names = []          # the names found, ascending (new ones sort last, nearly always)
         self.current = None      # the file being read (or last read)
         self.last_listing = 0.0
         start = source._start
@@ -392,34 +401,39 @@ class _DirectoryReader:
             entry.is_file(follow_symlinks=True)
 
     def list(self):
+        """Lists the folder once: each name not seen before is found now. One pass over the
+        entries (the seen ones are only looked up), so a folder of N files costs O(N) a listing,
+        and the reader lists once per poll, not once per file."""
         now = time.time()
-        names = sorted(e.name for e in os.scandir(self.dir) if self.eligible(e))
+        new = sorted(e.name for e in os.scandir(self.dir) if e.name not in self.found and self.eligible(e))
         # after the first listing, a new file must sort after the one read (or sought to)
         passed = (self.current or self.skip_before) if self.last_listing else None
-        for name in names:
-            if name in self.found:
-                continue
-            self.found[name] = now
+        for name in new:
             if passed is not None and name < passed:
                 raise DataFormatError(
                     f"{self.dir}: new file {name!r} sorts before {passed!r}, already read "
                     "(files are read in name order: name new files so that they sort last)")
+            self.found[name] = now
+            if not self.names or name > self.names[-1]:
+                self.names.append(name)
+            else:
+                bisect.insort(self.names, name)
         self.last_listing = now
-        return names
 
     def next_file(self):
         """The first listed file after the current one (or at the seek position), or None."""
-        for name in sorted(self.found):
-            if self.current is None:
-                if self.skip_before is None or name >= self.skip_before:
-                    return name
-            elif name > self.current:
-                return name
-        return None
+        if self.current is None:
+            at = 0 if self.skip_before is None else bisect.bisect_left(self.names, self.skip_before)
+        else:
+            at = bisect.bisect_right(self.names, self.current)
+        return self.names[at] if at < len(self.names) else None
 
     def later_file_exists(self, name):
-        self.list()
-        return any(other > name for other in self.found)
+        """Whether a file sorting after `name` exists: one listed already, else one a listing
+        finds now."""
+        if not self.names or self.names[-1] <= name:
+            self.list()
+        return bool(self.names) and self.names[-1] > name
 
     def wait(self, what):
         self.notice.waiting(what)
@@ -435,6 +449,8 @@ class _DirectoryReader:
                 self.wait(f"a file in {self.dir}" + (f" after {after}" if after else ""))
                 self.list()
                 continue
+            if self.source._stop.is_set():
+                raise _Stopped()
             start = self.source._start
             resume = start["file"] == name
             self.current = name
