@@ -68,6 +68,23 @@ def test_waiting_for_data_holds_the_clock_and_silence_does_not():
     assert StallWatch(0, clock).stalled({}) is None
 
 
+def test_a_pause_of_the_launcher_itself_re_arms_the_watch():
+    clock = Clock()
+    watch = StallWatch(4, clock)
+    watch.read(0, "hetu-progress 3 0 ")
+    assert watch.paused() is None and watch.stalled({0: "a"}) is None
+    clock.now += 0.05
+    assert watch.paused() is None
+    clock.now += 30   # the launcher was stopped: no report was read meanwhile
+    assert watch.paused() == pytest.approx(30) and watch.stalled({0: "a"}) is None
+    watch.read(0, "hetu-progress 3 30.0 write (x/train.py:9)")   # its idleness while the launcher slept
+    assert watch.stalled({0: "a"}) is None
+    for _ in range(9):   # a stall after the pause is one, counted from the pause's end
+        clock.now += 0.5
+        assert watch.paused() is None
+    assert watch.stalled({0: "a"}).startswith("worker 0 on a sent no progress report for 4 s (after step 3)")
+
+
 def test_a_worker_names_the_python_frames_it_waits_in():
     event = threading.Event()
 
@@ -112,7 +129,7 @@ TRAINER = textwrap.dedent("""
     progress.watch()
     table = ps.client().init_table("emb", 64, 4, init=("constant", 0.0))
     keys = np.arange(64, dtype=np.int64)
-    for step in range(400 if mode == "server_stopped" else 40):
+    for step in range({"server_stopped": 400, "steady": 100}.get(mode, 40)):
         if mode == "data" and step == 2:
             with progress.waiting("data"):
                 time.sleep(6)
@@ -128,7 +145,7 @@ TRAINER = textwrap.dedent("""
         table.pull(keys, iteration=step + 1).wait()
         progress.step_done()
         open(os.path.join(out, f"step.{rank}"), "w").write(str(step))
-        time.sleep(0.1 if mode == "server_stopped" else 0.02)
+        time.sleep(0.1 if mode in ("server_stopped", "steady") else 0.02)
     ps.finalize()
     print("finished")
 """)
@@ -244,6 +261,24 @@ def test_a_worker_waiting_for_data_longer_than_the_timeout_is_no_stall(tmp_path)
     assert "[worker 0] waiting for data (not a stall)" in err, err[-4000:]
     assert "[worker 0] finished" in out
     assert "hetu-progress" not in out + err   # the reports are the launcher's, not the log's
+
+
+@needs_mpirun
+@pytest.mark.timeout(120)
+def test_a_launcher_stopped_and_continued_says_so_and_the_job_goes_on(tmp_path):
+    with run_trainer(tmp_path, "steady") as job:
+        wait_for(lambda: (tmp_path / "step.0").exists(), 60, "the first step")
+        time.sleep(1)
+        job.send_signal(signal.SIGSTOP)
+        time.sleep(STALL_TIMEOUT + 1)   # past the timeout and the reports' silence
+        job.send_signal(signal.SIGCONT)
+        out, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err[-4000:]
+    assert "error: no training progress" not in err
+    paused = [line for line in err.splitlines() if "this launcher was paused" in line]
+    assert len(paused) == 1 and re.search(r"paused for \d+ s \(SIGSTOP, or its terminal or machine suspended\)",
+                                          paused[0]), err[-4000:]
+    assert "[worker 0] finished" in out
 
 
 @needs_mpirun

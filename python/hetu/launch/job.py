@@ -329,6 +329,11 @@ class Job:
             time.sleep(0.05)
 
     def check_progress(self):
+        paused = self.stall_watch.paused()
+        if paused is not None and self.stall_watch.timeout > 0:
+            self.log(f"this launcher was paused for {paused:.0f} s (SIGSTOP, or its terminal or machine suspended) "
+                     f"while the workers' reports waited in its pipes: its stall watch (--stall-timeout) starts "
+                     f"again now")
         stall = self.stall_watch.stalled(self.rank_host)
         if stall:
             raise JobFailed(f"no training progress for {self.stall_watch.timeout:g} s (--stall-timeout): {stall}")

@@ -6,6 +6,12 @@ idle while others train is no stall (it may wait at a barrier for them), nor is 
 waiting for data. A worker is watched from its first report until it says "end". A worker
 whose reports stop (stopped by a signal, or holding Python's interpreter lock) counts as idle
 since its last report. The stall is named by the worker idle longest, with what it waits on.
+
+The launcher itself may be paused (SIGSTOP, a suspended terminal or machine): its clock then jumps
+between two looks, and the workers' reports wait in their pipes (their output blocks once a pipe
+is full). Their silence and idleness meanwhile were the launcher's doing, not theirs: a look that
+finds the clock jumped by more than a pause limit re-arms the watch (no idleness or silence before
+that moment counts) and says so, rather than naming a worker.
 """
 import threading
 import time
@@ -31,6 +37,21 @@ class StallWatch:
         self.lock = threading.Lock()   # reports come on the output threads, checks on the main one
         # Reports come every report_interval: a worker that missed a few has gone silent.
         self.silence = 3 * report_interval(timeout)
+        # The launcher looks every few tens of ms: a gap between two looks of half the silence
+        # (at least a second) is this process paused, not a slow look.
+        self.pause_limit = max(1.0, self.silence / 2)
+        self.armed_at = float("-inf")   # idleness and silence before this moment do not count
+        self.last_look = None
+
+    def paused(self) -> Optional[float]:
+        """Seconds this process was paused since the last look (its clock jumped by more than
+        pause_limit), after which the watch is re-armed; None if it was not."""
+        now = self.clock()
+        last, self.last_look = self.last_look, now
+        if last is None or now - last < self.pause_limit:
+            return None
+        self.armed_at = now
+        return now - last
 
     @staticmethod
     def is_report(line: str) -> bool:
@@ -58,13 +79,13 @@ class StallWatch:
             workers = dict(self.workers)
         if self.timeout <= 0 or not workers:
             return None
-        now = self.clock()
+        now, armed = self.clock(), self.armed_at
         # A worker waiting for data reports no idle time: it holds the job's clock.
-        if any(now - w.idle_since < self.timeout for w in workers.values()):
+        if any(now - max(w.idle_since, armed) < self.timeout for w in workers.values()):
             return None
         rank, w = min(workers.items(), key=lambda item: item[1].idle_since)
         node = f"worker {rank} on {hosts.get(rank, '?')}"
-        if now - w.reported >= self.silence:
+        if now - max(w.reported, armed) >= self.silence:
             return (f"{node} sent no progress report for {now - w.reported:.0f} s (after step {w.steps}): "
                     "it is stopped, or its Python interpreter is held")
         return f"{node} made no step for {now - w.idle_since:.0f} s (after step {w.steps}); blocked in {w.what or '?'}"
