@@ -4,7 +4,8 @@ set -euo pipefail
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config
   libzmq3-dev libsodium-dev protobuf-compiler libprotobuf-dev
   openmpi-bin libopenmpi-dev libucx-dev
-  iproute2 openssh-server openssh-client)
+  iproute2 openssh-server openssh-client
+  prometheus)   # the serving endpoint's metrics are scraped by a real Prometheus in its test
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -14,4 +15,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
-python3 -m pip install -q "scikit-build-core>=0.8" "pybind11>=2.11" numpy pyyaml tqdm mpi4py pytest pytest-timeout matplotlib pyzmq xxhash tensorboardX onnx onnxruntime aiohttp
+python3 -m pip install -q "scikit-build-core>=0.8" "pybind11>=2.11" numpy pyyaml tqdm mpi4py pytest pytest-timeout matplotlib pyzmq xxhash tensorboardX onnx onnxruntime aiohttp prometheus_client

@@ -109,6 +109,9 @@ class Batcher:
         # One thread runs the model: batches run one at a time, ONNX Runtime's own threads inside.
         self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetu-serve-model")
         self.stats = collections.Counter()   # batches, requests, instances, largest_batch, failed_batches
+        self.batch_sizes = collections.Counter()   # instances in a model run -> runs of that many
+        # (raw column, where) -> ids the model never saw (Bundle.predict's `unknown`), over every version served
+        self.unknown = collections.Counter()
 
     async def predict(self, instances):
         if len(instances) > self.max_instances:
@@ -178,13 +181,13 @@ class Batcher:
         return parts
 
     async def _run_batch(self, parts):
-        loop = asyncio.get_running_loop()
         bundle = parts[0][0].bundle
         instances = [instance for request, start, end in parts for instance in request.instances[start:end]]
         self.stats.update(batches=1, instances=len(instances))
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(instances))
+        self.batch_sizes[len(instances)] += 1
         try:
-            predictions = await loop.run_in_executor(self._model_thread, bundle.predict, instances)
+            predictions = await self._predict(bundle, instances)
         except Exception as e:   # noqa: BLE001 - handed to the requests' handlers
             if not isinstance(e, InstanceError):
                 self.stats["failed_batches"] += 1
@@ -194,8 +197,7 @@ class Batcher:
             # the bad request fails and its error counts the instances from its own first one.
             for request, start, end in parts:
                 try:
-                    alone = await loop.run_in_executor(self._model_thread, bundle.predict,
-                                                       request.instances[start:end])
+                    alone = await self._predict(bundle, request.instances[start:end])
                 except Exception as e:   # noqa: BLE001 - handed to the request's handler
                     self._fail(request, _from(e, start))
                 else:
@@ -205,6 +207,17 @@ class Batcher:
         for request, start, end in parts:
             self._answered(request, predictions[at:at + end - start])
             at += end - start
+
+    async def _predict(self, bundle, instances):
+        """bundle.predict(instances) in the model's thread; the unknown ids of a run that succeeds
+        are counted (counted in a Counter of the run's own, added here on the loop's thread)."""
+        loop = asyncio.get_running_loop()
+        if not getattr(bundle, "counts_unknown", False):
+            return await loop.run_in_executor(self._model_thread, bundle.predict, instances)
+        unknown = collections.Counter()
+        predictions = await loop.run_in_executor(self._model_thread, bundle.predict, instances, unknown)
+        self.unknown.update(unknown)
+        return predictions
 
     def _answered(self, request, predictions):
         """One part of `request` answered: the request is once all its parts are."""

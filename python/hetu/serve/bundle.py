@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ..data.store import BAG_PADDING
 from ..ops.embedding import Bags, gather_slots
 from .checkpoint_rows import STORED_AS, to_fp32
 from .encode import InstanceEncoder, InstanceError, Vocabulary
@@ -99,6 +100,10 @@ class Bundle:
         self.encoder = InstanceEncoder(self.schema, vocabulary)
         self.session = onnx_session(os.path.join(self.path, MODEL), threads)
         self.num_slots = int(sum(f["slots"] for f in self.schema["fields"]))
+        # Each slot's raw column (a field no column fills: "field K"), for counting unknown ids.
+        named = {int(c["field"]): c["name"] for c in self.schema["columns"] if c["kind"] != "dense"}
+        self.field_names = [named.get(k, f"field {k}") for k in range(len(self.schema["fields"]))]
+        self.slot_fields = np.repeat(np.arange(len(self.field_names)), [f["slots"] for f in self.schema["fields"]])
 
     @classmethod
     def open(cls, path, threads=None):
@@ -114,24 +119,34 @@ class Bundle:
     def __repr__(self):
         return f"Bundle({self.name!r}, version {self.version}, {self.path})"
 
-    def predict(self, instances):
-        """Probabilities of raw instances (dicts of raw columns); a bad one raises InstanceError."""
+    counts_unknown = True   # predict takes `unknown` (the batcher's test of a bundle)
+
+    def predict(self, instances, unknown=None):
+        """Probabilities of raw instances (dicts of raw columns); a bad one raises InstanceError.
+        `unknown`: a Counter into which the ids the model never saw are counted, per (raw column,
+        where: "vocabulary" for a value outside an indexed field's vocabulary, which reads its
+        bucket 0, or a dynamic table's name for a key not resident in it, which reads zeros)."""
         if len(instances) == 0:
             return np.zeros(0, np.float32)
-        dense, sparse = self.encoder.encode(instances)
-        return self.predict_arrays(dense, sparse)
+        dense, sparse = self.encoder.encode(instances, unknown)
+        return self.predict_arrays(dense, sparse, unknown)
 
-    def predict_arrays(self, dense, sparse):
+    def predict_arrays(self, dense, sparse, unknown=None):
         """Probabilities of samples already encoded as training reads them: dense float32 [N, D]
-        (None without dense features) and ids int64 [N, slots]."""
+        (None without dense features) and ids int64 [N, slots]; `unknown` as predict's."""
         sparse = np.ascontiguousarray(sparse, np.int64)
         if sparse.ndim != 2 or sparse.shape[1] != self.num_slots:
             raise ValueError(f"ids of shape {sparse.shape}: the model reads [N, {self.num_slots}]")
         feed = {}
         if self.schema["num_dense"]:
             feed["dense"] = np.ascontiguousarray(dense, np.float32).reshape(len(sparse), self.schema["num_dense"])
+        counted = set()
         for name, table, bags in self.inputs:
-            rows, positions = table.distinct(table.rows_of(sparse))
+            slots = table.rows_of(sparse)
+            if unknown is not None and table.keys is not None and table.name not in counted:
+                counted.add(table.name)
+                self.count_unknown(unknown, table.name, (slots < 0) & (sparse != BAG_PADDING))
+            rows, positions = table.distinct(slots)
             width = table.rows.shape[1]
             if bags is not None:
                 out = np.empty(bags.out_shape(sparse.shape, width), np.float32)
@@ -141,3 +156,12 @@ class Bundle:
                 gather_slots(name, rows, positions, out)
             feed[name] = out
         return self.session.run(["probability"], feed)[0]
+
+    def count_unknown(self, unknown, where, missing):
+        """`missing` (bool [N, slots]) counted into `unknown` per (raw column, where)."""
+        per_slot = np.count_nonzero(missing, axis=0)
+        if not per_slot.any():
+            return
+        per_field = np.bincount(self.slot_fields, weights=per_slot, minlength=len(self.field_names))
+        for field in np.flatnonzero(per_field):
+            unknown[self.field_names[field], where] += int(per_field[field])

@@ -30,6 +30,7 @@ from ..data.store import BAG_PADDING
 from ..data.tabular import dense_transform
 
 INT64 = np.iinfo(np.int64)
+UNSEEN = "vocabulary"   # where an unknown id was found: a value outside the vocabulary (else a dynamic table's name)
 
 
 class InstanceError(ValueError):
@@ -127,8 +128,10 @@ class Vocabulary:
         self.keys, self.ids = per_field("keys"), per_field("ids")
         self.missing = {f: int(v) for f, v in per_field("missing").items()}
 
-    def lookup(self, field, values, column, indices):
-        """Global ids of `values` (texts) of `field`; `indices` the instances they come from."""
+    def lookup(self, field, values, column, indices, unknown=None):
+        """Global ids of `values` (texts) of `field`; `indices` the instances they come from; the
+        values not in the vocabulary (bucket 0's) counted into `unknown` (a Counter) under
+        (column, "vocabulary")."""
         known = self.keys[field]   # ascending
         wanted = hash_values(field, values)
         at = np.minimum(np.searchsorted(known, wanted), max(len(known) - 1, 0))
@@ -140,6 +143,8 @@ class Vocabulary:
                 raise _bad(indices[j], column, f"{values[j]!r} is not a value training saw (this field has no bucket "
                                                f"for unseen values)")
             ids = np.where(found, ids, self.missing[field])
+            if unknown is not None:
+                unknown[column, UNSEEN] += len(found) - int(np.count_nonzero(found))
         return ids.astype(np.int64)
 
 
@@ -154,7 +159,8 @@ class InstanceEncoder:
         self.num_dense = int(schema["num_dense"])
         self.vocabulary = vocabulary
 
-    def encode(self, instances):
+    def encode(self, instances, unknown=None):
+        """`unknown`: a Counter that counts the values outside the vocabulary, per (column, "vocabulary")."""
         n = len(instances)
         for i, instance in enumerate(instances):
             if not isinstance(instance, dict):
@@ -174,12 +180,13 @@ class InstanceEncoder:
                 dense[:, column["output"]] = dense_transform(values) if column.get("transform") == "log1p" \
                     else values.astype(np.float32)
             elif column["kind"] == "categorical":
-                sparse[:, self.slot_offsets[column["field"]]] = self.ids(column, raw, list(range(n)), instances)
+                sparse[:, self.slot_offsets[column["field"]]] = self.ids(column, raw, list(range(n)), instances,
+                                                                               unknown)
             else:
-                self.encode_bags(column, raw, instances, sparse)
+                self.encode_bags(column, raw, instances, sparse, unknown)
         return dense, sparse
 
-    def encode_bags(self, column, raw, instances, sparse):
+    def encode_bags(self, column, raw, instances, sparse, unknown=None):
         name, slots = column["name"], int(column["slots"])
         flat, owners, positions = [], [], []
         for i, value in enumerate(raw):
@@ -200,11 +207,11 @@ class InstanceEncoder:
             owners += [i] * len(bag)
             positions += range(len(bag))
         if flat:
-            ids = self.ids(column, flat, owners, instances)
+            ids = self.ids(column, flat, owners, instances, unknown)
             start = self.slot_offsets[column["field"]]
             sparse[np.asarray(owners), start + np.asarray(positions)] = ids
 
-    def ids(self, column, values, owners, instances):
+    def ids(self, column, values, owners, instances, unknown=None):
         """The ids of one column's `values` (each from instance owners[k])."""
         name, field = column["name"], int(column["field"])
         if column.get("value") == "id":
@@ -220,4 +227,4 @@ class InstanceEncoder:
                  for i, v in zip(owners, values)]
         if self.hashed:
             return hash_values(field, texts)
-        return self.vocabulary.lookup(field, texts, name, owners)
+        return self.vocabulary.lookup(field, texts, name, owners, unknown)

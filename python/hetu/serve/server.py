@@ -9,7 +9,8 @@ on aiohttp (hetu.serve.rest: its URLs, request forms and errors).
                                    a sequential model's: {"instances": [{"history": [item, ...],
                                    "timestamps": [...], "k": K}, ...]} -> {"predictions":
                                    [{"items": [...], "scores": [...]}, ...], ...} (hetu.serve.sequences)
-    GET  /v1/models/NAME/stats     -> the batching counters and the swaps
+    GET  /v1/models/NAME/stats     -> the batching counters, the swaps, the ids the model never saw
+    GET  /monitoring/prometheus/metrics -> the same and the requests, in Prometheus' text format (metrics.py)
 
 Concurrent requests are batched (batching.py); with --watch the server follows a training job's
 checkpoint folder and swaps in each new version (watch.py). A bad request gets
@@ -83,6 +84,7 @@ class Endpoint:
 
     async def dispatch(self, request):
         path = request.rel_url.raw_path
+        request["api"] = "other"   # for the metrics: the API asked, once the path names one
         if request.method == "OPTIONS" and rest.API.fullmatch(path):   # a CORS preflight, as TensorFlow Serving
             if re.search(r"https?://", request.headers.get("Origin", "")):
                 return web.Response(content_type="application/json")
@@ -91,6 +93,7 @@ class Endpoint:
             asked = rest.route(request.method, path)
             if asked is None:
                 raise web.HTTPNotFound()
+            request["api"] = asked.action
             return await getattr(self, asked.action)(request, asked)
         except rest.RestError as e:
             return error(e.status, e.message)
@@ -109,8 +112,12 @@ class Endpoint:
         rest.resolve(asked, self.served.bundle, self.labels)
         counters = {key: self.batcher.stats[key] for key in
                     ("requests", "instances", "batches", "largest_batch", "failed_batches")}
+        unknown = {}
+        for (column, where), count in sorted(self.batcher.unknown.items()):
+            unknown.setdefault(column, {})[where] = count
         return web.json_response({**counters, "version": self.served.bundle.version, "swaps": self.served.swaps,
-                                  "max_batch": self.batcher.max_batch, "max_wait_ms": self.batcher.max_wait * 1e3})
+                                  "max_batch": self.batcher.max_batch, "max_wait_ms": self.batcher.max_wait * 1e3,
+                                  "unknown_ids": unknown})
 
     async def document(self, request):
         """(the request's body: a JSON object, read within --max-body-bytes; whether its text may
@@ -161,10 +168,28 @@ class Endpoint:
     regress = classify
 
 
+def prometheus(served, batcher):
+    """(the Metrics of this server or None without prometheus_client, the handler of its path)."""
+    try:
+        from .metrics import Metrics
+    except ImportError as e:
+        async def absent(request):
+            return error(503, f"no metrics: {one_line(e)} (pip install prometheus_client)")
+        return None, absent
+    metrics = Metrics(served, batcher)
+
+    async def scrape(request):
+        return web.Response(body=metrics.text(), headers={"Content-Type": metrics.content_type})
+    return metrics, scrape
+
+
 def make_app(served, batcher, max_body_bytes, labels=rest.DEFAULT_LABELS, lenient=False):
-    app = web.Application(middlewares=[json_errors], client_max_size=max_body_bytes)
+    metrics, scrape = prometheus(served, batcher)
+    app = web.Application(middlewares=([metrics.middleware()] if metrics else []) + [json_errors],
+                          client_max_size=max_body_bytes)
     app["max_body_bytes"] = max_body_bytes
     endpoint = Endpoint(served, batcher, labels, lenient)
+    app.router.add_get("/monitoring/prometheus/metrics", scrape)
     app.router.add_route("*", "/{path:.*}", endpoint.dispatch)
     return app
 
