@@ -275,6 +275,10 @@ def test_a_launcher_stopped_and_continued_says_so_and_the_job_goes_on(tmp_path):
         out, err = job.communicate(timeout=60)
     assert job.returncode == 0, err[-4000:]
     assert "error: no training progress" not in err
+    # While it is stopped its guard says so; once continued, it says it was paused and blames no one.
+    stopped = [line for line in err.splitlines() if "has been stopped for" in line]
+    assert len(stopped) == 1 and re.search(rf"warning: the launcher \(pid {job.pid} on \S+\) has been stopped for "
+                                           r"[\d.]+ s \(SIGSTOP, Ctrl-Z\): its job waits on it", stopped[0]), err[-4000:]
     paused = [line for line in err.splitlines() if "this launcher was paused" in line]
     assert len(paused) == 1 and re.search(r"paused for \d+ s \(SIGSTOP, or its terminal or machine suspended\)",
                                           paused[0]), err[-4000:]

@@ -14,6 +14,10 @@ PATH"), and Open MPI's session folder of the job's mpirun ($TMPDIR/ompi.HOST.UID
 its shared-memory segments (/dev/shm/vader_segment.HOST.UID.JOBID.RANK, those of the job id in
 the session folder's contact.txt, and any a process of the job had mapped).
 
+While the launcher lives, the guard also says when it stays stopped (SIGSTOP, Ctrl-Z) for
+STOPPED_SAY_AFTER_S: its job waits on it then (the workers' output blocks once its pipes fill), and
+the guard, in a session of its own, is not stopped with it.
+
     python -m hetu.launch.guard LAUNCHER_PID LAUNCHER_HOST KILL_GRACE JOB_MARK
 """
 import os
@@ -21,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -84,6 +89,35 @@ def read_launcher(stream, folders=None) -> Tuple[List[Tuple[int, Optional[str], 
 
 
 MPIRUN_LABEL = "mpirun (workers)"
+STOPPED_SAY_AFTER_S = 2.0   # a launcher stopped this long is said to be (once a stop)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped by a signal or a tracer (state T or t)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] in ("T", "t")
+
+
+def say_when_stopped(pid: int, host: str, after: float = STOPPED_SAY_AFTER_S, poll: float = 0.25):
+    """Says once a stop, when the launcher has stayed stopped for `after` seconds, that its job waits."""
+    since, said = None, False
+    while True:
+        time.sleep(poll)
+        if not is_stopped(pid):
+            since, said = None, False
+            continue
+        since = since if since is not None else time.monotonic()
+        if not said and time.monotonic() - since >= after:
+            said = True
+            try:
+                print(f"[heturun] warning: the launcher (pid {pid} on {host}) has been stopped for {after:g} s "
+                      "(SIGSTOP, Ctrl-Z): its job waits on it; SIGCONT or fg resumes it", file=sys.stderr, flush=True)
+            except OSError:
+                pass
 
 
 def stop_job(started, grace: float, job_mark: str):
@@ -115,6 +149,7 @@ def main(argv=None):
     launcher_pid, host, grace, job_mark = (argv or sys.argv[1:])[:4]
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the launcher's to handle
     folders: List[str] = []
+    threading.Thread(target=say_when_stopped, args=(int(launcher_pid), host), daemon=True).start()
     started, finished = read_launcher(sys.stdin.buffer, folders)
     if finished:
         return 0
