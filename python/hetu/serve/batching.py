@@ -28,7 +28,7 @@ class TooManyInstances(InstanceError):
 
 
 class ServedBundle:
-    """The Bundle that answers, swapped whole. Each batch leases the bundle it runs on; a bundle
+    """The Bundle that answers, swapped whole (None until the first, where --watch starts without one). Each batch leases the bundle it runs on; a bundle
     swapped out is retired (its folder removed, where the server exported it) once no batch uses it.
     Used on the event loop's thread only."""
 
@@ -56,10 +56,13 @@ class ServedBundle:
                 self._retire(*self._retiring.pop(id(bundle)))
 
     def swap(self, bundle, folder):
-        """Serve `bundle` (exported into `folder`, removed once it is retired) from the next batch on."""
+        """Serve `bundle` (exported into `folder`, removed once it is retired) from the next batch on
+        (the first one, where the server started without a bundle)."""
         old, old_folder = self._bundle, self._folder
         self._bundle, self._folder = bundle, folder
         self.swaps += 1
+        if old is None:
+            return
         if self._leases[id(old)]:
             self._retiring[id(old)] = (old, old_folder)
         else:

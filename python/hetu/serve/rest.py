@@ -73,7 +73,15 @@ def route(method, path):
 
 def resolve(r, bundle, labels):
     """Checks that `r` asks for the model and version `bundle` is: a label must name the served
-    version (400 otherwise), another model or version is 404, in TensorFlow Serving's words."""
+    version (400 otherwise), another model or version is 404, in TensorFlow Serving's words.
+    Without a bundle (--watch before its first checkpoint) every model is one of no version
+    loaded, which TensorFlow Serving answers 404 (its model status: no versions found; the rest:
+    no servable)."""
+    if bundle is None:
+        if r.action == "status":
+            raise RestError(404, f"Could not find any versions of model {r.name}" if r.version is None
+                            else f"Could not find version {r.version} of model {r.name}")
+        raise not_found(r)
     if r.label is not None and (r.name != bundle.name or r.label not in labels):
         raise RestError(400, f"Unrecognized servable version label: {r.label}")
     if r.name == bundle.name and r.version in (None, bundle.version):

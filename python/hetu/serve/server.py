@@ -13,7 +13,9 @@ on aiohttp (hetu.serve.rest: its URLs, request forms and errors).
     GET  /monitoring/prometheus/metrics -> the same and the requests, in Prometheus' text format (metrics.py)
 
 Concurrent requests are batched (batching.py); with --watch the server follows a training job's
-checkpoint folder and swaps in each new version (watch.py). A bad request gets
+checkpoint folder and swaps in each new version (watch.py); without BUNDLE it listens at once, every
+model 404 as TensorFlow Serving answers one with no version loaded, and serves the folder's first
+checkpoint once it lands. A bad request gets
 {"error": "<one line>"} with TensorFlow Serving's status (400 for a malformed one, 404 for another
 model or version, 413 for a body over --max-body-bytes) and the server goes on serving. A startup
 error (the bundle, the port) exits 2 with one line; SIGTERM and SIGINT stop it cleanly: it stops
@@ -197,7 +199,9 @@ def make_app(served, batcher, max_body_bytes, labels=rest.DEFAULT_LABELS, lenien
 def parse_args(argv):
     p = argparse.ArgumentParser(prog=PROG, description="Serve a bundle's predictions over HTTP "
                                 "(TensorFlow Serving's REST form).")
-    p.add_argument("bundle", metavar="BUNDLE", help="a bundle folder (python -m hetu.serve export)")
+    p.add_argument("bundle", metavar="BUNDLE", nargs="?", default=None,
+                   help="a bundle folder (python -m hetu.serve export); optional with --watch, whose first "
+                        "checkpoint is then served once it lands (until then every model is 404, no version)")
     p.add_argument("--port", type=int, required=True, help="the port to listen on (0: any free one, printed)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     p.add_argument("--max-batch", type=int, default=256, metavar="N",
@@ -221,6 +225,8 @@ def parse_args(argv):
                    help="ignore an instance's columns the model does not read and answer empty \"instances\" "
                         "(TensorFlow Serving refuses both with 400)")
     args = p.parse_args(argv)
+    if args.bundle is None and args.watch is None:
+        p.error("BUNDLE is required, unless --watch names a training job's checkpoint folder to serve from")
     for flag, value in (("--max-batch", args.max_batch), ("--max-body-bytes", args.max_body_bytes),
                         ("--max-instances", args.max_instances),
                         ("--model-threads", args.model_threads)):
@@ -265,8 +271,11 @@ async def serve(args, bundle):
     # What was loaded at start (modules, the bundle) stays: the collector's full passes skip it,
     # which keeps them short beside the requests.
     gc.freeze()
-    log(f"serving {bundle.name} version {bundle.version} at http://{args.host}:{port}/v1/models/{bundle.name}"
-        + (f", following {args.watch}" if args.watch else ""))
+    if bundle is None:
+        log(f"waiting for the first checkpoint in {args.watch} to serve it at http://{args.host}:{port}/v1/models/")
+    else:
+        log(f"serving {bundle.name} version {bundle.version} at http://{args.host}:{port}/v1/models/{bundle.name}"
+            + (f", following {args.watch}" if args.watch else ""))
     await stop.wait()
     log("stopping: answering the requests received")
     await runner.cleanup()   # stops listening, waits for the handlers running
@@ -285,6 +294,8 @@ async def serve(args, bundle):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.bundle is None:
+        return asyncio.run(serve(args, None))
     try:
         bundle = Bundle.open(args.bundle, threads=args.model_threads)
     except Exception as e:   # noqa: BLE001 - any reason the bundle cannot be served, in one line

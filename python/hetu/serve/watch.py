@@ -2,7 +2,8 @@
 
 A training job replaces its full checkpoint by renames and adds deltas under deltas/ (each renamed
 into place whole; hetu.checkpoint). The watcher reads the folder's version (meta.json only) twenty
-times a second; when it rises above the served one, it exports the checkpoint into a fresh bundle folder, opens
+times a second; when it rises above the served one (or a first one lands, where the server started
+without a bundle), it exports the checkpoint into a fresh bundle folder, opens
 it and swaps it in (ServedBundle.swap): the batches from then on run on it, those running finish
 on the old one, whose folder goes once the last of them ends. A checkpoint replaced while it is
 read is read again by export (hetu.serve.export.read_checkpoint); an export that still fails is
@@ -76,8 +77,8 @@ class CheckpointWatcher:
             self._broken = broken
             if broken is not None:
                 self.log(f"{broken}: serving no version past it (the last before it: {version})")
-        if version <= self.served.bundle.version:
-            return
+        if self.served.bundle is not None and version <= self.served.bundle.version:
+            return   # (none served yet: the server waits for the first checkpoint)
         if version == self._failed_version and time.monotonic() < self._retry_at:
             return   # one that cannot be served (another model, an op without ONNX) waits its turn
         try:
@@ -87,7 +88,9 @@ class CheckpointWatcher:
             return
         served = self.served.bundle
         other = None
-        if bundle.name != served.name:
+        if served is None:
+            pass   # the first version of a server started without a bundle: whichever model it is
+        elif bundle.name != served.name:
             other = f"it is a model {bundle.name}, this server serves {served.name}"
         elif "run" in bundle.schema and "run" in served.schema:
             differs = another_model(bundle.schema["run"], served.schema["run"])
@@ -95,7 +98,7 @@ class CheckpointWatcher:
                 other = f"it is another model than the one served, trained with {differs}"
         if other:
             self._failed(version, other)
-        if bundle.version <= served.version or other:
+        if served is not None and bundle.version <= served.version or other:
             await loop.run_in_executor(self._export_thread, shutil.rmtree, folder, True)
             return
         self.served.swap(bundle, folder)
