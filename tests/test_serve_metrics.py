@@ -17,7 +17,6 @@ import pytest
 
 pytest.importorskip("aiohttp")
 pytest.importorskip("onnxruntime")
-pytest.importorskip("prometheus_client")
 
 import jobs  # noqa: E402
 from conftest import REPO  # noqa: E402
@@ -108,6 +107,7 @@ def prometheus_query(base, query):
 
 
 def test_prometheus_metrics_count_the_requests_batches_and_unknown_ids(criteo, tmp_path):
+    pytest.importorskip("prometheus_client")
     path, instances = criteo
     bundle = Bundle.open(path)
     unseen = [{**instance, "C5": f"never-seen-{k}"} for k, instance in enumerate(instances[:3])]
@@ -188,3 +188,23 @@ def test_prometheus_metrics_count_the_requests_batches_and_unknown_ids(criteo, t
             prometheus.terminate()
             prometheus.wait(timeout=20)
         log.close()
+
+
+def test_without_prometheus_client_the_path_answers_503_and_the_rest_serves(monkeypatch):
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from hetu.serve import server
+    from hetu.serve.batching import Batcher, ServedBundle
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "hetu.serve.metrics", raising=False)
+
+    async def answers():
+        served = ServedBundle(None)
+        async with TestClient(TestServer(server.make_app(served, Batcher(served, 8, 0), 1 << 20))) as client:
+            metrics, status = await client.get(METRICS), await client.get("/v1/models/m")
+            return metrics.status, await metrics.json(), status.status
+    code, answer, status = asyncio.run(answers())
+    assert code == 503 and "prometheus_client" in answer["error"], answer
+    assert status == 404   # no version yet: the server itself goes on

@@ -175,8 +175,10 @@ def prometheus(served, batcher):
     try:
         from .metrics import Metrics
     except ImportError as e:
+        why = f"no metrics: {one_line(e)} (pip install prometheus_client)"
+
         async def absent(request):
-            return error(503, f"no metrics: {one_line(e)} (pip install prometheus_client)")
+            return error(503, why)
         return None, absent
     metrics = Metrics(served, batcher)
 
