@@ -6,12 +6,15 @@ PS and the HET cache move on user histories.
                   windows (the machine idles --settle s before each), medians over --windows
   --part quality  HR@10 / NDCG@10 after each epoch, hetu and PyTorch trained side by side
   --part rows     PS, HET (bound 0) and Herald at W workers under python/runner.py: rows moved
-                  and samples/s from the workers' summary lines
+                  and samples/s from the workers' summary lines; with --rate, every worker on a
+                  network-namespace host of its own and the server on another, each host's link
+                  shaped to the rate (hetu_tools.netns: needs root, iproute2, sshd and mpirun)
 
 Examples:
   python bench/seqrec.py --part speed --model sasrec hstu --dataset movielens-sequences --batch 128
   python bench/seqrec.py --part quality --model sasrec --dataset movielens-sequences --epochs 20
   python bench/seqrec.py --part rows --model sasrec --dataset synthetic-sequences --workers 2
+  python bench/seqrec.py --part rows --model sasrec --dataset data/longtail --workers 2 4 --rate 1gbit
 """
 import argparse
 import json
@@ -54,6 +57,7 @@ def parse():
     p.add_argument("--workers", type=int, nargs="+", default=[2], help="rows: worker counts")
     p.add_argument("--iters", type=int, default=20, help="rows: iterations a run")
     p.add_argument("--cache-ratio", type=float, default=0.1, help="rows: HET's and Herald's cache, a share of the rows")
+    p.add_argument("--rate", default=None, help="rows: a tc rate (e.g. 1gbit): namespace hosts, links shaped")
     p.add_argument("--kinds", nargs="+", default=["uniform"], choices=("uniform", "shared", "in-batch"),
                    help="rows: negatives per position (uniform), per global batch (shared), or per position from the global batch's targets (in-batch)")
     return p.parse_args()
@@ -189,23 +193,43 @@ def quality(args, data):
 
 
 def rows(args):
+    if args.rate is None:
+        return rows_table(args, lambda w: ["-w", str(w), "-s", "1"])
+    from hetu_tools.netns import NamespaceHosts, NetnsUnavailable, shape
+    import tempfile
+    try:
+        with NamespaceHosts(max(args.workers) + 1) as hosts, tempfile.TemporaryDirectory() as d:
+            for h in hosts:
+                shape(h, rate=args.rate, delay=None)
+
+            def where(w):   # host 0: the scheduler and the server; hosts 1..W: a worker each
+                return ["-c", hosts.write_cluster_file(os.path.join(d, f"w{w}.yml"), workers=[0] + [1] * w,
+                                                       servers=[1] + [0] * w, chief=0)]
+            rows_table(args, where)
+    except NetnsUnavailable as e:
+        raise SystemExit(f"--rate needs network namespaces: {e}")
+
+
+def rows_table(args, where):
+    """The rows table, each run's cluster given by where(W) (runner.py's flags)."""
     env = dict(os.environ, HETU_NUM_THREADS="1")
-    common = ["--no-progress", "--dataset", args.dataset, "--embedding-size", str(args.embedding), "--num-negatives",
+    # An absolute folder: the runs may start on other (namespace) hosts, in another folder.
+    common = ["--no-progress", "--data-dir", str(load_dataset(args.dataset).path.resolve()), "--embedding-size", str(args.embedding), "--num-negatives",
               str(args.negatives), "--iters-per-epoch", str(args.iters), "--dropout", str(args.dropout)]
     cache = ["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", str(args.cache_ratio)]
     modes = {"PS": (["--comm", "PS"], "run_hetu.py"), "HET": ([*cache, "--bound", "0"], "run_hetu.py"),
              "Herald": (cache, "run_laia.py")}
-    print("| model | dataset | negatives | W | mode | rows moved / iteration | MB moved / iteration | samples/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | dataset | negatives | W | link | mode | rows moved / iteration | MB moved / iteration | samples/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for kind, negatives, w in ((k, n, w) for k in args.model for n in args.kinds for w in args.workers):
         for mode, (flags, script) in modes.items():
-            cmd = [sys.executable, str(REPO / "python/runner.py"), "-w", str(w), "-s", "1", sys.executable,
+            cmd = [sys.executable, str(REPO / "python/runner.py"), *where(w), sys.executable,
                    str(REPO / "examples/ctr" / script), "--model", kind, *common, "--negatives", negatives, *flags,
                    "--bsp", "0", "--batch-size", str(args.batch)]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
             # Every worker prints its summary: the rows of all of them.
             lines = [json.loads(x.split("summary ", 1)[1]) for x in proc.stdout.splitlines() if "summary {" in x]
-            row = f"| {kind} | {args.dataset} | {negatives} | {w} | {mode} |"
+            row = f"| {kind} | {args.dataset} | {negatives} | {w} | {args.rate or 'loopback'} | {mode} |"
             if proc.returncode or len(lines) != w:
                 print(f"{row} failed: {proc.stderr.strip()[-200:]} |")
                 continue
