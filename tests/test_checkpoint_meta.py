@@ -63,6 +63,7 @@ def test_a_resume_from_a_delta_whose_step_was_edited_is_refused(tmp_path, data_h
     proc = jobs.run([*base, "--nepoch", "1", "--resume", str(ckpt)], capture_output=True, text=True, timeout=250,
                     env=env)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        f"--resume {ckpt}: checkpoint file {path} is corrupt: its content differs from the sha256 it records of "
-        f"itself (meta_sha256)"), proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"--resume {ckpt}: " in last and last.endswith(
+        f"checkpoint file {path} is corrupt: its content differs from the sha256 it records of itself (meta_sha256))"), \
+        proc.stderr
