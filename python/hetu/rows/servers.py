@@ -72,6 +72,8 @@ class RemoteTable:
         # callable: the stepping OptimizerOp's count, set by bind_ps): every read and push
         # carries it, and the servers bring the rows to that step first.
         self.steps_taken = None
+        # Admits sent and not yet answered (admit): each is awaited by the next request.
+        self._admits = []
         settings = dict(init=init_spec(param), seed=seed, stream=_C.name_stream(param.name),
                         optimizer=optimizer.rule(dense=dense), bsp=sync.synchronous,
                         staleness=sync.staleness)
@@ -92,32 +94,43 @@ class RemoteTable:
         return 0 if self.steps_taken is None else self.steps_taken()
 
     # --- an embedding table's rows ----------------------------------------------------------------
+    def _answered(self, handle):
+        """`handle` (a request just sent), once the admits sent before it are answered: they
+        were served first, so their answers come while the request is on its way."""
+        while self._admits:
+            self._admits.pop(0).wait()
+        return handle
+
     def pull(self, keys):
-        return self._table.pull(keys, iteration=self._tag(), catch_up_to=self.catch_up_to()).wait()
+        return self._answered(self._table.pull(keys, iteration=self._tag(), catch_up_to=self.catch_up_to())).wait()
 
     def pull_stale(self, keys, versions, bound, with_state=False):
         """A handle to (positions, rows, versions[, state, steps]) of the keys whose server
         version is more than `bound` ahead of `versions`, as of the next step (clock: every push
         so far applied)."""
-        return self._table.pull_stale(keys, versions, bound, iteration=self._tag(), with_state=with_state,
-                                      catch_up_to=self.catch_up_to())
+        return self._answered(self._table.pull_stale(keys, versions, bound, iteration=self._tag(),
+                                                     with_state=with_state, catch_up_to=self.catch_up_to()))
 
     def pull_with_state(self, keys, with_state):
         """A handle to (rows, optimizer state, steps, versions) of `keys` as of the next step, the
         state, steps and versions of the keys marked in `with_state` only (hetu.ps.Table)."""
-        return self._table.pull_with_state(keys, iteration=self._tag(), with_state=with_state,
-                                           catch_up_to=self.catch_up_to())
+        return self._answered(self._table.pull_with_state(keys, iteration=self._tag(), with_state=with_state,
+                                                          catch_up_to=self.catch_up_to()))
 
     def push(self, keys, grads, lr, counts=None, write_back=None):
         """The step's push (and a write-back of rows, written first: hetu.ps.Table.push)."""
-        self._table.push(keys, grads, iteration=self._tag(), lr=lr, counts=counts, write_back=write_back,
-                         catch_up_to=self.catch_up_to()).wait()
+        self._answered(self._table.push(keys, grads, iteration=self._tag(), lr=lr, counts=counts,
+                                        write_back=write_back, catch_up_to=self.catch_up_to())).wait()
         self.clock += 1
 
     def admit(self, slots, keys):
         """Dynamic tables: `keys` start from their initial rows in `slots` as of this step (after
-        every push before it, before this step's push). It does not advance the clock."""
-        self._table.admit(slots, keys, iteration=self._tag(), catch_up_to=self.catch_up_to()).wait()
+        every push before it, before this step's push). It does not advance the clock, and it is
+        not awaited here: a server serves one worker's requests in the order sent (the van keeps
+        each pair's order, the server's data thread its arrival order), so the step's pull that
+        follows reads the admitted rows, and the admit's answer is awaited with that request's
+        (docs/design.md section 13): one round trip, not two."""
+        self._admits.append(self._table.admit(slots, keys, iteration=self._tag(), catch_up_to=self.catch_up_to()))
 
     # --- a dense tensor ---------------------------------------------------------------------------
     def push_pull(self, grad, lr):
@@ -139,12 +152,14 @@ class RemoteTable:
     # Checkpoints (hetu.checkpoint): the servers write and read their shards; the clock, which
     # the loaded tables continue, is recorded beside them.
     def save(self, folder, mark=0):
+        self._answered(None)
         self._table.save(folder, mark).wait()
 
     def load(self, folder, mark=0):
         self._table.load(folder, mark).wait()
 
     def save_delta(self, folder, base, mark):
+        self._answered(None)
         self._table.save_delta(folder, base, mark).wait()
 
     def load_delta(self, folder, mark):
