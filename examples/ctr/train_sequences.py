@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 import hetu as ht
 from hetu.data import load_dataset
+from hetu.data.keys import find_keys
 from hetu.data.sequences import PADDING, distinct_candidates, draw_negatives, in_batch_negatives, shared_negatives
 from hetu.dynamic import by_key
 
@@ -214,10 +215,8 @@ def catalog_rows(executor, data, graph):
     resident, trained = rows[f"{graph.item_table.name}:keys"], rows[graph.item_table.name]
     catalog = data.item_keys if data.item_keys is not None else np.arange(data.meta.num_items, dtype=np.int64)
     table = np.zeros((len(catalog), trained.shape[1]), np.float32)
-    if len(resident):
-        at = np.minimum(np.searchsorted(resident, catalog), len(resident) - 1)
-        held = resident[at] == catalog
-        table[held] = trained[at[held]]
+    at, held = find_keys(resident, catalog)
+    table[held] = trained[at[held]]
     return table
 
 

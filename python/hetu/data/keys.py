@@ -35,3 +35,16 @@ def hash_values(field, values):
 def hash_ids(field, ids):
     """int64 keys of a field's integer ids (each as its 8 little-endian bytes), same shape."""
     return _native().key_hash_ids(int(field), np.ascontiguousarray(ids, dtype=np.int64))
+
+
+def find_keys(keys, wanted, sorter=None):
+    """(position in `keys` of each of `wanted`, whether it is there): `keys` int64 ascending (or
+    put in order by `sorter`, np.searchsorted's, the positions then `keys`' own); a position where
+    it is not there is any valid one."""
+    wanted = np.asarray(wanted, np.int64)
+    if len(keys) == 0:
+        return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)
+    at = np.minimum(np.searchsorted(keys, wanted, sorter=sorter), len(keys) - 1)
+    if sorter is not None:
+        at = sorter[at]
+    return at, keys[at] == wanted

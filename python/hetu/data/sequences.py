@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from . import store
-from .keys import HASH_NAME, ID_KINDS, check_ids, hash_ids, hash_values
+from .keys import HASH_NAME, ID_KINDS, check_ids, find_keys, hash_ids, hash_values
 from .movielens import iter_ratings
 from .textio import BadLineTracker, DataFormatError
 
@@ -146,8 +146,8 @@ class SequenceData:
         items = np.asarray(items, np.int64)
         if self.item_keys is None:
             return items
-        at = np.minimum(np.searchsorted(self.item_keys, items, sorter=self._key_order), len(self.item_keys) - 1)
-        return np.where(items == PADDING, PADDING, self._key_order[at])
+        at, _ = find_keys(self.item_keys, items, self._key_order)
+        return np.where(items == PADDING, PADDING, at)
 
     def __repr__(self):
         m = self.meta

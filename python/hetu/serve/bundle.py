@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ..data.keys import find_keys
 from ..data.store import BAG_PADDING
 from ..ops.embedding import Bags, gather_slots
 from .checkpoint_rows import STORED_AS, to_fp32
@@ -62,10 +63,8 @@ class Table:
         """Row numbers of `ids` (a dynamic table's keys: their slots, -1 where not resident)."""
         if self.keys is None:
             return ids
-        if len(self.keys) == 0:
-            return np.full(ids.shape, -1, np.int64)
-        at = np.minimum(np.searchsorted(self.keys, ids), len(self.keys) - 1)
-        return np.where(self.keys[at] == ids, self.slots[at], -1).astype(np.int64)
+        at, found = find_keys(self.keys, ids)
+        return np.where(found, self.slots[at] if len(self.slots) else -1, -1).astype(np.int64)
 
     def distinct(self, rows):
         """(fp32 rows of the distinct row numbers >= 0 of `rows`, each entry's position among them, -1

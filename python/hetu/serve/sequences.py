@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from . import onnx_graph
+from ..data.keys import find_keys
 from .bundle import Table, onnx_session
 from .checkpoint_rows import to_fp32
 from .encode import InstanceError
@@ -63,7 +64,7 @@ def sequence_bundle(saved, run, where):
             keys = data.item_keys if data.item_keys is not None else np.arange(meta.num_items, dtype=np.int64)
             np.save(os.path.join(folder, ITEM_KEYS), np.asarray(keys, np.int64))
             keyed = {"item_keys": ITEM_KEYS}
-        return {**keyed,"kind": "sequences", "architecture": kind, "max_length": L, "num_items": int(meta.num_items),
+        return {**keyed, "kind": "sequences", "architecture": kind, "max_length": L, "num_items": int(meta.num_items),
                 "timestamps": times is not None, "items": ITEMS, "item_table": table.name,
                 "columns": [{"name": "history", "kind": "sequence"}]
                 + ([{"name": "timestamps", "kind": "sequence"}] if times is not None else []),
@@ -106,9 +107,8 @@ class SequenceBundle:
     def indices(self, raw, i):
         """Item indices of raw item ids; an id the model has no item for is an InstanceError."""
         raw = np.asarray(raw, np.int64)
-        at = np.minimum(np.searchsorted(self.item_ids, raw, sorter=self._by_raw), len(self._by_raw) - 1)
-        index = self._by_raw[at]
-        unknown = np.flatnonzero(self.item_ids[index] != raw)
+        index, found = find_keys(self.item_ids, raw, self._by_raw)
+        unknown = np.flatnonzero(~found)
         if len(unknown):
             raise InstanceError(f"instance {i}: column 'history': item {int(raw[unknown[0]])} is not an item of the "
                                 f"model")
