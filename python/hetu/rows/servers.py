@@ -94,11 +94,14 @@ class RemoteTable:
         return 0 if self.steps_taken is None else self.steps_taken()
 
     # --- an embedding table's rows ----------------------------------------------------------------
+    def _await_admits(self):
+        while self._admits:
+            self._admits.pop(0).wait()
+
     def _answered(self, handle):
         """`handle` (a request just sent), once the admits sent before it are answered: they
         were served first, so their answers come while the request is on its way."""
-        while self._admits:
-            self._admits.pop(0).wait()
+        self._await_admits()
         return handle
 
     def pull(self, keys):
@@ -152,14 +155,14 @@ class RemoteTable:
     # Checkpoints (hetu.checkpoint): the servers write and read their shards; the clock, which
     # the loaded tables continue, is recorded beside them.
     def save(self, folder, mark=0):
-        self._answered(None)
+        self._await_admits()
         self._table.save(folder, mark).wait()
 
     def load(self, folder, mark=0):
         self._table.load(folder, mark).wait()
 
     def save_delta(self, folder, base, mark):
-        self._answered(None)
+        self._await_admits()
         self._table.save_delta(folder, base, mark).wait()
 
     def load_delta(self, folder, mark):

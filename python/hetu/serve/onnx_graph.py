@@ -80,15 +80,14 @@ def build(prediction, dense, values, persistent, lookup_names, dense_width, slot
     if dense is not None:
         inputs[dense.id] = ("dense", np.float32, (dense_width,))
     # The probability as [batch] (the graph's is [batch, 1]).
-    return to_model(prediction, PROBABILITY, inputs, values, persistent, slots,
-                    finish=lambda b, out: b.node("Reshape", [out, b.const(np.array([-1], np.int64))]))
+    return to_model(prediction, PROBABILITY, inputs, values, persistent, slots, flatten=True)
 
 
-def to_model(output, output_name, inputs, values, persistent, slots, finish=None):
+def to_model(output, output_name, inputs, values, persistent, slots, flatten=False):
     """(onnx ModelProto) of `output`'s forward, named `output_name`: `inputs` {node id: (input
     name, numpy dtype, shape without the batch, None for an embedding lookup's rows over ids of
     [batch, `slots`])}, the nodes the model takes instead of computing (the walk stops there);
-    `finish(builder, name)` a last reshaping of the output. Everything else as build says."""
+    with `flatten` the output reshaped to [batch]. Everything else as build says."""
     import onnx
     from onnx import helper
     order = walk(output, set(inputs))
@@ -123,9 +122,11 @@ def to_model(output, output_name, inputs, values, persistent, slots, finish=None
             if mapping is None:
                 raise ExportError(f"op {type(n).__name__} ({n.name}) has no ONNX mapping: it cannot be exported")
             names[n.id] = mapping(b, [names[x.id] for x in n.inputs])
-    out = names[output.id] if finish is None else finish(b, names[output.id])
+    out = names[output.id]
+    if flatten:
+        out = b.node("Reshape", [out, b.const(np.array([-1], np.int64))])
     b.nodes.append(helper.make_node("Identity", [out], [output_name], name=output_name))
-    out_shape = ["batch"] if finish is not None else ["batch", *shapes[output.id][1:]]
+    out_shape = ["batch"] if flatten else ["batch", *shapes[output.id][1:]]
     graph = helper.make_graph(b.nodes, "hetu_dense", graph_inputs,
                               [helper.make_tensor_value_info(output_name, onnx.TensorProto.FLOAT, out_shape)],
                               initializer=b.initializers)
