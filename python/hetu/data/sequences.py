@@ -286,7 +286,8 @@ def write_sequences(out_dir, offsets, items, times, num_items, max_length, *, us
         store.write_meta(tmp, {
             "kind": KIND, "name": name, "format_version": store.FORMAT_VERSION, "max_length": L,
             "num_items": int(num_items), "num_users": int(num_users), "num_interactions": int(offsets[-1]),
-            "ids": "indexed" if item_keys is None else "hashed", **hashed, "timestamps": True, "padding": PADDING, "min_items_per_user": MIN_ITEMS,
+            "ids": "indexed" if item_keys is None else "hashed", **hashed, "timestamps": True, "padding": PADDING,
+            "min_items_per_user": MIN_ITEMS,
             "split": "leave-one-out: each user's last item is val_target; training reads the history before it",
             "item_order": "most frequent first, ties the smaller raw id first",
             "files": described, "source": source, **extra})
