@@ -75,6 +75,18 @@ class UnitCounters {
       max_version_ = std::max(max_version_, version(u));
     }
   }
+  // After counts were loaded into some units from outside while others hold more (a disk-tier
+  // shard's lines): the bounds grow to at least these.
+  void Raise(int64_t step, int64_t version) {
+    max_step_ = std::max(max_step_, step);
+    max_version_ = std::max(max_version_, version);
+  }
+  // `units` units: the first ones keep their counts, new ones are zero.
+  void Resize(size_t units) {
+    const size_t keep = std::min(size(), units);
+    if (wide_) ResizeArrays(&wide_steps_, &wide_versions_, keep, units);
+    else ResizeArrays(&steps_, &versions_, keep, units);
+  }
   void Widen() {
     if (wide_) return;
     const size_t n = steps_.size();
@@ -133,6 +145,17 @@ class UnitCounters {
   }
 
  private:
+  template <typename T>
+  static void ResizeArrays(HugeArray<T>* steps, HugeArray<T>* versions, size_t n, size_t units) {
+    HugeArray<T> s, v;
+    s.Reset(units, 0);
+    v.Reset(units, 0);
+    std::copy(steps->data(), steps->data() + n, s.data());
+    std::copy(versions->data(), versions->data() + n, v.data());
+    steps->Swap(s);
+    versions->Swap(v);
+  }
+
   bool wide_ = false;
   HugeArray<int32_t> steps_, versions_;
   HugeArray<int64_t> wide_steps_, wide_versions_;

@@ -54,6 +54,17 @@ void Units(bool dense, int64_t rows, int64_t width, int64_t* units, int64_t* uni
   *unit_width = dense ? rows * width : width;
 }
 
+// A disk tier's lines: its cache bytes over a line's (row, state, counters and the cache's own
+// bookkeeping), at least one and at most the shard's rows.
+int64_t TierLines(const pb::TableSpec& spec, int64_t rows) {
+  const int64_t state = hetu::optim::state_width(OptimFromProto(spec.optim()).kind, spec.width());
+  const int64_t line = spec.width() * hetu::storage::bytes(spec.storage()) + state * 4 + 8 + 32;
+  return std::max<int64_t>(1, std::min<int64_t>(rows, spec.tier_cache_bytes() / line));
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
 std::string Sanitize(const std::string& name) {
   std::string s = name;
   for (char& c : s)
@@ -103,6 +114,17 @@ TableShard::TableShard(const std::string& name, const pb::TableSpec& spec, int r
   row_bytes_ = width() * hetu::storage::bytes(storage_);
   Units(dense(), rows_, width(), &units_, &unit_width_);
   unit_state_width_ = hetu::optim::state_width(cfg_.kind, unit_width_);
+  lines_ = units_;
+  if (!spec.tier_dir().empty() && !dense()) {
+    // The arrays become the cache's lines, the slots' rows go to the file.
+    disk_slot_ = slot_;
+    slot_ = SlotIndex{0, 1};
+    asked_lines_ = lines_ = TierLines(spec, rows_);
+    file_ = std::make_unique<RowFile>(spec.tier_dir() + "/" + Sanitize(name_) + ".shard" + std::to_string(rank) +
+                                          "-of-" + std::to_string(num_servers) + ".rows",
+                                      rows_, row_bytes_ + unit_state_width_ * int64_t(sizeof(float)) + 16);
+    cache_ = std::make_unique<LineCache>(lines_);
+  }
   Reset();
 }
 
@@ -114,11 +136,27 @@ int64_t TableShard::Bytes(const pb::TableSpec& spec, int rank, int num_servers) 
   int64_t units = 0, unit_width = 0;
   Units(spec.dense(), rows, spec.width(), &units, &unit_width);
   const int64_t state = hetu::optim::state_width(OptimFromProto(spec.optim()).kind, unit_width);
-  return rows * spec.width() * hetu::storage::bytes(storage) +
-         units * (state * int64_t(sizeof(float)) + 2 * int64_t(sizeof(int32_t)));
+  const int64_t unit_bytes = spec.width() * hetu::storage::bytes(storage) * (units ? rows / units : 0) +
+                             state * int64_t(sizeof(float)) + 2 * int64_t(sizeof(int32_t));
+  // A disk tier holds its lines, a bit per row (written or not) and, once saved with a mark,
+  // 4 bytes per row (the versions a delta compares with).
+  if (!spec.tier_dir().empty() && !spec.dense()) return TierLines(spec, rows) * (unit_bytes + 32) + rows / 8 + rows * 4;
+  return units * unit_bytes;
 }
 
 void TableShard::Reset() {
+  if (on_disk()) {
+    // Rows are drawn when first staged (DrawLine): nothing to draw now.
+    values_.Reset(lines_ * row_bytes_, 0);
+    state_.Reset(lines_ * unit_state_width_, 0.0f);
+    counters_.Reset(lines_);
+    cache_->Clear();
+    file_->Clear();
+    ForgetPending();
+    applied = -1;
+    saved_mark_ = -1;
+    return;
+  }
   values_.Reset(rows_ * row_bytes_, 0);
   // Each row gets the values it has in the whole table, wherever it is placed, rounded to the
   // storage type. Drawing them is most of a large table's start-up (tens of ns an element), so
@@ -171,13 +209,26 @@ std::string TableShard::CheckVersionAdds(const int64_t* keys, const int64_t* add
   return "";
 }
 
+namespace {
+bool Increasing(const int64_t* keys, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (keys[i - 1] >= keys[i]) return false;
+  return true;
+}
+}  // namespace
+
 void TableShard::CatchUp(const int64_t* keys, int64_t n, int64_t target) {
+  if (!catches_up() || target <= 0 || n == 0) return;
+  std::vector<int64_t> lines;
+  const bool distinct = Increasing(keys, n);
+  CatchUpUnits(Stage(keys, n, true, &lines), n, target, distinct);
+}
+
+void TableShard::CatchUpUnits(const int64_t* keys, int64_t n, int64_t target, bool increasing) {
   if (!catches_up() || target <= 0 || n == 0) return;
   ReserveCounters(0, target, true);
   const int64_t w = width();
   const hetu::optim::CatchUp catch_up(cfg_, target);
-  bool increasing = true;
-  for (int64_t i = 1; i < n && increasing; ++i) increasing = keys[i - 1] < keys[i];
   auto visit = [&](int64_t b, int64_t e) {
     std::vector<float> wide(storage_ == hetu::storage::kF32 ? 0 : w);  // a 16-bit row, widened
     for (int64_t i = b; i < e; ++i) {
@@ -197,9 +248,23 @@ void TableShard::CatchUp(const int64_t* keys, int64_t n, int64_t target) {
   else visit(0, n);
 }
 
-void TableShard::Apply(const std::vector<Push>& pushes, float lr, int64_t catch_up_to) {
+void TableShard::Apply(const std::vector<Push>& given, float lr, int64_t catch_up_to) {
+  std::vector<Push> pushes = given;
+  // Disk tier: every push's rows staged at once (none evicted before all are stepped), and each
+  // push's keys replaced by their lines; distinct keys have distinct lines.
+  std::vector<int64_t> staged_keys, lines;
+  const bool single_distinct = given.size() == 1 && given[0].keys && Increasing(given[0].keys, given[0].n);
+  if (on_disk()) {
+    for (const Push& p : given) staged_keys.insert(staged_keys.end(), p.keys, p.keys + p.n);
+    Stage(staged_keys.data(), static_cast<int64_t>(staged_keys.size()), true, &lines);
+    int64_t at = 0;
+    for (Push& p : pushes) {
+      p.keys = lines.data() + at;
+      at += p.n;
+    }
+  }
   for (const Push& p : pushes)
-    if (p.keys) CatchUp(p.keys, p.n, catch_up_to);
+    if (p.keys) CatchUpUnits(p.keys, p.n, catch_up_to, pushes.size() == 1 ? single_distinct : Increasing(p.keys, p.n));
   const int64_t w = width();
   if (dense()) {
     std::vector<float> sum;
@@ -221,9 +286,7 @@ void TableShard::Apply(const std::vector<Push>& pushes, float lr, int64_t catch_
   // sum or count, step straight from the received buffer.
   if (pushes.size() == 1) {
     const Push& p = pushes[0];
-    bool increasing = true;
-    for (int64_t i = 1; i < p.n && increasing; ++i) increasing = p.keys[i - 1] < p.keys[i];
-    if (increasing) {  // distinct rows: threads can step disjoint runs of them
+    if (single_distinct) {  // distinct rows: threads can step disjoint runs of them
       int64_t most = 1;
       for (int64_t i = 0; p.counts && i < p.n; ++i) most = std::max(most, p.counts[i]);
       ReserveCounters(most);
@@ -296,7 +359,9 @@ void TableShard::StepRows(const int64_t* keys, int64_t b, int64_t e, const float
   step(cfg_, lr, rows, keys, b, e, grads, counts);
 }
 
-void TableShard::Gather(const int64_t* keys, int64_t n, void* out) const {
+void TableShard::Gather(const int64_t* given, int64_t n, void* out) const {
+  std::vector<int64_t> lines;
+  const int64_t* keys = Stage(given, n, false, &lines);
   const int64_t rb = row_bytes_;
   char* o = static_cast<char*>(out);
   // Large gathers are bound by memory latency; a second thread keeps more misses in flight
@@ -311,14 +376,23 @@ void TableShard::Gather(const int64_t* keys, int64_t n, void* out) const {
 
 void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size()); }
 
-std::vector<int64_t> TableShard::Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const {
+std::vector<int64_t> TableShard::Stale(const int64_t* given, const int64_t* versions, int64_t n, int64_t bound) const {
+  std::vector<int64_t> lines;
+  const int64_t* keys = Stage(given, n, false, &lines);
   std::vector<int64_t> idx;
   for (int64_t i = 0; i < n; ++i)
     if (counters_.version(Unit(keys[i])) - versions[i] > bound) idx.push_back(i);
   return idx;
 }
 
-void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const {
+int64_t TableShard::Version(int64_t key) const {
+  std::vector<int64_t> lines;
+  return counters_.version(Unit(*Stage(&key, 1, false, &lines)));
+}
+
+void TableShard::GatherState(const int64_t* given, int64_t n, float* state, int64_t* steps, int64_t* versions) const {
+  std::vector<int64_t> lines;
+  const int64_t* keys = Stage(given, n, false, &lines);
   const int64_t sw = unit_state_width_;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = slot_(keys[i]);
@@ -328,8 +402,10 @@ void TableShard::GatherState(const int64_t* keys, int64_t n, float* state, int64
   }
 }
 
-void TableShard::Assign(const int64_t* keys, int64_t n, const void* values, const float* state, const int64_t* steps,
+void TableShard::Assign(const int64_t* given, int64_t n, const void* values, const float* state, const int64_t* steps,
                         const int64_t* version_add) {
+  std::vector<int64_t> lines;
+  const int64_t* keys = Stage(given, n, true, &lines);
   const int64_t rb = row_bytes_, sw = unit_state_width_;
   const char* v = static_cast<const char*>(values);
   int64_t most_steps = 0, most_add = 0;
@@ -415,7 +491,8 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
 }
 
 std::string TableShard::SaveFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const {
-  return WriteSynced(name_, FileName(dir, rank, num_servers), [&](FILE* f) {
+  std::string disk_error;
+  const std::string error = WriteSynced(name_, FileName(dir, rank, num_servers), [&](FILE* f) {
     FileHeader h{};
     std::memcpy(h.magic, kMagic, 8);
     h.rows = spec_.rows();
@@ -428,6 +505,10 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
     h.storage = storage_;
     bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
     *bytes = sizeof(h);
+    if (on_disk()) {
+      disk_error = SaveFileOnDisk(f, bytes);
+      return ok && disk_error.empty();
+    }
     // Written straight from the shard's arrays: a save needs no copy of the table.
     auto put = [&](const void* p, size_t n) {
       ok = ok && (n == 0 || std::fwrite(p, n, 1, f) == 1);
@@ -446,6 +527,45 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
     }
     return ok;
   });
+  return disk_error.empty() ? error : "table '" + name_ + "': " + disk_error;
+}
+
+std::string TableShard::SaveFileOnDisk(FILE* f, int64_t* bytes) const {
+  // Save's sections, a staged chunk of slots at a time, each chunk's part of every section
+  // written at its place in the file: a save holds no more of the table than a chunk.
+  const int64_t rb = row_bytes_, sw = unit_state_width_, n = rows_;
+  const long values_at = sizeof(FileHeader), state_at = values_at + n * rb, steps_at = state_at + n * sw * 4,
+             versions_at = steps_at + n * 8;
+  bool ok = true;
+  std::vector<char> values;
+  std::vector<float> state;
+  std::vector<int64_t> steps, versions;
+  auto put = [&](long at, const void* p, size_t size) {
+    ok = ok && (size == 0 || (std::fseek(f, at, SEEK_SET) == 0 && std::fwrite(p, size, 1, f) == 1));
+    *bytes += static_cast<int64_t>(size);
+  };
+  try {
+    ForSlotChunks(false, [&](int64_t s0, int64_t m, const int64_t* lines) {
+      values.resize(m * rb);
+      state.resize(m * sw);
+      steps.resize(m);
+      versions.resize(m);
+      for (int64_t j = 0; j < m; ++j) {
+        std::memcpy(values.data() + j * rb, &values_[lines[j] * rb], rb);
+        if (sw) std::memcpy(state.data() + j * sw, &state_[lines[j] * sw], sw * 4);
+        steps[j] = counters_.step(lines[j]);
+        versions[j] = counters_.version(lines[j]);
+      }
+      put(values_at + s0 * rb, values.data(), m * rb);
+      put(state_at + s0 * sw * 4, state.data(), m * sw * 4);
+      put(steps_at + s0 * 8, steps.data(), m * 8);
+      put(versions_at + s0 * 8, versions.data(), m * 8);
+    });
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (ok && std::fseek(f, 0, SEEK_END) != 0) ok = false;
+  return ok ? "" : std::string("writing the saved shard failed: ") + std::strerror(errno);
 }
 
 namespace {
@@ -484,10 +604,12 @@ void RecodeSlot(const Recode& rc, const char* src, char* dst, std::vector<float>
 // rows, skipping the rows it does not hold (and recoding them, with `recode`). One read when
 // the slots map one to one (same stride, same type), else through a bounded buffer, so memory
 // does not grow with the table.
+// `base`: dest holds slots from that one on (a disk tier's chunk).
 bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, int k, int64_t ja, int64_t jb,
-               const RowPlacement& to, int rank, char* dest, const Recode* recode = nullptr) {
+               const RowPlacement& to, int rank, char* dest, const Recode* recode = nullptr, int64_t base = 0) {
   if (slot_bytes == 0 || ja >= jb) return true;
-  const SlotIndex slot = to.Slots(rank);
+  const SlotIndex to_slot = to.Slots(rank);
+  auto slot = [&](int64_t row) { return to_slot(row) - base; };
   const size_t dest_bytes = recode ? recode->width * hetu::storage::bytes(recode->to) : slot_bytes;
   if (from.Stride() == to.Stride() && !recode)
     return ReadAt(f, at + ja * slot_bytes, dest + slot(from.Row(k, ja)) * slot_bytes, (jb - ja) * slot_bytes);
@@ -508,10 +630,11 @@ bool CopySlots(FILE* f, long at, size_t slot_bytes, const RowPlacement& from, in
 }
 
 // The step counts and versions of slots [ja, jb) of saved shard k (int64 sections at steps_at
-// and versions_at) into `counters` at the slots where server `rank` under `to` keeps the same
-// rows, through bounded buffers; counters that do not fit 32 bits widen them.
+// and versions_at) to put(slot, step, version) for the slots where server `rank` under `to`
+// keeps the same rows, through bounded buffers.
+template <typename Put>
 bool CopyCounters(FILE* f, long steps_at, long versions_at, const RowPlacement& from, int k, int64_t ja, int64_t jb,
-                  const RowPlacement& to, int rank, UnitCounters* counters) {
+                  const RowPlacement& to, int rank, Put&& put) {
   const SlotIndex slot = to.Slots(rank);
   const int64_t chunk = int64_t(1) << 18;
   std::vector<int64_t> steps(std::min(chunk, std::max<int64_t>(jb - ja, 0))), versions(steps.size());
@@ -521,7 +644,7 @@ bool CopyCounters(FILE* f, long steps_at, long versions_at, const RowPlacement& 
       return false;
     for (int64_t j = 0; j < m; ++j) {
       const int64_t row = from.Row(k, j0 + j);
-      if (to.Holds(rank, row)) counters->Load(slot(row), steps[j], versions[j]);
+      if (to.Holds(rank, row)) put(slot(row), steps[j], versions[j]);
     }
   }
   return true;
@@ -570,6 +693,7 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
   const int64_t w = width(), sw = unit_state_width_;
   const bool was_wide = counters_.wide();
   t_read_bytes = 0;
+  std::pair<int64_t, int64_t> loaded_most{0, 0};  // a disk tier's greatest step and version loaded
   for (int pass = 0; pass < 2; ++pass) {
     const bool copy = pass == 1;
     int64_t covered = 0, loaded_applied = 0, dense_step = 0, dense_version = 0, dense_from = -1;
@@ -669,12 +793,16 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
         }
         if (n == 0) continue;
         const Recode recode{static_cast<int>(h.storage), storage_, w};
-        if (copy)
+        if (copy && on_disk())
+          ok = LoadOnDisk(in.f, values_at, state_at, steps_at, versions_at, saved_row_bytes, from, k, ja, jb,
+                          h.storage == storage_ ? nullptr : &recode, &loaded_most);
+        else if (copy)
           ok = CopySlots(in.f, values_at, saved_row_bytes, from, k, ja, jb, placement_, rank_, values_.data(),
                          h.storage == storage_ ? nullptr : &recode) &&
                CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
                          reinterpret_cast<char*>(state_.data())) &&
-               CopyCounters(in.f, steps_at, versions_at, from, k, ja, jb, placement_, rank_, &counters_);
+               CopyCounters(in.f, steps_at, versions_at, from, k, ja, jb, placement_, rank_,
+                            [&](int64_t u, int64_t step, int64_t version) { counters_.Load(u, step, version); });
       }
       if (!ok) {
         if (!copy) return table + "reading " + path + " failed";
@@ -689,7 +817,8 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
              std::to_string(rows_) + " rows";
     if (copy) {
       applied = loaded_applied;
-      counters_.Rebound();
+      if (on_disk()) counters_.Raise(loaded_most.first, loaded_most.second);
+      else counters_.Rebound();
       if (!was_wide && counters_.wide())
         PS_VLOG(0) << "table '" << name_ << "', server " << rank_
                    << ": step counts and versions are 64 bits from now on (the checkpoint holds counts past 2^31 - 1)";
@@ -729,6 +858,13 @@ void TableShard::ForgetPending() {
 
 void TableShard::MarkSaved(int64_t mark) {
   saved_versions_.Reset(units_, 0);
+  if (on_disk()) {
+    ForSlotChunks(false, [&](int64_t s0, int64_t m, const int64_t* lines) {
+      for (int64_t j = 0; j < m; ++j) saved_versions_[s0 + j] = static_cast<uint32_t>(counters_.version(lines[j]));
+    });
+    saved_mark_ = mark;
+    return;
+  }
   for (int64_t u = 0; u < units_; ++u) saved_versions_[u] = static_cast<uint32_t>(counters_.version(u));
   saved_mark_ = mark;
 }
@@ -754,8 +890,17 @@ std::string TableShard::SaveDelta(const std::string& dir, int rank, int num_serv
 
 std::string TableShard::SaveDeltaFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const {
   std::vector<int64_t> changed;  // slots whose version moved since the marked save
-  for (int64_t u = 0; u < units_; ++u)
-    if (static_cast<uint32_t>(counters_.version(u)) != saved_versions_[u]) changed.push_back(u);
+  if (on_disk()) {
+    ForSlotChunks(false, [&](int64_t s0, int64_t m, const int64_t* lines) {
+      for (int64_t j = 0; j < m; ++j)
+        if (static_cast<uint32_t>(counters_.version(lines[j])) != saved_versions_[s0 + j]) changed.push_back(s0 + j);
+    });
+  } else {
+    for (int64_t u = 0; u < units_; ++u)
+      if (static_cast<uint32_t>(counters_.version(u)) != saved_versions_[u]) changed.push_back(u);
+  }
+  // A disk tier's chunks are staged, so they must fit its lines.
+  const int64_t chunk = on_disk() ? std::min(kDeltaChunk, asked_lines_) : kDeltaChunk;
   return WriteSynced(name_, DeltaFileName(dir, rank, num_servers), [&](FILE* f) {
     DeltaHeader h{};
     std::memcpy(h.magic, kDeltaMagic, 8);
@@ -771,24 +916,31 @@ std::string TableShard::SaveDeltaFile(const std::string& dir, int rank, int num_
     bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
     *bytes = sizeof(h);
     const int64_t n = h.count, rb = row_bytes_, sw = unit_state_width_, cb = h.counter_bytes;
-    std::vector<char> buffer(std::min(n, kDeltaChunk) * std::max<int64_t>({rb, sw * 4, 8}));
-    // Each section through the buffer, a chunk of rows at a time, gathered in slot order.
+    std::vector<char> buffer(std::min(n, chunk) * std::max<int64_t>({rb, sw * 4, 8}));
+    std::vector<int64_t> lines;
+    // Each section through the buffer, a chunk of rows at a time, gathered in slot order;
+    // fill(slot, unit: its slot in memory or its line on disk, out).
     auto section = [&](int64_t item_bytes, auto&& fill) {
-      for (int64_t i0 = 0; i0 < n && ok; i0 += kDeltaChunk) {
-        const int64_t m = std::min(kDeltaChunk, n - i0);
-        for (int64_t j = 0; j < m; ++j) fill(changed[i0 + j], buffer.data() + j * item_bytes);
+      for (int64_t i0 = 0; i0 < n && ok; i0 += chunk) {
+        const int64_t m = std::min(chunk, n - i0);
+        const int64_t* units = changed.data() + i0;
+        if (on_disk()) {
+          const_cast<TableShard*>(this)->StageSlots(units, m, false, &lines);
+          units = lines.data();
+        }
+        for (int64_t j = 0; j < m; ++j) fill(changed[i0 + j], units[j], buffer.data() + j * item_bytes);
         ok = item_bytes == 0 || std::fwrite(buffer.data(), m * item_bytes, 1, f) == 1;
         *bytes += m * item_bytes;
       }
     };
-    section(8, [&](int64_t u, char* out) {
-      const int64_t key = placement_.Row(rank_, u);
+    section(8, [&](int64_t slot, int64_t, char* out) {
+      const int64_t key = placement_.Row(rank_, slot);
       std::memcpy(out, &key, 8);
     });
-    section(rb, [&](int64_t u, char* out) { std::memcpy(out, &values_[u * rb], rb); });
-    section(sw * 4, [&](int64_t u, char* out) { std::memcpy(out, &state_[u * sw], sw * 4); });
+    section(rb, [&](int64_t, int64_t u, char* out) { std::memcpy(out, &values_[u * rb], rb); });
+    section(sw * 4, [&](int64_t, int64_t u, char* out) { std::memcpy(out, &state_[u * sw], sw * 4); });
     for (int which = 0; which < 2; ++which)
-      section(cb, [&](int64_t u, char* out) {
+      section(cb, [&](int64_t, int64_t u, char* out) {
         const int64_t c = which == 0 ? counters_.step(u) : counters_.version(u);
         const int32_t narrow = static_cast<int32_t>(c);
         std::memcpy(out, cb == 8 ? static_cast<const void*>(&c) : &narrow, cb);
@@ -848,6 +1000,8 @@ std::string TableShard::LoadDeltaFiles(const std::string& dir, int64_t* bytes_re
       std::vector<int64_t> keys(std::min<int64_t>(h.count, kDeltaChunk));
       std::vector<char> values(keys.size() * rb), counts(keys.size() * cb * 2);
       std::vector<float> state(keys.size() * sw), wide;
+      std::vector<int64_t> staged;  // a disk tier's line of a row
+      int64_t most_step = 0, most_version = 0;
       bool ok = true;
       for (int64_t i0 = 0; i0 < h.count && ok; i0 += kDeltaChunk) {
         const int64_t m = std::min(kDeltaChunk, h.count - i0);
@@ -863,7 +1017,7 @@ std::string TableShard::LoadDeltaFiles(const std::string& dir, int64_t* bytes_re
                    std::to_string(spec_.rows()) + "); the shard is back at its initial values";
           }
           if (!placement_.Holds(rank_, keys[j])) continue;
-          const int64_t r = slot_(keys[j]);
+          const int64_t r = on_disk() ? *Stage(&keys[j], 1, true, &staged) : slot_(keys[j]);
           if (h.storage == storage_) std::memcpy(&values_[r * row_bytes_], values.data() + j * rb, rb);
           else RecodeSlot(recode, values.data() + j * rb, &values_[r * row_bytes_], &wide);
           if (sw) std::memcpy(&state_[r * sw], state.data() + j * sw, sw * 4);
@@ -879,8 +1033,11 @@ std::string TableShard::LoadDeltaFiles(const std::string& dir, int64_t* bytes_re
             version = v32;
           }
           counters_.Load(r, step, version);
+          most_step = std::max(most_step, step);
+          most_version = std::max(most_version, version);
         }
       }
+      counters_.Raise(most_step, most_version);
       if (!ok) {
         Reset();  // some rows may be applied already: never leave a half-loaded shard
         return table + "reading " + path + " failed; the shard is back at its initial values";
@@ -888,13 +1045,266 @@ std::string TableShard::LoadDeltaFiles(const std::string& dir, int64_t* bytes_re
     }
   }
   applied = loaded_applied;
-  counters_.Rebound();
+  if (!on_disk()) counters_.Rebound();  // a disk tier's bounds were raised as rows came in
   if (!was_wide && counters_.wide())
     PS_VLOG(0) << "table '" << name_ << "', server " << rank_
                << ": step counts and versions are 64 bits from now on (the delta holds counts past 2^31 - 1)";
   *bytes_read = t_read_bytes;
   ForgetPending();
   return "";
+}
+
+// ---- the disk tier: staging rows into lines ------------------------------------------------------
+
+namespace {
+std::atomic<int64_t> g_tier_hits{0}, g_tier_misses{0};
+}  // namespace
+
+TableShard::TierCounters TableShard::Tiers() {
+  TierCounters c;
+  c.hits = g_tier_hits.load(std::memory_order_relaxed);
+  c.misses = g_tier_misses.load(std::memory_order_relaxed);
+  c.file = RowFile::Totals();
+  return c;
+}
+
+const int64_t* TableShard::Stage(const int64_t* keys, int64_t n, bool dirty, std::vector<int64_t>* lines) const {
+  if (!on_disk()) return keys;
+  std::vector<int64_t> slots(n);
+  for (int64_t i = 0; i < n; ++i) slots[i] = disk_slot_(keys[i]);
+  // Staging changes which rows the lines hold, never a row's content: const to the caller.
+  const_cast<TableShard*>(this)->StageSlots(slots.data(), n, dirty, lines);
+  return lines->data();
+}
+
+void TableShard::PackLine(int64_t line, char* out) const {
+  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  std::memcpy(out, &values_[line * rb], rb);
+  if (sw) std::memcpy(out + rb, &state_[line * sw], sw * 4);
+  const int64_t counts[2] = {counters_.step(line), counters_.version(line)};
+  std::memcpy(out + rb + sw * 4, counts, 16);
+}
+
+void TableShard::UnpackLine(int64_t line, const char* in) {
+  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  std::memcpy(&values_[line * rb], in, rb);
+  if (sw) std::memcpy(&state_[line * sw], in + rb, sw * 4);
+  int64_t counts[2];
+  std::memcpy(counts, in + rb + sw * 4, 16);
+  counters_.Load(line, counts[0], counts[1]);
+}
+
+void TableShard::DrawLine(int64_t line, int64_t slot) {
+  const int64_t w = width(), row = placement_.Row(rank_, slot);
+  std::vector<float> wide(storage_ == hetu::storage::kF32 ? 0 : w);
+  float* out = wide.empty() ? reinterpret_cast<float*>(&values_[line * row_bytes_]) : wide.data();
+  hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), row, row + 1, w,
+                       out);
+  if (!wide.empty()) hetu::storage::narrow_row(storage_, out, &values_[line * row_bytes_], w);
+  std::fill(&state_[line * unit_state_width_], &state_[line * unit_state_width_] + unit_state_width_, 0.0f);
+  counters_.Load(line, 0, 0);
+}
+
+void TableShard::ResizeLines(int64_t lines) {
+  HugeArray<char> values;
+  HugeArray<float> state;
+  values.Reset(lines * row_bytes_, 0);
+  state.Reset(lines * unit_state_width_, 0.0f);
+  const int64_t keep = std::min(lines, lines_);
+  std::memcpy(values.data(), values_.data(), keep * row_bytes_);
+  std::memcpy(state.data(), state_.data(), keep * unit_state_width_ * sizeof(float));
+  values_.Swap(values);
+  state_.Swap(state);
+  counters_.Resize(lines);
+  lines_ = lines;
+}
+
+void TableShard::GrowLines(int64_t lines) {
+  PS_VLOG(1) << "table '" << name_ << "', server " << rank_ << ": the disk tier's cache grows from " << lines_
+             << " to " << lines << " lines for one request";
+  ResizeLines(lines);
+  cache_->Grow(lines);
+}
+
+void TableShard::ShrinkLines() {
+  // The lines past the cache's size leave: dirty ones are written back first (an error leaves
+  // the cache grown, and this request fails).
+  std::vector<int64_t> records;
+  std::vector<char> buffer;
+  std::vector<char*> at;
+  const int64_t payload = file_->payload();
+  for (int64_t line = asked_lines_; line < lines_; ++line)
+    if (cache_->slot_of(line) >= 0 && cache_->dirty(line)) records.push_back(line);
+  buffer.resize(records.size() * payload);
+  for (size_t j = 0; j < records.size(); ++j) {
+    at.push_back(buffer.data() + j * payload);
+    PackLine(records[j], at[j]);
+    records[j] = cache_->slot_of(records[j]);
+  }
+  const std::string error = file_->Write(records.data(), static_cast<int64_t>(records.size()), at.data());
+  if (!error.empty()) throw std::runtime_error(error);
+  for (int64_t line = asked_lines_; line < lines_; ++line) cache_->Drop(line);
+  cache_->Shrink(asked_lines_);
+  ResizeLines(asked_lines_);
+}
+
+void TableShard::StageSlots(const int64_t* slots, int64_t n, bool dirty, std::vector<int64_t>* lines) {
+  if (lines_ > asked_lines_) ShrinkLines();
+  LineCache& cache = *cache_;
+  cache.NextRequest();
+  lines->resize(n);
+  // First every slot gets its line: held ones are used, missing ones take a victim's. The
+  // victims' rows are written back and the missing rows read in afterwards, each in one batch.
+  struct Evicted {
+    int64_t line, slot;
+    bool dirty;
+  };
+  std::vector<Evicted> evicted;
+  std::vector<int64_t> filled;  // lines taken for missing slots, in order
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t line = cache.Find(slots[i]);
+    if (line >= 0) {
+      cache.Use(line, dirty);
+      (*lines)[i] = line;
+      continue;
+    }
+    line = cache.Victim();
+    if (line < 0) {  // every line is pinned by this request
+      GrowLines(std::max(2 * lines_, lines_ + (n - i)));
+      line = cache.Victim();
+    }
+    if (cache.slot_of(line) >= 0) {
+      evicted.push_back({line, cache.slot_of(line), cache.dirty(line)});
+      cache.Drop(line);
+    }
+    cache.Hold(line, slots[i]);
+    filled.push_back(line);
+    (*lines)[i] = line;
+  }
+  g_tier_hits.fetch_add(n - static_cast<int64_t>(filled.size()), std::memory_order_relaxed);
+  g_tier_misses.fetch_add(static_cast<int64_t>(filled.size()), std::memory_order_relaxed);
+  // Undoes the assignment (the victims' rows are still in their lines): an I/O error leaves the
+  // cache as it was and the request fails.
+  // After the write-back the victims are on disk, and their lines may be drawn over: only a
+  // failed write-back gives them their lines back.
+  auto undo = [&](const std::string& error, bool victims_back) {
+    for (int64_t line : filled) cache.Drop(line);
+    for (const Evicted& e : evicted) {
+      if (!victims_back) continue;
+      cache.Hold(e.line, e.slot);
+      if (e.dirty) cache.Use(e.line, true);
+    }
+    throw std::runtime_error(error);
+  };
+  const int64_t payload = file_->payload();
+  std::vector<char> buffer;
+  std::vector<char*> at;
+  std::vector<int64_t> ids;
+  for (const Evicted& e : evicted)
+    if (e.dirty) ids.push_back(e.line);
+  if (!ids.empty()) {
+    buffer.resize(ids.size() * payload);
+    at.resize(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) {
+      at[j] = buffer.data() + j * payload;
+      PackLine(ids[j], at[j]);
+    }
+    std::vector<int64_t> records;
+    for (const Evicted& e : evicted)
+      if (e.dirty) records.push_back(e.slot);
+    const std::string error = file_->Write(records.data(), static_cast<int64_t>(records.size()), at.data());
+    if (!error.empty()) undo(error, true);
+  }
+  // Missing rows: read those ever written, draw the others.
+  ids.clear();
+  std::vector<int64_t> records;
+  for (int64_t line : filled) {
+    const int64_t slot = cache.slot_of(line);
+    if (file_->written(slot)) {
+      ids.push_back(line);
+      records.push_back(slot);
+    } else {
+      DrawLine(line, slot);
+    }
+  }
+  if (!ids.empty()) {
+    buffer.resize(ids.size() * payload);
+    at.resize(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) at[j] = buffer.data() + j * payload;
+    const std::string error = file_->Read(records.data(), static_cast<int64_t>(records.size()), at.data());
+    if (!error.empty()) undo(error, false);
+    for (size_t j = 0; j < ids.size(); ++j) UnpackLine(ids[j], at[j]);
+  }
+  if (dirty)
+    for (int64_t line : filled) cache.Use(line, true);
+}
+
+template <typename Fn>
+void TableShard::ForSlotChunks(bool dirty, Fn&& fn) const {
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(int64_t(1) << 16, asked_lines_));
+  std::vector<int64_t> slots, lines;
+  for (int64_t s0 = 0; s0 < rows_; s0 += chunk) {
+    const int64_t m = std::min(chunk, rows_ - s0);
+    slots.resize(m);
+    for (int64_t j = 0; j < m; ++j) slots[j] = s0 + j;
+    const_cast<TableShard*>(this)->StageSlots(slots.data(), m, dirty, &lines);
+    fn(s0, m, lines.data());
+  }
+}
+
+bool TableShard::LoadOnDisk(FILE* f, long values_at, long state_at, long steps_at, long versions_at,
+                            long saved_row_bytes, const RowPlacement& from, int k, int64_t ja, int64_t jb,
+                            const void* recode_ptr, std::pair<int64_t, int64_t>* most) {
+  // Saved slots [ja, jb) of file k, a chunk of this shard's slots at a time: the chunk is staged,
+  // copied out of its lines, the file's rows copied over it, and copied back (dirty).
+  if (ja >= jb) return true;
+  const Recode* recode = static_cast<const Recode*>(recode_ptr);
+  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  const int64_t first = from.First(k), stride = from.Stride();
+  const int64_t row_a = from.Row(k, ja), row_b = from.Row(k, jb - 1);
+  const int64_t sa = std::max<int64_t>(0, CeilDiv(row_a - disk_slot_.first, disk_slot_.stride));
+  const int64_t sb = std::min<int64_t>(rows_, FloorDiv(row_b - disk_slot_.first, disk_slot_.stride) + 1);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(int64_t(1) << 16, asked_lines_));
+  std::vector<int64_t> slots, lines, steps, versions;
+  std::vector<char> values;
+  std::vector<float> state;
+  for (int64_t s0 = sa; s0 < sb; s0 += chunk) {
+    const int64_t m = std::min(chunk, sb - s0);
+    const int64_t a = placement_.Row(rank_, s0), b = placement_.Row(rank_, s0 + m - 1);
+    const int64_t ka = std::max(ja, CeilDiv(a - first, stride)), kb = std::min(jb, FloorDiv(b - first, stride) + 1);
+    if (ka >= kb) continue;
+    slots.resize(m);
+    for (int64_t j = 0; j < m; ++j) slots[j] = s0 + j;
+    StageSlots(slots.data(), m, true, &lines);
+    values.resize(m * rb);
+    state.resize(m * sw);
+    steps.resize(m);
+    versions.resize(m);
+    for (int64_t j = 0; j < m; ++j) {
+      std::memcpy(values.data() + j * rb, &values_[lines[j] * rb], rb);
+      if (sw) std::memcpy(state.data() + j * sw, &state_[lines[j] * sw], sw * 4);
+      steps[j] = counters_.step(lines[j]);
+      versions[j] = counters_.version(lines[j]);
+    }
+    const bool ok =
+        CopySlots(f, values_at, saved_row_bytes, from, k, ka, kb, placement_, rank_, values.data(), recode, s0) &&
+        CopySlots(f, state_at, sw * sizeof(float), from, k, ka, kb, placement_, rank_,
+                  reinterpret_cast<char*>(state.data()), nullptr, s0) &&
+        CopyCounters(f, steps_at, versions_at, from, k, ka, kb, placement_, rank_,
+                     [&](int64_t slot, int64_t step, int64_t version) {
+                       steps[slot - s0] = step;
+                       versions[slot - s0] = version;
+                     });
+    if (!ok) return false;
+    for (int64_t j = 0; j < m; ++j) {
+      std::memcpy(&values_[lines[j] * rb], values.data() + j * rb, rb);
+      if (sw) std::memcpy(&state_[lines[j] * sw], state.data() + j * sw, sw * 4);
+      counters_.Load(lines[j], steps[j], versions[j]);
+      most->first = std::max(most->first, steps[j]);
+      most->second = std::max(most->second, versions[j]);
+    }
+  }
+  return true;
 }
 
 }  // namespace ps

@@ -5,10 +5,16 @@
 // they are stored, and only a step widens them. A dense tensor is a table too, but its shard is stepped as one unit
 // (one step count, one version), exactly like a local dense update of the same elements.
 //
+// A disk-tier shard (spec tier_dir, row_tier.h) keeps its rows in a file and its arrays as a
+// cache of lines: every method first stages the rows it touches into lines (Stage), then works
+// on lines exactly as an in-memory shard works on slots, so both step rows by the same code.
+//
 // The server handles data messages one at a time (postoffice.h), so the shard needs no locks.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -16,6 +22,7 @@
 #include "common/optim_rules.h"
 #include "message.h"
 #include "row_placement.h"
+#include "row_tier.h"
 #include "shard_arrays.h"
 
 namespace ps {
@@ -38,6 +45,14 @@ class TableShard {
   // Whether the rows' step counts are the step each was brought to (a catch-up kind).
   bool catches_up() const { return !dense() && hetu::optim::catches_up(cfg_.kind); }
   int64_t row_bytes() const { return row_bytes_; }  // bytes of a stored (and moved) row
+  bool on_disk() const { return file_ != nullptr; }  // a disk-tier shard
+  // This process's disk-tier shards: rows found in a line (hits) or read or drawn into one
+  // (misses), and their row files' reads and writes.
+  struct TierCounters {
+    int64_t hits = 0, misses = 0;
+    RowFile::Counters file;
+  };
+  static TierCounters Tiers();
 
   // "" if every key is a row of this shard, else an error naming the table and the key.
   std::string CheckKeys(const int64_t* keys, int64_t n) const;
@@ -70,7 +85,7 @@ class TableShard {
   // Rows whose version is more than `bound` ahead of the worker's: positions into keys.
   std::vector<int64_t> Stale(const int64_t* keys, const int64_t* versions, int64_t n, int64_t bound) const;
   void GatherState(const int64_t* keys, int64_t n, float* state, int64_t* steps, int64_t* versions) const;
-  int64_t Version(int64_t key) const { return counters_.version(Unit(key)); }
+  int64_t Version(int64_t key) const;
   bool wide_counters() const { return counters_.wide(); }  // steps and versions in 64 bits
   void Assign(const int64_t* keys, int64_t n, const void* values, const float* state, const int64_t* steps,
               const int64_t* version_add);
@@ -125,6 +140,30 @@ class TableShard {
   std::string SaveDeltaFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const;
   std::string LoadDeltaFiles(const std::string& dir, int64_t* bytes);
   int64_t Unit(int64_t key) const { return dense() ? 0 : slot_(key); }
+  // Disk tier: the lines holding keys[0..n) (read from the file, or drawn, where missing),
+  // marked dirty with `dirty`; returns them (keys itself in memory, where a key is its slot's
+  // index). Lines of the previous request may be evicted, written back first if dirty.
+  // std::runtime_error naming the file on an I/O error, the cache as it was.
+  const int64_t* Stage(const int64_t* keys, int64_t n, bool dirty, std::vector<int64_t>* lines) const;
+  void StageSlots(const int64_t* slots, int64_t n, bool dirty, std::vector<int64_t>* lines);
+  // The arrays and the cache at `lines` lines (ResizeLines), grown for a request larger than
+  // the cache, shrunk back (its rows written back) once the next one comes (ShrinkLines).
+  void ResizeLines(int64_t lines);
+  void GrowLines(int64_t lines);
+  void ShrinkLines();
+  // A record's payload <-> a line: the row as stored, its state, step and version.
+  void PackLine(int64_t line, char* out) const;
+  void UnpackLine(int64_t line, const char* in);
+  void DrawLine(int64_t line, int64_t slot);  // a row never written: its initial values
+  // Slots [0, rows) in chunks the cache holds, each staged: fn(first slot, count, lines).
+  template <typename Fn>
+  void ForSlotChunks(bool dirty, Fn&& fn) const;
+  std::string SaveFileOnDisk(FILE* f, int64_t* bytes) const;
+  void CatchUpUnits(const int64_t* units, int64_t n, int64_t target, bool distinct);
+  // LoadFiles' copy of saved slots [ja, jb) of file k on a disk tier (recode: a Recode or null).
+  bool LoadOnDisk(FILE* f, long values_at, long state_at, long steps_at, long versions_at, long saved_row_bytes,
+                  const RowPlacement& from, int k, int64_t ja, int64_t jb, const void* recode,
+                  std::pair<int64_t, int64_t>* most);
   // Rows are visited in key order but scattered in memory: start loading a few ahead.
   static constexpr int64_t kAhead = 8;
   static constexpr int64_t kParallelRows = 4096;  // below this a thread costs more than it saves
@@ -149,7 +188,14 @@ class TableShard {
   int storage_;                // hetu::storage::Type of values_
   int64_t row_bytes_;          // width() elements of that type
   float* dense_values() { return reinterpret_cast<float*>(values_.data()); }  // a dense shard's float32
-  HugeArray<char> values_;     // rows in slot order, row_bytes_ each
+  // Disk tier: the row file, which line holds which slot, the table's slots (slot_ is then
+  // the identity over lines), the lines asked for, and what the cache did.
+  std::unique_ptr<RowFile> file_;
+  std::unique_ptr<LineCache> cache_;
+  SlotIndex disk_slot_;
+  int64_t asked_lines_ = 0;
+  int64_t lines_;              // units in the arrays below: units_, or a disk tier's lines
+  HugeArray<char> values_;     // rows in slot (line) order, row_bytes_ each
   HugeArray<float> state_;
   UnitCounters counters_;      // every unit's step count and version
   // Incremental checkpoints: every unit's version at the marked save (its low 32 bits: a

@@ -25,6 +25,9 @@ std::string Invalid(const std::string& name, const pb::TableSpec& spec) {
       (spec.dense() && spec.storage() != hetu::storage::kF32))
     return "table '" + name + "': storage type " + std::to_string(spec.storage()) +
            (spec.dense() ? " for a dense tensor (dense tensors are fp32)" : " is unknown");
+  if (!spec.tier_dir().empty() && (spec.dense() || spec.tier_cache_bytes() <= 0))
+    return "table '" + name + "': a disk tier needs an embedding table and a cache of at least one byte (" +
+           std::to_string(spec.tier_cache_bytes()) + ")";
   if (spec.dense() && hetu::optim::rowwise(kind))
     return "table '" + name + "': a row-wise optimizer steps embedding rows; a dense tensor takes its "
            "element-wise dense rule";
@@ -99,7 +102,8 @@ hetu::optim::Config OptimOf(const std::string& table, const py::dict& optimizer)
 }
 
 Handle Init(RemoteTable& table, int init_kind, double init_a, double init_b, uint64_t seed, uint64_t stream,
-            const py::dict& optimizer, bool bsp, int staleness) {
+            const py::dict& optimizer, bool bsp, int staleness, const std::string& tier_dir,
+            int64_t tier_cache_bytes) {
   const TableRef& t = table.ref();
   pb::TableSpec spec;
   spec.set_rows(t.rows);
@@ -114,6 +118,8 @@ Handle Init(RemoteTable& table, int init_kind, double init_a, double init_b, uin
   spec.set_bsp(bsp);
   spec.set_staleness(staleness);
   spec.set_storage(t.storage);
+  spec.set_tier_dir(tier_dir);
+  spec.set_tier_cache_bytes(tier_cache_bytes);
   auto req = Send([&](KVWorker& w) {
     auto r = w.NewRequest(TableRef{t.name}, kInit);
     w.AllServers(r.get());
@@ -129,6 +135,7 @@ Handle Init(RemoteTable& table, int init_kind, double init_a, double init_b, uin
 void Bind(PyFace& f) {
   f.table.def("init", &Init, py::kw_only(), py::arg("init_kind"), py::arg("init_a"), py::arg("init_b"),
               py::arg("seed"), py::arg("stream"), py::arg("optimizer"), py::arg("bsp"), py::arg("staleness"),
+              py::arg("tier_dir") = "", py::arg("tier_cache_bytes") = 0,
               "Creates the table on every server (result: None). optimizer: {'kind': hetu::optim::Kind, "
               "hyperparameter: value, ...}; those left out take their defaults.");
 }

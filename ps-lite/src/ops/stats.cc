@@ -17,7 +17,11 @@ namespace {
   X(admitted, int64_t) /* rows of dynamic tables reset by admits */                                       \
   /* checkpoint files written and read, seconds from open to close (fsync included) */                     \
   X(checkpoint_saves, int64_t) X(checkpoint_saved_bytes, int64_t) X(checkpoint_save_seconds, double)       \
-  X(checkpoint_loads, int64_t) X(checkpoint_loaded_bytes, int64_t) X(checkpoint_load_seconds, double)
+  X(checkpoint_loads, int64_t) X(checkpoint_loaded_bytes, int64_t) X(checkpoint_load_seconds, double)       \
+  /* disk tiers (row_tier.h): rows found in the cache or not, records read and written, seconds */         \
+  X(tier_hits, int64_t) X(tier_misses, int64_t) X(tier_reads, int64_t) X(tier_read_bytes, int64_t)         \
+  X(tier_read_seconds, double) X(tier_writes, int64_t) X(tier_written_bytes, int64_t)                      \
+  X(tier_write_seconds, double)
 
 struct ServerStats {
 #define PS_STATS_FIELD(name, type) type name = 0;
@@ -45,6 +49,15 @@ struct ServerStats {
     s.checkpoint_loads = k.loads;
     s.checkpoint_loaded_bytes = k.loaded_bytes;
     s.checkpoint_load_seconds = k.load_seconds;
+    const TableShard::TierCounters d = TableShard::Tiers();
+    s.tier_hits = d.hits;
+    s.tier_misses = d.misses;
+    s.tier_reads = d.file.reads;
+    s.tier_read_bytes = d.file.read_bytes;
+    s.tier_read_seconds = d.file.read_seconds;
+    s.tier_writes = d.file.writes;
+    s.tier_written_bytes = d.file.written_bytes;
+    s.tier_write_seconds = d.file.write_seconds;
     return s;
   }
 

@@ -47,6 +47,7 @@ Conventions
   bits. Rows still come and go here as float32 (widened exactly; rounded to nearest even on the
   way out), gradients and optimizer state stay float32, and every step rounds the row.
 """
+import collections
 import os
 
 import numpy as np
@@ -57,7 +58,7 @@ __all__ = [
     "pick_root_port", "start", "finalize", "scheduler_init", "server_init", "worker_init", "scheduler_finish",
     "server_finish", "worker_finish", "wait_for_end", "rank", "role", "num_workers",
     "num_servers", "barrier", "client", "Client", "Table", "Handle", "INITIALIZERS", "OPTIMIZERS",
-    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed",
+    "server_stats", "own_server_stats", "served_line", "write_server_stats", "JobFailed", "DiskTier",
 ]
 
 INITIALIZERS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3}
@@ -393,12 +394,21 @@ class Table:
         return Handle(self._t.clear())
 
 
+class DiskTier(collections.namedtuple("DiskTier", "dir cache_mb")):
+    """Where a table's servers keep its rows when they live on disk: `dir`, a folder each
+    server writes its shard's row file in, and `cache_mb`, the memory of rows each keeps."""
+
+    @property
+    def cache_bytes(self):
+        return int(float(self.cache_mb) * (1 << 20))
+
+
 class Client:
     """A worker's entry point to the tables (get it with :func:`client`)."""
 
     def init_table(self, name, rows, width, init=("normal", 0.0, 0.01), seed=0, stream=None,
                    optimizer=("sgd", {}), bsp=True, staleness=0, dense=False, storage="fp32", timeout=None,
-                   _shape=None):
+                   tier=None, _shape=None):
         """Creates the table on every server (idempotent for the same shape; an error for a
         different one) and returns its :class:`Table`. Blocks until all servers answered.
 
@@ -415,6 +425,10 @@ class Client:
         storage: 'fp32' | 'bf16' | 'fp16', the type the rows are stored and moved in (embedding
             tables; docs/design.md section 5). Rows come and go as float32: a pull widens them,
             an assign rounds them; every step computes in float32 and rounds the row to it.
+        tier: a :class:`DiskTier` (embedding tables): each server keeps its shard's rows in a
+            file under ``tier.dir`` (a folder on the server's own disk) with about
+            ``tier.cache_mb`` MiB of them in memory; every operation works as in memory, bit
+            for bit (docs/design.md, "Disk tier").
         """
         kind, a, b = (tuple(init) + (0.0, 0.0))[:3]
         if isinstance(optimizer, str):
@@ -433,7 +447,8 @@ class Client:
             try:
                 table._t.init(init_kind=INITIALIZERS[kind], init_a=float(a), init_b=float(b), seed=int(seed),
                               stream=stream, optimizer=dict(c, kind=OPTIMIZERS[opt]), bsp=bool(bsp),
-                              staleness=int(staleness)).wait(timeout)
+                              staleness=int(staleness), tier_dir=tier.dir if tier else "",
+                              tier_cache_bytes=tier.cache_bytes if tier else 0).wait(timeout)
             except RuntimeError as e:
                 raise TableRefused(str(e)) from None
         return table
