@@ -99,6 +99,15 @@ def build_parser(herald):
                    help="dynamic embedding tables of ROWS rows keyed by the data's ids (any int64 keys: data "
                         "prepared with --ids hashed needs it): keys are admitted and evicted by the batch "
                         "sequence alone (docs/design.md section 13)")
+    p.add_argument("--table-storage", default="memory", choices=("memory", "disk"),
+                   help="where the servers keep the embedding tables' rows: in memory (default), or on disk "
+                        "under --table-dir with --table-cache-mb of them cached in memory; training is the "
+                        "same bit for bit (docs/usage.md, Tables on disk)")
+    p.add_argument("--table-dir", default=None, metavar="DIR",
+                   help="--table-storage disk: the folder on each server's own disk its row files go in")
+    p.add_argument("--table-cache-mb", type=POSITIVE_FLOAT, default=None, metavar="MB",
+                   help="--table-storage disk: MiB of rows (with their optimizer state) each server keeps in "
+                        "memory per table (default 256)")
     p.add_argument("--admit-after", type=POSITIVE_INT, default=1, metavar="K",
                    help="dynamic tables: a key gets a row once K global batches have read it (default 1)")
     p.add_argument("--evict-ttl", type=NONNEGATIVE_INT, default=0, metavar="STEPS",
@@ -226,6 +235,9 @@ def distribution_options(args, herald):
         if args.cache is not None:
             raise SystemExit(f"--cache {args.cache} needs --comm PS or Hybrid: it caches rows of the parameter "
                              "server's tables")
+        if args.table_storage == "disk":
+            raise SystemExit("--table-storage disk keeps the tables on the parameter servers' disks: it needs "
+                             "--comm PS or Hybrid")
         return {}
     if herald and args.comm == "AllReduce":
         raise SystemExit("the Herald scheduler needs the embedding tables on the parameter server: "
@@ -234,9 +246,19 @@ def distribution_options(args, herald):
         raise SystemExit(f"Herald trains exactly synchronously: it needs --bsp 0 and --bound 0 (got --bsp {args.bsp} "
                          f"--bound {args.bound}); staleness is the HET cache's (run_hetu.py), or Herald's allocation "
                          "with the HET protocol (--protocol het)")
+    if args.table_storage == "disk":
+        if args.table_dir is None:
+            raise SystemExit("--table-storage disk: give --table-dir DIR, a folder on each server's own disk")
+        from hetu.ps import DiskTier
+        opts_tier = DiskTier(os.path.abspath(args.table_dir), args.table_cache_mb or 256.0)
+    else:
+        opts_tier = None
+        for flag in ("table_dir", "table_cache_mb"):
+            if getattr(args, flag) is not None:
+                raise SystemExit(f"--{flag.replace('_', '-')} is for --table-storage disk")
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
-            "prefetch": args.prefetch}
+            "prefetch": args.prefetch, "table_tier": opts_tier}
     if herald:
         opts["herald"] = HeraldOptions(lookahead=args.lookahead, allocator=args.allocator, protocol=args.protocol,
                                        planners=args.planners, planner_threads=args.planner_threads or 0)

@@ -22,7 +22,8 @@ class ExecutorConfig:
     """What the passes read. Distributed options are interpreted by the distribution passes."""
 
     def __init__(self, ctx=None, seed=None, dist_strategy=None, comm_mode=None, cstable_policy=None,
-                 cache_bound=0, cache_limit=None, bsp=0, prefetch=False, cuda_graph=False, **extra):
+                 cache_bound=0, cache_limit=None, bsp=0, prefetch=False, cuda_graph=False, table_tier=None,
+                 **extra):
         self.ctx = ctx or cpu(0)
         self.cuda_graph = bool(cuda_graph)
         self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
@@ -33,6 +34,7 @@ class ExecutorConfig:
         self.cache_limit = cache_limit
         self.bsp = bsp
         self.prefetch = prefetch
+        self.table_tier = table_tier   # hetu.ps.DiskTier: the servers keep embedding tables on disk
         self.extra = extra
 
 

@@ -142,8 +142,16 @@ def own_server_stats():
 
 def served_line(server, stats):
     """The line a server's counters are reported in at the end of a job."""
-    return (f"server {server}: {stats['requests']} requests, {stats['rows']} rows, {stats['bytes']} bytes served, "
+    line = (f"server {server}: {stats['requests']} requests, {stats['rows']} rows, {stats['bytes']} bytes served, "
             f"{stats['busy_seconds']:.3f} s busy")
+    looked = stats.get("tier_hits", 0) + stats.get("tier_misses", 0)
+    if looked:   # a table on disk: its cache and its file
+        mib = 1 << 20
+        line += (f"; disk tier: {stats['tier_hits'] / looked:.3f} of {looked} rows in cache, "
+                 f"{stats['tier_reads']} read ({stats['tier_read_bytes'] / mib:.1f} MiB, "
+                 f"{stats['tier_read_seconds']:.3f} s), {stats['tier_writes']} written "
+                 f"({stats['tier_written_bytes'] / mib:.1f} MiB, {stats['tier_write_seconds']:.3f} s)")
+    return line
 
 
 def write_server_stats(path, stats):

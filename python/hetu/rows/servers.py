@@ -65,7 +65,7 @@ class RemoteTable:
     before c applied. `counters`: the worker's Counters, which the row sources in front of the
     table and the dense updater add to."""
 
-    def __init__(self, client, param, optimizer, seed, sync, counters, dense=False):
+    def __init__(self, client, param, optimizer, seed, sync, counters, dense=False, tier=None):
         self.param, self.sync, self.counters, self.dense = param, sync, counters, dense
         self.clock = 0
         # Under a catch-up optimizer (hetu.optim: adam_catchup), the steps taken so far (a
@@ -81,7 +81,8 @@ class RemoteTable:
             self._table = client.init_dense(param.name, param.shape, **settings)
             return
         rows, width = param.shape
-        self._table = client.init_table(param.name, rows, width, storage=optimizer.embedding_dtype, **settings)
+        self._table = client.init_table(param.name, rows, width, storage=optimizer.embedding_dtype, tier=tier,
+                                        **settings)
         # Bytes of a row as it moves (its storage type); gradients always move as float32.
         self.row_bytes, self.grad_bytes = self._table.row_bytes, width * 4
 

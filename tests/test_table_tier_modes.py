@@ -1,0 +1,77 @@
+"""Tables on disk (docs/design.md, "Disk tier") in every parameter-server mode: the servers keep
+the embedding table in a row file with a cache far smaller than a step's rows, and the trained
+parameters equal the same mode's run with the table in memory bit for bit. Checkpoints written
+from disk resume in memory and the other way round, full saves and deltas."""
+import re
+
+import numpy as np
+import pytest
+
+from dist_harness import run_cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+HET = ["--comm", "Hybrid", "--cache", "lru", "--bound", "0", "--bsp", "0"]
+PS = ["--comm", "PS", "--bsp", "0"]
+# (script, mode, optimizer and table flags): about 60 cached rows of 30 x 2 samples' ~1,500.
+CASES = {
+    "PS-adam-bf16": ("run_hetu.py", PS, ["--optimizer", "adam", "--learning-rate", "0.001",
+                                         "--embedding-dtype", "bf16"]),
+    "HET-adam_catchup": ("run_hetu.py", HET, ["--optimizer", "adam_catchup", "--learning-rate", "0.001"]),
+    "Herald-rowwise_adagrad": ("run_laia.py", HET, ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.01"]),
+    "PS-dynamic-sgd": ("run_hetu.py", PS, ["--optimizer", "sgd", "--learning-rate", "0.02",
+                                           "--table-capacity", "1024", "--admit-after", "2", "--evict-ttl", "5"]),
+}
+TINY_CACHE = ["--table-cache-mb", "0.006"]
+
+
+def on_disk(tmp_path, name="rows"):
+    folder = tmp_path / name
+    folder.mkdir(exist_ok=True)
+    return ["--table-storage", "disk", "--table-dir", str(folder), *TINY_CACHE]
+
+
+def tier_reads(stdout):
+    """Rows the servers read back from their row files, summed over the servers' lines."""
+    found = [int(n) for n in re.findall(r"in cache, (\d+) read", stdout)]
+    assert found, stdout[-3000:]
+    return sum(found)
+
+
+def assert_identical(a, b):
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_table_on_disk_trains_as_in_memory(tmp_path, data_home, case):
+    script, mode, args = CASES[case]
+    memory, _ = run_cluster(tmp_path, data_home, script, [*mode, *args], 2, 2, 30)
+    disk, stdout = run_cluster(tmp_path, data_home, script, [*mode, *args, *on_disk(tmp_path)], 2, 2, 30)
+    assert tier_reads(stdout) > 1000   # the rows went through the file, not only the cache
+    assert_identical(memory, disk)
+
+
+def test_checkpoints_move_between_disk_and_memory(tmp_path, data_home):
+    """Two epochs in memory equal: one epoch on disk checkpointed (a full save, then deltas),
+    resumed in memory; and one in memory resumed on disk, on another server count."""
+    script, mode, args = CASES["HET-adam_catchup"]
+    saves = ["--checkpoint-every", "10", "--checkpoint-full-every", "3"]   # full at 10, deltas at 20 and 30
+    straight, _ = run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "2"], 2, 2, 30)
+    from_disk = tmp_path / "from-disk"
+    run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "1", "--checkpoint", str(from_disk), *saves,
+                                              *on_disk(tmp_path)], 2, 2, 30)
+    got, stdout = run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "2", "--resume",
+                                                            str(from_disk)], 2, 2, 30)
+    assert "resumed" in stdout
+    assert_identical(straight, got)
+    from_memory = tmp_path / "from-memory"
+    run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "1", "--checkpoint", str(from_memory),
+                                              *saves], 2, 2, 30)
+    got, stdout = run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "2", "--resume",
+                                                            str(from_memory), *on_disk(tmp_path, "rows2")], 2, 3, 30)
+    assert "resumed" in stdout and tier_reads(stdout) > 0
+    reference, _ = run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "2", "--resume",
+                                                             str(from_memory)], 2, 3, 30)
+    assert_identical(reference, got)
