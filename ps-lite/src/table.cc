@@ -54,11 +54,15 @@ void Units(bool dense, int64_t rows, int64_t width, int64_t* units, int64_t* uni
   *unit_width = dense ? rows * width : width;
 }
 
-// A disk tier's lines: its cache bytes over a line's (row, state, counters and the cache's own
-// bookkeeping), at least one and at most the shard's rows.
+// A line's bookkeeping besides its row and state: counters (8), LineCache's arrays (18) and its
+// slot map's cells (16 bytes each, 2 to 4 cells a line).
+constexpr int64_t kLineBookkeeping = 8 + 18 + 64;
+
+// A disk tier's lines: its cache bytes over a line's (row, state and bookkeeping), at least one
+// and at most the shard's rows.
 int64_t TierLines(const pb::TableSpec& spec, int64_t rows) {
   const int64_t state = hetu::optim::state_width(OptimFromProto(spec.optim()).kind, spec.width());
-  const int64_t line = spec.width() * hetu::storage::bytes(spec.storage()) + state * 4 + 8 + 32;
+  const int64_t line = spec.width() * hetu::storage::bytes(spec.storage()) + state * 4 + kLineBookkeeping;
   return std::max<int64_t>(1, std::min<int64_t>(rows, spec.tier_cache_bytes() / line));
 }
 
@@ -140,7 +144,8 @@ int64_t TableShard::Bytes(const pb::TableSpec& spec, int rank, int num_servers) 
                              state * int64_t(sizeof(float)) + 2 * int64_t(sizeof(int32_t));
   // A disk tier holds its lines, a bit per row (written or not) and, once saved with a mark,
   // 4 bytes per row (the versions a delta compares with).
-  if (!spec.tier_dir().empty() && !spec.dense()) return TierLines(spec, rows) * (unit_bytes + 32) + rows / 8 + rows * 4;
+  if (!spec.tier_dir().empty() && !spec.dense())
+    return TierLines(spec, rows) * (unit_bytes - 8 + kLineBookkeeping) + rows / 8 + rows * 4;
   return units * unit_bytes;
 }
 

@@ -1,6 +1,10 @@
 // kStats: what a server has served, and its checkpoint files' rates.
 //   request:  no table, no blobs (to every server; not itself counted)
 //   answer:   one blob of ServerStats: a double per field, in the order of PS_SERVER_STATS
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "ops/serving.h"
 #include "py_face.h"
 
@@ -21,7 +25,24 @@ namespace {
   /* disk tiers (row_tier.h): rows found in the cache or not, records read and written, seconds */         \
   X(tier_hits, int64_t) X(tier_misses, int64_t) X(tier_reads, int64_t) X(tier_read_bytes, int64_t)         \
   X(tier_read_seconds, double) X(tier_writes, int64_t) X(tier_written_bytes, int64_t)                      \
-  X(tier_write_seconds, double)
+  X(tier_write_seconds, double)                                                                           \
+  /* the server process: its id, its resident memory now and at its peak (VmHWM: writing 5 to      */  \
+  /* /proc/PID/clear_refs starts the peak again)                                                     */  \
+  X(pid, int64_t) X(rss_bytes, int64_t) X(peak_rss_bytes, int64_t)
+
+// VmRSS and VmHWM of /proc/self/status, in bytes (0 where the file says nothing).
+void ResidentMemory(int64_t* now, int64_t* peak) {
+  *now = *peak = 0;
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) *now = int64_t(kib) * 1024;
+    else if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) *peak = int64_t(kib) * 1024;
+  }
+  std::fclose(f);
+}
 
 struct ServerStats {
 #define PS_STATS_FIELD(name, type) type name = 0;
@@ -58,6 +79,8 @@ struct ServerStats {
     s.tier_writes = d.file.writes;
     s.tier_written_bytes = d.file.written_bytes;
     s.tier_write_seconds = d.file.write_seconds;
+    s.pid = getpid();
+    ResidentMemory(&s.rss_bytes, &s.peak_rss_bytes);
     return s;
   }
 
