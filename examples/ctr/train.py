@@ -105,6 +105,9 @@ def build_parser(herald):
                         "same bit for bit (docs/usage.md, Tables on disk)")
     p.add_argument("--table-dir", default=None, metavar="DIR",
                    help="--table-storage disk: the folder on each server's own disk its row files go in")
+    p.add_argument("--table-prefetch", default="on", choices=("on", "off"),
+                   help="--table-storage disk: where the next step's rows are known (Herald's plans; the HET "
+                        "cache with --prefetch), the servers read them into their caches ahead (default on)")
     p.add_argument("--table-cache-mb", type=POSITIVE_FLOAT, default=None, metavar="MB",
                    help="--table-storage disk: MiB of rows (with their optimizer state) each server keeps in "
                         "memory per table (default 256)")
@@ -258,7 +261,7 @@ def distribution_options(args, herald):
                 raise SystemExit(f"--{flag.replace('_', '-')} is for --table-storage disk")
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
-            "prefetch": args.prefetch, "table_tier": opts_tier}
+            "prefetch": args.prefetch, "table_tier": opts_tier, "table_prefetch": args.table_prefetch == "on"}
     if herald:
         opts["herald"] = HeraldOptions(lookahead=args.lookahead, allocator=args.allocator, protocol=args.protocol,
                                        planners=args.planners, planner_threads=args.planner_threads or 0)

@@ -33,6 +33,7 @@ struct PyFace;   // py_face.h
   X(kAdmit, 12, kAdmitOp)         \
   X(kSaveDelta, 13, kSaveDeltaOp) \
   X(kLoadDelta, 14, kLoadDeltaOp) \
+  X(kPrefetch, 15, kPrefetchOp)   \
   /* one line per op, above this one */
 
 enum Op : int {

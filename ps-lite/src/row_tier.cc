@@ -110,6 +110,7 @@ std::string RowFile::Write(const int64_t* ids, int64_t n, char* const* buffers) 
       }
     }
   });
+  pool_->Rest();  // requests come a step apart: the I/O threads sleep rather than spin between them
   Add(g_write_seconds, Now() - start);
   if (failed.load()) {
     for (const std::string& e : errors)
@@ -155,6 +156,7 @@ std::string RowFile::Read(const int64_t* ids, int64_t n, char* const* buffers) c
       std::memcpy(buffers[i], record.data(), payload_);
     }
   });
+  pool_->Rest();
   Add(g_read_seconds, Now() - start);
   if (failed.load()) {
     for (const std::string& e : errors)

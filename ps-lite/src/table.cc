@@ -379,6 +379,12 @@ void TableShard::Gather(const int64_t* given, int64_t n, void* out) const {
   });
 }
 
+void TableShard::Prefetch(const int64_t* keys, int64_t n) const {
+  // More rows than the cache holds would only evict each other: the first that fit.
+  std::vector<int64_t> lines;
+  if (on_disk()) Stage(keys, std::min(n, asked_lines_), false, &lines);
+}
+
 void TableShard::GatherDense(float* out) const { std::memcpy(out, values_.data(), values_.size()); }
 
 std::vector<int64_t> TableShard::Stale(const int64_t* given, const int64_t* versions, int64_t n, int64_t bound) const {

@@ -79,6 +79,9 @@ class TableShard {
   // caught up to the same step is the same). Nothing for other kinds or dense tables.
   void CatchUp(const int64_t* keys, int64_t n, int64_t target);
 
+  // Disk tier: reads these rows into the cache (kPrefetch); nothing in memory.
+  void Prefetch(const int64_t* keys, int64_t n) const;
+
   // Rows as stored: row_bytes() each.
   void Gather(const int64_t* keys, int64_t n, void* out) const;
   void GatherDense(float* out) const;

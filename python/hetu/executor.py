@@ -23,7 +23,7 @@ class ExecutorConfig:
 
     def __init__(self, ctx=None, seed=None, dist_strategy=None, comm_mode=None, cstable_policy=None,
                  cache_bound=0, cache_limit=None, bsp=0, prefetch=False, cuda_graph=False, table_tier=None,
-                 **extra):
+                 table_prefetch=True, **extra):
         self.ctx = ctx or cpu(0)
         self.cuda_graph = bool(cuda_graph)
         self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
@@ -35,6 +35,7 @@ class ExecutorConfig:
         self.bsp = bsp
         self.prefetch = prefetch
         self.table_tier = table_tier   # hetu.ps.DiskTier: the servers keep embedding tables on disk
+        self.table_prefetch = table_prefetch   # and read the next step's rows ahead where they are known
         self.extra = extra
 
 

@@ -21,7 +21,8 @@ def bind_ps(graph):
     tables = {}   # param id -> the plain-PS RowSource of an embedding table
     for param, opt_op, sparse in graph.ps_params.values():
         remote = graph.remote[param.id] = RemoteTable(client, param, opt_op.optimizer, seed, sync, graph.counters,
-                                                      dense=not sparse, tier=graph.config.table_tier)
+                                                      dense=not sparse, tier=graph.config.table_tier,
+                                                      tier_prefetch=graph.config.table_prefetch)
         if sparse:
             if opt_op.optimizer.catches_up:
                 remote.steps_taken = lambda op=opt_op: op.step_count

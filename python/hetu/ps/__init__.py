@@ -287,6 +287,12 @@ class Table:
         self._sparse()
         return Handle(self._t.pull(keys=_keys(keys), iteration=_iter(iteration), catch_up_to=int(catch_up_to)))
 
+    def prefetch(self, keys):
+        """A table on disk (:class:`DiskTier`): the servers read the rows of `keys` into their
+        caches now, ahead of the reads that follow (a hint: no row changes). Result: None."""
+        self._sparse()
+        return Handle(self._t.prefetch(_keys(keys)))
+
     def push(self, keys, grads, iteration=None, lr=None, counts=None, write_back=None, catch_up_to=0):
         """Sends gradients (n, width) of `keys`. Result: None. `counts`: per-key contributions
         added to the rows' versions (default: 1 per distinct key). `write_back`: (keys, values,

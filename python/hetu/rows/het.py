@@ -94,7 +94,9 @@ class CachedTable(RowSource):
             self._outbox.append(due)
         self._flush_outbox(lr)
         if self.next_ids is not None:
-            self._prefetched = self._request(np.unique(self.next_ids()))
+            ids = np.unique(self.next_ids())
+            self.remote.prefetch(ids)   # a table on disk reads them in while the step ends
+            self._prefetched = self._request(ids)
 
     def _flush_outbox(self, lr):
         """One push per step (BSP needs every worker's message for each iteration, even empty)."""

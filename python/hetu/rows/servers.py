@@ -65,15 +65,19 @@ class RemoteTable:
     before c applied. `counters`: the worker's Counters, which the row sources in front of the
     table and the dense updater add to."""
 
-    def __init__(self, client, param, optimizer, seed, sync, counters, dense=False, tier=None):
+    def __init__(self, client, param, optimizer, seed, sync, counters, dense=False, tier=None, tier_prefetch=True):
         self.param, self.sync, self.counters, self.dense = param, sync, counters, dense
         self.clock = 0
         # Under a catch-up optimizer (hetu.optim: adam_catchup), the steps taken so far (a
         # callable: the stepping OptimizerOp's count, set by bind_ps): every read and push
         # carries it, and the servers bring the rows to that step first.
         self.steps_taken = None
-        # Admits sent and not yet answered (admit): each is awaited by the next request.
+        # Admits and prefetch hints sent and not yet answered (admit, prefetch): each is awaited
+        # by the next request.
         self._admits = []
+        # On disk (hetu.ps.DiskTier), the row sources that know the next step's rows send them
+        # ahead (prefetch) unless told not to.
+        self.hints = tier is not None and tier_prefetch
         settings = dict(init=init_spec(param), seed=seed, stream=_C.name_stream(param.name),
                         optimizer=optimizer.rule(dense=dense), bsp=sync.synchronous,
                         staleness=sync.staleness)
@@ -135,6 +139,12 @@ class RemoteTable:
         follows reads the admitted rows, and the admit's answer is awaited with that request's
         (docs/design.md section 13): one round trip, not two."""
         self._admits.append(self._table.admit(slots, keys, iteration=self._tag(), catch_up_to=self.catch_up_to()))
+
+    def prefetch(self, keys):
+        """A table on disk: the servers read these rows (the next step's) into their caches
+        while the workers compute; nothing otherwise. Awaited with the next request, as admits."""
+        if self.hints and len(keys):
+            self._admits.append(self._table.prefetch(np.ascontiguousarray(keys, np.int64)))
 
     # --- a dense tensor ---------------------------------------------------------------------------
     def push_pull(self, grad, lr):

@@ -1,0 +1,257 @@
+"""Tables on disk (--table-storage disk): samples/s against the same job with the table in memory,
+the servers' memory, and the disk's own rates as the ceiling.
+
+Parts (--part, any of them):
+
+- disk: the disk under --work as the tier uses it: random reads and writes of one row record
+  (pread/pwrite of --record bytes at random offsets of a file of --disk-gib GiB), through the page
+  cache and with O_DIRECT (4 KiB, the device's own rate), and sequential writes with fdatasync.
+- speed: each mode (PS, HET, Herald, and Herald with the servers' prefetch off) trains the same
+  job with the table in memory and on disk, its cache --cache-fraction of the table's rows
+  (about 10%: most of a step's rows are read from the file), alternating the two, --repeats
+  times; samples/s (the workers' summed epoch rates) and the ratio of medians, per dataset:
+  synthetic Criteo (Zipf-skewed ids) and MovieLens-100K in time order (data/ml-100k, fetched
+  when missing).
+- big: a table at least twice the host's memory (--big-scale 6 at width 128 in bf16 is MLPerf's
+  Criteo 1TB table, 202,575,462 x 128 x 2 B = 51.9 GB), on disk with a --big-cache-mb cache per
+  server, against the same job on a table of --small-scale that fits in memory; the servers'
+  peak resident memory of each. The row file is sparse: only rows written take disk blocks.
+
+    python bench/tiers.py --part disk speed
+    python bench/tiers.py --part big --big-scale 6 --embedding-size 128 --dtype bf16
+
+Loopback on a shared machine measures CPU as much as the disk: compare the rows of one run.
+"""
+import argparse
+import json
+import mmap
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_modes import ROOT, worker_summaries  # noqa: E402
+from scale import PeakRss, row_bytes  # noqa: E402
+
+MODES = {
+    "PS": ("run_hetu.py", ["--comm", "PS"], []),
+    "HET": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"], []),
+    "Herald": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"], []),
+    "Herald, no prefetch": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"],
+                            ["--table-prefetch", "off"]),
+}
+TIER = re.compile(r"\] server (\d+): .*disk tier: ([\d.]+) of (\d+) rows in cache, (\d+) read")
+LINE_BOOKKEEPING = 90   # bytes a cache line takes besides its row and state (ps-lite/src/table.cc)
+
+
+# ---- the disk's own rates ------------------------------------------------------------------------
+
+def disk_rates(folder, gib, record, seconds):
+    path = os.path.join(folder, "tiers-disk-probe.bin")
+    size = int(gib * 2 ** 30)
+    rows = []
+    start = time.perf_counter()
+    with open(path, "wb") as f:   # sequential, synced: how fast the file can be laid down
+        block = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            f.write(block)
+        f.flush()
+        os.fdatasync(f.fileno())
+    rows.append(("sequential write, fdatasync", 1 << 20, size / (time.perf_counter() - start), None))
+    rng = random.Random(0)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for name, op in (("random read", "r"), ("random write", "w")):
+            buf, n, t0 = os.urandom(record), 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                at = rng.randrange(size // record) * record
+                if op == "r":
+                    os.pread(fd, record, at)
+                else:
+                    os.pwrite(fd, buf, at)
+                n += 1
+            dt = time.perf_counter() - t0
+            rows.append((f"{name} (page cache)", record, n * record / dt, n / dt))
+    finally:
+        os.close(fd)
+    try:   # the device itself: O_DIRECT, aligned 4 KiB
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        buf, n, t0 = mmap.mmap(-1, 4096), 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            os.preadv(fd, [buf], rng.randrange(size // 4096) * 4096)
+            n += 1
+        dt = time.perf_counter() - t0
+        os.close(fd)
+        rows.append(("random read, O_DIRECT", 4096, n * 4096 / dt, n / dt))
+    except OSError as e:
+        rows.append((f"random read, O_DIRECT: {e.strerror}", 4096, float("nan"), None))
+    os.remove(path)
+    print(f"\n### The disk under {folder}\n")
+    print("| access | bytes each | MB/s | per second |")
+    print("|---|---|---|---|")
+    for name, each, rate, ops in rows:
+        print(f"| {name} | {each} | {rate / 1e6:.0f} | {'' if ops is None else f'{ops:,.0f}'} |")
+
+
+# ---- jobs --------------------------------------------------------------------------------------
+
+def prepare(kind, folder, args):
+    """A prepared dataset folder; (its folder, model, rows of its embedding table)."""
+    meta = os.path.join(folder, "meta.json")
+    if kind == "movielens":
+        if not os.path.exists(meta):
+            raw = os.path.join(ROOT, "data", "ml-100k")
+            if not os.path.exists(os.path.join(raw, "u.data")):
+                subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "get_movielens100k.py"), "--output",
+                                raw], check=True)
+            subprocess.run([sys.executable, "-m", "hetu.data.prepare", "movielens", "--input",
+                            os.path.join(raw, "u.data"), "--users", os.path.join(raw, "u.user"), "--items",
+                            os.path.join(raw, "u.item"), "--time-order", "--output", folder, "--quiet"], check=True)
+        model = "dlrm_movielens"
+    else:
+        scale = kind
+        if not os.path.exists(meta):
+            subprocess.run([sys.executable, "-m", "hetu.data.prepare", "synthetic", "--shape", "criteo", "--scale",
+                            str(scale), "--rows", str(args.samples), "--output", folder], check=True)
+        model = "wdl_criteo"
+    with open(meta) as f:
+        return folder, model, int(json.load(f)["num_embeddings"])
+
+
+def cache_mb(rows, args, fraction):
+    """--table-cache-mb for `fraction` of a server's rows (its lines' bytes, ps-lite's TierLines)."""
+    per_line = row_bytes(args.embedding_size, args.optimizer, args.dtype) - 8 + LINE_BOOKKEEPING
+    return max(0.01, fraction * rows / args.servers * per_line / 2 ** 20)
+
+
+def run(mode, data, model, tier, args, iterations, log=None):
+    """One job; (samples/s of all workers, the servers' disk-tier figures, peak RSS per role)."""
+    script, flags, extra = MODES[mode]
+    cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(args.workers), "-s", str(args.servers),
+           "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script), *flags,
+           *(extra if tier else []), "--bsp", "0", "--model", model, "--data-dir", data, "--batch-size",
+           str(args.batch), "--embedding-size", str(args.embedding_size), "--optimizer", args.optimizer,
+           "--learning-rate", "0.01", "--embedding-dtype", args.dtype, "--iters-per-epoch", str(iterations),
+           "--nepoch", "1", "--no-progress", *(tier or [])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = PeakRss(proc.pid, 0.5)
+    sampler.start()
+    out, _ = proc.communicate(timeout=args.timeout + 120)
+    peak = sampler.stop()
+    if log:
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n" + out)
+    summaries = worker_summaries(mode, args.workers, proc.returncode, out)
+    tiers = [m.groups() for m in TIER.finditer(out)]
+    return sum(s["samples_per_second"] for s in summaries) / len(summaries) * args.workers, tiers, peak
+
+
+def tier_text(tiers):
+    """Hit rate and rows read from disk, over the servers."""
+    if not tiers:
+        return "-"
+    looked = sum(int(t[2]) for t in tiers)
+    hits = sum(float(t[1]) * int(t[2]) for t in tiers)
+    return f"{hits / looked:.2f} hit, {sum(int(t[3]) for t in tiers):,} read"
+
+
+def speed(args, work):
+    for kind in args.datasets:
+        folder = os.path.join(args.data, "movielens-time" if kind == "movielens" else f"criteo-s{args.scale:g}")
+        data, model, rows = prepare("movielens" if kind == "movielens" else args.scale, folder, args)
+        mb = cache_mb(rows, args, args.cache_fraction)
+        print(f"\n### {kind}: {model}, {rows:,} rows x {args.embedding_size} {args.dtype}, {args.optimizer}; "
+              f"W={args.workers} S={args.servers}, batch {args.batch}, {args.iterations} iterations; disk cache "
+              f"{mb:.2f} MB a server ({args.cache_fraction:.0%} of its rows)\n")
+        print("| mode | memory samples/s | disk samples/s | disk / memory (median) | disk tier |")
+        print("|---|---|---|---|---|")
+        for mode in args.modes:
+            mem, disk, tiers = [], [], None
+            for r in range(args.repeats):   # alternated, so that load drifts touch both alike
+                mem.append(run(mode, data, model, None, args, args.iterations)[0])
+                tier_dir = os.path.join(work, "rows")
+                os.makedirs(tier_dir, exist_ok=True)
+                rate, tiers, _ = run(mode, data, model, ["--table-storage", "disk", "--table-dir", tier_dir,
+                                                         "--table-cache-mb", f"{mb:.4f}"], args, args.iterations)
+                disk.append(rate)
+            print(f"| {mode} | {' '.join(f'{x:,.0f}' for x in mem)} | {' '.join(f'{x:,.0f}' for x in disk)} | "
+                  f"{statistics.median(disk) / statistics.median(mem):.2f} | {tier_text(tiers)} |", flush=True)
+
+
+def big(args, work):
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    print(f"\n### A table beyond memory (host: {host / 2 ** 30:.1f} GiB)\n")
+    print("| table | rows | table GB (rows x width x bytes) | x host memory | where | samples/s | server peak RSS GiB | "
+          "disk tier |")
+    print("|---|---|---|---|---|---|---|---|")
+    for scale, on_disk in ((args.small_scale, False), (args.big_scale, True)):
+        folder = os.path.join(args.data, f"criteo-s{scale:g}-r{args.samples}")
+        data, model, rows = prepare(scale, folder, args)
+        tier = None
+        if on_disk:
+            tier_dir = os.path.join(work, "rows")
+            os.makedirs(tier_dir, exist_ok=True)
+            tier = ["--table-storage", "disk", "--table-dir", tier_dir, "--table-cache-mb", str(args.big_cache_mb)]
+        rate, tiers, peak = run("PS", data, model, tier, args, args.big_iterations,
+                                log=args.logs and os.path.join(args.logs, f"big-s{scale:g}.log"))
+        table = rows * args.embedding_size * {"fp32": 4, "bf16": 2, "fp16": 2}[args.dtype]
+        servers = " ".join(f"{peak.get(f'server {s}', 0) / 2 ** 30:.2f}" for s in range(args.servers))
+        print(f"| criteo --scale {scale:g} | {rows:,} | {table / 1e9:.1f} | {table / host:.2f} | "
+              f"{'disk, cache ' + str(args.big_cache_mb) + ' MB a server' if on_disk else 'memory'} | {rate:,.0f} | "
+              f"{servers} | {tier_text(tiers)} |", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", nargs="+", default=["disk", "speed"], choices=["disk", "speed", "big"])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--datasets", nargs="+", default=["criteo", "movielens"], choices=["criteo", "movielens"])
+    p.add_argument("--scale", type=float, default=0.05, help="speed: synthetic Criteo's cardinality (1: 33.8M rows)")
+    p.add_argument("--samples", type=int, default=200000, help="samples of the generated data")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--embedding-size", type=int, default=16)
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--cache-fraction", type=float, default=0.1, help="speed: the disk cache, a fraction of the rows")
+    p.add_argument("--big-scale", type=float, default=6.0)
+    p.add_argument("--small-scale", type=float, default=0.5)
+    p.add_argument("--big-cache-mb", type=float, default=1024.0)
+    p.add_argument("--big-iterations", type=int, default=50)
+    p.add_argument("--record", type=int, default=176, help="disk: bytes of a record (a row of 16 fp32 with Adam)")
+    p.add_argument("--disk-gib", type=float, default=2.0)
+    p.add_argument("--disk-seconds", type=float, default=3.0)
+    p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "hetu-tiers-data"))
+    p.add_argument("--work", default=None, help="folder for the row files (default: a temporary one on the "
+                   "disk of the temporary folder)")
+    p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--logs", default=None)
+    args = p.parse_args()
+    os.makedirs(args.data, exist_ok=True)
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
+    work = args.work or tempfile.mkdtemp(prefix="hetu-tiers-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        if "disk" in args.part:
+            disk_rates(work, args.disk_gib, args.record, args.disk_seconds)
+        if "speed" in args.part:
+            speed(args, work)
+        if "big" in args.part:
+            big(args, work)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
