@@ -130,15 +130,16 @@ def cache_mb(rows, args, fraction):
     return max(0.01, fraction * rows / args.servers * per_line / 2 ** 20)
 
 
-def run(mode, data, model, tier, args, iterations, log=None):
+def run(mode, data, model, tier, args, iterations, log=None, epochs=1):
     """One job; (samples/s of all workers, the servers' disk-tier figures, peak RSS per role)."""
     script, flags, extra = MODES[mode]
     cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(args.workers), "-s", str(args.servers),
            "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script), *flags,
            *(extra if tier else []), "--bsp", "0", "--model", model, "--data-dir", data, "--batch-size",
            str(args.batch), "--embedding-size", str(args.embedding_size), "--optimizer", args.optimizer,
-           "--learning-rate", "0.01", "--embedding-dtype", args.dtype, "--iters-per-epoch", str(iterations),
-           "--nepoch", "1", "--no-progress", *(tier or [])]
+           "--learning-rate", "0.01", "--embedding-dtype", args.dtype,
+           *(["--iters-per-epoch", str(iterations)] if iterations else []), "--nepoch", str(epochs), "--no-progress",
+           *(tier or [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = PeakRss(proc.pid, 0.5)
     sampler.start()
@@ -167,18 +168,20 @@ def speed(args, work):
         data, model, rows = prepare("movielens" if kind == "movielens" else args.scale, folder, args)
         mb = cache_mb(rows, args, args.cache_fraction)
         print(f"\n### {kind}: {model}, {rows:,} rows x {args.embedding_size} {args.dtype}, {args.optimizer}; "
-              f"W={args.workers} S={args.servers}, batch {args.batch}, {args.iterations} iterations; disk cache "
+              f"W={args.workers} S={args.servers}, batch {args.batch}, {args.epochs} epochs"
+              f"{f' of {args.iterations} iterations' if args.iterations else ''}; disk cache "
               f"{mb:.2f} MB a server ({args.cache_fraction:.0%} of its rows)\n")
         print("| mode | memory samples/s | disk samples/s | disk / memory (median) | disk tier |")
         print("|---|---|---|---|---|")
         for mode in args.modes:
             mem, disk, tiers = [], [], None
             for r in range(args.repeats):   # alternated, so that load drifts touch both alike
-                mem.append(run(mode, data, model, None, args, args.iterations)[0])
+                mem.append(run(mode, data, model, None, args, args.iterations, epochs=args.epochs)[0])
                 tier_dir = os.path.join(work, "rows")
                 os.makedirs(tier_dir, exist_ok=True)
                 rate, tiers, _ = run(mode, data, model, ["--table-storage", "disk", "--table-dir", tier_dir,
-                                                         "--table-cache-mb", f"{mb:.4f}"], args, args.iterations)
+                                                         "--table-cache-mb", f"{mb:.4f}"], args, args.iterations,
+                                     epochs=args.epochs)
                 disk.append(rate)
             print(f"| {mode} | {' '.join(f'{x:,.0f}' for x in mem)} | {' '.join(f'{x:,.0f}' for x in disk)} | "
                   f"{statistics.median(disk) / statistics.median(mem):.2f} | {tier_text(tiers)} |", flush=True)
@@ -217,7 +220,9 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--iterations", type=int, default=0, help="speed: iterations an epoch (0: the whole split)")
+    p.add_argument("--epochs", type=int, default=2, help="speed: epochs (the second reads back rows the first "
+                   "evicted)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--embedding-size", type=int, default=16)
     p.add_argument("--optimizer", default="adam")

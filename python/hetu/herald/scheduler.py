@@ -190,6 +190,19 @@ class Scheduler(SamplePlan):
         plan.iteration += self._first
         return plan, waited
 
+    def plan_if_ready(self, t):
+        """Plan t if it is final already, else None: nothing is waited for (a stream's batches
+        neither), for hints that must never hold training up."""
+        if t < self._first:
+            return None
+        self._submit(t + 1, wait=False)
+        try:
+            plan = Plan(*self._thread.plan(t - self._first, 0.0))
+        except TimeoutError:
+            return None
+        plan.iteration += self._first
+        return plan
+
     def close(self):
         """Stops the planning thread (after the iteration it is computing)."""
         self._thread.close()

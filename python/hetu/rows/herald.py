@@ -125,12 +125,14 @@ class HeraldTable(RowSource):
         self.count_push(int(np.count_nonzero(shared)), len(wb_keys), len(wb_keys) * self._row_bytes())
         self._step = None
         self.t += 1
-        if self.prefetch or self.remote.hints:
+        if self.prefetch:
             plan, waited = self.scheduler.plan(self.t)
+            self._prefetched = self._request(plan, waited)
+        else:
+            plan = self.scheduler.plan_if_ready(self.t) if self.remote.hints else None
+        if plan is not None:
             # A table on disk: the servers read the next step's pulled rows while this step ends.
             self.remote.prefetch(plan.keys[plan.pull])
-            if self.prefetch:
-                self._prefetched = self._request(plan, waited)
 
     def _row_bytes(self):
         """A written-back row: key, values, optimizer state, step count and version increment."""
