@@ -75,3 +75,30 @@ def test_checkpoints_move_between_disk_and_memory(tmp_path, data_home):
     reference, _ = run_cluster(tmp_path, data_home, script, [*mode, *args, "--nepoch", "2", "--resume",
                                                              str(from_memory)], 2, 3, 30)
     assert_identical(reference, got)
+
+
+def test_a_server_killed_midway_resumes_on_disk_exactly(tmp_path, data_home):
+    """A server SIGKILLed at a random point (its row file half written), the job resumed from
+    its checkpoints with the table on disk again: the parameters of the uninterrupted run in
+    memory, bit for bit, and every step trained once."""
+    import random
+
+    import test_stream_exactly_once as once
+    rng = random.Random(f"{once.SEED}-disk-server")
+    common, model, steps = once.data_args("folder", "PS", None)
+    args = [*model, *on_disk(tmp_path)]
+    ckpt = tmp_path / "ckpt"
+    killed = once.kill_midway(tmp_path, data_home, ckpt, "run_hetu.py", common, args, "server", rng)
+    written = [int(s) for s in re.findall(r"\[worker 0\] checkpoint at step (\d+)", killed)]
+    assert written and written[-1] < steps, killed[-3000:]
+    got, out = run_cluster(tmp_path, data_home, "run_hetu.py",
+                           [*args, "--resume", str(ckpt), "--checkpoint", str(ckpt), *once.CHECKPOINTS],
+                           once.WORKERS, once.SERVERS, once.BATCH, common=common)
+    first = int(re.search(r"resumed at step (\d+)", out)[1])
+    summary = [line for line in out.splitlines() if "summary {" in line][-1]
+    assert first >= written[-1] and first + int(re.search(r'"iterations": (\d+)', summary)[1]) == steps
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    reference, _ = run_cluster(straight, data_home, "run_hetu.py", model, once.WORKERS, once.SERVERS, once.BATCH,
+                               common=common)
+    assert_identical(reference, got)

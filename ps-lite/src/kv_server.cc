@@ -132,6 +132,7 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
     Reply(msg, {}, "table '" + t.name() + "': a write-back travels only with a push, not a " + op.name);
     return true;
   }
+  t.BeginRequest();  // a disk tier keeps the request's rows in its cache until the next
   Serving s{*this, msg, &e, push_done};
   return op.serve(s);
 }

@@ -936,7 +936,9 @@ std::string TableShard::SaveDeltaFile(const std::string& dir, int rank, int num_
         const int64_t m = std::min(chunk, n - i0);
         const int64_t* units = changed.data() + i0;
         if (on_disk()) {
-          const_cast<TableShard*>(this)->StageSlots(units, m, false, &lines);
+          TableShard* self = const_cast<TableShard*>(this);
+          self->BeginRequest();
+          self->StageSlots(units, m, false, &lines);
           units = lines.data();
         }
         for (int64_t j = 0; j < m; ++j) fill(changed[i0 + j], units[j], buffer.data() + j * item_bytes);
@@ -1028,6 +1030,7 @@ std::string TableShard::LoadDeltaFiles(const std::string& dir, int64_t* bytes_re
                    std::to_string(spec_.rows()) + "); the shard is back at its initial values";
           }
           if (!placement_.Holds(rank_, keys[j])) continue;
+          if (on_disk()) BeginRequest();
           const int64_t r = on_disk() ? *Stage(&keys[j], 1, true, &staged) : slot_(keys[j]);
           if (h.storage == storage_) std::memcpy(&values_[r * row_bytes_], values.data() + j * rb, rb);
           else RecodeSlot(recode, values.data() + j * rb, &values_[r * row_bytes_], &wide);
@@ -1159,10 +1162,14 @@ void TableShard::ShrinkLines() {
   ResizeLines(asked_lines_);
 }
 
-void TableShard::StageSlots(const int64_t* slots, int64_t n, bool dirty, std::vector<int64_t>* lines) {
+void TableShard::BeginRequest() {
+  if (!on_disk()) return;
   if (lines_ > asked_lines_) ShrinkLines();
+  cache_->NextRequest();
+}
+
+void TableShard::StageSlots(const int64_t* slots, int64_t n, bool dirty, std::vector<int64_t>* lines) {
   LineCache& cache = *cache_;
-  cache.NextRequest();
   lines->resize(n);
   // First every slot gets its line: held ones are used, missing ones take a victim's. The
   // victims' rows are written back and the missing rows read in afterwards, each in one batch.
@@ -1258,7 +1265,9 @@ void TableShard::ForSlotChunks(bool dirty, Fn&& fn) const {
     const int64_t m = std::min(chunk, rows_ - s0);
     slots.resize(m);
     for (int64_t j = 0; j < m; ++j) slots[j] = s0 + j;
-    const_cast<TableShard*>(this)->StageSlots(slots.data(), m, dirty, &lines);
+    TableShard* self = const_cast<TableShard*>(this);
+    self->BeginRequest();  // one chunk at a time in the cache
+    self->StageSlots(slots.data(), m, dirty, &lines);
     fn(s0, m, lines.data());
   }
 }
@@ -1286,6 +1295,7 @@ bool TableShard::LoadOnDisk(FILE* f, long values_at, long state_at, long steps_a
     if (ka >= kb) continue;
     slots.resize(m);
     for (int64_t j = 0; j < m; ++j) slots[j] = s0 + j;
+    BeginRequest();
     StageSlots(slots.data(), m, true, &lines);
     values.resize(m * rb);
     state.resize(m * sw);

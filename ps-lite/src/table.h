@@ -79,6 +79,9 @@ class TableShard {
   // caught up to the same step is the same). Nothing for other kinds or dense tables.
   void CatchUp(const int64_t* keys, int64_t n, int64_t target);
 
+  // Disk tier: a server request begins; the rows every method of it stages stay in the cache
+  // until the next one (a cache grown for the last request shrinks back first). Nothing in memory.
+  void BeginRequest();
   // Disk tier: reads these rows into the cache (kPrefetch); nothing in memory.
   void Prefetch(const int64_t* keys, int64_t n) const;
 
@@ -145,7 +148,7 @@ class TableShard {
   int64_t Unit(int64_t key) const { return dense() ? 0 : slot_(key); }
   // Disk tier: the lines holding keys[0..n) (read from the file, or drawn, where missing),
   // marked dirty with `dirty`; returns them (keys itself in memory, where a key is its slot's
-  // index). Lines of the previous request may be evicted, written back first if dirty.
+  // index). Lines of earlier requests (BeginRequest) may be evicted, written back first if dirty.
   // std::runtime_error naming the file on an I/O error, the cache as it was.
   const int64_t* Stage(const int64_t* keys, int64_t n, bool dirty, std::vector<int64_t>* lines) const;
   void StageSlots(const int64_t* slots, int64_t n, bool dirty, std::vector<int64_t>* lines);
