@@ -131,7 +131,7 @@ def cache_mb(rows, args, fraction):
 
 
 def run(mode, data, model, tier, args, iterations, log=None, epochs=1):
-    """One job; (samples/s of all workers, the servers' disk-tier figures, peak RSS per role)."""
+    """One job; (the job's samples/s, the servers' disk-tier figures, peak RSS per role)."""
     script, flags, extra = MODES[mode]
     cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(args.workers), "-s", str(args.servers),
            "--timeout", str(args.timeout), sys.executable, os.path.join(ROOT, "examples/ctr", script), *flags,
@@ -150,7 +150,8 @@ def run(mode, data, model, tier, args, iterations, log=None, epochs=1):
             f.write(" ".join(cmd) + "\n" + out)
     summaries = worker_summaries(mode, args.workers, proc.returncode, out)
     tiers = [m.groups() for m in TIER.finditer(out)]
-    return sum(s["samples_per_second"] for s in summaries) / len(summaries) * args.workers, tiers, peak
+    # Each worker's summary gives the job's samples/s (all workers), the same figure within noise.
+    return statistics.mean(s["samples_per_second"] for s in summaries), tiers, peak
 
 
 def tier_text(tiers):
