@@ -1,5 +1,5 @@
 """Dynamic tables in every parameter-server mode equal the single process with the same dynamic
-table (DESIGN.md section 13, docs/design.md section 4), parameter by parameter: keys are admitted,
+table (docs/design.md sections 13 and 4), parameter by parameter: keys are admitted,
 evicted and come back during the run, whatever the numbers of workers and servers."""
 import re
 

@@ -1,4 +1,4 @@
-"""Herald with dynamic tables (DESIGN.md section 13): the planner plans a dynamic table's slots
+"""Herald with dynamic tables (docs/design.md section 13): the planner plans a dynamic table's slots
 from a key directory of its own, and a slot re-assigned to another key is forgotten by every
 modelled cache and by the real caches alike, so the plans stay exact: equal to the single process
 parameter by parameter."""

@@ -1,4 +1,4 @@
-"""The dynamic tables' rule (DESIGN.md section 13) as _C.KeyDirectory builds it, against a plain
+"""The dynamic tables' rule (docs/design.md section 13) as _C.KeyDirectory builds it, against a plain
 Python model of the same text, on random batch sequences and on one case per sentence of the rule."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Dynamic tables in one process (hetu.dynamic, DESIGN.md section 13): a dynamic table that never
+"""Dynamic tables in one process (hetu.dynamic, docs/design.md section 13): a dynamic table that never
 evicts trains exactly as a static table whose rows start from the keys' own initial rows; keys
 without a row read zeros and take no step; admissions reset a row and its optimizer state; the
 command line, its counter lines, --save-params by key and checkpoints."""

@@ -1,4 +1,4 @@
-"""The servers' admit (dynamic tables, DESIGN.md section 13): a slot's row becomes its key's
+"""The servers' admit (dynamic tables, docs/design.md section 13): a slot's row becomes its key's
 initial row (hetu._C.key_rows) with zero optimizer state and steps and a newer version, between
 the pushes of the iteration before and those of its own, once however many workers send it.
 Real scheduler, 2 servers and 2 workers on loopback."""

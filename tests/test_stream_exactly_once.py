@@ -1,4 +1,4 @@
-"""Exactly once (DESIGN.md section 14): a job killed with SIGKILL at a random point (the
+"""Exactly once (docs/design.md section 14): a job killed with SIGKILL at a random point (the
 launcher, a worker or a server) and resumed from its checkpoint folder (full checkpoints and
 deltas) ends with the parameters of an uninterrupted run, and the samples it trained add up to
 the data's: on a stream (the checkpoint records the source's position after the last trained

@@ -1,4 +1,4 @@
-"""Training on a stream (DESIGN.md section 14): a directory of Criteo-format files trains the model
+"""Training on a stream (docs/design.md section 14): a directory of Criteo-format files trains the model
 the folder prepared from the same files trains; every mode equals the single process on the same
 stream, parameter by parameter, with the same progressive validation windows; a job follows files
 landing while it runs and ends after --stream-idle-exit."""

@@ -738,7 +738,7 @@ def report_end(executor, args, herald, summary):
     return summary
 
 
-# --- training on a stream (DESIGN.md section 14; hetu.streaming) ----------------------------------
+# --- training on a stream (docs/design.md section 14; hetu.streaming) ----------------------------------
 # Flags of a prepared folder that a stream does not take.
 NOT_ON_A_STREAM = ("val", "data_dir", "rows", "scale", "iters_per_epoch")
 STREAM_ONLY = ("users", "items", "skip_bad_lines", "stream_idle_exit", "tensorboard")

@@ -1,4 +1,4 @@
-"""Dynamic tables (DESIGN.md section 13; docs/design.md section 13): embedding tables keyed by any
+"""Dynamic tables (docs/design.md section 13): embedding tables keyed by any
 int64 key (hashed ids, hetu.data.keys) that hold at most `capacity` rows.
 
 Which key holds which row ("slot") is decided by one rule, hetu._C.KeyDirectory, as a function of

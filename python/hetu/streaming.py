@@ -1,4 +1,4 @@
-"""Training on a stream (DESIGN.md section 14; docs/design.md section 14): the dataloaders over a
+"""Training on a stream (docs/design.md section 14): the dataloaders over a
 hetu.data.stream.StreamSource and the progressive validation windows.
 
 Global batch t of a stream is its samples [t*W*b, (t+1)*W*b) in stream order, as it is of a

@@ -1,4 +1,4 @@
-// Which int64 keys of a dynamic table hold a row (DESIGN.md section 13): the one rule of
+// Which int64 keys of a dynamic table hold a row (docs/design.md section 13): the one rule of
 // admission and eviction that the servers, the caches, Herald's planner and the single process
 // all apply, so that each of them knows the same resident keys at every step.
 //

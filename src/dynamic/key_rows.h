@@ -1,4 +1,4 @@
-// Initial rows of a dynamic table's keys (DESIGN.md section 13): the row a key starts from is
+// Initial rows of a dynamic table's keys (docs/design.md section 13): the row a key starts from is
 // drawn from the table's initializer seeded by (table seed, table stream, key) alone, so a key
 // starts from the same row on every node, whichever slot it takes and whenever it is admitted.
 #pragma once

@@ -1,4 +1,4 @@
-// kAdmit: dynamic tables (DESIGN.md section 13). The workers decide which key holds which slot
+// kAdmit: dynamic tables (docs/design.md section 13). The workers decide which key holds which slot
 // (hetu._C.KeyDirectory); a key admitted into a slot starts there from its own initial row.
 //   request:  slots (rows of the table), keys (the key admitted into each slot)
 //   answer:   nothing; an error for a slot outside the table, or a slot given two keys at once

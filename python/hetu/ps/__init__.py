@@ -339,7 +339,7 @@ class Table:
         return Handle(self._t.assign(keys=k, values=v, state=s, steps=st, version_add=va))
 
     def admit(self, slots, keys, iteration=None, catch_up_to=0):
-        """Dynamic tables (DESIGN.md section 13): the row at each of `slots` becomes the initial
+        """Dynamic tables (docs/design.md section 13): the row at each of `slots` becomes the initial
         row of the key admitted into it (``hetu._C.key_rows`` with the table's initializer, seed
         and stream, rounded to its storage type), with zero optimizer state and steps and a newer
         version. Result: None. With `iteration=t` (BSP table) it lands after every push of t-1

@@ -1,5 +1,5 @@
 """Export: a checkpoint (a full one with its deltas, as one version) -> a bundle folder that
-answers predictions with no training code, no servers and no data folder (DESIGN.md section 15):
+answers predictions with no training code, no servers and no data folder (docs/design.md section 15):
 
     model.onnx         the dense part (hetu.serve.onnx_graph): inputs "dense" [batch, dense width]
                        (absent without dense features) and one per embedding lookup of the graph,
