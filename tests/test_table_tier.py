@@ -179,3 +179,33 @@ def test_a_server_holds_its_cache_not_its_table(cluster, tmp_path):
     grown = after["peak_rss_bytes"] - got["before"]["rss_bytes"]
     bound = 1.2 * (cache_mb * 2 ** 20 + rows / 8) + request
     assert grown <= bound, (grown, bound, rows * row_bytes)
+
+
+REFUSED = """
+import json
+c = ps.client()
+try:
+    c.init_table("emb", 100, 4, tier=ps.DiskTier(ARGS["dir"], 1.0))
+    said = ""
+except ps.TableRefused as e:
+    said = str(e)
+json.dump(said, open(OUT + ".json", "w"))
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_row_file_in_use_is_refused(cluster, tmp_path):
+    """A row file another process holds (a second job given the same --table-dir): the table is
+    refused in one line naming the file, and the holder's file is left as it was."""
+    import fcntl
+    folder = tmp_path / "tier"
+    folder.mkdir()
+    path = folder / "emb.shard0-of-1.rows"
+    path.write_bytes(b"another server's rows")
+    with open(path, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cluster(1, 1).run(REFUSED, dict(dir=str(folder)), timeout=50)
+    said = json.loads((tmp_path / "worker0.json").read_text())
+    assert "in use by another server" in said and str(path) in said, said
+    assert path.read_bytes() == b"another server's rows"

@@ -1,6 +1,7 @@
 #include "row_tier.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,10 +58,17 @@ constexpr int64_t kRecordsPerThread = 64;
 
 RowFile::RowFile(const std::string& path, int64_t records, int64_t payload)
     : path_(path), records_(records), payload_(payload), written_((records + 63) / 64, 0) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) throw std::runtime_error("cannot create the table's row file " + path + ": " + std::strerror(errno));
-  // The file's size is set, its blocks are not: records are allocated as they are written.
-  if (::ftruncate(fd_, static_cast<off_t>(records * record_bytes())) != 0) {
+  // One server at a time: another (a second job given the same folder) would overwrite its rows.
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error("the table's row file " + path + " is in use by another server (two jobs given the "
+                             "same --table-dir?)");
+  }
+  // Emptied, then sized: its blocks are allocated as records are written.
+  if (::ftruncate(fd_, 0) != 0 || ::ftruncate(fd_, static_cast<off_t>(records * record_bytes())) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd_);
     ::unlink(path.c_str());
@@ -71,8 +79,10 @@ RowFile::RowFile(const std::string& path, int64_t records, int64_t payload)
 
 RowFile::~RowFile() {
   if (fd_ >= 0) {
+    // The rows die with the server (its checkpoints hold them); unlinked before the lock goes,
+    // so that a server starting now makes a file of its own.
+    ::unlink(path_.c_str());
     ::close(fd_);
-    ::unlink(path_.c_str());  // the rows die with the server; its checkpoints hold them
   }
 }
 

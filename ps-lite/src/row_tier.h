@@ -26,7 +26,8 @@ class RowFile {
  public:
   // A record: `payload` bytes (the row, its state, step and version), then an 8-byte hash.
   // Creates `path` empty (a file of earlier server runs is replaced: checkpoints, not this file,
-  // are what survives a server), sized for `records`; std::runtime_error naming it otherwise.
+  // are what survives a server), sized for `records`, and holds an exclusive flock on it (a
+  // second server given the same file is refused); std::runtime_error naming it otherwise.
   RowFile(const std::string& path, int64_t records, int64_t payload);
   ~RowFile();
   RowFile(const RowFile&) = delete;
