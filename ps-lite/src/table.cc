@@ -152,10 +152,12 @@ int64_t TableShard::Bytes(const pb::TableSpec& spec, int rank, int num_servers) 
 void TableShard::Reset() {
   if (on_disk()) {
     // Rows are drawn when first staged (DrawLine): nothing to draw now.
+    cache_->Clear();
+    if (lines_ > asked_lines_) cache_->Shrink(asked_lines_);
+    lines_ = line_capacity_ = asked_lines_;
     values_.Reset(lines_ * row_bytes_, 0);
     state_.Reset(lines_ * unit_state_width_, 0.0f);
     counters_.Reset(lines_);
-    cache_->Clear();
     file_->Clear();
     ForgetPending();
     applied = -1;
@@ -1120,16 +1122,21 @@ void TableShard::DrawLine(int64_t line, int64_t slot) {
 }
 
 void TableShard::ResizeLines(int64_t lines) {
-  HugeArray<char> values;
-  HugeArray<float> state;
-  values.Reset(lines * row_bytes_, 0);
-  state.Reset(lines * unit_state_width_, 0.0f);
-  const int64_t keep = std::min(lines, lines_);
-  std::memcpy(values.data(), values_.data(), keep * row_bytes_);
-  std::memcpy(state.data(), state_.data(), keep * unit_state_width_ * sizeof(float));
-  values_.Swap(values);
-  state_.Swap(state);
-  counters_.Resize(lines);
+  // The arrays keep the most lines they ever held: a cache that grows for one large request
+  // after another reuses them instead of mapping and faulting them in anew each time (what the
+  // peak resident memory counts is the same).
+  if (lines > line_capacity_) {
+    HugeArray<char> values;
+    HugeArray<float> state;
+    values.Reset(lines * row_bytes_, 0);
+    state.Reset(lines * unit_state_width_, 0.0f);
+    std::memcpy(values.data(), values_.data(), lines_ * row_bytes_);
+    std::memcpy(state.data(), state_.data(), lines_ * unit_state_width_ * sizeof(float));
+    values_.Swap(values);
+    state_.Swap(state);
+    counters_.Resize(lines);
+    line_capacity_ = lines;
+  }
   lines_ = lines;
 }
 

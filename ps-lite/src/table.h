@@ -199,7 +199,7 @@ class TableShard {
   std::unique_ptr<RowFile> file_;
   std::unique_ptr<LineCache> cache_;
   SlotIndex disk_slot_;
-  int64_t asked_lines_ = 0;
+  int64_t asked_lines_ = 0, line_capacity_ = 0;  // the lines asked for, and the most allocated
   int64_t lines_;              // units in the arrays below: units_, or a disk tier's lines
   HugeArray<char> values_;     // rows in slot (line) order, row_bytes_ each
   HugeArray<float> state_;
