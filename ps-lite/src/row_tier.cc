@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "common/parallel.h"
@@ -91,41 +92,54 @@ void RowFile::Clear() {
   if (::ftruncate(fd_, 0) == 0) (void)!::ftruncate(fd_, static_cast<off_t>(records_ * record_bytes()));
 }
 
+namespace {
+
+// Runs io(i, record) for every i in [0, n) on `pool`, each chunk of records with a buffer of
+// `record_bytes`; io returns "" or its error, and the batch stops at the first. The I/O threads
+// rest afterwards: requests come a step apart, and they sleep rather than spin between them.
+template <typename Io>
+std::string RunBatch(hetu::Pool& pool, int64_t n, int64_t record_bytes, Io&& io) {
+  std::mutex mu;
+  std::string first;  // the first error, under mu
+  std::atomic<bool> failed{false};
+  pool.parallel_for(n, kRecordsPerThread, [&](int64_t b, int64_t e) {
+    std::vector<char> record(record_bytes);
+    for (int64_t i = b; i < e && !failed.load(std::memory_order_relaxed); ++i) {
+      std::string error = io(i, record.data());
+      if (error.empty()) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.empty()) first = std::move(error);
+      failed.store(true);
+      return;
+    }
+  });
+  pool.Rest();
+  return first;
+}
+
+}  // namespace
+
 std::string RowFile::Write(const int64_t* ids, int64_t n, char* const* buffers) {
   if (n == 0) return "";
   const double start = Now();
   const int64_t rb = record_bytes();
-  std::vector<std::string> errors(pool_->threads() * 4 + 1);
-  std::atomic<int> failed{0};
-  std::atomic<int64_t> part{0};
-  pool_->parallel_for(n, kRecordsPerThread, [&](int64_t b, int64_t e) {
-    std::vector<char> record(rb);
-    for (int64_t i = b; i < e && !failed.load(std::memory_order_relaxed); ++i) {
-      std::memcpy(record.data(), buffers[i], payload_);
-      const uint64_t h = RecordHash(record.data(), payload_, ids[i]);
-      std::memcpy(record.data() + payload_, &h, 8);
-      const off_t at = static_cast<off_t>(ids[i] * rb);
-      int64_t done = 0;
-      while (done < rb) {
-        const ssize_t k = ::pwrite(fd_, record.data() + done, rb - done, at + done);
-        if (k <= 0) {
-          const int err = k < 0 ? errno : ENOSPC;
-          if (err == EINTR) continue;
-          failed.store(1);
-          errors[part.fetch_add(1) % errors.size()] = "writing record " + std::to_string(ids[i]) + " of " + path_ +
-                                                      " failed: " + std::strerror(err);
-          return;
-        }
-        done += k;
-      }
+  const std::string error = RunBatch(*pool_, n, rb, [&](int64_t i, char* record) -> std::string {
+    std::memcpy(record, buffers[i], payload_);
+    const uint64_t h = RecordHash(record, payload_, ids[i]);
+    std::memcpy(record + payload_, &h, 8);
+    const off_t at = static_cast<off_t>(ids[i] * rb);
+    for (int64_t done = 0; done < rb;) {
+      const ssize_t k = ::pwrite(fd_, record + done, rb - done, at + done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0)
+        return "writing record " + std::to_string(ids[i]) + " of " + path_ + " failed: " +
+               std::strerror(k < 0 ? errno : ENOSPC);
+      done += k;
     }
+    return "";
   });
-  pool_->Rest();  // requests come a step apart: the I/O threads sleep rather than spin between them
   Add(g_write_seconds, Now() - start);
-  if (failed.load()) {
-    for (const std::string& e : errors)
-      if (!e.empty()) return e;
-  }
+  if (!error.empty()) return error;
   for (int64_t i = 0; i < n; ++i) written_[ids[i] >> 6] |= uint64_t(1) << (ids[i] & 63);
   g_writes.fetch_add(n, std::memory_order_relaxed);
   g_written_bytes.fetch_add(n * rb, std::memory_order_relaxed);
@@ -136,42 +150,27 @@ std::string RowFile::Read(const int64_t* ids, int64_t n, char* const* buffers) c
   if (n == 0) return "";
   const double start = Now();
   const int64_t rb = record_bytes();
-  std::vector<std::string> errors(pool_->threads() * 4 + 1);
-  std::atomic<int> failed{0};
-  std::atomic<int64_t> part{0};
-  pool_->parallel_for(n, kRecordsPerThread, [&](int64_t b, int64_t e) {
-    std::vector<char> record(rb);
-    for (int64_t i = b; i < e && !failed.load(std::memory_order_relaxed); ++i) {
-      const off_t at = static_cast<off_t>(ids[i] * rb);
-      int64_t done = 0;
-      std::string why;
-      while (done < rb && why.empty()) {
-        const ssize_t k = ::pread(fd_, record.data() + done, rb - done, at + done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) why = std::strerror(errno);
-        else if (k == 0) why = "the file ends at byte " + std::to_string(at + done) + " (truncated)";
-        else done += k;
-      }
-      uint64_t h = 0;
-      if (why.empty()) {
-        std::memcpy(&h, record.data() + payload_, 8);
-        if (h != RecordHash(record.data(), payload_, ids[i])) why = "its check does not match (a damaged record)";
-      }
-      if (!why.empty()) {
-        failed.store(1);
-        errors[part.fetch_add(1) % errors.size()] =
-            "reading record " + std::to_string(ids[i]) + " of " + path_ + " failed: " + why;
-        return;
-      }
-      std::memcpy(buffers[i], record.data(), payload_);
+  const std::string error = RunBatch(*pool_, n, rb, [&](int64_t i, char* record) -> std::string {
+    const off_t at = static_cast<off_t>(ids[i] * rb);
+    std::string why;
+    for (int64_t done = 0; done < rb && why.empty();) {
+      const ssize_t k = ::pread(fd_, record + done, rb - done, at + done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) why = std::strerror(errno);
+      else if (k == 0) why = "the file ends at byte " + std::to_string(at + done) + " (truncated)";
+      else done += k;
     }
+    uint64_t h = 0;
+    if (why.empty()) {
+      std::memcpy(&h, record + payload_, 8);
+      if (h != RecordHash(record, payload_, ids[i])) why = "its check does not match (a damaged record)";
+    }
+    if (!why.empty()) return "reading record " + std::to_string(ids[i]) + " of " + path_ + " failed: " + why;
+    std::memcpy(buffers[i], record, payload_);
+    return "";
   });
-  pool_->Rest();
   Add(g_read_seconds, Now() - start);
-  if (failed.load()) {
-    for (const std::string& e : errors)
-      if (!e.empty()) return e;
-  }
+  if (!error.empty()) return error;
   g_reads.fetch_add(n, std::memory_order_relaxed);
   g_read_bytes.fetch_add(n * rb, std::memory_order_relaxed);
   return "";

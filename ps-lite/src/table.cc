@@ -381,7 +381,7 @@ void TableShard::Gather(const int64_t* given, int64_t n, void* out) const {
   });
 }
 
-void TableShard::Prefetch(const int64_t* keys, int64_t n) const {
+void TableShard::PrefetchRows(const int64_t* keys, int64_t n) const {
   // More rows than the cache holds would only evict each other: the first that fit.
   std::vector<int64_t> lines;
   if (on_disk()) Stage(keys, std::min(n, asked_lines_), false, &lines);
@@ -550,29 +550,18 @@ std::string TableShard::SaveFileOnDisk(FILE* f, int64_t* bytes) const {
   const long values_at = sizeof(FileHeader), state_at = values_at + n * rb, steps_at = state_at + n * sw * 4,
              versions_at = steps_at + n * 8;
   bool ok = true;
-  std::vector<char> values;
-  std::vector<float> state;
-  std::vector<int64_t> steps, versions;
+  LineChunk chunk;
   auto put = [&](long at, const void* p, size_t size) {
     ok = ok && (size == 0 || (std::fseek(f, at, SEEK_SET) == 0 && std::fwrite(p, size, 1, f) == 1));
     *bytes += static_cast<int64_t>(size);
   };
   try {
     ForSlotChunks(false, [&](int64_t s0, int64_t m, const int64_t* lines) {
-      values.resize(m * rb);
-      state.resize(m * sw);
-      steps.resize(m);
-      versions.resize(m);
-      for (int64_t j = 0; j < m; ++j) {
-        std::memcpy(values.data() + j * rb, &values_[lines[j] * rb], rb);
-        if (sw) std::memcpy(state.data() + j * sw, &state_[lines[j] * sw], sw * 4);
-        steps[j] = counters_.step(lines[j]);
-        versions[j] = counters_.version(lines[j]);
-      }
-      put(values_at + s0 * rb, values.data(), m * rb);
-      put(state_at + s0 * sw * 4, state.data(), m * sw * 4);
-      put(steps_at + s0 * 8, steps.data(), m * 8);
-      put(versions_at + s0 * 8, versions.data(), m * 8);
+      CopyOutLines(lines, m, &chunk);
+      put(values_at + s0 * rb, chunk.values.data(), m * rb);
+      put(state_at + s0 * sw * 4, chunk.state.data(), m * sw * 4);
+      put(steps_at + s0 * 8, chunk.steps.data(), m * 8);
+      put(versions_at + s0 * 8, chunk.versions.data(), m * 8);
     });
   } catch (const std::exception& e) {
     return e.what();
@@ -1264,6 +1253,29 @@ void TableShard::StageSlots(const int64_t* slots, int64_t n, bool dirty, std::ve
     for (int64_t line : filled) cache.Use(line, true);
 }
 
+void TableShard::CopyOutLines(const int64_t* lines, int64_t m, LineChunk* chunk) const {
+  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  chunk->values.resize(m * rb);
+  chunk->state.resize(m * sw);
+  chunk->steps.resize(m);
+  chunk->versions.resize(m);
+  for (int64_t j = 0; j < m; ++j) {
+    std::memcpy(chunk->values.data() + j * rb, &values_[lines[j] * rb], rb);
+    if (sw) std::memcpy(chunk->state.data() + j * sw, &state_[lines[j] * sw], sw * 4);
+    chunk->steps[j] = counters_.step(lines[j]);
+    chunk->versions[j] = counters_.version(lines[j]);
+  }
+}
+
+void TableShard::CopyInLines(const int64_t* lines, int64_t m, const LineChunk& chunk) {
+  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  for (int64_t j = 0; j < m; ++j) {
+    std::memcpy(&values_[lines[j] * rb], chunk.values.data() + j * rb, rb);
+    if (sw) std::memcpy(&state_[lines[j] * sw], chunk.state.data() + j * sw, sw * 4);
+    counters_.Load(lines[j], chunk.steps[j], chunk.versions[j]);
+  }
+}
+
 template <typename Fn>
 void TableShard::ForSlotChunks(bool dirty, Fn&& fn) const {
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(int64_t(1) << 16, asked_lines_));
@@ -1286,15 +1298,14 @@ bool TableShard::LoadOnDisk(FILE* f, long values_at, long state_at, long steps_a
   // copied out of its lines, the file's rows copied over it, and copied back (dirty).
   if (ja >= jb) return true;
   const Recode* recode = static_cast<const Recode*>(recode_ptr);
-  const int64_t rb = row_bytes_, sw = unit_state_width_;
+  const int64_t sw = unit_state_width_;
   const int64_t first = from.First(k), stride = from.Stride();
   const int64_t row_a = from.Row(k, ja), row_b = from.Row(k, jb - 1);
   const int64_t sa = std::max<int64_t>(0, CeilDiv(row_a - disk_slot_.first, disk_slot_.stride));
   const int64_t sb = std::min<int64_t>(rows_, FloorDiv(row_b - disk_slot_.first, disk_slot_.stride) + 1);
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(int64_t(1) << 16, asked_lines_));
-  std::vector<int64_t> slots, lines, steps, versions;
-  std::vector<char> values;
-  std::vector<float> state;
+  std::vector<int64_t> slots, lines;
+  LineChunk rows;
   for (int64_t s0 = sa; s0 < sb; s0 += chunk) {
     const int64_t m = std::min(chunk, sb - s0);
     const int64_t a = placement_.Row(rank_, s0), b = placement_.Row(rank_, s0 + m - 1);
@@ -1304,32 +1315,22 @@ bool TableShard::LoadOnDisk(FILE* f, long values_at, long state_at, long steps_a
     for (int64_t j = 0; j < m; ++j) slots[j] = s0 + j;
     BeginRequest();
     StageSlots(slots.data(), m, true, &lines);
-    values.resize(m * rb);
-    state.resize(m * sw);
-    steps.resize(m);
-    versions.resize(m);
-    for (int64_t j = 0; j < m; ++j) {
-      std::memcpy(values.data() + j * rb, &values_[lines[j] * rb], rb);
-      if (sw) std::memcpy(state.data() + j * sw, &state_[lines[j] * sw], sw * 4);
-      steps[j] = counters_.step(lines[j]);
-      versions[j] = counters_.version(lines[j]);
-    }
+    CopyOutLines(lines.data(), m, &rows);
     const bool ok =
-        CopySlots(f, values_at, saved_row_bytes, from, k, ka, kb, placement_, rank_, values.data(), recode, s0) &&
+        CopySlots(f, values_at, saved_row_bytes, from, k, ka, kb, placement_, rank_, rows.values.data(), recode,
+                  s0) &&
         CopySlots(f, state_at, sw * sizeof(float), from, k, ka, kb, placement_, rank_,
-                  reinterpret_cast<char*>(state.data()), nullptr, s0) &&
+                  reinterpret_cast<char*>(rows.state.data()), nullptr, s0) &&
         CopyCounters(f, steps_at, versions_at, from, k, ka, kb, placement_, rank_,
                      [&](int64_t slot, int64_t step, int64_t version) {
-                       steps[slot - s0] = step;
-                       versions[slot - s0] = version;
+                       rows.steps[slot - s0] = step;
+                       rows.versions[slot - s0] = version;
                      });
     if (!ok) return false;
+    CopyInLines(lines.data(), m, rows);
     for (int64_t j = 0; j < m; ++j) {
-      std::memcpy(&values_[lines[j] * rb], values.data() + j * rb, rb);
-      if (sw) std::memcpy(&state_[lines[j] * sw], state.data() + j * sw, sw * 4);
-      counters_.Load(lines[j], steps[j], versions[j]);
-      most->first = std::max(most->first, steps[j]);
-      most->second = std::max(most->second, versions[j]);
+      most->first = std::max(most->first, rows.steps[j]);
+      most->second = std::max(most->second, rows.versions[j]);
     }
   }
   return true;

@@ -83,7 +83,7 @@ class TableShard {
   // until the next one (a cache grown for the last request shrinks back first). Nothing in memory.
   void BeginRequest();
   // Disk tier: reads these rows into the cache (kPrefetch); nothing in memory.
-  void Prefetch(const int64_t* keys, int64_t n) const;
+  void PrefetchRows(const int64_t* keys, int64_t n) const;
 
   // Rows as stored: row_bytes() each.
   void Gather(const int64_t* keys, int64_t n, void* out) const;
@@ -162,6 +162,14 @@ class TableShard {
   void UnpackLine(int64_t line, const char* in);
   void DrawLine(int64_t line, int64_t slot);  // a row never written: its initial values
   // Slots [0, rows) in chunks the cache holds, each staged: fn(first slot, count, lines).
+  // A chunk of lines' contents in the order given (a disk tier's save and load), and back.
+  struct LineChunk {
+    std::vector<char> values;
+    std::vector<float> state;
+    std::vector<int64_t> steps, versions;
+  };
+  void CopyOutLines(const int64_t* lines, int64_t m, LineChunk* chunk) const;
+  void CopyInLines(const int64_t* lines, int64_t m, const LineChunk& chunk);
   template <typename Fn>
   void ForSlotChunks(bool dirty, Fn&& fn) const;
   std::string SaveFileOnDisk(FILE* f, int64_t* bytes) const;

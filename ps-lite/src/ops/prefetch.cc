@@ -14,7 +14,7 @@ bool Serve(Serving& s) {
   const int64_t n = NumKeys(s.msg);
   const int64_t* keys;
   if (!s.server.ReadKeys(t, s.msg, n, &keys)) return true;
-  t.Prefetch(keys, n);
+  t.PrefetchRows(keys, n);
   s.Reply({}, "");
   return true;
 }
