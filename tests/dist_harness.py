@@ -69,7 +69,7 @@ def assert_same_parameters(reference, got, exact_rows):
 
     The bounds hold on every CPU with room to spare: float32 rounding alone, measured over every
     OpenBLAS kernel (each rounds GEMMs differently) for every test that calls this, stays far
-    below them (bench/exactness_envelope.py --suite; docs/results.md). Settings where rounding
+    below them (bench/exactness_envelope.py --suite; docs/results/exactness.md). Settings where rounding
     is amplified without bound (Adam at lr 0.01 on these models: the single process alone moves
     by 1e-1 between kernels in 60 steps) make no equivalence test."""
     assert sorted(reference) == sorted(got)

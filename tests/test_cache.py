@@ -104,7 +104,7 @@ CACHE_ARGS = ["--model", "wdl_criteo", "--optimizer", "sgd", "--learning-rate", 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_het_bound0_equals_single_process(tmp_path, data_home, workers, opt, ratio, prefetch):
     # 20 steps: Adam's run at W = 2 is parted by Sandybridge's OpenBLAS kernel between steps 20
-    # and 30 (a hidden unit within float rounding of ReLU's kink; docs/results.md, "Rounding").
+    # and 30 (a hidden unit within float rounding of ReLU's kink; docs/results/exactness.md, "Rounding").
     args = ["--model", "wdl_criteo", "--optimizer", opt, "--learning-rate", "0.02" if opt == "sgd" else "0.001",
             "--iters-per-epoch", "20"]
     reference, _ = run_single(tmp_path, data_home, "run_hetu.py", args, global_batch=64)

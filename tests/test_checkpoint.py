@@ -21,7 +21,7 @@ ADAM = ["--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", 
 # Comparisons across a cluster's shape or a resume stop before step 20: between steps 20 and 30
 # WDL's Adam run at W = 2 reaches a hidden unit of one sample within float rounding of ReLU's
 # kink, which Sandybridge's OpenBLAS kernel rounds apart in the 64-row and the 32-row GEMMs (17x
-# and 21x the bound at 2 x 20 and 3 x 14 steps; docs/results.md, "Rounding").
+# and 21x the bound at 2 x 20 and 3 x 14 steps; docs/results/exactness.md, "Rounding").
 ADAM_2X10 = ["--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "10"]
 ADAM_3X6 = ["--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "6"]
 SGD = ["--optimizer", "sgd", "--learning-rate", "0.01", "--iters-per-epoch", "20"]

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(600)
 
 # Adam's runs stop at 20 steps: between steps 20 and 30 WDL's run at W = 2 reaches a hidden unit
 # of one sample within float rounding of ReLU's kink, which Sandybridge's OpenBLAS kernel rounds
-# apart in the 64-row and the 32-row GEMMs (16.7x the bound at 30; docs/results.md, "Rounding").
+# apart in the 64-row and the 32-row GEMMs (16.7x the bound at 30; docs/results/exactness.md, "Rounding").
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--learning-rate", "0.02"],
               "adam": ["--optimizer", "adam", "--learning-rate", "0.001", "--iters-per-epoch", "20"],
               "rowwise_adagrad": ["--optimizer", "rowwise_adagrad", "--learning-rate", "0.001"]}

@@ -40,7 +40,7 @@ def _moves(stdout):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers,servers,opt,flags,herald_only", [
     # 10 steps: at 20, Sandybridge's OpenBLAS kernel parts this run from the single process (4.8x
-    # the bound: docs/results.md, "Rounding").
+    # the bound: docs/results/exactness.md, "Rounding").
     (2, 1, "sgd", ["--table-capacity", "512", "--iters-per-epoch", "10"], []),
     (3, 2, "adam", ["--table-capacity", "512", "--admit-after", "3", "--evict-ttl", "2"], []),
     (2, 2, "rowwise_adagrad", ["--table-capacity", "1024", "--evict-ttl", "2"], []),

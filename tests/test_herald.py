@@ -541,7 +541,7 @@ def test_colocating_allocation_is_unchanged(workers, batch, every_row, default, 
     before (a different allocation is a new option, measured, never a silent change). With
     HETU_PLANNER_TRADE_SHARED=0 the trades score every row, as the allocator did before rows read
     by many samples per worker were left out of them (the default, 4). Pinned again when the pairs of
-    workers came to trade in rounds of disjoint pairs (docs/results.md compares the rows moved)."""
+    workers came to trade in rounds of disjoint pairs (docs/results/planner.md compares the rows moved)."""
     for setting, digest in (("0", every_row), (None, default)):
         if setting is None:
             monkeypatch.delenv("HETU_PLANNER_TRADE_SHARED", raising=False)

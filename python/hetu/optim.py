@@ -198,7 +198,7 @@ class AdamOptimizer(Optimizer):
     read in a step is not stepped (its moments do not decay, it does not move), and each row keeps
     its own step count for the bias correction. Dense parameters take ordinary Adam steps (the
     step count is the global step). In PyTorch terms: torch.optim.SparseAdam with per-row step
-    counts on the tables, not torch.optim.Adam; docs/results.md measures the two apart."""
+    counts on the tables, not torch.optim.Adam; docs/results/quality.md measures the two apart."""
     kind = "adam"
 
     def __init__(self, learning_rate=0.01, beta1=_defaults("adam")["beta1"], beta2=_defaults("adam")["beta2"],

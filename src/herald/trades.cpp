@@ -333,7 +333,7 @@ HETU_HERALD_EACH_MASK_AND_LANE(HETU_TRADE)
 // read (4 W samples at the default of 4): such a row is read by every worker, or nearly, before and
 // after any trade, yet it would be scored at every sample that reads it, and these are most of a
 // batch's (sample, row) pairs. HETU_PLANNER_TRADE_SHARED sets it; 0 trades over every row (the
-// allocation of earlier versions; docs/results.md compares the two).
+// allocation of earlier versions; docs/results/planner.md compares the two).
 int64_t TradeShared(int num_workers) {
   int64_t per_worker = 4;
   if (const char* env = std::getenv("HETU_PLANNER_TRADE_SHARED")) {
