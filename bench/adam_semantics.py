@@ -36,7 +36,7 @@ import torch
 from quality import THREADS, train_hetu, train_torch
 from torch_dlrm import TABLE_OPTIMIZERS
 
-# the model named for each synthetic shape (examples/ctr/models: <arch>_<dataset>)
+# the model named for each synthetic shape (hetu.models: <arch>_<dataset>)
 MODELS = {"synthetic-movielens": "dlrm_movielens", "synthetic-criteo-multihot": "dlrm_criteo_multihot"}
 # hetu's optimizers, and the column each is reported as
 HETU_OPTIMIZERS = {"adam": "hetu", "adam_catchup": "hetu-catchup"}

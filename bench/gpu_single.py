@@ -1,7 +1,7 @@
 """One GPU, one process: hetu vs PyTorch eager and compiled on WDL, DCN and NCF, side by side in one run.
 
 For every configuration (model x batch x embedding size x optimizer) the bench trains
-examples/ctr/models' wdl_criteo / dcn_criteo / ncf_movielens in hetu, built as
+hetu.models' wdl_criteo / dcn_criteo / ncf_movielens in hetu, built as
 examples/ctr/train.py builds them (dataloader ops over in-memory arrays, MODELS[...], an
 ht.optim optimizer, ht.Executor({"train": [loss, train_op]}, ctx=..., seed=...), one process,
 no --comm: the tables live on the device), and the same architecture in PyTorch eager, and
@@ -76,11 +76,9 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
-
 try:
     import hetu as ht                 # noqa: E402
-    from models import MODELS         # noqa: E402  (examples/ctr/models)
+    from hetu.models import MODELS    # noqa: E402
     HETU_ERROR = None
 except Exception as e:                # noqa: BLE001 - the PyTorch columns still run; hetu's show this
     ht = MODELS = None
@@ -305,7 +303,7 @@ def torch_models():
             return self.top(dense, self.embed(ids))
 
         def first_order(self, ids):
-            """The models' first-order term over the ids (examples/ctr/models/common.first_order):
+            """The models' first-order term over the ids (hetu.models.common.first_order):
             a weight per id, summed over the fields."""
             return self.first(ids).sum(dim=1)
 

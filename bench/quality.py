@@ -1,7 +1,7 @@
 """Model quality: every model against a logistic regression on the same data (`--table`), and
 hetu's DLRM against the same DLRM written independently in PyTorch (`--case`).
 
-`--table`: each model of examples/ctr/models (lr, wdl, dfm, dcn, ncf, dlrm, dcnv2), trained by
+`--table`: each model of hetu.models (lr, wdl, dfm, dcn, ncf, dlrm, dcnv2), trained by
 run_hetu.py with the same settings (Adam, batch, embedding width, epochs) on (a) MovieLens 100K
 in time order, with its user and movie side features (genres are multi-hot: the models that read
 bags) and on its ids alone (every model; ncf reads just these two fields) and (b) synthetic
@@ -21,7 +21,7 @@ of epochs, and both are scored on the validation split the folder's meta names.
 
 * hetu: examples/ctr/run_hetu.py itself, in a subprocess (`--all --val --save-params`); its
   `summary {...}` line gives the driver's validation AUC and logloss (`final.val`).
-* PyTorch (CPU, 2 threads): examples/ctr/models/dlrm.py's architecture rewritten in
+* PyTorch (CPU, 2 threads): hetu.models.dlrm's architecture rewritten in
   bench/torch_dlrm.py (one shared nn.EmbeddingBag(mode="sum") table, a bag per (sample, field),
   hetu's initial distributions), mean BCE-with-logits, Adam's eps hetu's 1e-7. hetu steps a
   table's rows only where a batch names them (row by row, each row counting its own steps for
@@ -162,8 +162,7 @@ def write_hetu_initial(spec):
     import hetu as ht
     cfg, seed = spec["cfg"], spec["seed"]
     data = load(cfg)
-    sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
-    from models import MODELS
+    from hetu.models import MODELS
     meta = data.meta
 
     def loader(array):
@@ -259,8 +258,7 @@ def table_datasets(args):
 
 def table_models(fields):
     """TABLE_MODELS that read `fields` (lr first), and those that cannot, with why."""
-    sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
-    from models import MODELS
+    from hetu.models import MODELS
     reads = [m for m in TABLE_MODELS if MODELS[m].refusal(fields) is None]
     return reads, {m: MODELS[m].refusal(fields) for m in TABLE_MODELS if m not in reads}
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import hetu as ht  # noqa: E402
 from hetu.data import load_dataset  # noqa: E402
-from models.sequential import SequenceConfig, build  # noqa: E402
+from hetu.models.sequential import SequenceConfig, build  # noqa: E402
 from train_sequences import RANKS, TrainingColumns, first_columns  # noqa: E402
 
 

@@ -1,11 +1,11 @@
 """Single-worker training throughput: hetu vs PyTorch on WDL and on DLRM
 over multi-hot Criteo.
 
-`--model wdl`: examples/ctr/models/wdl.py::wdl_criteo in hetu and the same architecture in
+`--model wdl`: hetu.models' wdl_criteo in hetu and the same architecture in
 PyTorch (one shared sparse nn.Embedding table, deep MLP 256-256-256-1 on concat(flattened
 embeddings, dense), wide: a weight per id (a sparse width-1 nn.Embedding) and a linear layer on
 dense), on the synthetic Criteo-shaped data.
-`--model dlrm`: examples/ctr/models/dlrm.py::dlrm_criteo over every field's bag (26 multi-hot
+`--model dlrm`: hetu.models' dlrm_criteo over every field's bag (26 multi-hot
 fields, 214 ids a sample) in hetu, and bench/torch_dlrm.py's PyTorch DLRM with one shared
 nn.EmbeddingBag(mode="sum", sparse=True) table, on synthetic-criteo-multihot. PyTorch is given
 its best form: each batch's (values, offsets) bag input is built before the timed windows, and
@@ -105,8 +105,7 @@ def print_profile(profile):
 # --- hetu ----------------------------------------------------------------------------------------
 def run_hetu(cfg):
     import hetu as ht
-    sys.path.insert(0, os.path.join(ROOT, "examples", "ctr"))
-    import models
+    from hetu.models import MODELS
     batch, emb, opt = cfg["batch"], cfg["emb"], cfg["opt"]
     dense, sparse, labels, meta = load_batches(cfg)
 
@@ -117,7 +116,7 @@ def run_hetu(cfg):
                  "adam": lambda: ht.optim.AdamOptimizer(learning_rate=LR["adam"]),
                  "rowwise_adagrad": lambda: ht.optim.RowwiseAdaGradOptimizer(learning_rate=LR["rowwise_adagrad"]),
                  }[opt]()
-    loss, prediction, y_, train_op = models.MODELS[cfg["model"]](
+    loss, prediction, y_, train_op = MODELS[cfg["model"]](
         loader(dense), loader(sparse), loader(labels), meta.fields, embedding_size=emb, optimizer=optimizer)
     executor = ht.Executor({"train": [loss, prediction, y_, train_op]}, ctx=ht.cpu(0), seed=123)
 

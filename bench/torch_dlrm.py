@@ -1,4 +1,4 @@
-"""examples/ctr/models/dlrm.py's DLRM written in PyTorch, for bench/quality.py and
+"""hetu.models.dlrm's DLRM written in PyTorch, for bench/quality.py and
 bench/single_worker.py to compare hetu with.
 
 One shared table (the dataset's fields share one id space) as nn.EmbeddingBag(mode="sum") with a
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 ADAM_EPS = 1e-7   # hetu's AdamOptimizer and AdaGradOptimizer default (PyTorch's are 1e-8 and 1e-10)
-BOTTOM, TOP = (64, 32), (128, 64)   # examples/ctr/models/dlrm.py's defaults
+BOTTOM, TOP = (64, 32), (128, 64)   # hetu.models.dlrm's defaults
 
 
 def bags_of(sparse, slot_offsets):

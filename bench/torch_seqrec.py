@@ -1,4 +1,4 @@
-"""examples/ctr/models/sequential.py's SASRec and HSTU written in PyTorch, for bench/seqrec.py and
+"""hetu.models.sequential's SASRec and HSTU written in PyTorch, for bench/seqrec.py and
 the model tests to compare hetu with.
 
 Built from a dict of hetu's parameters (name -> array: the same initial weights) and reading the

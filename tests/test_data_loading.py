@@ -1,5 +1,4 @@
 """load_dataset: memory-mapped train/val views, the synthetic cache, and concurrent first use."""
-import importlib.util
 import multiprocessing
 import sys
 from pathlib import Path
@@ -134,16 +133,8 @@ def test_concurrent_first_use_generates_once(tmp_path):
     assert len(log_path.read_text().split()) == 1
 
 
-def load_example_module():
-    spec = importlib.util.spec_from_file_location(
-        "load_data", REPO / "examples" / "ctr" / "models" / "load_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_example_loaders(data_home, tmp_path):
-    load_data = load_example_module()
+    from hetu.models import load_data
     criteo = load_data.load_criteo(rows=1000)
     assert criteo.meta.name == "synthetic-criteo" and criteo.train.dense.shape == (900, 13)
     avazu = load_data.load("avazu", rows=1000)

@@ -59,10 +59,7 @@ def _wdl_executor(cuda_graph, batch=256, rows=4096, optimizer=None):
     sparse = rng.integers(0, 5000, size=(rows, 26)).astype(np.int64)
     labels = (rng.random((rows, 1)) < 0.3).astype(np.float32)
     inputs = [ht.dataloader_op([ht.Dataloader(a, batch, "train")]) for a in (dense, sparse, labels)]
-    import sys
-    from conftest import REPO
-    sys.path.insert(0, str(REPO / "examples/ctr"))
-    from models import MODELS
+    from hetu.models import MODELS
     loss, _, _, train_op = MODELS["wdl_criteo"](*inputs, num_embeddings=5000, embedding_size=16,
                                                optimizer=optimizer or ht.optim.AdamOptimizer(0.001))
     return ht.Executor({"train": [loss, train_op]}, ctx=ht.gpu(0), seed=1, cuda_graph=cuda_graph)

@@ -1,16 +1,11 @@
-"""The CTR models' registry (examples/ctr/models): every name the command lines use builds, and a
+"""The CTR models' registry (hetu.models): every name the command lines use builds, and a
 model's field and dense widths follow the data's metadata (hetu.data.Fields), not its name."""
-import sys
-
 import numpy as np
 import pytest
 
 import hetu as ht
-from conftest import REPO
 from hetu.data import DatasetMeta, Fields, shape_fields, synthetic
-
-sys.path.insert(0, str(REPO / "examples/ctr"))
-from models import ARCHITECTURES, MODELS, NAMED  # noqa: E402
+from hetu.models import ARCHITECTURES, MODELS, NAMED
 
 ROWS = 1000
 

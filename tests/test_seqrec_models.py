@@ -1,4 +1,4 @@
-"""SASRec and HSTU (examples/ctr/models/sequential.py) against their PyTorch twins
+"""SASRec and HSTU (hetu.models.sequential) against their PyTorch twins
 (bench/torch_seqrec.py): from the same weights, on the same ids rows and timestamps, with dropout
 0, the loss, the user vectors and every parameter's gradient agree up to float rounding."""
 import sys
@@ -11,11 +11,10 @@ import hetu as ht
 from hetu.autodiff import SparseToDenseOp
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples/ctr"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from hetu.data.sequences import distinct_candidates  # noqa: E402
-from models.sequential import SequenceConfig, build  # noqa: E402
+from hetu.models.sequential import SequenceConfig, build  # noqa: E402
 
 torch = pytest.importorskip("torch")
 from torch_seqrec import TorchSequential  # noqa: E402

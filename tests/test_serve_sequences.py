@@ -25,8 +25,7 @@ from hetu.serve.bundle import Bundle, InstanceError  # noqa: E402
 from hetu.serve.export import export  # noqa: E402
 from test_serve_http import Server  # noqa: E402
 
-sys.path.insert(0, str(REPO / "examples/ctr"))
-from models.sequential import SequenceConfig, serving  # noqa: E402
+from hetu.models.sequential import SequenceConfig, serving  # noqa: E402
 
 TRAIN = ["--no-progress", "--embedding-size", "16", "--num-negatives", "8", "--iters-per-epoch", "4",
          "--batch-size", "32", "--heads", "2", "--nepoch", "1"]

@@ -22,9 +22,8 @@ from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
 from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
-import models
 import train_sequences
-from models import MODELS
+from hetu.models import MODELS
 from train_sequences import SEQUENCE_DEFAULTS, SEQUENTIAL
 
 # --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
@@ -414,10 +413,9 @@ def run_record(args):
 
 
 def checkpoint_run(args):
-    """run_record and what an export rebuilds the model from besides: the models' folder and a
-    MovieLens stream's side files."""
+    """run_record and what an export rebuilds the model from besides: a sequential model's data
+    and a MovieLens stream's side files."""
     run = run_record(args)
-    run["models_dir"] = os.path.dirname(os.path.abspath(models.__file__))
     if args.model in SEQUENTIAL:
         run.update(train_sequences.export_record(args))
     for name in ("users", "items"):

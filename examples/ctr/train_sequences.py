@@ -4,7 +4,7 @@ run_hetu.py and run_laia.py: train.py hands it a parsed command line whose --mod
 Data path: hetu.data.load_dataset (a sequences folder: histories, their timestamps, each user's
 held-out last item) -> ht.Dataloader per split, whose ids rows get their targets and the
 counter-based negatives appended (hetu.data.sequences.draw_negatives: the same for a sample in
-every mode and worker count) -> models.sequential -> ht.Executor -> per-epoch loss and, with --val,
+every mode and worker count) -> hetu.models.sequential -> ht.Executor -> per-epoch loss and, with --val,
 full-corpus HR@K and NDCG@K over every user's held-out item (hetu.metrics.ranking_hits), gathered
 over the workers."""
 import collections
@@ -20,8 +20,7 @@ from hetu.data import load_dataset
 from hetu.data.keys import find_keys
 from hetu.data.sequences import PADDING, distinct_candidates, draw_negatives, in_batch_negatives, shared_negatives
 from hetu.dynamic import by_key
-
-from models.sequential import SequenceConfig, build
+from hetu.models.sequential import SequenceConfig, build
 
 RANKS = (10, 50, 200)
 NEGATIVES = ("uniform", "shared", "in-batch")

@@ -13,21 +13,19 @@ answers predictions with no training code, no servers and no data folder (docs/d
     schema.json        model, version, raw columns, fields, hashing, bags, dense transforms,
                        the ONNX inputs and the tables
 
-The graph is rebuilt from the checkpoint's run record (examples/ctr's models, the data's fields)
+The graph is rebuilt from the checkpoint's run record (hetu.models' registry, the data's fields)
 and its parameters read from the checkpoint's files (hetu.serve.checkpoint_rows). The bundle is
 written beside `output_dir` and renamed into place: a reader sees the old bundle or the new one,
 never a part."""
-import importlib.util
 import json
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from .. import checkpoint
 from ..data.keys import HASH_NAME
+from ..models import MODELS
 from . import onnx_graph
 from .checkpoint_rows import STORED_AS, CheckpointChanged, CheckpointRows
 from .raw_columns import raw_columns
@@ -72,26 +70,6 @@ def another_model(run, served_run):
     return ", ".join(differ) or None
 
 
-def models_module(run):
-    """examples/ctr's models package (MODELS): from $HETU_CTR_MODELS, the run record's
-    "models_dir", ./examples/ctr/models or the source tree beside this package."""
-    here = Path(__file__).resolve()
-    candidates = [os.environ.get("HETU_CTR_MODELS"), run.get("models_dir"), Path.cwd() / "examples/ctr/models",
-                  here.parents[3] / "examples/ctr/models" if len(here.parents) > 3 else None]
-    for folder in candidates:
-        if folder and (Path(folder) / "__init__.py").is_file():
-            name = "hetu_serve_ctr_models"
-            if name not in sys.modules:
-                spec = importlib.util.spec_from_file_location(name, Path(folder) / "__init__.py",
-                                                              submodule_search_locations=[str(folder)])
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module
-                spec.loader.exec_module(module)
-            return sys.modules[name]
-    raise ExportError("cannot find the CTR models (examples/ctr/models): run from the repository or set "
-                      "HETU_CTR_MODELS to that folder")
-
-
 def data_of(run, where):
     """(fields of the data, its meta.json dict or None for a stream, the stream's format or None)."""
     from ..data import load_dataset
@@ -104,7 +82,7 @@ def data_of(run, where):
         return fmt.fields, None, fmt
     source = run.get("data_dir") or run.get("dataset") or "synthetic"
     if run.get("data_dir") is None and source.startswith("synthetic"):
-        shape = models_module(run).MODELS[run["model"]].dataset
+        shape = MODELS[run["model"]].dataset
         name = f"synthetic-{shape}" if source == "synthetic" and shape else source
         params = {k: run[k] for k in ("rows", "scale") if run.get(k) is not None}
         data = load_dataset(name, **params)
@@ -120,10 +98,9 @@ def rebuild(run, meta, where):
     """(prediction, dense placeholder or None, fields, the data's meta.json dict or None, the
 stream's format or None) of the run's model, built as training built it."""
     import hetu as ht
-    models = models_module(run).MODELS
     model = run.get("model")
-    if model not in models:
-        raise ExportError(f"{where}: unknown model {model!r} (the models are {', '.join(sorted(models))})")
+    if model not in MODELS:
+        raise ExportError(f"{where}: unknown model {model!r} (the models are {', '.join(sorted(MODELS))})")
     data_meta, data_info, fmt = data_of(run, where)
     dynamic = dynamic_of(meta, where)
     if fmt is not None:
@@ -134,7 +111,7 @@ stream's format or None) of the run's model, built as training built it."""
     sparse = ht.placeholder_op("sparse", dtype=np.int64)
     label = ht.placeholder_op("label")
     size = {"embedding_size": run["embedding_size"]} if run.get("embedding_size") else {}
-    _, prediction, _, _ = models[model](dense, sparse, label, fields, **size)
+    _, prediction, _, _ = MODELS[model](dense, sparse, label, fields, **size)
     return prediction, dense, fields, data_info, fmt
 
 

@@ -12,13 +12,13 @@ A SequenceBundle answers a raw history ({"history": [raw item ids], "timestamps"
 K}) with its top K items: the inner products of the user vector with every L2-normalised item
 row, the history's own items left out (as validation ranks), highest first, ties the lower
 index first."""
-import importlib
 import os
 
 import numpy as np
 
 from . import onnx_graph
 from ..data.keys import find_keys
+from ..models import sequential
 from .bundle import Table, onnx_session
 from .checkpoint_rows import to_fp32
 from .encode import InstanceError
@@ -36,12 +36,11 @@ def sequence_bundle(saved, run, where):
     (hetu.serve.export.export)."""
     import hetu as ht
     from ..data import load_dataset
-    from .export import ExportError, MODEL, dynamic_of, models_module, write_table
+    from .export import ExportError, MODEL, dynamic_of, write_table
     try:
         data = load_dataset(run["sequence_data"])
     except (KeyError, FileNotFoundError, ValueError) as e:
         raise ExportError(f"{where}: its sequences data {run.get('sequence_data')}: {e}") from None
-    sequential = importlib.import_module(models_module(run).__name__ + ".sequential")
     kind, meta = run["architecture"], data.meta
     config = sequential.SequenceConfig(num_items=meta.num_items, max_length=meta.max_length,
                                        **{k: run[k] for k in CONFIG_FLAGS if run.get(k) is not None})
