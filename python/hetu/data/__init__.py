@@ -21,18 +21,28 @@ a ``SequenceData`` for such a folder, or for the names ``movielens-sequences`` a
 The Criteo and Avazu readers count and encode with ``hetu._C.ClickLogEncoder``, and
 ``draw_negatives`` draws with ``hetu._C``; the rest needs no compiled code.
 """
-from .avazu import prepare_avazu
+import sys
+
 from .cache import data_home, ensure_synthetic, ensure_synthetic_sequences, synthetic_dataset_dir
-from .criteo import prepare_criteo
 from .dataset import BadBatch, Dataset, DatasetMeta, DatasetPart, load_dataset
-from .movielens import prepare_movielens
 from .schema import Fields
 from .sequences import (SequenceData, draw_negatives, generate_synthetic_sequences, load_sequences,
                         prepare_movielens_sequences, shared_negatives)
 from .stats import rank_auc, reuse_distances, reuse_share_within, top_rows_lookup_share
 from .store import is_complete_dataset
 from .synthetic import SyntheticSpec, generate_synthetic, shape_fields, synthetic_spec
-from .textio import DataFormatError
+from .formats import avazu, criteo, movielens, movielens_side, streams, tabular, textio
+from .formats.avazu import prepare_avazu
+from .formats.criteo import prepare_criteo
+from .formats.movielens import prepare_movielens
+from .formats.textio import DataFormatError
+
+# The format modules live in hetu.data.formats; their names under hetu.data stay importable (the
+# same modules, so that what is set on one is seen through the other).
+for _name, _module in {"avazu": avazu, "criteo": criteo, "movielens": movielens, "movielens_side": movielens_side,
+                       "stream_formats": streams, "tabular": tabular, "textio": textio}.items():
+    sys.modules[f"{__name__}.{_name}"] = _module
+del _name, _module
 
 __all__ = [
     "BadBatch", "Dataset", "DatasetMeta", "DatasetPart", "DataFormatError", "Fields", "SequenceData",

@@ -31,16 +31,16 @@ import argparse
 import json
 import sys
 
-from .avazu import prepare_avazu
-from .criteo import prepare_criteo
+from .formats.avazu import prepare_avazu
+from .formats.criteo import prepare_criteo
 from .keys import HASH_NAME, ID_KINDS
-from .movielens import prepare_movielens
+from .formats.movielens import prepare_movielens
 from .sequences import (DEFAULT_MAX_LENGTH, KIND as SEQUENCES_KIND, SYNTHETIC_DEFAULTS as SEQUENCE_DEFAULTS,
                         generate_synthetic_sequences, prepare_movielens_sequences)
 from .store import read_meta
 from .synthetic import (DRIFT_ROWS, LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec,
                         generate_synthetic, synthetic_spec)
-from .textio import DataFormatError
+from .formats.textio import DataFormatError
 
 DEFAULTS = SyntheticSpec()
 MOVIELENS_SHUFFLE_SEED = 0   # ratings files are sorted by user or time: shuffled unless asked

@@ -41,8 +41,8 @@ import numpy as np
 
 from . import store
 from .keys import HASH_NAME, ID_KINDS, check_ids, find_keys, hash_ids, hash_values
-from .movielens import iter_ratings
-from .textio import BadLineTracker, DataFormatError
+from .formats.movielens import iter_ratings
+from .formats.textio import BadLineTracker, DataFormatError
 
 KIND = "sequences"
 MIN_ITEMS = 3

@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import stream_formats
-from .textio import DataFormatError
+from .formats import streams as stream_formats
+from .formats.textio import DataFormatError
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"   # in messages

@@ -58,7 +58,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
-from . import avazu, criteo, store
+from . import store
+from .formats import avazu, criteo
 from .keys import check_ids, hash_ids
 from .schema import Fields
 from .stats import rank_auc, top_rows_lookup_share

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .keys import hash_values
-from .store import BAG_PADDING
+from ..keys import hash_values
+from ..store import BAG_PADDING
 from .textio import BadLine, DataFormatError, require_input_file
 
 GENRES_100K = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",

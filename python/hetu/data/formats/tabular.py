@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import store, vocabulary
-from .keys import check_ids, hash_values
+from .. import store, vocabulary
+from ..keys import check_ids, hash_values
 from .textio import (BadLine, BadLineTracker, DataFormatError, column_count_problem,
                      parse_int_column, require_input_file, split_lines)
 
@@ -175,7 +175,7 @@ def python_lines(text):
 
 
 def click_log_encoder(layout):
-    from .. import _C  # imported here so that hetu.data stays importable without the build
+    from ... import _C  # imported here so that hetu.data stays importable without the build
     return _C.ClickLogEncoder(layout.delimiter, layout.num_columns, layout.label_column,
                               list(layout.dense_columns), list(layout.categorical_columns))
 

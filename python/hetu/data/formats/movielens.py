@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import store, vocabulary
-from .keys import check_ids, hash_values
+from .. import store, vocabulary
+from ..keys import check_ids, hash_values
 from .movielens_side import (BAG_FIELDS, UNKNOWN_YEAR, ZIP_PREFIX_LENGTH, check_described,
                              encode_side_features, read_items, read_users)
 from .tabular import permute_into_place, shuffle_into_place

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from . import criteo, movielens
-from .keys import hash_values
+from ..keys import hash_values
 from .movielens_side import BAG_FIELDS, encode_side_features, read_items, read_users
-from .schema import Fields
-from .store import BAG_PADDING
+from ..schema import Fields
+from ..store import BAG_PADDING
 from .tabular import click_log_encoder, dense_transform, parse_chunk
 from .textio import BadLine, BadLineTracker, DataFormatError, column_count_problem
 
@@ -148,7 +148,7 @@ class NativeFormat:
 
 
 def native_encoder(delimiter, columns, fields):
-    from .. import _C  # imported here so that hetu.data stays importable without the build
+    from ... import _C  # imported here so that hetu.data stays importable without the build
     return _C.StreamLineEncoder(delimiter, columns, fields.num_dense, sum(fields.slots))
 
 

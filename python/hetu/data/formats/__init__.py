@@ -1,0 +1,1 @@
+"""The formats of raw data that hetu reads: Criteo, Avazu and MovieLens text, schema-described logs."""
