@@ -5,7 +5,8 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config
   libzmq3-dev libsodium-dev protobuf-compiler libprotobuf-dev
   openmpi-bin libopenmpi-dev libucx-dev
   iproute2 openssh-server openssh-client
-  prometheus)   # the serving endpoint's metrics are scraped by a real Prometheus in its test
+  prometheus    # the serving endpoint's metrics are scraped by a real Prometheus in its test
+  slurmctld slurmd slurm-client munge)   # the Slurm launcher's test submits to a real local Slurm
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -76,6 +76,7 @@ class JobFailed(Exception):
 
 
 class Job:
+    WORKERS_LAUNCHER = "mpirun"   # what starts the workers, as the summary names it
     def __init__(self, cluster: Cluster, command: List[str], timeout: Optional[float],
                  shutdown_timeout: float, kill_grace: float, verbose: bool, stall_timeout: float = 0.0):
         self.cluster, self.command = cluster, command
@@ -183,22 +184,25 @@ class Job:
             if node.server_threads:
                 env["HETU_NUM_THREADS"] = str(node.server_threads)   # the node's count wins over env:
         tag = role if rank is None else f"{role} {rank}"
-        if self.local[node.host]:
-            argv, full_env = self.launcher_argv(node), {**os.environ, **env, SECRET_VAR: self.secret}
-        else:
-            passthrough = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-            line = remote_command(os.getcwd(), {**passthrough, **env}, self.launcher_argv(node),
-                                  secret_var=SECRET_VAR)
-            argv, full_env = self.ssh.argv(node.host, line), dict(os.environ)
+        argv, full_env, over_ssh = self.ps_command(node, role, rank, env)
         if self.verbose:
             self.log(f"starting {tag} on {node.host}: {' '.join(map(shlex.quote, argv))}")
         proc = start_process(role, rank, node.host, argv, full_env, tag)
-        if self.local[node.host]:
-            self._close_stdin(proc)   # only remote watchdogs need the pipe held open
-        else:
+        if over_ssh:
             proc.popen.stdin.write((self.secret + "\n").encode())   # the remote line's first read
             proc.popen.stdin.flush()
+        else:
+            self._close_stdin(proc)   # only remote watchdogs need the pipe held open
         self.add_process(proc)
+
+    def ps_command(self, node: Node, role: str, rank: Optional[int], env: Dict[str, str]):
+        """(argv, its environment, whether it goes over ssh) of a scheduler or server: the
+        launcher module itself on this host, an ssh line elsewhere."""
+        if self.local[node.host]:
+            return self.launcher_argv(node), {**os.environ, **env, SECRET_VAR: self.secret}, False
+        passthrough = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        line = remote_command(os.getcwd(), {**passthrough, **env}, self.launcher_argv(node), secret_var=SECRET_VAR)
+        return self.ssh.argv(node.host, line), dict(os.environ), True
 
     def start_parameter_servers(self, env):
         if self.cluster.num_servers == 0:
@@ -222,7 +226,7 @@ class Job:
         argv = mpirun_options(self.ssh.config if remote else None, given_mca(self.cluster.mpirun_args)) + \
             mpi_interface_options(self.cluster, self.root_uri, remote, self.log) + self.cluster.mpirun_args
         shared = {**{k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ},
-                  **env, "DMLC_ROLE": "worker", STALL_TIMEOUT_VAR: f"{self.stall_watch.timeout:g}"}
+                  **env, "DMLC_ROLE": "worker", **self.stall_env()}
         contexts = []
         for node in self.worker_nodes():
             # One MPI app context per node: the ranks of a context are contiguous, and each can
@@ -241,6 +245,10 @@ class Job:
         for i, ctx in enumerate(contexts):
             argv += ([":"] if i else []) + ctx
         return argv
+
+    def stall_env(self) -> Dict[str, str]:
+        """The workers' side of the stall watch: how often to report (hetu.launch.progress)."""
+        return {STALL_TIMEOUT_VAR: f"{self.stall_watch.timeout:g}"}
 
     def on_worker_line(self, rank: int, stream: str, line: str):
         if stream == "stderr" and self.stall_watch.is_report(line):
@@ -423,7 +431,7 @@ class Job:
             end = p.ended if p.ended is not None else time.monotonic()
             n = self.cluster.num_workers
             label = p.label if p.role != "workers" else \
-                ("worker 0 (mpirun)" if n == 1 else f"workers 0-{n - 1} (mpirun)")
+                (f"worker 0 ({self.WORKERS_LAUNCHER})" if n == 1 else f"workers 0-{n - 1} ({self.WORKERS_LAUNCHER})")
             self.log(f"  {label:<24} {p.host:<16} {describe_status(p.returncode):<20} "
                      f"{end - p.started:8.2f} s")
             if p.ended_early:

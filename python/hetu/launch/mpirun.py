@@ -10,17 +10,25 @@ from typing import Dict, List, Optional
 from .. import threads
 from ..threads import THREAD_VARS
 
-# The worker shim turns the MPI rank into the ps-lite worker id; `exec` keeps the worker's pid
-# equal to the one mpirun tracks, so mpirun's signals and exit codes reach the real process.
-# It also gives each worker its share of the host's cores (hetu.threads, whose source it runs on
-# the host's Python before BLAS starts: the host's cores, not the launcher's): several workers
-# each running BLAS and kernel threads for every core spin against each other (a 2-core host with
-# 2 workers ran 40x slower). Variables the user set are kept.
-WORKER_SHIM = ('export DMLC_WORKER_ID="$OMPI_COMM_WORLD_RANK"; '
-               f't=$("${{HETU_PYTHON:-python3}}" -S -c {shlex.quote(inspect.getsource(threads))} 2>/dev/null); '
-               '[ "$t" -ge 1 ] 2>/dev/null || t=1; '
-               f'for v in {" ".join(THREAD_VARS)}; do '
-               '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
+# The worker shim turns the launcher's rank (MPI's under mpirun, the task id under srun) into the
+# ps-lite worker id; `exec` keeps the worker's pid equal to the one mpirun or slurmstepd tracks, so
+# their signals and exit codes reach the real process. It also gives each worker its share of the
+# host's cores (hetu.threads, whose source it runs on the host's Python before BLAS starts: the
+# host's cores, not the launcher's): several workers each running BLAS and kernel threads for
+# every core spin against each other (a 2-core host with 2 workers ran 40x slower). Variables the
+# user set are kept. Under Slurm, one step cannot give each node its own variables: HETU_NODE_HOSTS
+# ("node=address ...") gives the shim its node's address.
+def worker_shim(rank_var: str) -> str:
+    return (f'export DMLC_WORKER_ID="${rank_var}"; '
+            'for p in $HETU_NODE_HOSTS; do case "$p" in "$SLURMD_NODENAME="*) '
+            'export DMLC_NODE_HOST="${p#*=}";; esac; done; '
+            f't=$("${{HETU_PYTHON:-python3}}" -S -c {shlex.quote(inspect.getsource(threads))} 2>/dev/null); '
+            '[ "$t" -ge 1 ] 2>/dev/null || t=1; '
+            f'for v in {" ".join(THREAD_VARS)}; do '
+            '[ -n "$(printenv $v)" ] || export "$v=$t"; done; exec "$@"')
+
+
+WORKER_SHIM = worker_shim("OMPI_COMM_WORLD_RANK")
 
 
 # Open MPI also takes where it may run and how it starts its daemons from what it finds around
