@@ -16,4 +16,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
-python3 -m pip install -q "scikit-build-core>=0.8" "pybind11>=2.11" numpy pyyaml tqdm mpi4py pytest pytest-timeout matplotlib pyzmq xxhash tensorboardX onnx onnxruntime aiohttp prometheus_client
+python3 -m pip install -q "scikit-build-core>=0.8" "pybind11>=2.11" numpy pyyaml tqdm mpi4py pytest pytest-timeout matplotlib pyzmq xxhash tensorboardX onnx onnxruntime aiohttp prometheus_client pyarrow

@@ -6,6 +6,8 @@
                                           [--time-order] [--users u.user --items u.item]
     python -m hetu.data.prepare movielens --sequences --input u.data|ratings.dat|FOLDER
                                           --output DIR [--max-length L]
+    python -m hetu.data.prepare schema    --schema FILE --input FILE|DIR --output DIR
+    python -m hetu.data.prepare parquet   --schema FILE --input FILE|DIR --output DIR
     python -m hetu.data.prepare synthetic-sequences --output DIR [--users U] [--items I]
                                           [--mean-length M] [--max-length L] [--zipf A] [--seed S]
     python -m hetu.data.prepare synthetic --output DIR [--rows N]
@@ -13,6 +15,10 @@
                                           [--scale S] [--zipf-exponent A] [--drift D] [--seed S]
                                           [--hotness-scale K] [--sessions [--session-length L] ...]
                                           [--law 1|2]
+
+The formats (criteo, avazu, movielens, schema, parquet) are those of hetu.data.formats; schema
+and parquet take the schema file of a stream's schema:FILE and write the keys (--ids hashed) its
+stream gives for the same files.
 
 Every command takes --ids indexed|hashed: hashed writes each categorical value as its 64-bit key
 (hetu.data.keys) instead of an index, for dynamic tables: no vocabulary pass, no field offsets.
@@ -31,81 +37,24 @@ import argparse
 import json
 import sys
 
-from .formats.avazu import prepare_avazu
-from .formats.criteo import prepare_criteo
-from .keys import HASH_NAME, ID_KINDS
-from .formats.movielens import prepare_movielens
-from .sequences import (DEFAULT_MAX_LENGTH, KIND as SEQUENCES_KIND, SYNTHETIC_DEFAULTS as SEQUENCE_DEFAULTS,
-                        generate_synthetic_sequences, prepare_movielens_sequences)
+from . import formats
+from .formats import add_ids
+from .formats.textio import DataFormatError
+from .sequences import KIND as SEQUENCES_KIND, SYNTHETIC_DEFAULTS as SEQUENCE_DEFAULTS, generate_synthetic_sequences
 from .store import read_meta
 from .synthetic import (DRIFT_ROWS, LAW1_MAX_TABLE_ROWS, LAWS, SHAPES, SyntheticSpec,
                         generate_synthetic, synthetic_spec)
-from .formats.textio import DataFormatError
 
 DEFAULTS = SyntheticSpec()
-MOVIELENS_SHUFFLE_SEED = 0   # ratings files are sorted by user or time: shuffled unless asked
-
-
-def add_common(parser, shuffle_default):
-    parser.add_argument("--input", required=True, help="raw file to read")
-    parser.add_argument("--output", required=True, help="dataset folder to create")
-    parser.add_argument("--skip-bad-lines", action="store_true",
-                        help="skip malformed lines (counted at the end) instead of stopping")
-    parser.add_argument("--val-fraction", type=float, default=0.1,
-                        help="last fraction of rows used for validation (default 0.1)")
-    # The default is applied in run(), so that a seed given next to --time-order is seen.
-    parser.add_argument("--shuffle-seed", type=int, default=None,
-                        help="shuffle rows with this seed before the split "
-                             f"(default {shuffle_default}: "
-                             f"{'keep file order' if shuffle_default is None else 'shuffled'})")
-    parser.add_argument("--force", action="store_true", help="replace an existing output")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_ids(parser)
-
-
-def add_ids(parser):
-    parser.add_argument("--ids", choices=ID_KINDS, default="indexed",
-                        help="indexed: each field's values numbered by a vocabulary pass, with "
-                             "field offsets (default); hashed: each value's 64-bit key, "
-                             f"{HASH_NAME} (hetu.data.keys), no vocabulary, for dynamic tables")
-
-
-def add_click_log(subparsers, name, help_text):
-    parser = subparsers.add_parser(name, help=help_text)
-    add_common(parser, shuffle_default=None)
-    parser.add_argument("--rows", type=int, default=None, help="use only the first N good rows")
-    parser.add_argument("--min-count", type=int, default=1,
-                        help="values seen fewer times share the field's rare/missing id 0")
-    return parser
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m hetu.data.prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    add_click_log(subparsers, "criteo", "Criteo Kaggle train.txt")
-    add_click_log(subparsers, "avazu", "Avazu train CSV")
-    movielens = subparsers.add_parser("movielens", help="MovieLens u.data / ratings.dat / .csv")
-    add_common(movielens, shuffle_default=MOVIELENS_SHUFFLE_SEED)
-    movielens.add_argument("--label", choices=("binary", "rating"), default="binary",
-                           help="binary: 1 when rating >= --threshold (default); rating: raw")
-    movielens.add_argument("--threshold", type=float, default=4.0)
-    movielens.add_argument("--time-order", action="store_true",
-                           help="sort the ratings by timestamp instead of shuffling them: "
-                                "training reads them in the order they were given, and the "
-                                "validation split is the latest")
-    movielens.add_argument("--users", default=None,
-                           help="users file (u.user or users.dat): adds gender, age, "
-                                "occupation and zip fields")
-    movielens.add_argument("--items", default=None,
-                           help="items file (u.item or movies.dat): adds the year field and "
-                                "the genres bag field")
-    movielens.add_argument("--sequences", action="store_true",
-                           help="write user histories for sequential models (hetu.data.sequences): "
-                                "each user's items in time order, the last one held out; --input may "
-                                "be a folder holding u.data or ratings.dat")
-    movielens.add_argument("--max-length", type=int, default=None, metavar="L",
-                           help=f"with --sequences: the longest history kept (default {DEFAULT_MAX_LENGTH})")
+    for fmt in formats.FORMATS.values():   # every format prepare reads (hetu.data.formats)
+        if fmt.prepare is not None:
+            fmt.add_arguments(subparsers.add_parser(fmt.name, help=fmt.help))
     histories = subparsers.add_parser("synthetic-sequences",
                                       help="generate synthetic user histories over a long-tail catalog")
     histories.add_argument("--output", required=True)
@@ -161,29 +110,14 @@ def build_parser():
 
 def run(args):
     progress = not args.quiet
-    if args.command in ("criteo", "avazu"):
-        prepare = prepare_criteo if args.command == "criteo" else prepare_avazu
-        return prepare(args.input, args.output, rows=args.rows, min_count=args.min_count,
-                       skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
-                       shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress,
-                       ids=args.ids)
-    if args.command == "movielens" and (args.sequences or args.max_length is not None):
-        return movielens_sequences(args, progress)
     if args.command == "synthetic-sequences":
         return generate_synthetic_sequences(
             args.output, overwrite=args.force, progress=progress,
             **{name: getattr(args, name) for name in ("users", "items", "mean_length", "max_length", "zipf", "seed",
                                                       "ids")})
-    if args.command == "movielens":
-        # prepare_movielens refuses a seed given with --time-order
-        shuffle_seed = args.shuffle_seed if args.shuffle_seed is not None \
-            else None if args.time_order else MOVIELENS_SHUFFLE_SEED
-        return prepare_movielens(args.input, args.output, label=args.label,
-                                 threshold=args.threshold, skip_bad_lines=args.skip_bad_lines,
-                                 val_fraction=args.val_fraction, shuffle_seed=shuffle_seed,
-                                 time_order=args.time_order, users_path=args.users,
-                                 items_path=args.items, overwrite=args.force, progress=progress,
-                                 ids=args.ids)
+    if args.command != "synthetic":
+        fmt, _ = formats.lookup(args.command, "prepare")
+        return fmt.prepare(args, progress)
     params = {name: getattr(args, name) for name in (
         "rows", "min_field_size", "zipf_exponent", "drift", "positive_rate", "linear_signal",
         "interaction_signal", "val_fraction", "seed", "sessions", "session_length",
@@ -192,18 +126,6 @@ def run(args):
         params["scale"] = args.scale
     spec = synthetic_spec(args.shape, **params)
     return generate_synthetic(args.output, spec, overwrite=args.force, progress=progress)
-
-
-def movielens_sequences(args, progress):
-    if not args.sequences:
-        raise ValueError("--max-length is the length of the histories of --sequences")
-    given = [flag for flag, value in (("--users", args.users), ("--items", args.items),
-                                      ("--shuffle-seed", args.shuffle_seed)) if value is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)} do not apply to --sequences (histories in time order)")
-    max_length = DEFAULT_MAX_LENGTH if args.max_length is None else args.max_length
-    return prepare_movielens_sequences(args.input, args.output, max_length, skip_bad_lines=args.skip_bad_lines,
-                                       overwrite=args.force, progress=progress, ids=args.ids)
 
 
 def main(argv=None):

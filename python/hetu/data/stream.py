@@ -20,7 +20,7 @@ A background thread reads the files, parses and hashes them natively (``hetu._C`
 released) and puts blocks of samples in a queue of at most ``max_buffered`` samples: it waits
 while the queue is full, so memory is bounded whatever the log. The native encoder
 (``_C.StreamLineEncoder``) takes the plainly clean lines; any other line is parsed by the
-format's Python definition (stream_formats.py: tabular.parse_chunk, movielens.parse_ratings_chunk,
+format's Python definition (formats/streams.py: tabular.parse_chunk, movielens.parse_ratings_chunk,
 or the schema's), which words the errors, as prepare does. A bad line stops the reader with an error naming file and line
 (read() raises it after the samples before it), or, with ``skip_bad_lines``, is skipped and
 counted in ``bad_lines`` (``bad_lines_by_file``): the first few are printed, and each file's
@@ -29,7 +29,10 @@ most 100 of them); ``report=False`` (every training worker but the first) prints
 
 Formats: ``criteo`` (Kaggle train.txt), ``movielens`` (ratings ``user::item::rating::timestamp``,
 tab separated, or ratings.csv with its header; label rating >= 4; side features from ``users``
-and ``items`` files read at start), ``schema:FILE`` (any delimited log; stream_formats.py).
+and ``items`` files read at start), ``schema:FILE`` (any delimited log; formats/streams.py),
+``parquet:FILE`` (Parquet files by the same schema file; formats/parquet.py), each looked up in
+hetu.data.formats. A Parquet file is read whole, once complete (a file without its footer yet is
+waited for, named in the notices); its position's offset and line count rows.
 """
 import bisect
 import dataclasses
@@ -44,12 +47,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .formats import streams as stream_formats
+from . import formats
+from .formats.samples import ignored_name
 from .formats.textio import DataFormatError
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"   # in messages
-IGNORED_SUFFIXES = (".tmp", ".part")
 CHUNK_BYTES = 1 << 20
 MAX_REPORTED_BAD_LINES = 5
 QUOTED_CHARACTERS = 100    # of a bad line's reason, in messages
@@ -73,16 +76,12 @@ class StreamBlock:
 
 
 def make_format(fmt, users=None, items=None):
-    """The parser of a stream format: ``criteo``, ``movielens`` or ``schema:FILE``."""
-    if fmt != "movielens" and (users is not None or items is not None):
+    """The parser of a stream format, looked up in the registry (hetu.data.formats): ``criteo``,
+    ``movielens``, ``schema:FILE`` or ``parquet:FILE``."""
+    entry, argument = formats.lookup(fmt, "stream")
+    if not entry.side_files and (users is not None or items is not None):
         raise ValueError(f"users and items files are side features of the movielens format, not {fmt!r}")
-    if fmt == "criteo":
-        return stream_formats.CriteoFormat()
-    if fmt == "movielens":
-        return stream_formats.MovieLensFormat(users, items)
-    if isinstance(fmt, str) and fmt.startswith("schema:"):
-        return stream_formats.SchemaFormat.from_file(fmt[len("schema:"):])
-    raise ValueError(f"unknown stream format {fmt!r}: expected criteo, movielens or schema:FILE")
+    return entry.stream(argument, users, items)
 
 
 class _Chunk:
@@ -170,9 +169,9 @@ class StreamSource:
     def __init__(self, path, fmt, *, schema=None, users=None, items=None, skip_bad_lines=False,
                  poll_seconds=0.2, max_buffered=1 << 20, notice_seconds=NOTICE_SECONDS, report=True):
         if schema is not None:
-            if fmt not in (None, "schema"):
-                raise ValueError(f"a schema file goes with the schema format, not {fmt!r}")
-            fmt = f"schema:{schema}"
+            if fmt not in (None, "schema", "parquet"):
+                raise ValueError(f"a schema file goes with the schema or parquet format, not {fmt!r}")
+            fmt = f"{fmt or 'schema'}:{schema}"
         if max_buffered < 1:
             raise ValueError(f"max_buffered must be >= 1 sample, got {max_buffered}")
         if poll_seconds <= 0:
@@ -183,6 +182,8 @@ class StreamSource:
         if self.path != STDIN and not self.path.is_dir():
             raise FileNotFoundError(f"stream directory not found: {self.path}")
         self.format = make_format(fmt, users, items)
+        if self.path == STDIN and getattr(self.format, "whole_files", False):
+            raise ValueError(f"a {fmt} stream reads the files of a directory, not standard input")
         self.fields = self.format.fields
         self.skip_bad_lines = bool(skip_bad_lines)
         self.poll_seconds = float(poll_seconds)
@@ -396,9 +397,7 @@ class _DirectoryReader:
         self.notice = _Notice(source)
 
     def eligible(self, entry):
-        name = entry.name
-        return not name.startswith(".") and not name.endswith(IGNORED_SUFFIXES) and \
-            entry.is_file(follow_symlinks=True)
+        return not ignored_name(entry.name) and entry.is_file(follow_symlinks=True)
 
     def list(self):
         """Lists the folder once: each name not seen before is found now. One pass over the
@@ -455,7 +454,8 @@ class _DirectoryReader:
             resume = start["file"] == name
             self.current = name
             self.notice.done()
-            self.read_file(name, start["offset"] if resume else 0, start["line"] if resume else 0)
+            read = self.read_whole_file if getattr(self.source.format, "whole_files", False) else self.read_file
+            read(name, start["offset"] if resume else 0, start["line"] if resume else 0)
             self.source._file_done(name, str(self.dir / name))
 
     def read_file(self, name, offset, line):
@@ -520,6 +520,22 @@ class _DirectoryReader:
                 size = os.fstat(f.fileno()).st_size
                 if size > growth[-1][0]:
                     growth.append((size, time.time()))
+
+
+    def read_whole_file(self, name, offset, line):
+        """Reads ``name``, a file of a format read whole (parquet.py), from its row ``offset``
+        once it is complete: until then (a file written in place, still without its footer) the
+        reader waits for it, naming it."""
+        source, path = self.source, self.dir / name
+        while True:
+            opened, why = source.format.open_file(path)
+            if opened is not None:
+                break
+            self.wait(f"{path} to be complete ({why})")
+        self.notice.done()
+        now = time.time()
+        for parsed in source.format.file_samples(path, offset, source.max_buffered):
+            source._put(name, parsed, None, 0, offset, lambda rows: np.full(len(rows), now))
 
 
 class _StdinReader:
