@@ -1,6 +1,7 @@
-"""Datasets for CTR models: readers for Criteo, Avazu and MovieLens, the synthetic default data,
-and memory-mapped loading (``load_dataset``). Depends only on numpy, the standard library and
-tqdm, so it can be imported on its own.
+"""Datasets for CTR models: readers for Criteo, Avazu, MovieLens, schema-described text and Parquet
+(``hetu.data.formats``, the one registry of formats, for prepare and for streams), the synthetic
+default data, and memory-mapped loading (``load_dataset``). Depends only on numpy, the standard
+library, PyYAML and tqdm (pyarrow for Parquet alone), so it can be imported on its own.
 
 Folder format (written by every reader and by the generator): ``dense.npy`` float32 [N, D]
 (D = 0 when there are no dense features), ``sparse.npy`` int64 [N, S] holding global ids

@@ -48,11 +48,13 @@ class Format:
         return f"{self.name}:{self.argument}" if self.argument else self.name
 
 
-def add_common(parser, shuffle_default, ids=ID_KINDS, input_help="raw file to read"):
+def add_common(parser, shuffle_default, ids=ID_KINDS, input_help="raw file to read", lines=True):
+    """The flags every format's prepare takes (``lines``: --skip-bad-lines, for text)."""
     parser.add_argument("--input", required=True, help=input_help)
     parser.add_argument("--output", required=True, help="dataset folder to create")
-    parser.add_argument("--skip-bad-lines", action="store_true",
-                        help="skip malformed lines (counted at the end) instead of stopping")
+    if lines:
+        parser.add_argument("--skip-bad-lines", action="store_true",
+                            help="skip malformed lines (counted at the end) instead of stopping")
     parser.add_argument("--val-fraction", type=float, default=0.1,
                         help="last fraction of rows used for validation (default 0.1)")
     # The default is applied in run(), so that a seed given next to --time-order is seen.
@@ -144,18 +146,21 @@ def movielens_sequences(args, progress):
                                        overwrite=args.force, progress=progress, ids=args.ids)
 
 
-def add_described(parser):
-    parser.add_argument("--schema", required=True, metavar="FILE",
-                        help="the schema file (YAML) naming each column's role (hetu.data.formats.streams)")
-    add_common(parser, shuffle_default=None, ids=("hashed",),
-               input_help="a file, or a folder of files read in name order")
+def add_described(lines):
+    def add(parser):
+        parser.add_argument("--schema", required=True, metavar="FILE",
+                            help="the schema file (YAML) naming each column's role (hetu.data.formats.streams)")
+        add_common(parser, shuffle_default=None, ids=("hashed",), lines=lines,
+                   input_help="a file, or a folder of files read in name order")
+    return add
 
 
 def described(name, read):
     """prepare of a format described by a schema file: ``read(schema path)`` -> its parser."""
     def run(args, progress):
         return samples.prepare_samples(name, read(args.schema), args.schema, args.input, args.output,
-                                       skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
+                                       skip_bad_lines=getattr(args, "skip_bad_lines", False),
+                                       val_fraction=args.val_fraction,
                                        shuffle_seed=args.shuffle_seed, overwrite=args.force, progress=progress)
     return run
 
@@ -185,9 +190,9 @@ FORMATS = {f.name: f for f in (
     Format("avazu", "Avazu train CSV", add_click_log, click_log(prepare_avazu)),
     Format("movielens", "MovieLens u.data / ratings.dat / .csv", add_movielens, run_movielens, movielens_stream,
            side_files=True),
-    Format("schema", "any delimited text log, its columns described by a schema file", add_described,
+    Format("schema", "any delimited text log, its columns described by a schema file", add_described(lines=True),
            described("schema", schema_format), lambda argument, users, items: schema_format(argument), argument="FILE"),
-    Format("parquet", "Parquet files, their columns described by a schema file", add_described,
+    Format("parquet", "Parquet files, their columns described by a schema file", add_described(lines=False),
            described("parquet", parquet_format), lambda argument, users, items: parquet_format(argument), argument="FILE"),
 )}
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import criteo, movielens
 from ..keys import hash_values
-from .movielens_side import BAG_FIELDS, encode_side_features, read_items, read_users
 from ..schema import Fields
 from ..store import BAG_PADDING
+from . import criteo, movielens
+from .movielens_side import BAG_FIELDS, encode_side_features, read_items, read_users
 from .tabular import click_log_encoder, dense_transform, parse_chunk
 from .textio import BadLine, BadLineTracker, DataFormatError, column_count_problem
 
