@@ -5,7 +5,7 @@ import pytest
 
 import hetu as ht
 from hetu.data import DatasetMeta, Fields, shape_fields, synthetic
-from hetu.models import ARCHITECTURES, MODELS, NAMED
+from hetu.models import ARCHITECTURES, MODELS, NAMED, RECOMMENDED, REGISTRY, SEQUENTIAL, UNMEASURED
 
 ROWS = 1000
 
@@ -28,6 +28,20 @@ def test_every_named_model_builds_on_its_dataset(name):
     assert model.architecture is ARCHITECTURES[name.split("_")[0]]
     assert model.dataset in synthetic.SHAPES
     assert build(model, shape_fields(model.dataset))
+
+
+def test_every_name_recommends_a_known_optimizer():
+    """Every name --model takes has one registry entry, whose optimizer is a kind of hetu's
+    optimizer registry (a misspelt one would fail only when a run starts) at a usable rate; a
+    recommendation names a registered model; a name without one keeps the unmeasured default."""
+    assert set(REGISTRY) == set(MODELS) | set(SEQUENTIAL) and not set(MODELS) & set(SEQUENTIAL)
+    assert set(RECOMMENDED) <= set(MODELS)
+    for name, entry in REGISTRY.items():
+        assert entry.optimizer in ht.optim.KINDS, f"{name}: {entry.optimizer}"
+        assert 0 < entry.learning_rate < 1, f"{name}: {entry.learning_rate}"
+        assert ht.optim.optimizer(entry.optimizer, learning_rate=entry.learning_rate).lr.get(0) == entry.learning_rate
+        if name in MODELS:
+            assert (entry.optimizer, entry.learning_rate) == RECOMMENDED.get(name, UNMEASURED), name
 
 
 def test_widths_follow_the_metadata():

@@ -336,6 +336,33 @@ def test_a_missing_checkpoint_and_an_unknown_model_are_one_line(wdl_bundle, tmp_
     assert not (tmp_path / "b").exists()
 
 
+def test_export_runs_outside_the_repository_and_ignores_an_old_models_dir(wdl_bundle, tmp_path, datasets):
+    """hetu.serve imports the models as the library's hetu.models: an export from another folder,
+    with no examples/ on sys.path, loads nothing of examples/, and the "models_dir" that older
+    training wrote into the run record is ignored (here one naming a package that fails to load)."""
+    old_models = tmp_path / "old_models"
+    old_models.mkdir()
+    (old_models / "__init__.py").write_text("raise ImportError('the run record\\'s models_dir was imported')\n")
+    meta_path = tmp_path / "ckpt" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["run"]["models_dir"] = str(old_models)
+    meta_path.write_text(json.dumps(stamped(meta)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    examples = str(REPO / "examples")
+    script = (f"import json, sys; assert not any(p.startswith({examples!r}) for p in sys.path), sys.path; "
+              f"from hetu.serve.export import export; export({str(tmp_path / 'ckpt')!r}, 'bundle'); "
+              f"print(json.dumps(sorted(n for n, m in list(sys.modules.items()) "
+              f"if str(getattr(m, '__file__', None) or '').startswith({examples!r}))))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p and not p.startswith(examples)))
+    proc = jobs.run([sys.executable, "-c", script], cwd=elsewhere, env=env, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []   # the modules loaded from examples/
+    np.testing.assert_array_equal(split_predictions(Bundle.open(str(elsewhere / "bundle")), datasets["criteo-indexed"]),
+                                  split_predictions(Bundle.open(str(wdl_bundle)), datasets["criteo-indexed"]))
+
+
 def test_an_op_without_an_onnx_mapping_is_named():
     x = ht.placeholder_op("dense")
     w = ht.Variable("w", value=np.ones((3, 2), np.float32))

@@ -22,9 +22,8 @@ from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
 from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
+from hetu.models import MODELS, SEQUENCE_DEFAULTS, SEQUENTIAL
 import train_sequences
-from hetu.models import MODELS
-from train_sequences import SEQUENCE_DEFAULTS, SEQUENTIAL
 
 # --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
 OPTIMIZERS = {name: functools.partial(ht.optim.optimizer, name) for name in ht.optim.KINDS}

@@ -20,7 +20,7 @@ from hetu.data import load_dataset
 from hetu.data.keys import find_keys
 from hetu.data.sequences import PADDING, distinct_candidates, draw_negatives, in_batch_negatives, shared_negatives
 from hetu.dynamic import by_key
-from hetu.models.sequential import SequenceConfig, build
+from hetu.models.sequential import SEQUENTIAL, SequenceConfig, build
 
 RANKS = (10, 50, 200)
 NEGATIVES = ("uniform", "shared", "in-batch")
@@ -30,13 +30,7 @@ NOT_YET = ("save_predictions", "rows", "scale", "tensorboard")
 # the model's sizes and its loss (they change what a step computes).
 RESUME_FLAGS = ("num_negatives", "negatives", "blocks", "heads", "dropout", "temperature")
 
-# name -> (architecture, the dataset it trains on by default)
-SEQUENTIAL = {"sasrec": ("sasrec", None), "hstu": ("hstu", None),
-              "sasrec_movielens": ("sasrec", "movielens-sequences"), "hstu_movielens": ("hstu", "movielens-sequences"),
-              "sasrec_synthetic": ("sasrec", "synthetic-sequences"), "hstu_synthetic": ("hstu", "synthetic-sequences")}
-
-# The published MovieLens-1M settings where the command line leaves them at the CTR defaults.
-SEQUENCE_DEFAULTS = {"optimizer": "adamw_catchup", "learning_rate": 1e-3, "embedding_size": 50}
+# Adam's betas of the published MovieLens-1M settings (hetu.models.sequential.SEQUENCE_DEFAULTS).
 ADAM_BETAS = {"beta1": 0.9, "beta2": 0.98}
 
 
@@ -132,7 +126,7 @@ class TrainingColumns:
 def export_record(args):
     """What export rebuilds the model from besides the flags a checkpoint records: its
     architecture and the sequences folder it trained on (the item ids, L)."""
-    return {"architecture": SEQUENTIAL[args.model][0], "sequence_data": args.sequence_data}
+    return {"architecture": SEQUENTIAL[args.model].architecture, "sequence_data": args.sequence_data}
 
 
 def validation_ids(config):
@@ -178,7 +172,7 @@ def make_inputs(data, config, args, hstu):
 
 
 def load(args):
-    name = args.data_dir or (SEQUENTIAL[args.model][1] if args.dataset == "synthetic" else args.dataset)
+    name = args.data_dir or (SEQUENTIAL[args.model].dataset if args.dataset == "synthetic" else args.dataset)
     if name is None:
         raise SystemExit(f"--model {args.model} trains on a sequences dataset: give --dataset or --data-dir")
     try:
@@ -260,7 +254,7 @@ def train(args, herald, options, ctx, threads, dynamic=None):
         raise SystemExit(f"{name} holds hashed item ids: train it on a dynamic table (--table-capacity ROWS)")
     args.sequence_data = str(data.path)
     config = config_of(args, data.meta)
-    kind = SEQUENTIAL[args.model][0]
+    kind = SEQUENTIAL[args.model].architecture
     ids, negatives, times = make_inputs(data, config, args, hstu=kind == "hstu")
     graph = build(kind, ids, negatives, times, config, optimizer_of(args), dynamic)
     executor = ht.Executor({"train": [graph.loss, graph.train_op], "validate": [graph.user]}, ctx=ctx,

@@ -40,6 +40,30 @@ class SequenceConfig:
         return 2 * self.max_length + self.candidates
 
 
+# The published MovieLens-1M settings (no other optimizer or rate has been measured for these models).
+SEQUENCE_DEFAULTS = {"optimizer": "adamw_catchup", "learning_rate": 1e-3,
+                     "embedding_size": SequenceConfig.embedding_size}
+
+
+@dataclass(frozen=True)
+class SequentialModel:
+    """A name of the command line for a sequential model: its architecture ("sasrec" or "hstu"),
+    the dataset it trains on by default (None: the data given), and the optimizer, learning rate
+    and embedding size it trains with unless told otherwise."""
+    name: str
+    architecture: str
+    dataset: str = None
+    optimizer: str = SEQUENCE_DEFAULTS["optimizer"]
+    learning_rate: float = SEQUENCE_DEFAULTS["learning_rate"]
+    embedding_size: int = SEQUENCE_DEFAULTS["embedding_size"]
+
+
+SEQUENTIAL = {name: SequentialModel(name, architecture, dataset) for name, architecture, dataset in (
+    ("sasrec", "sasrec", None), ("hstu", "hstu", None),
+    ("sasrec_movielens", "sasrec", "movielens-sequences"), ("hstu_movielens", "hstu", "movielens-sequences"),
+    ("sasrec_synthetic", "sasrec", "synthetic-sequences"), ("hstu_synthetic", "hstu", "synthetic-sequences"))}
+
+
 @dataclass
 class SequenceGraph:
     """The nodes a driver runs: the training loss and op, and the user vector at each history's
