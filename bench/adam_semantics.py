@@ -5,7 +5,7 @@ hetu steps an embedding table's rows under Adam lazily: a row not read in a step
 correction (FBGEMM's and TF's LazyAdam). torch.optim.Adam with dense gradients steps every row
 every step: rows not read decay their moments and keep moving on their momentum.
 
-The same DLRM (bench/torch_dlrm.py) trains once under each table rule, from the same initial
+The same DLRM (bench/common/torch_dlrm.py) trains once under each table rule, from the same initial
 parameters (the seed's draw) and in the same data order (the train split in stored order, as
 ht.Dataloader), and is scored on the whole validation split by hetu.metrics. Dense parameters
 take torch.optim.Adam under every rule. Rules (`--rules`):
@@ -27,23 +27,19 @@ step, its skipped ones applied when it is next read: dense Adam's result; design
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
 import torch
 
 from quality import THREADS, train_hetu, train_torch
-from torch_dlrm import TABLE_OPTIMIZERS
+from common.stats import median_range
+from common.torch_dlrm import TABLE_OPTIMIZERS
 
 # the model named for each synthetic shape (hetu.models: <arch>_<dataset>)
 MODELS = {"synthetic-movielens": "dlrm_movielens", "synthetic-criteo-multihot": "dlrm_criteo_multihot"}
 # hetu's optimizers, and the column each is reported as
 HETU_OPTIMIZERS = {"adam": "hetu", "adam_catchup": "hetu-catchup"}
-
-
-def median_range(values):
-    return statistics.median(values), min(values), max(values)
 
 
 def main():

@@ -15,13 +15,13 @@ depends on how often rows come back: the synthetic Criteo shapes draw most ids f
     python bench/catch_up_cost.py --data-dir $HETU_DATA_HOME/ml100k-side-time --model dlrm
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common.launch import ROOT
+from common.summaries import last_summary
 RUN_HETU = os.path.join(ROOT, "examples/ctr/run_hetu.py")
 CASES = {"wdl synthetic Criteo": ["--model", "wdl_criteo", "--rows", "500000"],
          "dlrm synthetic multi-hot Criteo": ["--model", "dlrm_criteo_multihot", "--dataset", "synthetic-criteo-multihot",
@@ -35,8 +35,7 @@ def samples_per_second(flags, optimizer, args):
                str(args.steps), "--nepoch", "1", "--no-progress"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, HETU_NUM_THREADS=str(args.threads)))
-    summary = next((json.loads(line[len("summary "):]) for line in run.stdout.splitlines()
-                    if line.startswith("summary ")), None)
+    summary = last_summary(run.stdout)
     if run.returncode != 0 or summary is None:
         raise SystemExit(f"run_hetu.py failed ({run.returncode}): {' '.join(command)}\n{run.stdout[-2000:]}"
                          f"{run.stderr[-2000:]}")

@@ -20,13 +20,14 @@ import glob
 import itertools
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common.launch import ROOT
+from common.summaries import worker_summaries
+
 MODES = {
     "PS": ("run_hetu.py", ["--comm", "Hybrid"]),
     "HET": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
@@ -73,16 +74,6 @@ def data_flags(args):
     """A prepared dataset (read in its stored order), or synthetic data of --rows samples."""
     data_dir = getattr(args, "data_dir", None)
     return ["--data-dir", os.path.abspath(data_dir)] if data_dir else ["--rows", str(args.rows)]
-
-
-def worker_summaries(mode, workers, returncode, stdout, stderr=""):
-    """The workers' summary lines of a finished run; exits naming the mode if the run failed."""
-    if returncode != 0:
-        sys.exit(f"{mode} (W={workers}) failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    summaries = [json.loads(m) for m in re.findall(r"\[worker \d+\] summary (\{.*\})", stdout)]
-    if len(summaries) != workers:
-        sys.exit(f"{mode}: expected {workers} worker summaries, got {len(summaries)}:\n{stdout[-2000:]}")
-    return summaries
 
 
 def run_mode(mode, workers, batch, ratio, args, csv_dir, cluster_file=None):

@@ -22,7 +22,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_modes  # noqa: E402  (mode_command, worker_summaries, aggregate, MODES)
+import compare_modes  # noqa: E402  (mode_command, aggregate, MODES)
+from common.summaries import worker_summaries  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -103,7 +104,7 @@ def main():
             with tempfile.TemporaryDirectory() as csv_dir:
                 cmd = compare_modes.mode_command(mode, args.workers, args.batch, args.ratio, args, csv_dir)
                 code, out, split = run_sampled(cmd, args.timeout + 60)
-                summaries = compare_modes.worker_summaries(mode, args.workers, code, out)
+                summaries = worker_summaries(mode, args.workers, code, out)
                 speeds[mode].append(compare_modes.aggregate(summaries, args.batch)["samples_per_s"])
                 splits[mode].append(split)
 

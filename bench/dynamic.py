@@ -30,14 +30,15 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import launch
+from common.launch import ROOT
+from common.summaries import last_summary
 PYTHON = sys.executable
 MODES = {"PS": ("run_hetu.py", ["--comm", "Hybrid"]),
          "HET": ("run_hetu.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"]),
@@ -45,15 +46,7 @@ MODES = {"PS": ("run_hetu.py", ["--comm", "Hybrid"]),
 
 
 def run(cmd, env=None, timeout=1800):
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
-    return proc.stdout
-
-
-def summary(stdout):
-    return json.loads([line for line in stdout.splitlines() if "summary {" in line][-1].split("summary ", 1)[1])
+    return launch.run(cmd, f"{' '.join(cmd[:6])} ...", timeout, env={**os.environ, **(env or {})}).stdout
 
 
 def counter_lines(stdout):
@@ -89,7 +82,7 @@ def part_speed(args, work):
                        "--timeout", "900", PYTHON, os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0",
                        "--model", "wdl_criteo", "--batch-size", str(args.batch), "--embedding-size", "16",
                        "--iters-per-epoch", str(args.iterations), "--no-progress", *data]
-                rates[mode, table].append(summary(run(cmd))["samples_per_second"])
+                rates[mode, table].append(last_summary(run(cmd))["samples_per_second"])
     print(f"\n# speed: wdl_criteo, synthetic Criteo ({args.rows} rows, --scale 0.01), W = {args.workers}, 1 server, "
           f"b = {args.batch}, {args.iterations} iterations; dynamic capacity {capacity}; samples/s (job), median of "
           f"{args.repeats}")
@@ -192,7 +185,7 @@ def part_quality(args, work):
         aucs, counts = [], ("-", "-", "-")
         for seed in seeds:
             out = run([PYTHON, os.path.join(ROOT, "examples/ctr/run_hetu.py"), *common, *flags, "--seed", str(seed)])
-            aucs.append(summary(out)["final"]["val"]["auc"])
+            aucs.append(last_summary(out)["final"]["val"]["auc"])
             nums = [list(map(int, re.findall(r"\d+", line.split(":", 1)[1]))) for line in counter_lines(out)]
             if nums and seed == seeds[0]:
                 counts = (nums[0][0], nums[0][2], nums[0][3])
@@ -221,7 +214,7 @@ def part_rows(args, work):
                PYTHON, os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0", "--model", "dlrm_movielens",
                "--data-dir", hashed, "--table-capacity", str(capacity), "--batch-size", "256", "--embedding-size", "16",
                "--cache-limit-ratio", "0.2", "--no-progress"]
-        out = summary(run(cmd))
+        out = last_summary(run(cmd))
         c = out["counters"]
         moved[mode] = c["rows_pulled"] + c["rows_pushed"]
         print(f"{mode:8} {moved[mode]:10d} {moved[mode] / moved['HET']:6.2f} {out['samples_per_second']:10.0f}")

@@ -38,7 +38,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_modes  # noqa: E402  (MODES, worker_summaries, aggregate)
+import compare_modes  # noqa: E402  (MODES, aggregate)
+from common.summaries import worker_summaries  # noqa: E402
 
 from hetu.launch.mpirun import THREAD_VARS  # noqa: E402
 from hetu_tools.netns import NamespaceHosts, NetnsUnavailable, shape  # noqa: E402
@@ -142,7 +143,7 @@ def run_configuration(cluster_file, cfg, args, cpus=None):
             cmd = mode_command(mode, cluster_file, cfg, args, cpus)
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60, env=env,
                                   preexec_fn=pin)
-            summaries = compare_modes.worker_summaries(mode, cfg["workers"], proc.returncode, proc.stdout, proc.stderr)
+            summaries = worker_summaries(mode, cfg["workers"], proc.returncode, proc.stdout, proc.stderr)
             runs[mode].append({**compare_modes.aggregate(summaries, cfg["batch"]), **breakdown(summaries)})
     result = {}
     for mode, rs in runs.items():

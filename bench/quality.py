@@ -22,7 +22,7 @@ of epochs, and both are scored on the validation split the folder's meta names.
 * hetu: examples/ctr/run_hetu.py itself, in a subprocess (`--all --val --save-params`); its
   `summary {...}` line gives the driver's validation AUC and logloss (`final.val`).
 * PyTorch (CPU, 2 threads): hetu.models.dlrm's architecture rewritten in
-  bench/torch_dlrm.py (one shared nn.EmbeddingBag(mode="sum") table, a bag per (sample, field),
+  bench/common/torch_dlrm.py (one shared nn.EmbeddingBag(mode="sum") table, a bag per (sample, field),
   hetu's initial distributions), mean BCE-with-logits, Adam's eps hetu's 1e-7. hetu steps a
   table's rows only where a batch names them (row by row, each row counting its own steps for
   Adam's bias correction). `--torch-table` picks the PyTorch table's optimizer under Adam:
@@ -65,10 +65,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from torch_dlrm import DLRM, TABLE_OPTIMIZERS, bags_of, make_optimizers
+from common.stats import median_range
+from common.torch_dlrm import DLRM, TABLE_OPTIMIZERS, bags_of, make_optimizers
 
 THREADS = 2
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common.launch import ROOT
+from common.summaries import last_summary
 RUN_HETU = os.path.join(ROOT, "examples", "ctr", "run_hetu.py")
 
 # What each case trains: run_hetu.py's model and data flags, and the training settings.
@@ -211,8 +213,7 @@ def run_driver(cfg, seed, params_file=None):
     start = time.time()
     run = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
     seconds = time.time() - start
-    summary = next((json.loads(line[len("summary "):]) for line in run.stdout.splitlines()
-                    if line.startswith("summary ")), None)
+    summary = last_summary(run.stdout)
     if run.returncode != 0 or summary is None:
         raise RuntimeError(f"run_hetu.py failed ({run.returncode}): {' '.join(command)}\n"
                            f"{run.stdout[-3000:]}{run.stderr[-3000:]}")
@@ -261,10 +262,6 @@ def table_models(fields):
     from hetu.models import MODELS
     reads = [m for m in TABLE_MODELS if MODELS[m].refusal(fields) is None]
     return reads, {m: MODELS[m].refusal(fields) for m in TABLE_MODELS if m not in reads}
-
-
-def median_range(values):
-    return statistics.median(values), min(values), max(values)
 
 
 def at_better_rate(cfg, rates, seeds):

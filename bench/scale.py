@@ -42,7 +42,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_modes import MODES, ROOT, worker_summaries  # noqa: E402
+from common.launch import ROOT  # noqa: E402
+from common.summaries import worker_summaries  # noqa: E402
+from compare_modes import MODES  # noqa: E402
 
 import hetu.ps as ps  # noqa: E402
 from hetu import _ps  # noqa: E402

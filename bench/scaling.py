@@ -11,10 +11,9 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import launch
+from common.launch import PYTHON, ROOT
 
 
 def run(mode, workers, args):
@@ -22,14 +21,10 @@ def run(mode, workers, args):
              "--embedding-size", str(args.embedding_size), "--iters-per-epoch", str(args.iterations),
              "--rows", str(args.rows), "--no-progress"]
     if mode == "single":
-        cmd = [sys.executable, *train]
+        cmd = [PYTHON, *train]
     else:
-        servers = "0" if mode == "AllReduce" else "1"
-        cmd = [sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", str(workers), "-s", servers,
-               "--timeout", "900", sys.executable, *train, "--comm", mode, "--bsp", "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=960)
-    if proc.returncode != 0:
-        sys.exit(f"{mode} with {workers} workers failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        cmd = launch.runner(workers, 0 if mode == "AllReduce" else 1, timeout=900) + [PYTHON, *train, "--comm", mode, "--bsp", "0"]
+    proc = launch.run(cmd, f"{mode} with {workers} workers", timeout=960)
     summaries = [json.loads(m) for m in re.findall(r"summary (\{.*\})", proc.stdout)]
     seconds = max(s["seconds"] for s in summaries)
     return sum(s["iterations"] * args.batch for s in summaries) / seconds

@@ -1,5 +1,5 @@
 """Sequential recommenders: hetu's SASRec and HSTU against the same models in PyTorch
-(bench/torch_seqrec.py: the same initial weights, the same batches and negatives), and the rows
+(bench/common/torch_seqrec.py: the same initial weights, the same batches and negatives), and the rows
 PS and the HET cache move on user histories.
 
   --part speed    ms a training step on one CPU worker, hetu and PyTorch eager in alternating
@@ -34,6 +34,7 @@ import hetu as ht  # noqa: E402
 from hetu.data import load_dataset  # noqa: E402
 from hetu.models.sequential import SequenceConfig, build  # noqa: E402
 from train_sequences import RANKS, TrainingColumns, first_columns  # noqa: E402
+from common.summaries import WORKER_SUMMARY  # noqa: E402
 
 
 def parse():
@@ -68,7 +69,7 @@ class Pair:
 
     def __init__(self, kind, data, args):
         import torch
-        from torch_seqrec import TorchSequential
+        from common.torch_seqrec import TorchSequential
         self.torch = torch
         torch.set_num_threads(ht.threads.configure(None)[0])
         self.kind, self.data, self.args = kind, data, args
@@ -228,7 +229,7 @@ def rows_table(args, where):
                    "--bsp", "0", "--batch-size", str(args.batch)]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
             # Every worker prints its summary: the rows of all of them.
-            lines = [json.loads(x.split("summary ", 1)[1]) for x in proc.stdout.splitlines() if "summary {" in x]
+            lines = [json.loads(s) for _, s in WORKER_SUMMARY.findall(proc.stdout)]
             row = f"| {kind} | {args.dataset} | {negatives} | {w} | {args.rate or 'loopback'} | {mode} |"
             if proc.returncode or len(lines) != w:
                 print(f"{row} failed: {proc.stderr.strip()[-200:]} |")

@@ -6,7 +6,7 @@ PyTorch (one shared sparse nn.Embedding table, deep MLP 256-256-256-1 on concat(
 embeddings, dense), wide: a weight per id (a sparse width-1 nn.Embedding) and a linear layer on
 dense), on the synthetic Criteo-shaped data.
 `--model dlrm`: hetu.models' dlrm_criteo over every field's bag (26 multi-hot
-fields, 214 ids a sample) in hetu, and bench/torch_dlrm.py's PyTorch DLRM with one shared
+fields, 214 ids a sample) in hetu, and bench/common/torch_dlrm.py's PyTorch DLRM with one shared
 nn.EmbeddingBag(mode="sum", sparse=True) table, on synthetic-criteo-multihot. PyTorch is given
 its best form: each batch's (values, offsets) bag input is built before the timed windows, and
 SGD takes the table's sparse gradient as it is (Adam: SparseAdam on the table). Both: mean
@@ -185,11 +185,11 @@ def torch_wdl(cfg, meta, batch_rows, dense, sparse, labels):
 
 
 def torch_dlrm(cfg, meta, batch_rows, dense, sparse, labels):
-    """bench/torch_dlrm.py's DLRM with a sparse table (SGD as it is, Adam: SparseAdam on the table),
+    """bench/common/torch_dlrm.py's DLRM with a sparse table (SGD as it is, Adam: SparseAdam on the table),
     and batches (dense, bag values, bag offsets, labels) of tensors, the bags built here, outside
     the timed windows."""
     import torch
-    from torch_dlrm import DLRM, bags_of, make_optimizers
+    from common.torch_dlrm import DLRM, bags_of, make_optimizers
     model = DLRM(int(meta.num_embeddings), cfg["emb"], meta.num_fields, meta.num_dense, sparse_table=True)
     optimizers = (make_optimizers(model, cfg["opt"], LR[cfg["opt"]], table="sparse") if cfg["opt"] in ("sgd", "adam")
                   else torch_optimizers(model, cfg["opt"]))

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 
+from common.summaries import last_summary
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -36,10 +38,6 @@ def _meta_bytes(folder):
     return sum(entry["bytes"] for entry in meta["files"].values()) + os.path.getsize(os.path.join(folder, "meta.json"))
 
 
-def _summary(out):
-    return json.loads([line for line in out.splitlines() if "summary {" in line][-1].split("summary ", 1)[1])
-
-
 def checkpoints_table(args):
     """Rows: full and delta saves of the incremental job, and the saves of the all-full job."""
     iters = args.ckpt_steps
@@ -57,7 +55,7 @@ def checkpoints_table(args):
                                       "--checkpoint-full-every", str(full_every)], name)
             saves = [(int(s), float(t), kind) for s, t, kind in
                      re.findall(r"\[worker 0\] checkpoint at step (\d+) written to \S+ in ([\d.]+) s \(([^)]+)\)", out)]
-            seconds = _summary(out)["seconds"]
+            seconds = last_summary(out)["seconds"]
             spent = sum(t for _, t, _ in saves)
             step_seconds = (seconds - spent) / iters   # the steps alone
             # What each kind writes: the last chain on disk (a full one and its deltas).

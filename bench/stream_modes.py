@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_modes  # noqa: E402  (worker_summaries, aggregate)
+import compare_modes  # noqa: E402  (aggregate)
+from common.summaries import worker_summaries  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODE_FLAGS = {
@@ -92,7 +93,7 @@ def run_stream_mode(mode, lines, args, work):
         if job.poll() is None:
             job.kill()
         writer.join()
-    summaries = compare_modes.worker_summaries(mode, args.modes_workers, job.returncode, out, err)
+    summaries = worker_summaries(mode, args.modes_workers, job.returncode, out, err)
     result = compare_modes.aggregate(summaries, args.modes_batch)
     windows = summaries[0]["final"]["windows"]
     result["auc"] = float(np.nanmean([w["auc"] for w in windows])) if windows else float("nan")

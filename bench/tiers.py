@@ -36,7 +36,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_modes import ROOT, worker_summaries  # noqa: E402
+from common.launch import ROOT  # noqa: E402
+from common.summaries import worker_summaries  # noqa: E402
 from scale import PeakRss, row_bytes  # noqa: E402
 
 MODES = {

@@ -1,5 +1,5 @@
 """SASRec and HSTU (hetu.models.sequential) against their PyTorch twins
-(bench/torch_seqrec.py): from the same weights, on the same ids rows and timestamps, with dropout
+(bench/common/torch_seqrec.py): from the same weights, on the same ids rows and timestamps, with dropout
 0, the loss, the user vectors and every parameter's gradient agree up to float rounding."""
 import sys
 from pathlib import Path
@@ -17,7 +17,7 @@ from hetu.data.sequences import distinct_candidates  # noqa: E402
 from hetu.models.sequential import SequenceConfig, build  # noqa: E402
 
 torch = pytest.importorskip("torch")
-from torch_seqrec import TorchSequential  # noqa: E402
+from common.torch_seqrec import TorchSequential  # noqa: E402
 
 
 def ids_rows(rng, batch, length, negatives, items):
