@@ -3,7 +3,6 @@
 Data path: hetu.data.load_dataset (memory-mapped arrays) -> ht.Dataloader per split ->
 dataloader ops feeding the model graph -> ht.Executor (with the distribution, cache and
 scheduler options) -> per-epoch loss / accuracy / AUC."""
-import argparse
 import functools
 import json
 import os
@@ -16,11 +15,12 @@ from tqdm import tqdm
 
 import hetu as ht
 import hetu.ps  # noqa: F401  (ht.ps: the servers' counters)
+import hetu.run
 from hetu.data import BadBatch, DataFormatError, load_dataset
 from hetu.dist import devices
 from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
-from hetu.herald.options import ALLOCATORS, PLANNERS, PROTOCOLS, HeraldOptions
+from hetu.herald.options import HeraldOptions
 from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
 from hetu.models import MODELS, SEQUENCE_DEFAULTS, SEQUENTIAL
 import train_sequences
@@ -29,161 +29,21 @@ import train_sequences
 OPTIMIZERS = {name: functools.partial(ht.optim.optimizer, name) for name in ht.optim.KINDS}
 
 
-def _checked(convert, test, wanted):
-    """An argparse type: `convert`, then `test`; a failure is reported by argparse as
-    "argument --flag: <wanted>, got <value>" with exit code 2, before anything starts."""
-    def parse(text):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not test(value):
-            raise argparse.ArgumentTypeError(f"{wanted}, got {text!r}")
-        return value
-    return parse
-
-
-POSITIVE_INT = _checked(int, lambda v: v > 0, "must be a positive integer")
-NONNEGATIVE_INT = _checked(int, lambda v: v >= 0, "must be an integer >= 0")
-POSITIVE_FLOAT = _checked(float, lambda v: 0 < v < float("inf"), "must be a positive finite number")
-RATIO = _checked(float, lambda v: 0 < v <= 1, "must be in (0, 1]")
-BSP = _checked(int, lambda v: v >= -1, "must be 0 (BSP), -1 (ASP) or k > 0 (SSP)")
+def description(herald):
+    return "Train a CTR model with hetu" + (" and the Herald scheduler" if herald else "")
 
 
 def build_parser(herald):
-    p = argparse.ArgumentParser(description="Train a CTR model with hetu" + (" and the Herald scheduler" if herald else ""))
-    p.add_argument("--model", default="wdl_criteo", choices=sorted(MODELS) + sorted(SEQUENTIAL),
-                   help="<arch>_<dataset>: the architecture on the dataset it is named for (its synthetic shape "
-                        "by default); a bare architecture: on --dataset / --data-dir. sasrec and hstu are "
-                        "sequential models over user histories (a sequences dataset)")
-    p.add_argument("--batch-size", type=POSITIVE_INT, default=128, help="per-worker batch size")
-    p.add_argument("--embedding-size", type=POSITIVE_INT, default=None,
-                   help="default 128; the sequential models' 50")
-    p.add_argument("--nepoch", type=POSITIVE_FLOAT, default=1,
-                   help="epochs to train, each a full pass over the training split (fractions allowed)")
-    p.add_argument("--val", action="store_true", help="validate after every epoch")
-    p.add_argument("--all", action="store_true",
-                   help="train on the whole training split each epoch: the default; accepted for older commands, "
-                        "where it overrides --iters-per-epoch")
-    p.add_argument("--iters-per-epoch", type=POSITIVE_INT, default=None, metavar="K",
-                   help="at most K iterations per epoch (default: no cap, a full pass)")
-    p.add_argument("--threads", type=POSITIVE_INT, default=None, metavar="N",
-                   help="threads of this process's kernels and BLAS (default: HETU_NUM_THREADS, else the host's "
-                        "usable cores, cgroup quota and CPU affinity counted, divided by the job's processes on "
-                        "the host)")
-    p.add_argument("--comm", default=None, choices=[None, "PS", "AllReduce", "Hybrid"],
-                   help="distribution: PS, AllReduce or Hybrid (default: one process, no communication)")
-    p.add_argument("--cache", default=None, choices=[None, "lru", "lfu", "lfuopt"], help="embedding cache policy")
-    p.add_argument("--bound", type=NONNEGATIVE_INT, default=0, help="cache staleness bound (0: exact)")
-    p.add_argument("--bsp", type=BSP, default=0, help="0: BSP, -1: ASP, k>0: SSP with staleness k")
-    p.add_argument("--cache-limit-ratio", type=RATIO, default=0.1, help="cache rows / table rows")
-    p.add_argument("--cache-perf", action="store_true", help="write per-iteration counters to --csv-dir")
-    p.add_argument("--csv-dir", default="csv", help="folder for --cache-perf files")
-    p.add_argument("--optimizer", default=None, choices=sorted(OPTIMIZERS),
-                   help="a kind of the optimizer registry (default: sgd; the sequential models': adamw_catchup, "
-                        "betas (0.9, 0.98), no weight decay). Embedding tables are stepped row by "
-                        "row, only the rows a step reads: adam and adamw take lazy row-wise steps, as FBGEMM's "
-                        "and TF's LazyAdam (rows not read in a step are not stepped, their moments do not "
-                        "decay; each row keeps its own step count for the bias correction); dense parameters "
-                        "take ordinary Adam steps. adam_catchup and adamw_catchup give dense Adam's result "
-                        "instead: a row's skipped steps are applied when it is next read (a constant "
-                        "--learning-rate; docs/design.md section 4)")
-    p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=None,
-                   help="default 0.01; the sequential models' 0.001")
-    p.add_argument("--embedding-dtype", default="fp32", choices=sorted(ht.optim.EMBEDDING_DTYPES),
-                   help="type embedding rows are stored and moved in; steps compute in fp32 and round to it, "
-                        "optimizer state stays fp32")
-    p.add_argument("--table-capacity", type=POSITIVE_INT, default=None, metavar="ROWS",
-                   help="dynamic embedding tables of ROWS rows keyed by the data's ids (any int64 keys: data "
-                        "prepared with --ids hashed needs it): keys are admitted and evicted by the batch "
-                        "sequence alone (docs/design.md section 13)")
-    p.add_argument("--table-storage", default="memory", choices=("memory", "disk"),
-                   help="where the servers keep the embedding tables' rows: in memory (default), or on disk "
-                        "under --table-dir with --table-cache-mb of them cached in memory; training is the "
-                        "same bit for bit (docs/usage.md, Tables on disk)")
-    p.add_argument("--table-dir", default=None, metavar="DIR",
-                   help="--table-storage disk: the folder on each server's own disk its row files go in")
-    p.add_argument("--table-prefetch", default="on", choices=("on", "off"),
-                   help="--table-storage disk: where the next step's rows are known (Herald's plans; the HET "
-                        "cache with --prefetch), the servers read them into their caches ahead (default on)")
-    p.add_argument("--table-cache-mb", type=POSITIVE_FLOAT, default=None, metavar="MB",
-                   help="--table-storage disk: MiB of rows (with their optimizer state) each server keeps in "
-                        "memory per table (default 256)")
-    p.add_argument("--admit-after", type=POSITIVE_INT, default=1, metavar="K",
-                   help="dynamic tables: a key gets a row once K global batches have read it (default 1)")
-    p.add_argument("--evict-ttl", type=NONNEGATIVE_INT, default=0, metavar="STEPS",
-                   help="dynamic tables: a key unread for STEPS steps leaves its row (default 0: off)")
-    p.add_argument("--table-buckets", type=NONNEGATIVE_INT, default=0, metavar="B",
-                   help="dynamic tables: B buckets, a divisor of the capacity (default: capacity / w for the "
-                        "largest w of 16, 8, 4, 2, 1 that divides it)")
-    p.add_argument("--dataset", default="synthetic", help="dataset name or prepared folder (default: synthetic)")
-    p.add_argument("--data-dir", default=None, help="a prepared dataset folder (overrides --dataset)")
-    p.add_argument("--rows", type=POSITIVE_INT, default=None, help="synthetic data: number of samples")
-    p.add_argument("--scale", type=POSITIVE_FLOAT, default=None, help="synthetic data: table-size scale of real Criteo")
-    p.add_argument("--stream", default=None, metavar="DIR|-",
-                   help="train on a growing log instead of a prepared folder: the files of DIR in name order, "
-                        "each taken once complete (names starting '.' or ending .tmp/.part are ignored), new ones "
-                        "followed as they land, or standard input (-); its ids are hashed keys: needs "
-                        "--table-capacity (docs/usage.md, Streams)")
-    p.add_argument("--stream-format", default="criteo", metavar="criteo|movielens|schema:FILE",
-                   help="the stream's line format: criteo (the Kaggle train.txt layout), movielens (ratings "
-                        "user item rating timestamp, '::' or tab separated; --users / --items side files), or "
-                        "schema:FILE (a YAML schema of any delimited log)")
-    p.add_argument("--users", default=None, metavar="FILE", help="--stream-format movielens: u.user / users.dat")
-    p.add_argument("--items", default=None, metavar="FILE", help="--stream-format movielens: u.item / movies.dat")
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="--stream: skip malformed lines (counted at the end) instead of stopping at the first")
-    p.add_argument("--stream-idle-exit", type=POSITIVE_FLOAT, default=None, metavar="SECONDS",
-                   help="--stream: end the job cleanly once SECONDS pass with no new sample (default: follow the "
-                        "stream until it ends); the samples of an incomplete last global batch are not trained")
-    p.add_argument("--window", type=POSITIVE_INT, default=10000, metavar="N",
-                   help="--stream: progressive validation every N samples: the AUC and logloss of the "
-                        "predictions the samples got before they were trained, and the lag (default 10000)")
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="--stream: write the windows' AUC, logloss and lag to DIR as TensorBoard scalars")
-    p.add_argument("--seed", type=int, default=123)
-    p.add_argument("--save-params", default=None, help="write the trained parameters to this .npz")
-    p.add_argument("--save-predictions", default=None, metavar="FILE.npy",
-                   help="with --val: write the last validation's probabilities, in the split's order, to this "
-                        ".npy")
-    p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="save a checkpoint to this folder after every epoch (the last one replaces the others)")
-    p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None, metavar="N",
-                   help="with --checkpoint: also save every N steps within an epoch")
-    p.add_argument("--checkpoint-full-every", type=POSITIVE_INT, default=1, metavar="K",
-                   help="with --checkpoint: every K-th save is a full checkpoint, the ones between are deltas "
-                        "(the rows and state changed since the save before, the dense parameters, the position)")
-    p.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run of the checkpoint in this folder up to --nepoch epochs in all")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (logs and CI)")
-    p.add_argument("--log-interval", type=POSITIVE_FLOAT, default=30.0,
-                   help="seconds between progress lines when the output is not a terminal (under the launcher)")
-    p.add_argument("--gpu", action="store_true",
-                   help="train on a GPU: worker w of a host takes GPU (local rank mod the host's GPUs); the "
-                        "cluster file's `gpus:` or --gpus of runner.py says how many a host has, else all "
-                        "the GPUs CuPy sees")
-    p.add_argument("--cuda-graph", action="store_true",
-                   help="with --gpu: after two eager steps, replay each static run of ops (forward, backward) "
-                        "as a captured CUDA graph (1.1-2.5x at batch <= 4096 on one H100: see the README)")
-    p.add_argument("--prefetch", action="store_true",
-                   help="caches send a step's pull during the step before (faster on loopback, slower on "
-                        "shaped 1 Gbit/s links: see the README)")
-    train_sequences.add_flags(p)
-    if herald:
-        p.add_argument("--lookahead", type=POSITIVE_INT, default=HeraldOptions.lookahead,
-                       help="iterations the scheduler plans ahead")
-        p.add_argument("--planners", default=HeraldOptions.planners, choices=PLANNERS,
-                       help="host: one planner per host, run by its first worker, which sends the host's other "
-                            "workers their plans; worker: every worker plans for itself. The plans are the same")
-        p.add_argument("--planner-threads", type=POSITIVE_INT, default=None,
-                       help="threads of a planner (default: HETU_PLANNER_THREADS, else one per worker it plans "
-                            "for, at most the cores); the plans are the same whatever the count")
-        p.add_argument("--allocator", default=HeraldOptions.allocator, choices=ALLOCATORS,
-                       help="colocate: fewest rows moved (cache and co-location); greedy: the cache score "
-                            "alone; none: plain data-parallel slices (the 'plan only' ablation)")
-        p.add_argument("--protocol", default=HeraldOptions.protocol, choices=PROTOCOLS,
-                       help="het: Herald's allocation with the HET cache protocol (the 'allocator only' ablation)")
-    return p
+    """The command line: a flag per field of the run spec (hetu.run), --config RUN.yml and
+    --print-config."""
+    return hetu.run.build_parser(herald=herald, description=description(herald))
+
+
+def run_spec(argv, herald):
+    """The run spec of the command line (--config's file, the flags, the model's defaults; with
+    --resume, the checkpoint's model), checked; SpecError names every wrong field."""
+    return hetu.run.parse(argv, herald=herald, description=description(herald),
+                          read_checkpoint=lambda folder: ht.Executor.checkpoint_info(folder).get("run") or {})
 
 
 def load(args):
@@ -202,9 +62,6 @@ def load(args):
 def dynamic_table(args):
     """The dynamic tables' rule of --table-capacity and its options (None without it)."""
     if args.table_capacity is None:
-        for flag in ("admit_after", "evict_ttl", "table_buckets"):
-            if getattr(args, flag) != {"admit_after": 1}.get(flag, 0):
-                raise SystemExit(f"--{flag.replace('_', '-')} sets a dynamic table: give --table-capacity ROWS")
         return None
     try:
         return DynamicTable(args.table_capacity, admit_after=args.admit_after, ttl=args.evict_ttl,
@@ -228,35 +85,14 @@ def readable_fields(args, meta, dynamic=None):
 
 
 def distribution_options(args, herald):
-    """Executor options for the distributed modes; None values are left to the executor."""
+    """Executor options for the distributed modes; None values are left to the executor. What
+    a mode needs of the other flags is the run spec's check (hetu.run.validate)."""
     if args.comm is None:
-        if herald:
-            raise SystemExit("the Herald scheduler needs --comm PS or Hybrid (run_laia.py trains with parameter "
-                             "servers; one process: run_hetu.py)")
-        if args.cache is not None:
-            raise SystemExit(f"--cache {args.cache} needs --comm PS or Hybrid: it caches rows of the parameter "
-                             "server's tables")
-        if args.table_storage == "disk":
-            raise SystemExit("--table-storage disk keeps the tables on the parameter servers' disks: it needs "
-                             "--comm PS or Hybrid")
         return {}
-    if herald and args.comm == "AllReduce":
-        raise SystemExit("the Herald scheduler needs the embedding tables on the parameter server: "
-                         "--comm PS or Hybrid, not AllReduce")
-    if herald and args.protocol == "herald" and (args.bsp != 0 or args.bound != 0):
-        raise SystemExit(f"Herald trains exactly synchronously: it needs --bsp 0 and --bound 0 (got --bsp {args.bsp} "
-                         f"--bound {args.bound}); staleness is the HET cache's (run_hetu.py), or Herald's allocation "
-                         "with the HET protocol (--protocol het)")
+    opts_tier = None
     if args.table_storage == "disk":
-        if args.table_dir is None:
-            raise SystemExit("--table-storage disk: give --table-dir DIR, a folder on each server's own disk")
         from hetu.ps import DiskTier
         opts_tier = DiskTier(os.path.abspath(args.table_dir), args.table_cache_mb or 256.0)
-    else:
-        opts_tier = None
-        for flag in ("table_dir", "table_cache_mb"):
-            if getattr(args, flag) is not None:
-                raise SystemExit(f"--{flag.replace('_', '-')} is for --table-storage disk")
     opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
             "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
             "prefetch": args.prefetch, "table_tier": opts_tier, "table_prefetch": args.table_prefetch == "on"}
@@ -368,47 +204,37 @@ def size_threads(args):
     return threads
 
 
-def check_outputs(parser, args):
+def refuse(message):
+    """A command line this host cannot run (a folder it cannot write): exit code 2, as a wrong flag."""
+    raise hetu.run.SpecError([f"error: {message}"])
+
+
+def check_outputs(args):
     """The files a run writes at its end must be writable before it trains, not found out after."""
-    if args.cuda_graph and not args.gpu:
-        parser.error("--cuda-graph needs --gpu")
-    if args.gpu and args.embedding_dtype != "fp32" and args.comm in (None, "AllReduce"):
-        parser.error(f"--embedding-dtype {args.embedding_dtype} with --gpu needs the tables on the parameter server "
-                     f"(--comm PS or Hybrid): a table on the GPU is stepped in fp32 only")
-    if args.checkpoint_every and not args.checkpoint:
-        parser.error("--checkpoint-every needs --checkpoint DIR")
-    if args.checkpoint_full_every > 1 and not args.checkpoint:
-        parser.error("--checkpoint-full-every needs --checkpoint DIR")
-    if args.save_predictions and not args.val:
-        parser.error("--save-predictions needs --val")
     for flag, path in (("--save-params", args.save_params), ("--checkpoint", args.checkpoint),
                        ("--save-predictions", args.save_predictions)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                parser.error(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+                refuse(f"{flag} {path}: the folder {folder} does not exist or is not writable")
     if args.cache_perf:
         try:
             os.makedirs(args.csv_dir, exist_ok=True)
         except OSError as e:
-            parser.error(f"--csv-dir {args.csv_dir}: cannot create it ({e.strerror})")
+            refuse(f"--csv-dir {args.csv_dir}: cannot create it ({e.strerror})")
         if not os.access(args.csv_dir, os.W_OK):
-            parser.error(f"--csv-dir {args.csv_dir}: not writable")
-
-
-# What a resumed run must share with the run that wrote its checkpoint: the model, the data and
-# the global batch (workers x --batch-size, checked in resume(): the cluster may change shape).
-# The learning rate and the scheduler's settings may change.
-RESUME_FLAGS = ("model", "embedding_size", "batch_size", "optimizer", "embedding_dtype", "comm", "dataset", "data_dir",
-                "rows", "scale", "stream", "stream_format")
-
-
-def resume_flags(args):
-    return RESUME_FLAGS + (train_sequences.RESUME_FLAGS if args.model in SEQUENTIAL else ())
+            refuse(f"--csv-dir {args.csv_dir}: not writable")
 
 
 def run_record(args):
-    return {name: getattr(args, name) for name in resume_flags(args)}
+    """What a checkpoint records of its run: the resolved run spec ("spec"; a resumed run takes its
+    model from it and is compared with it: hetu.run.defaults) and, by flag name, the fields a
+    resumed run must share with it (what older checkpoints hold, and export reads)."""
+    spec = args.spec
+    sequential = spec.model.name in SEQUENTIAL
+    record = {hetu.run.BY_PATH[path].dest: spec.get(path) for path in hetu.run.resume_fields(sequential)}
+    record["spec"] = hetu.run.to_dict(spec)
+    return record
 
 
 def checkpoint_run(args):
@@ -421,22 +247,6 @@ def checkpoint_run(args):
         if getattr(args, name):
             run[name] = os.path.abspath(getattr(args, name))
     return run
-
-
-def check_resume(parser, args):
-    """--resume names a checkpoint of this run's model, data and batch: found before loading."""
-    if not args.resume:
-        return
-    # Not parser.error: the usage text would bury the line that says what is wrong with the checkpoint.
-    try:
-        saved = ht.Executor.checkpoint_info(args.resume).get("run") or {}
-    except (FileNotFoundError, ValueError) as e:
-        parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: {e}\n")
-    for name in resume_flags(args):
-        if name != "batch_size" and name in saved and saved[name] != getattr(args, name):
-            flag = "--" + name.replace("_", "-")
-            parser.exit(2, f"{parser.prog}: error: --resume {args.resume}: the checkpoint was trained with "
-                           f"{flag} {saved[name]}, this run has {flag} {getattr(args, name)}\n")
 
 
 def checkpoint_stats(executor):
@@ -475,7 +285,7 @@ def seek_stream(args, source, feed):
     args.stream_start = None
     if not args.resume:
         return 0
-    meta = ht.Executor.checkpoint_info(args.resume)   # check_resume has read it: it is there
+    meta = ht.Executor.checkpoint_info(args.resume)   # the run spec's parse has read it: it is there
     args.stream_start = (meta.get("run") or {}).get("stream_position")
     if args.stream_start is None:
         raise SystemExit(f"--resume {args.resume}: the checkpoint records no stream position (it was not "
@@ -628,30 +438,21 @@ def main(argv=None, herald=False):
             return train(argv, herald)
         except ONE_LINE_ERRORS as e:
             raise SystemExit(f"error: {e}") from None
+        except hetu.run.SpecError as e:
+            print(e, file=sys.stderr, flush=True)   # every wrong field, then exit code 2
+            raise
     except SystemExit as stop:
         exit_at_once_if_mpi_started(stop)
         raise
 
 
-CTR_DEFAULTS = {"optimizer": "sgd", "learning_rate": 0.01, "embedding_size": 128}
-
-
-def parse(parser, argv):
-    """The command line, with the defaults of the model's kind where it leaves them."""
-    args = parser.parse_args(argv)
-    for flag, value in (SEQUENCE_DEFAULTS if args.model in SEQUENTIAL else CTR_DEFAULTS).items():
-        if getattr(args, flag) is None:
-            setattr(args, flag, value)
-    return args
-
-
 def train(argv, herald):
-    parser = build_parser(herald)
-    args = parse(parser, argv)
+    # The code below reads the spec through its namespace view (args.batch_size: --batch-size's
+    # field); args.spec is the spec itself.
+    args = hetu.run.namespace(run_spec(argv, herald))
     threads = size_threads(args)
-    check_outputs(parser, args)
-    check_stream_flags(parser, args)
-    check_resume(parser, args)
+    check_outputs(args)
+    make_tensorboard_dir(args)
     options = distribution_options(args, herald)
     ctx = device_of(args)
     dynamic = dynamic_table(args)
@@ -736,28 +537,13 @@ def report_end(executor, args, herald, summary):
 
 
 # --- training on a stream (docs/design.md section 14; hetu.streaming) ----------------------------------
-# Flags of a prepared folder that a stream does not take.
-NOT_ON_A_STREAM = ("val", "data_dir", "rows", "scale", "iters_per_epoch")
-STREAM_ONLY = ("users", "items", "skip_bad_lines", "stream_idle_exit", "tensorboard")
 
-
-def check_stream_flags(parser, args):
-    if not args.stream:
-        given = [flag for flag in STREAM_ONLY if getattr(args, flag) not in (None, False)]
-        if given:
-            parser.error(f"--{given[0].replace('_', '-')} needs --stream DIR|-")
-        return
-    given = [flag for flag in NOT_ON_A_STREAM if getattr(args, flag) not in (None, False)]
-    if given:
-        parser.error(f"--stream: --{given[0].replace('_', '-')} is for a prepared folder (a stream is validated "
-                     f"progressively, every --window samples, and trained until it ends)")
-    if args.table_capacity is None:
-        parser.error("--stream: a stream's ids are hashed keys, which need dynamic tables: give --table-capacity ROWS")
-    if args.tensorboard:
+def make_tensorboard_dir(args):
+    if args.stream and args.tensorboard:
         try:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:
-            parser.error(f"--tensorboard {args.tensorboard}: cannot create it ({e.strerror})")
+            refuse(f"--tensorboard {args.tensorboard}: cannot create it ({e.strerror})")
 
 
 def open_stream(args):

@@ -23,42 +23,12 @@ from hetu.dynamic import by_key
 from hetu.models.sequential import SEQUENTIAL, SequenceConfig, build
 
 RANKS = (10, 50, 200)
-NEGATIVES = ("uniform", "shared", "in-batch")
-# Flags of the CTR driver that the sequential models do not take yet: refused, never dropped.
-NOT_YET = ("save_predictions", "rows", "scale", "tensorboard")
-# What a resumed run must share with the run that wrote its checkpoint besides train.RESUME_FLAGS:
-# the model's sizes and its loss (they change what a step computes).
-RESUME_FLAGS = ("num_negatives", "negatives", "blocks", "heads", "dropout", "temperature")
-
 # Adam's betas of the published MovieLens-1M settings (hetu.models.sequential.SEQUENCE_DEFAULTS).
 ADAM_BETAS = {"beta1": 0.9, "beta2": 0.98}
 
 
-def add_flags(p):
-    """The sequential models' own flags (train.build_parser)."""
-    g = p.add_argument_group("sequential models (sasrec, hstu)")
-    g.add_argument("--num-negatives", type=int, default=128, metavar="N",
-                   help="uniform negatives per position of the sampled softmax (default 128)")
-    g.add_argument("--negatives", default="uniform", choices=NEGATIVES,
-                   help="uniform: N drawn from the catalog for each position; shared: N drawn once per global batch, "
-                        "read by every position (fewer rows a step); in-batch: N drawn for each position from the "
-                        "global batch's targets")
-    g.add_argument("--blocks", type=int, default=2, help="attention blocks (default 2)")
-    g.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
-    g.add_argument("--dropout", type=float, default=0.2, help="dropout probability (default 0.2)")
-    g.add_argument("--temperature", type=float, default=0.05, help="sampled softmax temperature (default 0.05)")
-
-
 def config_of(args, meta):
-    for flag in ("num_negatives", "blocks", "heads"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    if not 0 <= args.dropout < 1:
-        raise SystemExit(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.temperature <= 0:
-        raise SystemExit(f"--temperature must be positive, got {args.temperature}")
-    if args.embedding_size % args.heads:
-        raise SystemExit(f"--embedding-size {args.embedding_size} is not a multiple of --heads {args.heads}")
+    """The model's settings (checked by the run spec: hetu.run.validate) and the data's sizes."""
     return SequenceConfig(num_items=meta.num_items, max_length=meta.max_length, num_negatives=args.num_negatives,
                           embedding_size=args.embedding_size, blocks=args.blocks, heads=args.heads,
                           dropout=args.dropout, temperature=args.temperature, negatives=args.negatives)
@@ -243,12 +213,6 @@ def ranking_text(metrics):
 def train(args, herald, options, ctx, threads, dynamic=None):
     """The run of a sequential --model; returns its summary (train.report_end prints it)."""
     import train as driver   # the CTR driver's shared pieces (it imports this module lazily)
-    if args.stream:
-        raise SystemExit(f"--model {args.model} trains on a prepared sequences folder; --stream is for CTR logs")
-    for flag in NOT_YET:
-        if getattr(args, flag) not in (None, False):
-            raise SystemExit(f"--model {args.model}: --{flag.replace('_', '-')} is not supported for the sequential "
-                             f"models yet")
     data, name = load(args)
     if data.item_keys is not None and dynamic is None:
         raise SystemExit(f"{name} holds hashed item ids: train it on a dynamic table (--table-capacity ROWS)")
