@@ -8,6 +8,7 @@ trains on the data given; ``<arch>_<dataset>`` is the architecture on the datase
 it takes when it is given no data.
 
 Sequential models (SEQUENTIAL; hetu.models.sequential): SASRec and HSTU over user histories.
+hetu.models.load_data loads the datasets the CTR names are named for, by name.
 
 REGISTRY holds both: every name --model takes. Each entry carries the optimizer and learning rate
 it trains with unless told otherwise (``entry.optimizer``, ``entry.learning_rate``)."""

@@ -1,4 +1,4 @@
-"""Datasets for the CTR examples (run_hetu.py, run_laia.py).
+"""The datasets the models are named for (``<arch>_criteo``, ``_avazu``, ``_movielens``), by name.
 
 With no ``data_dir`` each loader returns synthetic data shaped like the real dataset, generated
 on first use into ``$HETU_DATA_HOME`` (default ``~/.cache/hetu/datasets``) and memory-mapped from
