@@ -22,7 +22,7 @@ from hetu.dynamic import DynamicTable, by_key
 from hetu.dist.comm import exit_at_once_if_mpi_started
 from hetu.herald.options import HeraldOptions
 from hetu.streaming import ProgressiveValidation, StreamFeed, stream_loaders, tensorboard_writer
-from hetu.models import MODELS, SEQUENCE_DEFAULTS, SEQUENTIAL
+from hetu.models import MODELS, SEQUENTIAL
 import train_sequences
 
 # --optimizer: every kind of hetu's optimizer registry (src/common/optim_rules.h).
