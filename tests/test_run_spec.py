@@ -190,3 +190,24 @@ def test_run_hetu_exits_2_naming_each_wrong_field(tmp_path):
         "spec error: batch_size: argument --batch-size: must be a positive integer, got '-1'"], proc.stderr
     assert not (tmp_path / "data").exists()
 
+
+# --------------------------------------------------------------------------- the environment
+
+def test_every_hetu_variable_the_package_reads_is_in_env_py():
+    import re
+    from hetu import env
+    named = set()
+    for root in (REPO / "python/hetu", REPO / "examples"):
+        for path in root.rglob("*.py"):
+            named |= set(re.findall(r"\bHETU_[A-Z0-9_]+\b", path.read_text()))
+    assert named and named <= set(env.BY_NAME), sorted(named - set(env.BY_NAME))
+    with pytest.raises(KeyError, match="HETU_NOT_A_VARIABLE is not one of"):
+        env.raw("HETU_NOT_A_VARIABLE")
+
+
+def test_the_usage_docs_table_is_env_py():
+    from hetu import env
+    text = (REPO / "docs/usage.md").read_text()
+    section = text.split("\n## Environment variables\n", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert table == env.table_markdown().splitlines()

@@ -47,7 +47,7 @@ import weakref
 
 import numpy as np
 
-from . import cuda
+from . import cuda, env
 
 META = "meta.json"
 FORMAT = 2   # meta.json's format: 2 records the sha256 of its own content (META_DIGEST)
@@ -58,7 +58,7 @@ DELTA_STOP_POINTS = ("delta-written",)   # a delta sealed, not yet renamed into 
 
 
 def _stop_point(point):
-    if os.environ.get("HETU_CHECKPOINT_STOP_AT") == point:
+    if env.raw("HETU_CHECKPOINT_STOP_AT") == point:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

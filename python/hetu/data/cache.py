@@ -10,20 +10,15 @@ Synthetic user histories (``synthetic-sequences``, sequences.py) are cached the 
 """
 import hashlib
 import json
-import os
 from pathlib import Path
 
+from .. import env
 from . import sequences, store
 from .synthetic import generate_synthetic, synthetic_spec
 
-DATA_HOME_ENV = "HETU_DATA_HOME"
-
 
 def data_home():
-    configured = os.environ.get(DATA_HOME_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "hetu" / "datasets"
+    return env.data_home()
 
 
 def spec_key(spec):

@@ -4,6 +4,7 @@ The host's GPU count comes from HETU_GPUS (exported by the launcher from the clu
 `gpus:` or runner.py's --gpus), else from CuPy; the local rank from the MPI launcher."""
 import os
 
+from hetu import env
 from hetu.context import cpu, gpu
 
 GPUS_VAR = "HETU_GPUS"
@@ -38,7 +39,7 @@ def local_rank():
 
 def gpus_on_host():
     """The number of GPUs on this host: HETU_GPUS if set, else the CUDA devices CuPy sees."""
-    value = os.environ.get(GPUS_VAR)
+    value = env.raw(GPUS_VAR)
     if value is not None:
         try:
             gpus = int(value)
