@@ -211,3 +211,16 @@ def test_the_usage_docs_table_is_env_py():
     section = text.split("\n## Environment variables\n", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("|")]
     assert table == env.table_markdown().splitlines()
+
+
+def test_a_checkpoint_from_before_the_spec_resumes_by_its_recorded_flags():
+    old = {"model": "dcn_criteo", "embedding_size": 8, "batch_size": 32, "optimizer": "sgd", "embedding_dtype": "fp32",
+           "comm": None, "dataset": "synthetic", "data_dir": None, "rows": 512, "scale": None, "stream": None,
+           "stream_format": "criteo", "models_dir": "/gone/examples/ctr/models"}
+    spec = run.parse(["--resume", "old", "--rows", "512"], CATALOG, read_checkpoint=lambda folder: old)
+    assert (spec.model.name, spec.model.embedding_size, spec.batch_size, spec.optimizer.name) == \
+        ("dcn_criteo", 8, 32, "sgd")
+    with pytest.raises(SpecError) as stop:
+        run.parse(["--resume", "old", "--rows", "1000"], CATALOG, read_checkpoint=lambda folder: old)
+    assert stop.value.lines == ["spec error: data.rows: --resume old: the checkpoint was trained with --rows 512, "
+                                "this run has --rows 1000"]

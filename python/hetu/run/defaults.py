@@ -62,10 +62,11 @@ RESUME_FIELDS = ("model.name", "model.embedding_size", "batch_size", "optimizer.
                  "data.stream_format")
 SEQUENCE_FIELDS = tuple(f.path for f in FIELDS if f.path.startswith("sequence."))
 # What a resumed run takes from the checkpoint where the command line and --config leave it unset:
-# the model, its sizes and how it is stepped (the batch size: a run on another number of workers
-# gives the one that keeps the global batch).
-INHERITED = ("model.name", "model.embedding_size", "batch_size", "optimizer.name", "optimizer.learning_rate",
-             "optimizer.embedding_dtype") + SEQUENCE_FIELDS
+# the model, its sizes and its optimizer (the batch size: a run on another number of workers gives
+# the one that keeps the global batch). The rows' type is not taken: a run in another type than
+# its checkpoint's is refused unless given (hetu.ps would convert the rows).
+INHERITED = ("model.name", "model.embedding_size", "batch_size", "optimizer.name",
+             "optimizer.learning_rate") + SEQUENCE_FIELDS
 
 
 def resume_fields(sequential):
