@@ -120,6 +120,12 @@ def test_flags_override_the_file(tmp_path):
     assert spec.batch_size == 48 and spec.model.name == "dfm_criteo" and spec.output.no_progress
 
 
+def test_an_unquoted_on_or_off_is_the_choice(tmp_path):
+    path = tmp_path / "run.yml"
+    path.write_text("tables:\n  prefetch: off\n")   # YAML 1.1 reads a bare off as false
+    assert parse("--config", str(path)).tables.prefetch == "off"
+
+
 def test_print_config_writes_the_resolved_spec(capsys):
     with pytest.raises(SystemExit) as stop:
         parse("--model", "dlrm_criteo", "--comm", "PS", "--print-config", herald=True)

@@ -59,13 +59,13 @@ def load(args):
         raise SystemExit(f"{'--data-dir' if args.data_dir else '--dataset'} {source}: {e}") from None
 
 
-def dynamic_table(args):
-    """The dynamic tables' rule of --table-capacity and its options (None without it)."""
-    if args.table_capacity is None:
+def dynamic_table(tables):
+    """The dynamic tables' rule of the run spec's tables.capacity and its options (None without it)."""
+    if tables.capacity is None:
         return None
     try:
-        return DynamicTable(args.table_capacity, admit_after=args.admit_after, ttl=args.evict_ttl,
-                            buckets=args.table_buckets)
+        return DynamicTable(tables.capacity, admit_after=tables.admit_after, ttl=tables.evict_ttl,
+                            buckets=tables.buckets)
     except ValueError as e:
         raise SystemExit(f"--table-capacity: {e}") from None
 
@@ -84,21 +84,22 @@ def readable_fields(args, meta, dynamic=None):
     return fields
 
 
-def distribution_options(args, herald):
-    """Executor options for the distributed modes; None values are left to the executor. What
-    a mode needs of the other flags is the run spec's check (hetu.run.validate)."""
-    if args.comm is None:
+def distribution_options(spec, herald):
+    """Executor options of the run spec's mode and tables; None values are left to the executor.
+    What a mode needs of the other fields is the spec's check (hetu.run.validate)."""
+    mode, tables = spec.mode, spec.tables
+    if mode.comm is None:
         return {}
-    opts_tier = None
-    if args.table_storage == "disk":
+    tier = None
+    if tables.storage == "disk":
         from hetu.ps import DiskTier
-        opts_tier = DiskTier(os.path.abspath(args.table_dir), args.table_cache_mb or 256.0)
-    opts = {"comm_mode": args.comm, "bsp": args.bsp, "cstable_policy": args.cache, "cache_bound": args.bound,
-            "cache_limit_ratio": args.cache_limit_ratio, "cache_perf": args.cache_perf,
-            "prefetch": args.prefetch, "table_tier": opts_tier, "table_prefetch": args.table_prefetch == "on"}
+        tier = DiskTier(os.path.abspath(tables.dir), tables.cache_mb or 256.0)
+    opts = {"comm_mode": mode.comm, "bsp": mode.bsp, "cstable_policy": mode.cache, "cache_bound": mode.bound,
+            "cache_limit_ratio": mode.cache_limit_ratio, "cache_perf": spec.output.cache_perf,
+            "prefetch": mode.prefetch, "table_tier": tier, "table_prefetch": tables.prefetch == "on"}
     if herald:
-        opts["herald"] = HeraldOptions(lookahead=args.lookahead, allocator=args.allocator, protocol=args.protocol,
-                                       planners=args.planners, planner_threads=args.planner_threads or 0)
+        opts["herald"] = HeraldOptions(lookahead=mode.lookahead, allocator=mode.allocator, protocol=mode.protocol,
+                                       planners=mode.planners, planner_threads=mode.planner_threads or 0)
     return opts
 
 
@@ -195,10 +196,11 @@ def rates_text(iterations, seconds, batch_size, workers):
             f"worker{'s' * (workers != 1)} x {rates['worker_samples_per_second']:.0f} samples/s")
 
 
-def size_threads(args):
-    """This process's threads (--threads, else hetu.threads' default), set before any kernel runs;
-    the host's first worker warns when the host has more of the job's processes than cores."""
-    threads, warning = ht.threads.configure(args.threads)
+def size_threads(cluster):
+    """This process's threads (the spec's cluster.threads, else hetu.threads' default), set before
+    any kernel runs; the host's first worker warns when the host has more of the job's processes
+    than cores."""
+    threads, warning = ht.threads.configure(cluster.threads)
     if warning and os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") == "0":
         print(warning, file=sys.stderr, flush=True)
     return threads
@@ -415,11 +417,11 @@ def check_batches(executor, data, args):
                              f"worker(s) x --batch-size {args.batch_size}: lower --batch-size or use more data")
 
 
-def device_of(args):
+def device_of(cluster):
     """The worker's device; with --gpu, a missing CuPy or GPU ends the run here, in one line."""
     try:
-        ctx = devices.worker_context(args.gpu)
-        if args.gpu:
+        ctx = devices.worker_context(cluster.gpu)
+        if cluster.gpu:
             ctx.array_module()   # CuPy imports and this GPU exists
     except (RuntimeError, ValueError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -447,15 +449,16 @@ def main(argv=None, herald=False):
 
 
 def train(argv, herald):
-    # The code below reads the spec through its namespace view (args.batch_size: --batch-size's
-    # field); args.spec is the spec itself.
-    args = hetu.run.namespace(run_spec(argv, herald))
-    threads = size_threads(args)
+    spec = run_spec(argv, herald)
+    # What is not yet written against the spec reads it through the flags' names (args.batch_size:
+    # --batch-size's field); args.spec is the spec itself.
+    args = hetu.run.namespace(spec)
+    threads = size_threads(spec.cluster)
     check_outputs(args)
     make_tensorboard_dir(args)
-    options = distribution_options(args, herald)
-    ctx = device_of(args)
-    dynamic = dynamic_table(args)
+    options = distribution_options(spec, herald)
+    ctx = device_of(spec.cluster)
+    dynamic = dynamic_table(spec.tables)
     if args.model in SEQUENTIAL:
         return train_sequences.train(args, herald, options, ctx, threads, dynamic)
     if args.stream:

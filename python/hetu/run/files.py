@@ -21,9 +21,12 @@ def to_yaml(spec):
 
 
 def coerced(field, value):
-    """A number for a float field arrives as an int where it is whole (YAML's 1, JSON's 1)."""
+    """A number for a float field arrives as an int where it is whole (YAML's 1, JSON's 1); an
+    on/off choice unquoted is YAML's true/false."""
     if field.kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if field.kind is str and isinstance(value, bool) and field.choices == ("on", "off"):
+        return "on" if value else "off"
     return value
 
 
