@@ -6,7 +6,7 @@ import sys
 
 from .defaults import catalog as model_catalog, inherit, resolve, resume_conflicts, saved_values
 from .files import coerced, read_file, to_yaml
-from .spec import FIELDS, GROUPS, RunSpec
+from .spec import BY_PATH, FIELDS, GROUPS, RunSpec
 from .validate import Origin, SpecError, has_type, validate
 
 GROUP_TITLES = {"data": "data", "model": "model", "sequence": "sequential models (sasrec, hstu)",
@@ -70,9 +70,8 @@ def parse(argv, catalog=None, herald=False, description=None, read_checkpoint=No
     spec, origins, errors = RunSpec(), {}, []
     if config is not None:
         errors += read_file(config, spec, origins)
-    by_path = {f.path: f for f in FIELDS}
     for path, text in given.items():
-        field = by_path[path]
+        field = BY_PATH[path]
         spec.set(path, True if field.kind is bool else converted(field, text))
         origins[path] = Origin(flag=field.flag, text=None if field.kind is bool else text)
     errors += resume_spec(spec, origins, catalog, read_checkpoint)
