@@ -22,7 +22,8 @@ VARIABLES = (
     Variable("HETU_DATA_HOME", "path", "~/.cache/hetu/datasets", "the folder of prepared and synthetic datasets",
              "hetu.data.cache"),
     Variable("HETU_NUM_THREADS", "int", "the host's usable cores / its job processes",
-             "threads of a process's kernels and BLAS (set by the launcher's --threads)", "hetu.threads"),
+             "threads of a process's kernels and BLAS (set by the launcher's --threads)",
+             "hetu.threads, src/common/parallel.h"),
     Variable("HETU_PROCS_ON_HOST", "int", "mpirun's local size, else 1",
              "the job's processes on this host, whose share of the cores each takes (set by the launcher)",
              "hetu.threads"),
@@ -52,9 +53,11 @@ VARIABLES = (
              "ps-lite/src/auth.cc"),
     Variable("HETU_JOB_SECRET_FILE", "path", "unset", "a file (mode 600) holding the key, where HETU_JOB_SECRET is "
              "unset", "ps-lite/src/auth.cc"),
-    Variable("HETU_LOCAL_WORKERS", "int", "set by the launcher", "the workers on this host", "hetu.launch.job"),
+    Variable("HETU_LOCAL_WORKERS", "int", "set by the launcher", "the workers on this host, for the processes "
+             "the launcher starts there", "hetu.launch.job (sets it)"),
     Variable("HETU_PYTHON", "path", "the launcher's interpreter here, python3 elsewhere",
-             "the Python a host's processes run with", "hetu.launch.job"),
+             "the Python a host's processes run with (the worker shim sizes the threads with it)",
+             "hetu.launch.mpirun"),
     Variable("HETU_LAUNCHER", "name", "hetu.launcher", "the module each process of a job starts in",
              "hetu.launch.job"),
     Variable("HETU_NODE_HOSTS", "text", "set by the launcher under Slurm",
