@@ -6,16 +6,15 @@ the file and the column. The format registry's one error for an unknown name."""
 import os
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
-
-from hetu.data import DataFormatError, formats  # noqa: E402
-from hetu.data.formats.parquet import ParquetFormat  # noqa: E402
-from hetu.data.prepare import main as prepare_main  # noqa: E402
-from hetu.data.stream import StreamSource  # noqa: E402
-from test_stream_source import WAIT, joined, read_all  # noqa: E402
+from hetu.data import DataFormatError, formats
+from hetu.data.formats.parquet import ParquetFormat
+from hetu.data.prepare import main as prepare_main
+from hetu.data.stream import StreamSource
+from test_stream_source import WAIT, joined, read_all
 
 SCHEMA = """\
 delimiter: ","

@@ -1,4 +1,4 @@
-"""The formats of raw data hetu reads, in one registry (docs/design.md section 14, "Formats").
+"""The formats of raw data hetu reads, in one registry (docs/design.md section 9).
 
 Each entry of ``FORMATS`` names how ``python -m hetu.data.prepare NAME`` prepares the format into
 a dataset folder (its command's flags and the call that writes the folder) and how a stream
@@ -57,7 +57,7 @@ def add_common(parser, shuffle_default, ids=ID_KINDS, input_help="raw file to re
                             help="skip malformed lines (counted at the end) instead of stopping")
     parser.add_argument("--val-fraction", type=float, default=0.1,
                         help="last fraction of rows used for validation (default 0.1)")
-    # The default is applied in run(), so that a seed given next to --time-order is seen.
+    # The default is applied in run_movielens(), so that a seed given next to --time-order is seen.
     parser.add_argument("--shuffle-seed", type=int, default=None,
                         help="shuffle rows with this seed before the split "
                              f"(default {shuffle_default}: "
