@@ -175,3 +175,21 @@ def test_one_lookup_names_every_format():
     with pytest.raises(ValueError, match="expected parquet:FILE"):
         StreamSource(".", "parquet")
     assert formats.lookup("parquet:s.yaml", "stream")[1] == "s.yaml"
+
+
+def test_a_text_header_of_two_lines_and_a_bad_line_without_dense_columns(tmp_path):
+    """Every header line is skipped (a stream of a folder or of stdin, and prepare alike), and a bad
+    line of a schema without dense columns is skipped and counted like any other."""
+    (tmp_path / "s.yaml").write_text('delimiter: ","\nheader: 2\ncolumns:\n'
+                                     '  - {name: clicked, role: label}\n  - {name: user, role: categorical}\n')
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.csv").write_text("clicked,user\n# the second header line\n1,u1\n1,u2,extra\n0,u3\n")
+    with StreamSource(logs, "schema:" + str(tmp_path / "s.yaml"), skip_bad_lines=True, report=False) as source:
+        blocks = read_all(source, 2)
+        assert source.bad_lines == 1 and blocks[-1].position["line"] == 5
+    _, sparse, labels = joined(blocks)
+    assert labels[:, 0].tolist() == [1.0, 0.0]
+    assert prepare_main(["schema", "--schema", str(tmp_path / "s.yaml"), "--input", str(logs),
+                         "--output", str(tmp_path / "out"), "--skip-bad-lines", "--quiet"]) == 0
+    assert np.load(tmp_path / "out" / "sparse.npy").tobytes() == sparse.tobytes()

@@ -351,6 +351,17 @@ class _Stopped(Exception):
     """close() was called: the reader thread ends quietly."""
 
 
+def lines_end(data, lines):
+    """The offset just after the first ``lines`` lines of ``data`` (all of it when it holds fewer)."""
+    end = 0
+    for _ in range(lines):
+        cut = data.find(b"\n", end)
+        if cut < 0:
+            return len(data)
+        end = cut + 1
+    return end
+
+
 def printable(text, limit=QUOTED_CHARACTERS):
     """`text` with every character that does not print escaped (\\x00, \\u200b), cut to `limit`."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -487,9 +498,9 @@ class _DirectoryReader:
             if not first:
                 return   # an empty file, ended by a later one
             self.notice.done()
-            header = source.format.begin_file(first.decode("utf-8", errors="replace"), str(path))
+            header = int(source.format.begin_file(first.decode("utf-8", errors="replace"), str(path)))
             if offset == 0 and header:
-                offset, line = len(first), 1
+                offset, line = self.header_end(f, name, header), header
             f.seek(offset)
             carry = b""
             ended = False   # a later file exists: what this one holds now is all it will hold
@@ -521,6 +532,15 @@ class _DirectoryReader:
                 if size > growth[-1][0]:
                     growth.append((size, time.time()))
 
+    def header_end(self, f, name, lines):
+        """The offset after the first ``lines`` lines of file ``name`` (open as ``f``), the header
+        a format skips: waits for them to land, unless a later file ends this one first."""
+        while True:
+            f.seek(0)
+            data = b"".join(f.readline() for _ in range(lines))
+            if data.count(b"\n") >= lines or self.later_file_exists(name):
+                return len(data)
+            self.wait(f"the {lines} header lines of {self.dir / name} (or a file after it)")
 
     def read_whole_file(self, name, offset, line):
         """Reads ``name``, a file of a format read whole (parquet.py), from its row ``offset``
@@ -572,7 +592,12 @@ class _StdinReader:
         if start["file"] == STDIN:
             skip, line = start["offset"], start["line"]
         elif header:
-            skip, line = cut + 1, 1
+            while first.count(b"\n") < header:
+                block = self.read()
+                if not block:
+                    break
+                first += block
+            carry, skip, line = first, lines_end(first, int(header)), int(header)
         if skip:
             while len(carry) < skip:
                 block = self.read()

@@ -44,11 +44,10 @@ def text_samples(fmt, path, tracker):
         first = f.readline()
         if not first:
             return
-        line = 0
-        if fmt.begin_file(first.decode("utf-8", errors="replace"), str(path)):
-            line = 1   # the header line, as a stream skips it
-        else:
-            f.seek(0)
+        line = int(fmt.begin_file(first.decode("utf-8", errors="replace"), str(path)))   # header lines
+        f.seek(0)
+        for _ in range(line):
+            f.readline()
         carry, final = b"", False
         while not final:
             block = f.read(CHUNK_BYTES)

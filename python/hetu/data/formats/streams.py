@@ -381,11 +381,11 @@ class SchemaFormat(NativeFormat):
             dense_rows.append(parsed[0])
             sparse_rows.append(parsed[1])
             labels.append(parsed[2])
-        dense = np.array(dense_rows, dtype=np.float64).reshape(-1, num_dense)
+        dense = np.array(dense_rows, dtype=np.float64).reshape(len(dense_rows), num_dense)
         for k, column in enumerate(c for c in self.columns if c.role == "dense"):
             if column.transform == "log1p":
                 dense[:, k] = dense_transform(dense[:, k])
-        return (dense.astype(np.float32), np.array(sparse_rows, dtype=np.int64).reshape(-1, slots),
+        return (dense.astype(np.float32), np.array(sparse_rows, dtype=np.int64).reshape(len(sparse_rows), slots),
                 np.array(labels, dtype=np.float32))
 
     def parse_line(self, line, path, number):
