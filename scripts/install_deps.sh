@@ -6,7 +6,8 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev libucx-dev
   iproute2 openssh-server openssh-client
   prometheus    # the serving endpoint's metrics are scraped by a real Prometheus in its test
-  slurmctld slurmd slurm-client munge)   # the Slurm launcher's test submits to a real local Slurm
+  slurmctld slurmd slurm-client munge   # the Slurm launcher's test submits to a real local Slurm
+  xfsprogs)     # the disk tier's checkpoint clones are tested on a loop-mounted XFS with reflinks
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,7 +1,10 @@
 #include "row_tier.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,6 +95,58 @@ void RowFile::Clear() {
   if (::ftruncate(fd_, 0) == 0) (void)!::ftruncate(fd_, static_cast<off_t>(records_ * record_bytes()));
 }
 
+bool RowFile::Sealed(const char* record, int64_t payload, int64_t id) {
+  uint64_t h;
+  std::memcpy(&h, record + payload, 8);
+  return h == RecordHash(record, payload, id);
+}
+
+namespace {
+
+// FICLONERANGE of src's bytes [src_at, src_at + bytes) to dest at dest_at: 0 or the errno.
+int CloneRange(int src, int64_t src_at, int64_t bytes, int dest, int64_t dest_at) {
+  if (bytes == 0) return 0;
+  file_clone_range range{};
+  range.src_fd = src;
+  range.src_offset = static_cast<uint64_t>(src_at);
+  range.src_length = static_cast<uint64_t>(bytes);
+  range.dest_offset = static_cast<uint64_t>(dest_at);
+  return ::ioctl(dest, FICLONERANGE, &range) == 0 ? 0 : errno;
+}
+
+// 0 when the files are on one file system, else EXDEV (or fstat's errno).
+int OneFileSystem(int a, int b) {
+  struct stat sa, sb;
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return errno;
+  return sa.st_dev == sb.st_dev ? 0 : EXDEV;
+}
+
+}  // namespace
+
+int RowFile::CloneTo(int dest_fd, int64_t at) const {
+  // Another file system cannot share blocks: said before the row file is synced for nothing.
+  if (const int error = OneFileSystem(fd_, dest_fd)) return error;
+  // A clone shares what is on disk: the records just written must be there, and stay there.
+  if (::fsync(fd_) != 0) return errno;
+  return CloneRange(fd_, 0, records_ * record_bytes(), dest_fd, at);
+}
+
+int RowFile::CloneFrom(int src_fd, int64_t at, const std::vector<uint64_t>& written) {
+  Clear();
+  if (const int error = OneFileSystem(src_fd, fd_)) return error;
+  const int error = CloneRange(src_fd, at, records_ * record_bytes(), fd_, 0);
+  if (error) {
+    Clear();
+    return error;
+  }
+  std::copy(written.begin(), written.begin() + std::min(written.size(), written_.size()), written_.begin());
+  return 0;
+}
+
+bool RowFile::CannotClone(int error) {
+  return error == EXDEV || error == EOPNOTSUPP || error == ENOTTY || error == EINVAL || error == ENOSYS;
+}
+
 namespace {
 
 // Runs io(i, record) for every i in [0, n) on `pool`, each chunk of records with a buffer of
@@ -160,11 +215,7 @@ std::string RowFile::Read(const int64_t* ids, int64_t n, char* const* buffers) c
       else if (k == 0) why = "the file ends at byte " + std::to_string(at + done) + " (truncated)";
       else done += k;
     }
-    uint64_t h = 0;
-    if (why.empty()) {
-      std::memcpy(&h, record + payload_, 8);
-      if (h != RecordHash(record, payload_, ids[i])) why = "its check does not match (a damaged record)";
-    }
+    if (why.empty() && !Sealed(record, payload_, ids[i])) why = "its check does not match (a damaged record)";
     if (!why.empty()) return "reading record " + std::to_string(ids[i]) + " of " + path_ + " failed: " + why;
     std::memcpy(buffers[i], record, payload_);
     return "";

@@ -40,6 +40,24 @@ class RowFile {
   bool written(int64_t r) const { return (written_[r >> 6] >> (r & 63)) & 1; }
   // Every record unwritten again; the file's blocks are given back.
   void Clear();
+  // The written bits, record r's at bit r % 64 of word r / 64 (a checkpoint keeps them beside
+  // a clone of the records).
+  const std::vector<uint64_t>& written_words() const { return written_; }
+  // Whether `record` (payload bytes, then the hash Write put after them) is record `id` as the
+  // tier wrote it: Read's check, for copies of the records elsewhere (a cloned checkpoint).
+  static bool Sealed(const char* record, int64_t payload, int64_t id);
+
+  // Clones (docs/design.md, "Disk tier"): the file system shares the records' blocks between
+  // the row file and a checkpoint instead of copying them. Each returns 0 or the errno;
+  // CannotClone(errno) says the file system cannot clone these files (another file system, or
+  // one without reflinks: ext4, tmpfs) and the caller copies the records instead.
+  // The records, synced to disk first, into dest_fd from byte `at` on (a multiple of its file
+  // system's block; dest_fd ends at `at`, and grows by the records).
+  int CloneTo(int dest_fd, int64_t at) const;
+  // The records become those of src_fd from byte `at` on (to its end), with these written bits;
+  // on an error the file is cleared (no record written).
+  int CloneFrom(int src_fd, int64_t at, const std::vector<uint64_t>& written);
+  static bool CannotClone(int error);
 
   // Records ids[0..n) to/from buffers[i] (payload bytes each, a record's hash added / checked).
   // "" or one line naming the file, the record and the error (a short read is a truncated file,

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <new>
@@ -21,7 +22,6 @@
 #include "step_loop.h"
 
 namespace ps {
-namespace {
 
 // A saved shard: this header, then its rows' values (in the table's storage type), optimizer
 // state, steps and versions, each in slot order. The shard holds rows lo, lo + stride, ... below
@@ -33,11 +33,57 @@ struct FileHeader {
   int64_t placement, stride;  // version 2 on: RowPlacement::Kind and its stride
   int64_t storage;            // version 3 on: hetu::storage::Type of the rows
 };
+
+// How a table draws its rows' initial values (the spec's init_* fields, seed and stream).
+struct Initializer {
+  int64_t kind;
+  double a, b;
+  uint64_t seed, stream;
+  bool operator==(const Initializer& o) const {
+    return kind == o.kind && a == o.a && b == o.b && seed == o.seed && stream == o.stream;
+  }
+};
+
+// A disk-tier shard saved by cloning its row file (docs/design.md, "Disk tier"): a FileHeader
+// (magic kRecordsMagic; the rows as a version 3 file names them), this header's own fields, the
+// records' written bits (a uint64 word per 64 records), zeros up to `records_at`, then the row
+// file's records as the tier wrote them: payload (the row as stored, its state, step, version)
+// and the tier's hash of payload and slot. The records start at a multiple of the file system's
+// block, because a clone shares whole blocks; a record never written is a hole there and holds
+// its row as `init` draws it, with no state, step or version.
+struct RecordsHeader {
+  FileHeader file;
+  int64_t record_bytes, records_at;
+  Initializer init;
+};
+
+// Rows saved in another storage type than the table's: each slot's `width` elements are
+// widened from `from` and rounded to `to` on the way in.
+struct Recode {
+  int from, to;
+  int64_t width;
+};
+
+namespace {
+
+const char kRecordsMagic[8] = {'H', 'E', 'T', 'U', 'P', 'R', '0', '1'};
 const char kMagic[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '3'};
 const char kMagicV2[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '2'};
 const char kMagicV1[8] = {'H', 'E', 'T', 'U', 'P', 'S', '0', '1'};
 constexpr size_t kHeaderBytesV1 = offsetof(FileHeader, placement);
 constexpr size_t kHeaderBytesV2 = offsetof(FileHeader, storage);
+
+Initializer InitializerOf(const pb::TableSpec& spec) {
+  return {spec.init_kind(), spec.init_a(), spec.init_b(), spec.seed(), spec.stream()};
+}
+
+// Row `row` of the table as `init` draws it, `width` elements rounded to `storage`, into `out`.
+void DrawRow(const Initializer& init, int storage, int64_t row, int64_t width, char* out) {
+  std::vector<float> wide(storage == hetu::storage::kF32 ? 0 : width);
+  float* drawn = wide.empty() ? reinterpret_cast<float*>(out) : wide.data();
+  hetu::rng::fill_rows(static_cast<int>(init.kind), init.a, init.b, init.seed, init.stream, row, row + 1, width, drawn);
+  if (!wide.empty()) hetu::storage::narrow_row(storage, drawn, out, width);
+}
 
 // What a save by server `server` under `placement` writes as lo, hi and stride.
 void SavedRows(const RowPlacement& placement, int server, FileHeader* h) {
@@ -443,8 +489,10 @@ namespace {
 
 // Checkpoint counters of this process (TableShard::Checkpoints); a server saves and loads one
 // table at a time, the atomics only let a stats request read them from another thread.
-std::atomic<int64_t> g_saves{0}, g_saved_bytes{0}, g_loads{0}, g_loaded_bytes{0};
+std::atomic<int64_t> g_saves{0}, g_saved_bytes{0}, g_loads{0}, g_loaded_bytes{0}, g_cloned_bytes{0};
 std::atomic<double> g_save_seconds{0}, g_load_seconds{0};
+// Bytes this thread's save or load shared with a row file by a clone instead of copying them.
+thread_local int64_t t_cloned_bytes = 0;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -459,10 +507,12 @@ template <typename Run>
 std::string Counted(bool save, Run&& run) {
   const double start = Now();
   int64_t bytes = 0;
+  t_cloned_bytes = 0;
   std::string error = run(&bytes);
   if (error.empty()) {
     (save ? g_saves : g_loads).fetch_add(1, std::memory_order_relaxed);
     (save ? g_saved_bytes : g_loaded_bytes).fetch_add(bytes, std::memory_order_relaxed);
+    g_cloned_bytes.fetch_add(t_cloned_bytes, std::memory_order_relaxed);
     Add(save ? g_save_seconds : g_load_seconds, Now() - start);
   }
   return error;
@@ -496,6 +546,7 @@ TableShard::CheckpointCounters TableShard::Checkpoints() {
   c.loads = g_loads.load(std::memory_order_relaxed);
   c.loaded_bytes = g_loaded_bytes.load(std::memory_order_relaxed);
   c.load_seconds = g_load_seconds.load(std::memory_order_relaxed);
+  c.cloned_bytes = g_cloned_bytes.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -504,8 +555,9 @@ std::string TableShard::Save(const std::string& dir, int rank, int num_servers) 
 }
 
 std::string TableShard::SaveFile(const std::string& dir, int rank, int num_servers, int64_t* bytes) const {
-  std::string disk_error;
-  const std::string error = WriteSynced(name_, FileName(dir, rank, num_servers), [&](FILE* f) {
+  std::string disk_error, how;
+  const std::string path = FileName(dir, rank, num_servers);
+  const std::string error = WriteSynced(name_, path, [&](FILE* f) {
     FileHeader h{};
     std::memcpy(h.magic, kMagic, 8);
     h.rows = spec_.rows();
@@ -516,12 +568,12 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
     h.unit_state_width = unit_state_width_;
     h.applied = applied;
     h.storage = storage_;
+    if (on_disk()) {
+      disk_error = SaveFileOnDisk(f, h, bytes, &how);
+      return disk_error.empty();
+    }
     bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
     *bytes = sizeof(h);
-    if (on_disk()) {
-      disk_error = SaveFileOnDisk(f, bytes);
-      return ok && disk_error.empty();
-    }
     // Written straight from the shard's arrays: a save needs no copy of the table.
     auto put = [&](const void* p, size_t n) {
       ok = ok && (n == 0 || std::fwrite(p, n, 1, f) == 1);
@@ -540,10 +592,37 @@ std::string TableShard::SaveFile(const std::string& dir, int rank, int num_serve
     }
     return ok;
   });
-  return disk_error.empty() ? error : "table '" + name_ + "': " + disk_error;
+  if (!disk_error.empty()) return "table '" + name_ + "': " + disk_error;
+  // Which way a disk tier's save went, once a save: an operator sees whether it took space.
+  if (error.empty() && on_disk()) LogLine() << "table '" << name_ << "', server " << rank_ << ": saved " << path << how;
+  return error;
 }
 
-std::string TableShard::SaveFileOnDisk(FILE* f, int64_t* bytes) const {
+namespace {
+// "8.0 KiB", "15.1 MiB": a save's line names amounts from a header's to a table's.
+std::string Amount(int64_t bytes) {
+  char s[32];
+  if (bytes < (int64_t(1) << 20)) std::snprintf(s, sizeof s, "%.1f KiB", bytes / 1024.0);
+  else std::snprintf(s, sizeof s, "%.1f MiB", bytes / 1048576.0);
+  return s;
+}
+}  // namespace
+
+std::string TableShard::SaveFileOnDisk(FILE* f, const FileHeader& h, int64_t* bytes, std::string* how) const {
+  // The row file first holds every row the lines changed: its records are then the shard.
+  const std::string written_back = const_cast<TableShard*>(this)->WriteBackLines();
+  if (!written_back.empty()) return written_back;
+  const int cloned = SaveRecords(f, h, bytes);
+  if (cloned == 0) {
+    *how = " by cloning the row file: " + Amount(t_cloned_bytes) + " shared with it, " + Amount(*bytes) + " written";
+    return "";
+  }
+  if (!RowFile::CannotClone(cloned)) return std::string("writing the saved shard failed: ") + std::strerror(cloned);
+  // No clone here: Save's layout, written whole over what SaveRecords began.
+  if (std::fflush(f) != 0 || ::ftruncate(fileno(f), 0) != 0 || std::fseek(f, 0, SEEK_SET) != 0 ||
+      std::fwrite(&h, sizeof(h), 1, f) != 1)
+    return std::string("writing the saved shard failed: ") + std::strerror(errno);
+  *bytes = sizeof(h);
   // Save's sections, a staged chunk of slots at a time, each chunk's part of every section
   // written at its place in the file: a save holds no more of the table than a chunk.
   const int64_t rb = row_bytes_, sw = unit_state_width_, n = rows_;
@@ -567,7 +646,34 @@ std::string TableShard::SaveFileOnDisk(FILE* f, int64_t* bytes) const {
     return e.what();
   }
   if (ok && std::fseek(f, 0, SEEK_END) != 0) ok = false;
-  return ok ? "" : std::string("writing the saved shard failed: ") + std::strerror(errno);
+  if (!ok) return std::string("writing the saved shard failed: ") + std::strerror(errno);
+  *how = " whole: " + Amount(*bytes) + " written (no clone of the row file " + file_->path() + " there: " +
+         std::strerror(cloned) + ")";
+  return "";
+}
+
+int TableShard::SaveRecords(FILE* f, const FileHeader& h, int64_t* bytes) const {
+  RecordsHeader r{};
+  r.file = h;
+  std::memcpy(r.file.magic, kRecordsMagic, 8);
+  r.record_bytes = file_->record_bytes();
+  r.init = InitializerOf(spec_);
+  // The records start at a block of the checkpoint's file system: a clone shares whole blocks.
+  struct statvfs fs {};
+  const int64_t block = ::fstatvfs(fileno(f), &fs) == 0 ? std::max<int64_t>(4096, fs.f_bsize) : 4096;
+  const std::vector<uint64_t>& written = file_->written_words();
+  const int64_t prefix = sizeof(r) + static_cast<int64_t>(written.size()) * 8;
+  r.records_at = CeilDiv(prefix, block) * block;
+  const std::vector<char> zeros(r.records_at - prefix, 0);
+  errno = 0;
+  if (std::fwrite(&r, sizeof(r), 1, f) != 1 ||
+      (!written.empty() && std::fwrite(written.data(), written.size() * 8, 1, f) != 1) ||
+      (!zeros.empty() && std::fwrite(zeros.data(), zeros.size(), 1, f) != 1) || std::fflush(f) != 0)
+    return errno ? errno : EIO;
+  *bytes = r.records_at;
+  const int error = file_->CloneTo(fileno(f), r.records_at);
+  if (error == 0) t_cloned_bytes += rows_ * r.record_bytes;
+  return error;
 }
 
 namespace {
@@ -587,13 +693,6 @@ bool ReadAt(FILE* f, long at, void* p, size_t bytes) {
   t_read_bytes += static_cast<int64_t>(bytes);
   return bytes == 0 || (std::fseek(f, at, SEEK_SET) == 0 && std::fread(p, bytes, 1, f) == 1);
 }
-
-// Rows saved in another storage type than the table's: each slot's `width` elements are
-// widened from `from` and rounded to `to` on the way in.
-struct Recode {
-  int from, to;
-  int64_t width;
-};
 
 void RecodeSlot(const Recode& rc, const char* src, char* dst, std::vector<float>* wide) {
   wide->resize(rc.width);
@@ -704,20 +803,25 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
       SavedShard in;
       in.f = std::fopen(path.c_str(), "rb");
       if (!in.f) return table + "cannot read " + path + ": " + std::strerror(errno);
-      FileHeader h{};
+      RecordsHeader saved_records{};  // a records-layout shard's (a disk tier's clone)
+      FileHeader& h = saved_records.file;
       bool ok = std::fread(&h, kHeaderBytesV1, 1, in.f) == 1;
       const bool v1 = ok && std::memcmp(h.magic, kMagicV1, 8) == 0;
       const bool v2 = ok && std::memcmp(h.magic, kMagicV2, 8) == 0;
+      const bool records = ok && std::memcmp(h.magic, kRecordsMagic, 8) == 0;
       const size_t header_bytes = v1 ? kHeaderBytesV1 : v2 ? kHeaderBytesV2 : sizeof(FileHeader);
       if (v1) {
         h.placement = RowPlacement::kContiguous;
         h.stride = 1;
       } else {
-        ok = ok && (v2 || std::memcmp(h.magic, kMagic, 8) == 0) &&
+        ok = ok && (v2 || records || std::memcmp(h.magic, kMagic, 8) == 0) &&
              std::fread(&h.placement, header_bytes - kHeaderBytesV1, 1, in.f) == 1;
       }
+      if (records)
+        ok = ok && std::fread(&saved_records.record_bytes, sizeof(RecordsHeader) - sizeof(FileHeader), 1, in.f) == 1;
       if (v1 || v2) h.storage = hetu::storage::kF32;
       if (!ok) return table + path + " is not a saved shard";
+      std::string why;  // a failed read's line
       if (h.storage < 0 || h.storage >= hetu::storage::kNumTypes || (h.dense && h.storage != hetu::storage::kF32))
         return table + path + " names an unknown storage type " + std::to_string(h.storage);
       if (h.rows != spec_.rows() || h.width != w || h.dense != dense() || h.optim_kind != cfg_.kind)
@@ -745,7 +849,14 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
       const long state_at = values_at + saved_rows * saved_row_bytes;
       const long steps_at = state_at + units * hetu::optim::state_width(cfg_.kind, unit_width) * float_bytes;
       const long versions_at = steps_at + units * int_bytes;
-      const long end = versions_at + units * int_bytes;
+      // A records-layout shard: its records (a sparse shard's, of Save's rows and state) to the end.
+      const long record_bytes = saved_row_bytes + unit_state_width_ * float_bytes + 2 * int_bytes + 8;
+      if (records && (h.dense || saved_records.record_bytes != record_bytes ||
+                      saved_records.records_at < static_cast<long>(sizeof(RecordsHeader)) + (saved_rows + 63) / 64 * 8))
+        return table + path + " has a damaged header (records of " + std::to_string(saved_records.record_bytes) +
+               " bytes from byte " + std::to_string(saved_records.records_at) + ", this table's are " +
+               std::to_string(record_bytes) + " bytes)";
+      const long end = records ? saved_records.records_at + saved_rows * record_bytes : versions_at + units * int_bytes;
       if (std::fseek(in.f, 0, SEEK_END) != 0) return table + "cannot seek in " + path;
       const long size = std::ftell(in.f);
       if (size < end)
@@ -795,21 +906,37 @@ std::string TableShard::LoadFiles(const std::string& dir, int64_t* bytes_read) {
         }
         if (n == 0) continue;
         const Recode recode{static_cast<int>(h.storage), storage_, w};
-        if (copy && on_disk())
-          ok = LoadOnDisk(in.f, values_at, state_at, steps_at, versions_at, saved_row_bytes, from, k, ja, jb,
-                          h.storage == storage_ ? nullptr : &recode, &loaded_most);
-        else if (copy)
+        const Recode* recoding = h.storage == storage_ ? nullptr : &recode;
+        if (copy && records) {
+          why = LoadRecords(in.f, path, saved_records, from, k, ja, jb, recoding, &loaded_most);
+        } else if (copy && on_disk()) {
+          why = LoadOnDisk(from, k, ja, jb, [&](int64_t ka, int64_t kb, int64_t s0, LineChunk* rows) {
+            const bool read =
+                CopySlots(in.f, values_at, saved_row_bytes, from, k, ka, kb, placement_, rank_, rows->values.data(),
+                          recoding, s0) &&
+                CopySlots(in.f, state_at, sw * sizeof(float), from, k, ka, kb, placement_, rank_,
+                          reinterpret_cast<char*>(rows->state.data()), nullptr, s0) &&
+                CopyCounters(in.f, steps_at, versions_at, from, k, ka, kb, placement_, rank_,
+                             [&](int64_t slot, int64_t step, int64_t version) {
+                               rows->steps[slot - s0] = step;
+                               rows->versions[slot - s0] = version;
+                             });
+            return read ? std::string() : "reading " + path + " failed";
+          }, &loaded_most);
+        } else if (copy) {
           ok = CopySlots(in.f, values_at, saved_row_bytes, from, k, ja, jb, placement_, rank_, values_.data(),
-                         h.storage == storage_ ? nullptr : &recode) &&
+                         recoding) &&
                CopySlots(in.f, state_at, sw * float_bytes, from, k, ja, jb, placement_, rank_,
                          reinterpret_cast<char*>(state_.data())) &&
                CopyCounters(in.f, steps_at, versions_at, from, k, ja, jb, placement_, rank_,
                             [&](int64_t u, int64_t step, int64_t version) { counters_.Load(u, step, version); });
+        }
       }
-      if (!ok) {
-        if (!copy) return table + "reading " + path + " failed";
+      if (!ok || !why.empty()) {
+        if (why.empty()) why = "reading " + path + " failed";
+        if (!copy) return table + why;
         Reset();  // some rows may be read already: never leave a half-loaded shard
-        return table + "reading " + path + " failed; the shard is back at its initial values";
+        return table + why + "; the shard is back at its initial values";
       }
       covered += n;
     }
@@ -1100,12 +1227,7 @@ void TableShard::UnpackLine(int64_t line, const char* in) {
 }
 
 void TableShard::DrawLine(int64_t line, int64_t slot) {
-  const int64_t w = width(), row = placement_.Row(rank_, slot);
-  std::vector<float> wide(storage_ == hetu::storage::kF32 ? 0 : w);
-  float* out = wide.empty() ? reinterpret_cast<float*>(&values_[line * row_bytes_]) : wide.data();
-  hetu::rng::fill_rows(spec_.init_kind(), spec_.init_a(), spec_.init_b(), spec_.seed(), spec_.stream(), row, row + 1, w,
-                       out);
-  if (!wide.empty()) hetu::storage::narrow_row(storage_, out, &values_[line * row_bytes_], w);
+  DrawRow(InitializerOf(spec_), storage_, placement_.Row(rank_, slot), width(), &values_[line * row_bytes_]);
   std::fill(&state_[line * unit_state_width_], &state_[line * unit_state_width_] + unit_state_width_, 0.0f);
   counters_.Load(line, 0, 0);
 }
@@ -1136,22 +1258,40 @@ void TableShard::GrowLines(int64_t lines) {
   cache_->Grow(lines);
 }
 
+std::string TableShard::WriteLines(const int64_t* lines, const int64_t* slots, int64_t n) {
+  const int64_t payload = file_->payload();
+  std::vector<char> buffer(n * payload);
+  std::vector<char*> at(n);
+  for (int64_t j = 0; j < n; ++j) {
+    at[j] = buffer.data() + j * payload;
+    PackLine(lines[j], at[j]);
+  }
+  return file_->Write(slots, n, at.data());
+}
+
+std::string TableShard::WriteBackLines(int64_t from) {
+  // A chunk of lines at a time: the buffer stays bounded however large the cache.
+  constexpr int64_t kChunk = int64_t(1) << 14;
+  std::vector<int64_t> lines, slots;
+  for (int64_t line = from; line < lines_; ++line) {
+    if (cache_->slot_of(line) >= 0 && cache_->dirty(line)) {
+      lines.push_back(line);
+      slots.push_back(cache_->slot_of(line));
+    }
+    if (static_cast<int64_t>(lines.size()) < kChunk && line + 1 < lines_) continue;
+    const std::string error = WriteLines(lines.data(), slots.data(), static_cast<int64_t>(lines.size()));
+    if (!error.empty()) return error;
+    for (int64_t written : lines) cache_->Clean(written);
+    lines.clear();
+    slots.clear();
+  }
+  return "";
+}
+
 void TableShard::ShrinkLines() {
   // The lines past the cache's size leave: dirty ones are written back first (an error leaves
   // the cache grown, and this request fails).
-  std::vector<int64_t> records;
-  std::vector<char> buffer;
-  std::vector<char*> at;
-  const int64_t payload = file_->payload();
-  for (int64_t line = asked_lines_; line < lines_; ++line)
-    if (cache_->slot_of(line) >= 0 && cache_->dirty(line)) records.push_back(line);
-  buffer.resize(records.size() * payload);
-  for (size_t j = 0; j < records.size(); ++j) {
-    at.push_back(buffer.data() + j * payload);
-    PackLine(records[j], at[j]);
-    records[j] = cache_->slot_of(records[j]);
-  }
-  const std::string error = file_->Write(records.data(), static_cast<int64_t>(records.size()), at.data());
+  const std::string error = WriteBackLines(asked_lines_);
   if (!error.empty()) throw std::runtime_error(error);
   for (int64_t line = asked_lines_; line < lines_; ++line) cache_->Drop(line);
   cache_->Shrink(asked_lines_);
@@ -1210,28 +1350,20 @@ void TableShard::StageSlots(const int64_t* slots, int64_t n, bool dirty, std::ve
     }
     throw std::runtime_error(error);
   };
+  std::vector<int64_t> ids, records;
+  for (const Evicted& e : evicted) {
+    if (!e.dirty) continue;
+    ids.push_back(e.line);
+    records.push_back(e.slot);
+  }
+  const std::string written = WriteLines(ids.data(), records.data(), static_cast<int64_t>(ids.size()));
+  if (!written.empty()) undo(written, true);
+  // Missing rows: read those ever written, draw the others.
   const int64_t payload = file_->payload();
   std::vector<char> buffer;
   std::vector<char*> at;
-  std::vector<int64_t> ids;
-  for (const Evicted& e : evicted)
-    if (e.dirty) ids.push_back(e.line);
-  if (!ids.empty()) {
-    buffer.resize(ids.size() * payload);
-    at.resize(ids.size());
-    for (size_t j = 0; j < ids.size(); ++j) {
-      at[j] = buffer.data() + j * payload;
-      PackLine(ids[j], at[j]);
-    }
-    std::vector<int64_t> records;
-    for (const Evicted& e : evicted)
-      if (e.dirty) records.push_back(e.slot);
-    const std::string error = file_->Write(records.data(), static_cast<int64_t>(records.size()), at.data());
-    if (!error.empty()) undo(error, true);
-  }
-  // Missing rows: read those ever written, draw the others.
   ids.clear();
-  std::vector<int64_t> records;
+  records.clear();
   for (int64_t line : filled) {
     const int64_t slot = cache.slot_of(line);
     if (file_->written(slot)) {
@@ -1291,14 +1423,12 @@ void TableShard::ForSlotChunks(bool dirty, Fn&& fn) const {
   }
 }
 
-bool TableShard::LoadOnDisk(FILE* f, long values_at, long state_at, long steps_at, long versions_at,
-                            long saved_row_bytes, const RowPlacement& from, int k, int64_t ja, int64_t jb,
-                            const void* recode_ptr, std::pair<int64_t, int64_t>* most) {
+template <typename Fill>
+std::string TableShard::LoadOnDisk(const RowPlacement& from, int k, int64_t ja, int64_t jb, Fill&& fill,
+                                   std::pair<int64_t, int64_t>* most) {
   // Saved slots [ja, jb) of file k, a chunk of this shard's slots at a time: the chunk is staged,
-  // copied out of its lines, the file's rows copied over it, and copied back (dirty).
-  if (ja >= jb) return true;
-  const Recode* recode = static_cast<const Recode*>(recode_ptr);
-  const int64_t sw = unit_state_width_;
+  // copied out of its lines, the file's rows copied over it (fill), and copied back (dirty).
+  if (ja >= jb) return "";
   const int64_t first = from.First(k), stride = from.Stride();
   const int64_t row_a = from.Row(k, ja), row_b = from.Row(k, jb - 1);
   const int64_t sa = std::max<int64_t>(0, CeilDiv(row_a - disk_slot_.first, disk_slot_.stride));
@@ -1316,24 +1446,117 @@ bool TableShard::LoadOnDisk(FILE* f, long values_at, long state_at, long steps_a
     BeginRequest();
     StageSlots(slots.data(), m, true, &lines);
     CopyOutLines(lines.data(), m, &rows);
-    const bool ok =
-        CopySlots(f, values_at, saved_row_bytes, from, k, ka, kb, placement_, rank_, rows.values.data(), recode,
-                  s0) &&
-        CopySlots(f, state_at, sw * sizeof(float), from, k, ka, kb, placement_, rank_,
-                  reinterpret_cast<char*>(rows.state.data()), nullptr, s0) &&
-        CopyCounters(f, steps_at, versions_at, from, k, ka, kb, placement_, rank_,
-                     [&](int64_t slot, int64_t step, int64_t version) {
-                       rows.steps[slot - s0] = step;
-                       rows.versions[slot - s0] = version;
-                     });
-    if (!ok) return false;
+    const std::string error = fill(ka, kb, s0, &rows);
+    if (!error.empty()) return error;
     CopyInLines(lines.data(), m, rows);
     for (int64_t j = 0; j < m; ++j) {
       most->first = std::max(most->first, rows.steps[j]);
       most->second = std::max(most->second, rows.versions[j]);
     }
   }
-  return true;
+  return "";
+}
+
+namespace {
+
+// A saved record's payload (`saved_row_bytes` of row, `sw` floats of state, step and version)
+// into a shard's row (recoded to the table's storage type with `recode`), state and counters.
+void DecodeRecord(const char* payload, int64_t saved_row_bytes, const Recode* recode, int64_t sw, char* row,
+                  float* state, int64_t* step, int64_t* version, std::vector<float>* wide) {
+  if (recode) RecodeSlot(*recode, payload, row, wide);
+  else std::memcpy(row, payload, saved_row_bytes);
+  if (sw) std::memcpy(state, payload + saved_row_bytes, sw * sizeof(float));
+  std::memcpy(step, payload + saved_row_bytes + sw * sizeof(float), 8);
+  std::memcpy(version, payload + saved_row_bytes + sw * sizeof(float) + 8, 8);
+}
+
+// put(row, payload) for the records of saved slots [ja, jb) of shard k (placed by `from`) whose
+// rows server `rank` holds under `to`: a record written is checked by the tier's hash (RowFile::
+// Sealed) and fails in one line naming the file and the record; one never written is drawn as
+// the saving tier would have drawn it (with `draw`; skipped without). "" or the error.
+template <typename Put>
+std::string ReadRecords(FILE* f, const std::string& path, const RecordsHeader& h, const std::vector<uint64_t>& written,
+                        const RowPlacement& from, int k, int64_t ja, int64_t jb, const RowPlacement& to, int rank,
+                        bool draw, Put&& put) {
+  const int64_t rb = h.record_bytes, payload = rb - 8;
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / rb);
+  std::vector<char> buffer(std::min(chunk, std::max<int64_t>(0, jb - ja)) * rb), drawn(payload, 0);
+  for (int64_t j0 = ja; j0 < jb; j0 += chunk) {
+    const int64_t m = std::min(chunk, jb - j0);
+    if (!ReadAt(f, static_cast<long>(h.records_at + j0 * rb), buffer.data(), m * rb))
+      return "reading records " + std::to_string(j0) + " to " + std::to_string(j0 + m - 1) + " of " + path + " failed";
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t slot = j0 + j, row = from.Row(k, slot);
+      if (!to.Holds(rank, row)) continue;
+      const char* record = buffer.data() + j * rb;
+      if ((written[slot >> 6] >> (slot & 63)) & 1) {
+        if (!RowFile::Sealed(record, payload, slot))
+          return "record " + std::to_string(slot) + " of " + path + " is damaged: its check does not match";
+        put(row, record);
+      } else if (draw) {
+        DrawRow(h.init, static_cast<int>(h.file.storage), row, h.file.width, drawn.data());  // the rest stays 0
+        put(row, drawn.data());
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string TableShard::LoadRecords(FILE* f, const std::string& path, const RecordsHeader& h,
+                                    const RowPlacement& from, int k, int64_t ja, int64_t jb, const Recode* recode,
+                                    std::pair<int64_t, int64_t>* most) {
+  const int64_t sw = unit_state_width_, saved_rows = from.Rows(k);
+  const int64_t saved_row_bytes = h.record_bytes - 8 - 16 - sw * int64_t(sizeof(float));
+  std::vector<uint64_t> written((saved_rows + 63) / 64);
+  if (!ReadAt(f, sizeof(RecordsHeader), written.data(), written.size() * 8)) return "reading " + path + " failed";
+  std::vector<float> wide;  // a recoded row
+  const SlotIndex slot = placement_.Slots(rank_);
+  std::string no_clone;
+  // Onto a disk tier holding the same slots in records of the same form, drawing unwritten rows
+  // the same way: the records are cloned back into the row file (no copy), then each is read
+  // once to check it (a damaged one fails the load, and the caller clears the row file again).
+  if (on_disk() && !recode && from.kind() == placement_.kind() && from.num_servers() == placement_.num_servers() &&
+      k == rank_ && h.record_bytes == file_->record_bytes() && h.init == InitializerOf(spec_)) {
+    Reset();  // the lines and the row file's records give way to the clone
+    const int cloned = file_->CloneFrom(fileno(f), h.records_at, written);
+    if (cloned == 0) {
+      const std::string error =
+          ReadRecords(f, path, h, written, from, k, 0, saved_rows, from, k, false, [&](int64_t, const char* record) {
+            int64_t counts[2];  // a step and a version: the counters' bounds must cover them
+            std::memcpy(counts, record + saved_row_bytes + sw * sizeof(float), 16);
+            *most = {std::max(most->first, counts[0]), std::max(most->second, counts[1])};
+          });
+      if (!error.empty()) return error;
+      t_cloned_bytes += saved_rows * h.record_bytes;
+      LogLine() << "table '" << name_ << "', server " << rank_ << ": loaded " << path << " by cloning it into "
+                << file_->path() << ": " << Amount(saved_rows * h.record_bytes)
+                << " shared, every record read once to check it";
+      return "";
+    }
+    if (!RowFile::CannotClone(cloned))
+      return "cloning the records of " + path + " into " + file_->path() + " failed: " + std::strerror(cloned);
+    LogLine() << "table '" << name_ << "', server " << rank_ << ": loading " << path
+              << " by reading its records (no clone into " << file_->path() << ": " << std::strerror(cloned) << ")";
+  }
+  if (on_disk())
+    return LoadOnDisk(from, k, ja, jb, [&](int64_t ka, int64_t kb, int64_t s0, LineChunk* rows) {
+      return ReadRecords(f, path, h, written, from, k, ka, kb, placement_, rank_, true,
+                         [&](int64_t row, const char* payload) {
+                           const int64_t j = slot(row) - s0;
+                           DecodeRecord(payload, saved_row_bytes, recode, sw, rows->values.data() + j * row_bytes_,
+                                        rows->state.data() + j * sw, &rows->steps[j], &rows->versions[j], &wide);
+                         });
+    }, most);
+  return ReadRecords(f, path, h, written, from, k, ja, jb, placement_, rank_, true,
+                     [&](int64_t row, const char* payload) {
+                       const int64_t u = slot(row);
+                       int64_t step, version;
+                       DecodeRecord(payload, saved_row_bytes, recode, sw, &values_[u * row_bytes_], &state_[u * sw],
+                                    &step, &version, &wide);
+                       counters_.Load(u, step, version);
+                     });
 }
 
 }  // namespace ps

@@ -27,6 +27,11 @@
 
 namespace ps {
 
+// A saved shard's header, a records-layout shard's, and a recoding of saved rows (table.cc).
+struct FileHeader;
+struct RecordsHeader;
+struct Recode;
+
 class TableShard {
  public:
   TableShard(const std::string& name, const pb::TableSpec& spec, int server_rank, int num_servers);
@@ -98,13 +103,18 @@ class TableShard {
 
   // Back to the initializer's values, zero optimizer state, steps, versions.
   void Reset();
-  // One file per shard; "" on success, else the error.
+  // One file per shard; "" on success, else the error. A disk tier's shard, where the folder is
+  // on the row file's file system and it can clone files (reflinks: XFS, btrfs), is the row
+  // file's records cloned after a header and their written bits (RecordsHeader): the blocks are
+  // shared, not copied; elsewhere it is written whole. A line on the server says which.
   std::string Save(const std::string& dir, int rank, int num_servers) const;
   // This shard's rows from the files of a Save by any number of servers, under either placement
   // (each file read only where it may hold rows of this shard); "" on success, else the error.
   // Every file is checked before anything is read, then rows are read straight into the shard,
   // so a load needs no second copy of the table. Should a read fail after the checks (an I/O
-  // error), the shard is reset to its initial values rather than left half loaded.
+  // error, a damaged record), the shard is reset to its initial values rather than left half
+  // loaded. A records-layout shard onto a disk tier holding the same slots is cloned back into
+  // the row file where the file system allows.
   std::string Load(const std::string& dir);
 
   // Incremental checkpoints. A save or load given a mark (>= 0) records it with every row's
@@ -123,6 +133,7 @@ class TableShard {
   // (files opened to closed, the fsync included): a server's checkpoint rates.
   struct CheckpointCounters {
     int64_t saves = 0, saved_bytes = 0, loads = 0, loaded_bytes = 0;
+    int64_t cloned_bytes = 0;  // shared with a row file by a clone (saves and loads), not moved
     double save_seconds = 0, load_seconds = 0;
   };
   static CheckpointCounters Checkpoints();
@@ -172,12 +183,25 @@ class TableShard {
   void CopyInLines(const int64_t* lines, int64_t m, const LineChunk& chunk);
   template <typename Fn>
   void ForSlotChunks(bool dirty, Fn&& fn) const;
-  std::string SaveFileOnDisk(FILE* f, int64_t* bytes) const;
+  // A disk tier's save after header h: every dirty line written back, then the row file cloned
+  // (SaveRecords) or, where it cannot be, Save's layout written whole; `how` says which.
+  std::string SaveFileOnDisk(FILE* f, const FileHeader& h, int64_t* bytes, std::string* how) const;
+  int SaveRecords(FILE* f, const FileHeader& h, int64_t* bytes) const;  // 0 or the errno
+  // Disk tier: lines[0..n) written as records slots[0..n); every dirty line from `from` on
+  // written back (clean after). "" or the error.
+  std::string WriteLines(const int64_t* lines, const int64_t* slots, int64_t n);
+  std::string WriteBackLines(int64_t from = 0);
   void CatchUpUnits(const int64_t* units, int64_t n, int64_t target, bool distinct);
-  // LoadFiles' copy of saved slots [ja, jb) of file k on a disk tier (recode: a Recode or null).
-  bool LoadOnDisk(FILE* f, long values_at, long state_at, long steps_at, long versions_at, long saved_row_bytes,
-                  const RowPlacement& from, int k, int64_t ja, int64_t jb, const void* recode,
-                  std::pair<int64_t, int64_t>* most);
+  // LoadFiles' copy of saved slots [ja, jb) of file k on a disk tier: a chunk of this shard's
+  // slots at a time, fill(ka, kb, first slot, chunk) puts the file's slots [ka, kb) among them
+  // ("" or the error); `most` grows to the greatest step and version loaded.
+  template <typename Fill>
+  std::string LoadOnDisk(const RowPlacement& from, int k, int64_t ja, int64_t jb, Fill&& fill,
+                         std::pair<int64_t, int64_t>* most);
+  // LoadFiles' copy of saved slots [ja, jb) of records-layout file k (recode: null when the
+  // storage types match): cloned into a disk tier's row file where it can be, else read.
+  std::string LoadRecords(FILE* f, const std::string& path, const RecordsHeader& h, const RowPlacement& from, int k,
+                          int64_t ja, int64_t jb, const Recode* recode, std::pair<int64_t, int64_t>* most);
   // Rows are visited in key order but scattered in memory: start loading a few ahead.
   static constexpr int64_t kAhead = 8;
   static constexpr int64_t kParallelRows = 4096;  // below this a thread costs more than it saves

@@ -5,7 +5,9 @@ or a dense table's whole shards), and the dynamic tables' key directories (dynam
 
 The servers' files (ps-lite/src/table.cc): a shard is a header (FileHeader, magic HETUPS03), then
 its rows lo, lo + stride, ... below hi in the table's storage type, then optimizer state, step
-counts and versions; a delta is a header (DeltaHeader, HETUPD01), then the changed rows' ids
+counts and versions; or, saved by a disk tier that cloned its row file (RecordsHeader, HETUPR01),
+a header, the records' written bits and, from `records_at`, a record per row (the row, its state,
+step and version, and a check), a row never written being the initializer's; a delta is a header (DeltaHeader, HETUPD01), then the changed rows' ids
 (int64), their values, state and counts."""
 import glob
 import os
@@ -23,7 +25,9 @@ SHARD_HEADER = np.dtype([("magic", "S8")] + [(k, "<i8") for k in (
     "storage")])
 DELTA_HEADER = np.dtype([("magic", "S8")] + [(k, "<i8") for k in (
     "rows", "width", "optim_kind", "unit_state_width", "storage", "applied", "count", "counter_bytes", "base")])
-SHARD_MAGIC, DELTA_MAGIC = b"HETUPS03", b"HETUPD01"
+RECORDS_HEADER = np.dtype(SHARD_HEADER.descr + [("record_bytes", "<i8"), ("records_at", "<i8"), (
+    "init_kind", "<i8"), ("init_a", "<f8"), ("init_b", "<f8"), ("seed", "<u8"), ("stream", "<u8")])
+SHARD_MAGIC, DELTA_MAGIC, RECORDS_MAGIC = b"HETUPS03", b"HETUPD01", b"HETUPR01"
 
 
 def to_fp32(rows, storage):
@@ -62,32 +66,74 @@ def read_shards(folder, name, with_state=False):
     table, storage, state, steps = None, None, None, None
     for k, path in sorted(_files(folder, name, ".shard").items()):
         header = np.fromfile(path, SHARD_HEADER, count=1)
-        if len(header) != 1 or header["magic"][0] != SHARD_MAGIC:
-            raise ValueError(f"{path} is not a saved shard of this version (magic {SHARD_MAGIC.decode()})")
-        h = {key: int(header[key][0]) for key in SHARD_HEADER.names[1:]}
+        records = len(header) == 1 and header["magic"][0] == RECORDS_MAGIC
+        if len(header) != 1 or header["magic"][0] not in (SHARD_MAGIC, RECORDS_MAGIC):
+            raise ValueError(f"{path} is not a saved shard of this version (magic {SHARD_MAGIC.decode()} or "
+                             f"{RECORDS_MAGIC.decode()})")
+        if records:
+            header = np.fromfile(path, RECORDS_HEADER, count=1)
+        h = {key: header[key][0].item() for key in header.dtype.names[1:]}
         storage = STORAGE_TYPES[h["storage"]]
         if table is None:
             table = np.zeros((h["rows"], h["width"]), STORED_AS[storage])
+            if with_state:
+                state = np.zeros((h["rows"], h["unit_state_width"]), np.float32)
+                steps = np.zeros(h["rows"], np.int64)
         at = np.arange(h["lo"], h["hi"], h["stride"])
-        values = np.fromfile(path, table.dtype, count=len(at) * h["width"], offset=SHARD_HEADER.itemsize)
-        if values.size != len(at) * h["width"]:
-            raise ValueError(f"{path} is truncated: {values.size} of {len(at) * h['width']} values")
-        table[at] = values.reshape(len(at), h["width"])
+        read = _read_records if records else _read_sections
+        values, saved_state, saved_steps = read(path, h, at, table.dtype, storage, with_state)
+        table[at] = values
         if with_state:
-            sw = h["unit_state_width"]
-            if state is None:
-                state, steps = np.zeros((h["rows"], sw), np.float32), np.zeros(h["rows"], np.int64)
-            offset = SHARD_HEADER.itemsize + values.nbytes
-            saved_state = np.fromfile(path, np.float32, count=len(at) * sw, offset=offset)
-            saved_steps = np.fromfile(path, np.int64, count=len(at), offset=offset + saved_state.nbytes)
-            if saved_state.size != len(at) * sw or saved_steps.size != len(at):
-                raise ValueError(f"{path} is truncated: its optimizer state or step counts are missing")
-            state[at], steps[at] = saved_state.reshape(len(at), sw), saved_steps
+            state[at], steps[at] = saved_state, saved_steps
     if table is None:
         raise ValueError(f"{folder}: no saved shard of table {name}")
     if with_state:
         return table, storage, state, steps
     return table, storage
+
+
+def _read_sections(path, h, at, dtype, storage, with_state):
+    """(values, state, steps) of the rows `at` of a HETUPS03 shard (state, steps: with_state)."""
+    values = np.fromfile(path, dtype, count=len(at) * h["width"], offset=SHARD_HEADER.itemsize)
+    if values.size != len(at) * h["width"]:
+        raise ValueError(f"{path} is truncated: {values.size} of {len(at) * h['width']} values")
+    if not with_state:
+        return values.reshape(len(at), h["width"]), None, None
+    sw = h["unit_state_width"]
+    offset = SHARD_HEADER.itemsize + values.nbytes
+    state = np.fromfile(path, np.float32, count=len(at) * sw, offset=offset)
+    steps = np.fromfile(path, np.int64, count=len(at), offset=offset + state.nbytes)
+    if state.size != len(at) * sw or steps.size != len(at):
+        raise ValueError(f"{path} is truncated: its optimizer state or step counts are missing")
+    return values.reshape(len(at), h["width"]), state.reshape(len(at), sw), steps
+
+
+def _read_records(path, h, at, dtype, storage, with_state):
+    """(values, state, steps) of the rows `at` of a HETUPR01 shard: its records, and the rows never
+    written drawn by the saved initializer and rounded to the storage type, as the tier draws them."""
+    from .. import _C
+    n, width, sw = len(at), h["width"], h["unit_state_width"]
+    row_bytes = width * np.dtype(dtype).itemsize
+    if h["record_bytes"] != row_bytes + sw * 4 + 24:
+        raise ValueError(f"{path} has a damaged header: records of {h['record_bytes']} bytes")
+    words = np.fromfile(path, "<u8", count=(n + 63) // 64, offset=RECORDS_HEADER.itemsize)
+    written = np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
+    raw = np.fromfile(path, np.uint8, count=n * h["record_bytes"], offset=h["records_at"])
+    if raw.size != n * h["record_bytes"] or written.size != n:
+        raise ValueError(f"{path} is truncated: {raw.size} of {n * h['record_bytes']} bytes of records")
+    raw = raw.reshape(n, h["record_bytes"])
+    values = raw[:, :row_bytes].copy().view(dtype)
+    drawn = np.empty((int((~written).sum()), width), np.float32)
+    _C.init_fill_rows(h["init_kind"], h["init_a"], h["init_b"], h["seed"], h["stream"],
+                      at[~written].astype(np.int64), drawn)
+    _C.round_to_storage(drawn, STORAGE_TYPES.index(storage))
+    values[~written] = (drawn.view(np.uint32) >> 16).astype(np.uint16) if storage == "bf16" else drawn.astype(dtype)
+    if not with_state:
+        return values, None, None
+    state = raw[:, row_bytes:row_bytes + sw * 4].copy().view(np.float32)
+    steps = raw[:, row_bytes + sw * 4:row_bytes + sw * 4 + 8].copy().view(np.int64).ravel()
+    state[~written], steps[~written] = 0, 0
+    return values, state, steps
 
 
 def apply_delta(folder, name, table, state=None):
