@@ -51,8 +51,8 @@ class RowFile {
   // the row file and a checkpoint instead of copying them. Each returns 0 or the errno;
   // CannotClone(errno) says the file system cannot clone these files (another file system, or
   // one without reflinks: ext4, tmpfs) and the caller copies the records instead.
-  // The records, synced to disk first, into dest_fd from byte `at` on (a multiple of its file
-  // system's block; dest_fd ends at `at`, and grows by the records).
+  // The records into dest_fd from byte `at` on (a multiple of its file system's block; dest_fd
+  // ends at or before `at`, and grows to hold the records), then synced to disk.
   int CloneTo(int dest_fd, int64_t at) const;
   // The records become those of src_fd from byte `at` on (to its end), with these written bits;
   // on an error the file is cleared (no record written).

@@ -46,7 +46,7 @@ struct Initializer {
 
 // A disk-tier shard saved by cloning its row file (docs/design.md, "Disk tier"): a FileHeader
 // (magic kRecordsMagic; the rows as a version 3 file names them), this header's own fields, the
-// records' written bits (a uint64 word per 64 records), zeros up to `records_at`, then the row
+// records' written bits (a uint64 word per 64 records), a hole up to `records_at`, then the row
 // file's records as the tier wrote them: payload (the row as stored, its state, step, version)
 // and the tier's hash of payload and slot. The records start at a multiple of the file system's
 // block, because a clone shares whole blocks; a record never written is a hole there and holds
@@ -618,10 +618,8 @@ std::string TableShard::SaveFileOnDisk(FILE* f, const FileHeader& h, int64_t* by
     return "";
   }
   if (!RowFile::CannotClone(cloned)) return std::string("writing the saved shard failed: ") + std::strerror(cloned);
-  // No clone here: Save's layout, written whole over what SaveRecords began.
-  if (std::fflush(f) != 0 || ::ftruncate(fileno(f), 0) != 0 || std::fseek(f, 0, SEEK_SET) != 0 ||
-      std::fwrite(&h, sizeof(h), 1, f) != 1)
-    return std::string("writing the saved shard failed: ") + std::strerror(errno);
+  // No clone here: Save's layout, written whole.
+  if (std::fwrite(&h, sizeof(h), 1, f) != 1) return std::string("writing the saved shard failed: ") + std::strerror(errno);
   *bytes = sizeof(h);
   // Save's sections, a staged chunk of slots at a time, each chunk's part of every section
   // written at its place in the file: a save holds no more of the table than a chunk.
@@ -658,22 +656,21 @@ int TableShard::SaveRecords(FILE* f, const FileHeader& h, int64_t* bytes) const 
   std::memcpy(r.file.magic, kRecordsMagic, 8);
   r.record_bytes = file_->record_bytes();
   r.init = InitializerOf(spec_);
-  // The records start at a block of the checkpoint's file system: a clone shares whole blocks.
+  // The records start at a block of the checkpoint's file system (a clone shares whole blocks),
+  // and are cloned first: where the file system cannot, nothing was written.
   struct statvfs fs {};
   const int64_t block = ::fstatvfs(fileno(f), &fs) == 0 ? std::max<int64_t>(4096, fs.f_bsize) : 4096;
   const std::vector<uint64_t>& written = file_->written_words();
-  const int64_t prefix = sizeof(r) + static_cast<int64_t>(written.size()) * 8;
-  r.records_at = CeilDiv(prefix, block) * block;
-  const std::vector<char> zeros(r.records_at - prefix, 0);
+  r.records_at = CeilDiv(sizeof(r) + static_cast<int64_t>(written.size()) * 8, block) * block;
+  if (const int error = file_->CloneTo(fileno(f), r.records_at)) return error;
+  t_cloned_bytes += rows_ * r.record_bytes;
+  // The header and the written bits before them; the rest of their block stays a hole (zeros).
   errno = 0;
   if (std::fwrite(&r, sizeof(r), 1, f) != 1 ||
-      (!written.empty() && std::fwrite(written.data(), written.size() * 8, 1, f) != 1) ||
-      (!zeros.empty() && std::fwrite(zeros.data(), zeros.size(), 1, f) != 1) || std::fflush(f) != 0)
-    return errno ? errno : EIO;
-  *bytes = r.records_at;
-  const int error = file_->CloneTo(fileno(f), r.records_at);
-  if (error == 0) t_cloned_bytes += rows_ * r.record_bytes;
-  return error;
+      (!written.empty() && std::fwrite(written.data(), written.size() * 8, 1, f) != 1) || std::fflush(f) != 0)
+    return errno && !RowFile::CannotClone(errno) ? errno : EIO;
+  *bytes = static_cast<int64_t>(sizeof(r) + written.size() * 8);
+  return 0;
 }
 
 namespace {
