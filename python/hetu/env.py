@@ -1,9 +1,9 @@
 """Every HETU_* environment variable hetu reads, in one table: its name, type, default and
 meaning, and who reads it (docs/usage.md, Environment variables, is this table). The Python code
 reads them through raw() and the accessors below, except hetu.threads (the launcher's worker
-shim runs its source as a standalone script, before hetu can be imported) and the launcher
-(hetu.launch), which sets most of them for the processes it starts. Those read by the C++
-extension and ps-lite are listed too (their reader says so)."""
+shim runs its source as a standalone script, before hetu can be imported). The launcher
+(hetu.launch) sets most of them for the processes it starts. Those read by the C++ extension and
+ps-lite are listed too (their reader says so)."""
 import dataclasses
 import os
 from pathlib import Path

@@ -23,6 +23,7 @@ from .processes import (Proc, describe_status, emit, is_running, kill_snapshot, 
 from .progress import STALL_TIMEOUT_VAR
 from .ssh import Ssh, remote_command
 from .watchdog import StallWatch
+from .. import env
 from ..threads import PROCS_VAR, oversubscribed, usable_cores
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
@@ -54,8 +55,8 @@ def checkpoint_roots(command: List[str], cwd: str) -> List[str]:
     HETU_CHECKPOINT_ROOT if set, else the command's --checkpoint and --resume. A server writes
     only into those, their .previous and their saves' .tmp-NAME.* folders beside them; none:
     any folder."""
-    if os.environ.get(CHECKPOINT_ROOT_VAR):
-        return [os.environ[CHECKPOINT_ROOT_VAR]]
+    if env.raw(CHECKPOINT_ROOT_VAR):
+        return [env.raw(CHECKPOINT_ROOT_VAR)]
     roots = []
     for i, arg in enumerate(command):
         flag, eq, value = arg.partition("=")
@@ -171,7 +172,7 @@ class Job:
 
     def launcher_argv(self, node: Node) -> List[str]:
         # HETU_LAUNCHER swaps in another scheduler/server module (tests, other PS builds).
-        module = os.environ.get("HETU_LAUNCHER", "hetu.launcher")
+        module = env.raw("HETU_LAUNCHER") or "hetu.launcher"
         return [node.python or sys.executable, "-m", module]
 
     def start_ps_process(self, node: Node, role: str, rank: Optional[int], env: Dict[str, str]):

@@ -22,6 +22,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from .. import env
+
 STALL_TIMEOUT_VAR = "HETU_STALL_TIMEOUT"
 REPORT_TAG = "hetu-progress"
 
@@ -69,7 +71,7 @@ def watch():
     if _state.monitor is not None:
         return
     try:
-        timeout = float(os.environ.get(STALL_TIMEOUT_VAR, "0"))
+        timeout = float(env.raw(STALL_TIMEOUT_VAR) or "0")
     except ValueError:
         return
     if timeout <= 0:
