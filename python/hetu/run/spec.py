@@ -50,8 +50,9 @@ class DataSpec:
         metavar="DIR|-")
     stream_format: str = option(
         "criteo", "--stream-format", "the stream's line format: criteo (the Kaggle train.txt layout), movielens "
-        "(ratings user item rating timestamp, '::' or tab separated; --users / --items side files), or schema:FILE "
-        "(a YAML schema of any delimited log)", metavar="criteo|movielens|schema:FILE")
+        "(ratings user item rating timestamp, '::' or tab separated; --users / --items side files), schema:FILE "
+        "(a YAML schema of any delimited log) or parquet:FILE (Parquet files, columns named by the same schema)",
+        metavar="criteo|movielens|schema:FILE|parquet:FILE")
     users: typing.Optional[str] = option(None, "--users", "--stream-format movielens: u.user / users.dat",
                                          metavar="FILE")
     items: typing.Optional[str] = option(None, "--items", "--stream-format movielens: u.item / movies.dat",
