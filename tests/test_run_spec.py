@@ -230,3 +230,16 @@ def test_a_checkpoint_from_before_the_spec_resumes_by_its_recorded_flags():
         run.parse(["--resume", "old", "--rows", "1000"], CATALOG, read_checkpoint=lambda folder: old)
     assert stop.value.lines == ["spec error: data.rows: --resume old: the checkpoint was trained with --rows 512, "
                                 "this run has --rows 1000"]
+
+
+def test_export_reads_the_model_and_data_from_the_checkpoints_spec():
+    """hetu.serve's export rebuilds the model from flat_record(run): the spec's fields under their
+    flags' names win over the flat keys written beside it; a record of before the spec keeps its own."""
+    spec = parse("--model", "dcn_criteo", "--embedding-size", "16", "--rows", "512", "--data-dir", "/data/x")
+    record = {"model": "wdl_criteo", "embedding_size": 8, "rows": 100, "architecture": None,
+              "spec": run.to_dict(spec)}
+    flat = run.flat_record(record)
+    assert (flat["model"], flat["embedding_size"], flat["rows"], flat["data_dir"]) == ("dcn_criteo", 16, 512, "/data/x")
+    assert "architecture" in flat and flat["spec"] == record["spec"]
+    old = {"model": "wdl_criteo", "embedding_size": 8}
+    assert run.flat_record(old) == old

@@ -3,7 +3,7 @@ setting of run_hetu.py / run_laia.py grouped by concern; its command-line flags 
 from it (build_parser, parse), a YAML file holds the same (--config, to_yaml), and validate() is
 the one place it is checked."""
 from .cli import build_parser, parse
-from .defaults import ModelDefaults, recommended, resolve, resume_fields, saved_values
+from .defaults import ModelDefaults, flat_record, recommended, resolve, resume_fields, saved_values
 from .files import from_dict, read_file, to_dict, to_yaml
 from .spec import (BY_DEST, BY_PATH, FIELDS, GROUPS, CheckpointSpec, ClusterSpec, DataSpec, ModelSpec, ModeSpec,
                    OptimizerSpec, OutputSpec, RunSpec, SequenceSpec, TablesSpec, ValidationSpec)

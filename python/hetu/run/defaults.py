@@ -84,6 +84,13 @@ def saved_values(run):
     return {BY_DEST[name].path: value for name, value in run.items() if name in BY_DEST}
 
 
+def flat_record(run):
+    """A checkpoint's run record with every field of its spec under its flag's name (model,
+    embedding_size, data_dir, ...): the spec, where the record holds one, wins over the flat keys
+    written beside it. What export and serving read the model and its data from."""
+    return {**run, **{BY_PATH[path].dest: value for path, value in saved_values(run).items()}}
+
+
 def inherit(spec, saved, given):
     """Sets the INHERITED fields not in `given` to the checkpoint's values; the paths set."""
     taken = [path for path in INHERITED if path not in given and path in saved]

@@ -26,6 +26,7 @@ import numpy as np
 from .. import checkpoint
 from ..data.keys import HASH_NAME
 from ..models import MODELS
+from ..run import flat_record
 from . import onnx_graph
 from .checkpoint_rows import STORED_AS, CheckpointChanged, CheckpointRows
 from .raw_columns import raw_columns
@@ -147,7 +148,7 @@ def export(checkpoint_dir, output_dir, consistent=False):
     (its run records an "architecture") is hetu.serve.sequences'."""
     where = f"checkpoint {checkpoint_dir}"
     saved = read_checkpoint(checkpoint_dir, consistent)
-    run = saved.meta.get("run") or {}
+    run = flat_record(saved.meta.get("run") or {})   # the run spec's fields, where it records one
     if not run.get("model"):
         raise ExportError(f"{where} records no run (model, data): it was not written by examples/ctr's training")
     if run.get("architecture"):
