@@ -12,6 +12,11 @@ Parts (--part, any of them):
   times; samples/s (the workers' summed epoch rates) and the ratio of medians, per dataset:
   synthetic Criteo (Zipf-skewed ids) and MovieLens-100K in time order (data/ml-100k, fetched
   when missing).
+- checkpoint: the cost of a full save of a disk-tier shard and of loading it back, on an XFS with
+  reflinks (the save clones the row file: its blocks are shared), on an XFS without them and on
+  the --work folder's own file system (the save writes the shard whole): seconds, and how much
+  the file system grew; one server holding --ckpt-rows rows of --embedding-size with AdaGrad,
+  every record written. The XFS file systems are loop-mounted images in --work (root, xfsprogs).
 - big: a table at least twice the host's memory (--big-scale 6 at width 128 in bf16 is MLPerf's
   Criteo 1TB table, 202,575,462 x 128 x 2 B = 51.9 GB), on disk with a --big-cache-mb cache per
   server, against the same job on a table of --small-scale that fits in memory; the servers'
@@ -19,6 +24,7 @@ Parts (--part, any of them):
 
     python bench/tiers.py --part disk speed
     python bench/tiers.py --part big --big-scale 6 --embedding-size 128 --dtype bf16
+    python bench/tiers.py --part checkpoint --ckpt-rows 2000000 --embedding-size 64
 
 Loopback on a shared machine measures CPU as much as the disk: compare the rows of one run.
 """
@@ -212,9 +218,98 @@ def big(args, work):
               f"{servers} | {tier_text(tiers)} |", flush=True)
 
 
+# ---- a checkpoint's cost: cloned or written ------------------------------------------------------
+
+CHECKPOINT_SCRIPT = r"""
+import json, os, sys, time
+import numpy as np
+from hetu.rows.servers import start_worker
+import hetu.ps as ps
+start_worker()
+A = json.loads(sys.argv[1])
+R, W = A["rows"], A["width"]
+t = ps.client().init_table("emb", R, W, init=("normal", 0.0, 0.1), seed=7, optimizer=("adagrad", {}), bsp=False,
+                           tier=ps.DiskTier(A["tier"], A["cache_mb"]))
+for b in range(0, R, 65536):   # every record written once
+    keys = np.arange(b, min(R, b + 65536), dtype=np.int64)
+    t.push(keys, np.full((len(keys), W), 0.5, np.float32), lr=0.01).wait()
+
+def used():
+    os.sync()
+    s = os.statvfs(A["tier"])
+    return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+def row_file_blocks():   # the save writes the cache's dirty rows back first: they grow the row file
+    return sum(e.stat().st_blocks * 512 for e in os.scandir(A["tier"]) if e.is_file())
+
+before, rows_before = used(), row_file_blocks()
+start = time.perf_counter()
+t.save(A["ckpt"]).wait()
+save = time.perf_counter() - start
+grown = used() - before - (row_file_blocks() - rows_before)
+t.clear().wait()
+start = time.perf_counter()
+t.load(A["ckpt"]).wait()
+load = time.perf_counter() - start
+print("CHECKPOINT " + json.dumps({"save": save, "load": load, "grown": grown}), flush=True)
+ps.finalize()
+"""
+
+
+def loop_xfs(work, name, reflink, size):
+    """An XFS (reflink=1 or 0) on a loop-mounted image of `size` bytes in `work`; its mount point."""
+    image, folder = os.path.join(work, f"{name}.img"), os.path.join(work, name)
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run(["mkfs.xfs", "-q", "-f", "-m", f"reflink={int(reflink)}", image], check=True)
+    os.makedirs(folder, exist_ok=True)
+    subprocess.run(["mount", "-o", "loop", image, folder], check=True)
+    return folder
+
+
+def checkpoint_cost(args, work):
+    record = args.embedding_size * 4 * 2 + 16 + 8   # the row, AdaGrad's state, step, version, check
+    table = args.ckpt_rows * record
+    script = os.path.join(work, "checkpoint_cost.py")
+    with open(script, "w") as f:
+        f.write(CHECKPOINT_SCRIPT)
+    print(f"\n### A full checkpoint of a disk-tier shard (what the file system grew by, less the row file's own "
+          f"growth from the dirty rows written back first): {args.ckpt_rows:,} rows x {args.embedding_size} fp32 "
+          f"with AdaGrad, {table / 2 ** 20:,.0f} MiB of records, one server, a {args.ckpt_cache_mb:g} MB cache\n")
+    print("| file system | the save | save s | load s | file system grew MiB | grew / records |")
+    print("|---|---|---|---|---|---|")
+    mounts = []
+    try:
+        places = []
+        if shutil.which("mkfs.xfs"):
+            for name, reflink in (("xfs-reflink", True), ("xfs-no-reflink", False)):
+                mounts.append(loop_xfs(work, name, reflink, 3 * table + (512 << 20)))
+                places.append((f"XFS, reflink={int(reflink)} (loop)", mounts[-1]))
+        kind = subprocess.run(["stat", "-f", "-c", "%T", work], capture_output=True, text=True).stdout.strip()
+        places.append((f"{kind or '?'} (--work's own)", os.path.join(work, "own")))
+        for label, folder in places:
+            tier, ckpt = os.path.join(folder, "rows"), os.path.join(folder, "ckpt")
+            os.makedirs(tier, exist_ok=True)
+            cfg = json.dumps({"rows": args.ckpt_rows, "width": args.embedding_size, "tier": tier, "ckpt": ckpt,
+                              "cache_mb": args.ckpt_cache_mb})
+            proc = subprocess.run([sys.executable, os.path.join(ROOT, "python/runner.py"), "-w", "1", "-s", "1",
+                                   "--timeout", str(args.timeout), sys.executable, script, cfg],
+                                  capture_output=True, text=True, timeout=args.timeout + 60)
+            found = re.search(r"CHECKPOINT (\{.*\})", proc.stdout)
+            how = re.search(r"saved \S+ (by cloning the row file|whole)", proc.stdout + proc.stderr)
+            if proc.returncode or not found:
+                sys.exit(f"checkpoint on {label} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            r = json.loads(found.group(1))
+            print(f"| {label} | {how.group(1) if how else '?'} | {r['save']:.2f} | {r['load']:.2f} | "
+                  f"{r['grown'] / 2 ** 20:,.1f} | {r['grown'] / table:.3f} |", flush=True)
+    finally:
+        for folder in mounts:
+            subprocess.run(["umount", folder], check=False)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", nargs="+", default=["disk", "speed"], choices=["disk", "speed", "big"])
+    p.add_argument("--part", nargs="+", default=["disk", "speed"], choices=["disk", "speed", "big", "checkpoint"])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--datasets", nargs="+", default=["criteo", "movielens"], choices=["criteo", "movielens"])
     p.add_argument("--scale", type=float, default=0.05, help="speed: synthetic Criteo's cardinality (1: 33.8M rows)")
@@ -234,6 +329,8 @@ def main():
     p.add_argument("--small-scale", type=float, default=0.5)
     p.add_argument("--big-cache-mb", type=float, default=1024.0)
     p.add_argument("--big-iterations", type=int, default=50)
+    p.add_argument("--ckpt-rows", type=int, default=1_000_000, help="checkpoint: the table's rows")
+    p.add_argument("--ckpt-cache-mb", type=float, default=64.0, help="checkpoint: the server's cache")
     p.add_argument("--record", type=int, default=176, help="disk: bytes of a record (a row of 16 fp32 with Adam)")
     p.add_argument("--disk-gib", type=float, default=2.0)
     p.add_argument("--disk-seconds", type=float, default=3.0)
@@ -255,6 +352,8 @@ def main():
             speed(args, work)
         if "big" in args.part:
             big(args, work)
+        if "checkpoint" in args.part:
+            checkpoint_cost(args, work)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
