@@ -2,7 +2,7 @@
 
 For every configuration (model x batch x embedding size x optimizer) the bench trains
 hetu.models' wdl_criteo / dcn_criteo / ncf_movielens in hetu, built as
-examples/ctr/train.py builds them (dataloader ops over in-memory arrays, MODELS[...], an
+hetu.run.training builds them (dataloader ops over in-memory arrays, MODELS[...], an
 ht.optim optimizer, ht.Executor({"train": [loss, train_op]}, ctx=..., seed=...), one process,
 no --comm: the tables live on the device), and the same architecture in PyTorch eager, and
 prints the median samples/s of each and their ratio.
@@ -229,7 +229,7 @@ def hetu_has_cuda_graph():
 
 # --- hetu ----------------------------------------------------------------------------------------
 class HetuRunner:
-    """The model as examples/ctr/train.py builds it; step() runs one training step and returns
+    """The model as hetu.run.training builds it; step() runs one training step and returns
     the loss (fetched to the host)."""
 
     def __init__(self, model, data, batch, emb, opt, device, prefetch, cuda_graph=None):

@@ -27,13 +27,12 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples/ctr"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import hetu as ht  # noqa: E402
 from hetu.data import load_dataset  # noqa: E402
 from hetu.models.sequential import SequenceConfig, build  # noqa: E402
-from train_sequences import RANKS, TrainingColumns, first_columns  # noqa: E402
+from hetu.run.sequence_training import RANKS, TrainingColumns, first_columns  # noqa: E402
 from common.summaries import WORKER_SUMMARY  # noqa: E402
 
 

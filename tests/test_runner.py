@@ -184,7 +184,7 @@ def test_failing_worker_fails_job_and_stops_the_others(tmp_path):
     # an uncaught exception (sys.excepthook)
     ('raise ValueError("bad value at row 7")', "ValueError: bad value at row 7"),
     # a SystemExit, which sys.excepthook never sees, handed to exit_at_once_if_mpi_started as
-    # examples/ctr/train.py does
+    # hetu.run.training does
     ('sys.exit("this host\'s data has 10 rows")', "this host's data has 10 rows")])
 def test_worker_stopping_alone_after_mpi_started_stops_the_job(tmp_path, failure, reason):
     """With MPI up, a worker that stops while the others go on must not wait in MPI_Finalize

@@ -1,5 +1,5 @@
-"""The driver of the sequential models (sasrec, hstu; docs/design.md section 17) behind
-run_hetu.py and run_laia.py: train.py hands it a parsed command line whose --model is one of them.
+"""The training loop of the sequential models (sasrec, hstu; docs/design.md section 17) behind
+run_hetu.py and run_laia.py: hetu.run.training hands it a run whose --model is one of them.
 
 Data path: hetu.data.load_dataset (a sequences folder: histories, their timestamps, each user's
 held-out last item) -> ht.Dataloader per split, whose ids rows get their targets and the
@@ -212,7 +212,7 @@ def ranking_text(metrics):
 
 def train(args, herald, options, ctx, threads, dynamic=None):
     """The run of a sequential --model; returns its summary (train.report_end prints it)."""
-    import train as driver   # the CTR driver's shared pieces (it imports this module lazily)
+    from . import training as driver   # the CTR loop's shared pieces (it imports this module first)
     data, name = load(args)
     if data.item_keys is not None and dynamic is None:
         raise SystemExit(f"{name} holds hashed item ids: train it on a dynamic table (--table-capacity ROWS)")
