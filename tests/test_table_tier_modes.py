@@ -102,3 +102,31 @@ def test_a_server_killed_midway_resumes_on_disk_exactly(tmp_path, data_home):
     reference, _ = run_cluster(straight, data_home, "run_hetu.py", model, once.WORKERS, once.SERVERS, once.BATCH,
                                common=common)
     assert_identical(reference, got)
+
+
+def cache_lookups(stdout):
+    """(rows the servers' caches answered, rows looked up in them), over every server's line."""
+    found = [(float(share), int(looked)) for share, looked in re.findall(r"disk tier: ([\d.]+) of (\d+) rows in cache",
+                                                                        stdout)]
+    assert found, stdout[-3000:]
+    return sum(round(share * looked) for share, looked in found), sum(looked for _, looked in found)
+
+
+@pytest.mark.parametrize("case", ["PS-adam-bf16", "PS-dynamic-sgd"])
+def test_plain_ps_hints_its_next_batch_to_the_servers(tmp_path, data_home, case):
+    """Plain PS on disk sends the ids of its dataloader's next batch (a dynamic table's resident
+    slots) after each push: the servers stage those rows ahead (more lookups), and the step's pull
+    then finds them cached (as many more hits); the trained parameters are those of the run
+    without hints, bit for bit."""
+    script, mode, args = CASES[case]
+    runs = {}
+    for prefetch in ("off", "on"):
+        folder = tmp_path / f"rows-{prefetch}"
+        folder.mkdir()
+        runs[prefetch] = run_cluster(tmp_path, data_home, script, [*mode, *args, "--table-storage", "disk",
+                                                                   "--table-dir", str(folder), "--table-cache-mb", "1",
+                                                                   "--table-prefetch", prefetch], 2, 2, 30)
+    assert_identical(runs["off"][0], runs["on"][0])
+    (hits_off, looked_off), (hits_on, looked_on) = cache_lookups(runs["off"][1]), cache_lookups(runs["on"][1])
+    hinted = looked_on - looked_off
+    assert hinted > 1000 and hits_on - hits_off > 0.9 * hinted, (hits_off, looked_off, hits_on, looked_on)

@@ -244,6 +244,11 @@ class Dataloader:
             self._pending.append(self._pool.submit(self.load, step))
         return self._pending[0].result()
 
+    def peek_ready(self):
+        """The next batch if it can be had without waiting on data (a hint's look-ahead must never
+        hold training up); an in-memory split always can."""
+        return self.peek()
+
 
 def _step_and_rows(loader, step):
     return step, np.asarray(loader.indices(step), np.int64)

@@ -266,6 +266,11 @@ class StreamLoader(Dataloader):
     def peek(self):
         return self.load(self._cursor)
 
+    def peek_ready(self):
+        """The next batch if the stream already holds it (reading what has landed, never waiting),
+        else None."""
+        return self.load(self._cursor) if self.feed.ready(self._cursor, 0) else None
+
     def seek(self, step):
         super().seek(step)
         if not self.feed.samples_read:

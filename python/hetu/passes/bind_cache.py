@@ -3,10 +3,10 @@ table on the parameter server is read and updated through a per-worker cache of
 `cache_limit_ratio` x rows (or `cache_limit` rows) with staleness bound `cache_bound`."""
 import math
 
-from ..dataloader import DataloaderOp
 from ..ops.embedding import PSEmbeddingLookupOp
 from ..rows.het import CachedTable
 from ..updaters import PSSparseUpdater
+from .bind_ps import training_feeds
 
 
 def cache_capacity(config, rows):
@@ -60,15 +60,5 @@ def route_through_caches(graph):
 def _prefetch_from_dataloaders(graph):
     """A cache whose table is read by exactly one lookup, fed straight by a dataloader in the
     one training subgraph, prefetches that loader's next batch (CachedTable: Prefetch)."""
-    lookups = {}
-    for name, order in graph.topo.items():
-        for node in order:
-            if isinstance(node, PSEmbeddingLookupOp) and isinstance(node.source, CachedTable):
-                lookups.setdefault(node.source, set()).add((name, node))
-    for cache, uses in lookups.items():
-        training = [(name, node) for name, node in uses if graph.is_training(name)]
-        if len(training) != 1 or len({node for _, node in uses}) != 1:
-            continue
-        name, node = training[0]
-        if isinstance(node.inputs[0], DataloaderOp):
-            cache.next_ids = node.inputs[0].loader(name).peek
+    for cache, (name, node) in training_feeds(graph, CachedTable).items():
+        cache.next_ids = node.inputs[0].loader(name).peek

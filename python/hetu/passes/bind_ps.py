@@ -1,6 +1,7 @@
 """Parameter-server binding: the parameters that the distribution pass placed on the PS are
 created on the servers (same initializer, seed and stream as a local run), embedding lookups of
 PS tables become sparse pulls, and their updates become pushes tagged with the iteration."""
+from ..dataloader import DataloaderOp
 from ..ops.embedding import EmbeddingLookupOp, PSEmbeddingLookupOp
 from ..rows.plain import PlainRows
 from ..rows.servers import RemoteTable, SyncMode, launched_as_ps_worker, start_worker
@@ -31,7 +32,41 @@ def bind_ps(graph):
         else:
             opt_op.updaters[param.id] = PSDenseUpdater(remote)
     _replace_lookups(graph, tables)
-    return graph.refresh()
+    graph.refresh()
+    for source, (name, lookup) in training_feeds(graph, PlainRows).items():
+        if source.remote.hints:
+            source.next_ids = _next_rows(lookup.inputs[0].loader(name), lookup)
+    return graph
+
+
+def training_feeds(graph, source_type):
+    """{row source: (subgraph, its lookup)} for the sources of `source_type` that exactly one PS
+    lookup reads, in the one training subgraph, fed straight by a dataloader: those whose next
+    step's ids are known a step ahead (the dataloader's look-ahead)."""
+    lookups = {}
+    for name, order in graph.topo.items():
+        for node in order:
+            if isinstance(node, PSEmbeddingLookupOp) and isinstance(node.source, source_type):
+                lookups.setdefault(node.source, set()).add((name, node))
+    feeds = {}
+    for source, uses in lookups.items():
+        training = [(name, node) for name, node in uses if graph.is_training(name)]
+        if len(training) == 1 and len({node for _, node in uses}) == 1 and isinstance(training[0][1].inputs[0],
+                                                                                       DataloaderOp):
+            feeds[source] = training[0]
+    return feeds
+
+
+def _next_rows(loader, lookup):
+    """The next step's rows `lookup` reads, or None while a stream does not hold them yet: its ids,
+    or for a dynamic table the slots of the keys resident now (a key admitted at that step has no
+    row on disk to read ahead; -1 marks it)."""
+    def rows():
+        ids = loader.peek_ready()
+        if ids is None or lookup.dynamic is None:
+            return ids
+        return lookup.dynamic.lookup(ids)
+    return rows
 
 
 def _replace_lookups(graph, tables):
