@@ -112,3 +112,47 @@ def test_an_io_error_fails_the_request_naming_the_file(cluster, tmp_path, faulty
     assert np.array_equal(rows["rows"], table)
     assert np.array_equal(rows["state"], state)
     assert np.array_equal(rows["steps"], steps)
+
+
+BROKEN = GRADS_CODE + """
+import time
+from hetu_tools.fault_fs import set_faults
+ROWS, WIDTH, STEPS, LR = ARGS["rows"], ARGS["width"], ARGS["steps"], ARGS["lr"]
+c = ps.client()
+emb = c.init_table("emb", ROWS, WIDTH, init=("normal", 0.0, 0.1), seed=7, optimizer=("adam", {}), bsp=True,
+                   tier=ps.DiskTier(ARGS["dir"], ARGS["cache_mb"]))
+keys = np.arange(ROWS)
+for t in range(STEPS):
+    emb.push(keys, grads(t, ROWS), iteration=t, lr=LR).wait()
+def error_of(handle):
+    try:
+        handle.wait()
+        return ""
+    except RuntimeError as e:
+        return str(e)
+set_faults(ARGS["backing"], "write")
+said = [["push", error_of(emb.push(keys, grads(STEPS, ROWS), iteration=STEPS, lr=LR))]]
+set_faults(ARGS["backing"])
+started = time.monotonic()
+said.append(["pull", error_of(emb.pull(keys[:5], iteration=STEPS + 1))])
+said.append(["push", error_of(emb.push(keys[:5], grads(STEPS + 1, 5), iteration=STEPS + 1, lr=LR))])
+json.dump({"said": said, "seconds": time.monotonic() - started}, open(OUT + ".json", "w"))
+ps.finalize()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_step_that_fails_on_an_io_error_breaks_the_table_instead_of_hanging(cluster, tmp_path, faulty_disk):
+    """A BSP push whose step meets a write error (the rows written back to make room): the push
+    fails naming the file; its iteration never completes, so the reads of the next one, which
+    would wait for it for ever, and every later request fail at once with the table's error
+    (its rows may be half stepped), even with the disk well again."""
+    cluster(1, 1).run(BROKEN, dict(rows=ROWS, width=WIDTH, steps=STEPS, lr=LR, dir=faulty_disk.mountpoint,
+                                   backing=faulty_disk.backing, cache_mb=CACHE_MB), timeout=60)
+    got = json.loads((tmp_path / "worker0.json").read_text())
+    path = f"{faulty_disk.mountpoint}/emb.shard0-of-1.rows"
+    (_, push), (_, pull), (_, later) = got["said"]
+    assert path in push and "Input/output error" in push and "\n" not in push, push
+    for error in (pull, later):
+        assert "serves nothing after it" in error and "Input/output error" in error, error
+    assert got["seconds"] < 10, got   # answered, not left to the workers' wait timeout

@@ -50,6 +50,9 @@ enum OpFlag : unsigned {
   kUncounted = 4,   // left out of the server's counters (the request that reads them)
   kSparseOnly = 8,  // embedding tables only: refused for a dense tensor
   kWriteBack = 16,  // may carry a write-back (meta has_write_back); every other op refuses one
+  // Changes rows (a push, an admit, an assign): failing part way (a disk tier's I/O error) may
+  // leave them half changed, so the table serves nothing after it (TableShard::broken).
+  kChangesRows = 32,
 };
 
 struct OpDef {

@@ -115,8 +115,17 @@ bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
   try {
     return Process(e, msg, push_done);
   } catch (const std::exception& ex) {  // e.g. out of memory: this request fails, the server goes on
-    Reply(msg, {}, "table '" + msg.meta.table() + "': server " + std::to_string(po_->rank()) + " failed on " +
-                       OpName(msg.meta.op()) + ": " + ex.what());
+    const std::string why = "table '" + msg.meta.table() + "': server " + std::to_string(po_->rank()) + " failed on " +
+                            OpName(msg.meta.op()) + ": " + ex.what();
+    if (OpOf(msg.meta.op()).flags & kChangesRows) {
+      // Its rows may be half changed, and under BSP the reads of later iterations would wait for
+      // ever on its iteration: every request after it gets this error (the waiting ones too).
+      TableShard& t = *e.shard;
+      t.broken = why + "; the table serves nothing after it: resume from a checkpoint";
+      t.pending.clear();
+      t.arrived.clear();
+    }
+    Reply(msg, {}, why);
     return true;
   }
 }
@@ -130,6 +139,10 @@ bool KVServer::Process(Entry& e, Message& msg, bool* push_done) {
   }
   if (msg.meta.has_write_back() && !(op.flags & kWriteBack)) {
     Reply(msg, {}, "table '" + t.name() + "': a write-back travels only with a push, not a " + op.name);
+    return true;
+  }
+  if (!t.broken.empty()) {
+    Reply(msg, {}, t.broken);
     return true;
   }
   t.BeginRequest();  // a disk tier keeps the request's rows in its cache until the next

@@ -142,6 +142,9 @@ class TableShard {
   std::map<int64_t, std::vector<Message>> pending;
   std::map<int64_t, int> arrived;
   int64_t applied = -1;
+  // Why a step failed part way (a disk tier's I/O error): its rows may be half stepped, so the
+  // table answers every request after it with this error, and the job resumes from a checkpoint.
+  std::string broken;
   // Dynamic tables (ops/admit.cc): the slots admitted at iteration `admit_iteration`, with their
   // keys, so that the same admit sent by every worker that reads the key resets a row once.
   int64_t admit_iteration = -1;

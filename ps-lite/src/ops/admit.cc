@@ -149,6 +149,6 @@ void Bind(PyFace& f) {
 
 int64_t AdmittedRows() { return g_admitted.load(std::memory_order_relaxed); }
 
-extern const OpDef kAdmitOp = {"admit", kBrief | kSparseOnly, Serve, nullptr, Bind};
+extern const OpDef kAdmitOp = {"admit", kBrief | kSparseOnly | kChangesRows, Serve, nullptr, Bind};
 
 }  // namespace ps

@@ -82,6 +82,6 @@ void Bind(PyFace& f) {
 
 }  // namespace
 
-extern const OpDef kAssignOp = {"assign", kBrief | kSparseOnly, Serve, nullptr, Bind};
+extern const OpDef kAssignOp = {"assign", kBrief | kSparseOnly | kChangesRows, Serve, nullptr, Bind};
 
 }  // namespace ps

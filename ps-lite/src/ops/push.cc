@@ -160,7 +160,7 @@ void Bind(PyFace& f) {
 
 }  // namespace
 
-extern const OpDef kPushOp = {"push", kBrief | kWriteBack, ServePush, nullptr, Bind};
-extern const OpDef kPushPullOp = {"push_pull", kBrief, ServePushPull, PulledRows, nullptr};
+extern const OpDef kPushOp = {"push", kBrief | kWriteBack | kChangesRows, ServePush, nullptr, Bind};
+extern const OpDef kPushPullOp = {"push_pull", kBrief | kChangesRows, ServePushPull, PulledRows, nullptr};
 
 }  // namespace ps
