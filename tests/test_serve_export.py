@@ -330,6 +330,7 @@ def test_a_missing_checkpoint_and_an_unknown_model_are_one_line(wdl_bundle, tmp_
     meta_path = tmp_path / "ckpt" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["run"]["model"] = "resnet"
+    meta["run"]["spec"]["model"]["name"] = "resnet"   # the run spec it records names it too
     meta_path.write_text(json.dumps(stamped(meta)))   # a well-formed checkpoint of another model
     err = one_error_line(capsys, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--output", str(tmp_path / "b")])
     assert "unknown model 'resnet'" in err
