@@ -6,7 +6,7 @@ Parts (--part, any of them):
 - disk: the disk under --work as the tier uses it: random reads and writes of one row record
   (pread/pwrite of --record bytes at random offsets of a file of --disk-gib GiB), through the page
   cache and with O_DIRECT (4 KiB, the device's own rate), and sequential writes with fdatasync.
-- speed: each mode (PS, HET, Herald, and Herald with the servers' prefetch off) trains the same
+- speed: each mode (PS, HET, Herald, and PS and Herald with the servers' prefetch off) trains the same
   job with the table in memory and on disk, its cache --cache-fraction of the table's rows
   (about 10%: most of a step's rows are read from the file), alternating the two, --repeats
   times; samples/s (the workers' summed epoch rates) and the ratio of medians, per dataset:
@@ -52,6 +52,7 @@ MODES = {
     "Herald": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"], []),
     "Herald, no prefetch": ("run_laia.py", ["--comm", "Hybrid", "--cache", "lru", "--bound", "0"],
                             ["--table-prefetch", "off"]),
+    "PS, no prefetch": ("run_hetu.py", ["--comm", "PS"], ["--table-prefetch", "off"]),
 }
 TIER = re.compile(r"\] server (\d+): .*disk tier: ([\d.]+) of (\d+) rows in cache, (\d+) read")
 LINE_BOOKKEEPING = 90   # bytes a cache line takes besides its row and state (ps-lite/src/table.cc)
