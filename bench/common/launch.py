@@ -25,8 +25,9 @@ def run(cmd, what, timeout, env=None, **kwargs):
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
     except subprocess.TimeoutExpired as e:
-        tail = (e.stdout or b"")[-3000:]
-        sys.exit(f"{what}: no end after {timeout:g} s:\n{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}")
+        out = e.stdout or b""   # bytes on POSIX, whatever text= says
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        sys.exit(f"{what}: no end after {timeout:g} s:\n{out[-3000:]}")
     if proc.returncode != 0:
         sys.exit(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc

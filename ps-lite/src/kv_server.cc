@@ -120,10 +120,7 @@ bool KVServer::SafeProcess(Entry& e, Message& msg, bool* push_done) {
     if (OpOf(msg.meta.op()).flags & kChangesRows) {
       // Its rows may be half changed, and under BSP the reads of later iterations would wait for
       // ever on its iteration: every request after it gets this error (the waiting ones too).
-      TableShard& t = *e.shard;
-      t.broken = why + "; the table serves nothing after it: resume from a checkpoint";
-      t.pending.clear();
-      t.arrived.clear();
+      e.shard->Break(why + "; the table serves nothing after it: resume from a checkpoint");
     }
     Reply(msg, {}, why);
     return true;

@@ -145,6 +145,11 @@ class TableShard {
   // Why a step failed part way (a disk tier's I/O error): its rows may be half stepped, so the
   // table answers every request after it with this error, and the job resumes from a checkpoint.
   std::string broken;
+  // Sets `broken`; nothing is pending any more (a read waiting on an iteration gets the error).
+  void Break(const std::string& why) {
+    broken = why;
+    ForgetPending();
+  }
   // Dynamic tables (ops/admit.cc): the slots admitted at iteration `admit_iteration`, with their
   // keys, so that the same admit sent by every worker that reads the key resets a row once.
   int64_t admit_iteration = -1;

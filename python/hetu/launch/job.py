@@ -78,6 +78,7 @@ class JobFailed(Exception):
 
 class Job:
     WORKERS_LAUNCHER = "mpirun"   # what starts the workers, as the summary names it
+    REMOTE = "over ssh"           # how a command reaches another host, as errors say it
     def __init__(self, cluster: Cluster, command: List[str], timeout: Optional[float],
                  shutdown_timeout: float, kill_grace: float, verbose: bool, stall_timeout: float = 0.0):
         self.cluster, self.command = cluster, command
@@ -152,21 +153,25 @@ class Job:
 
     def free_port(self) -> int:
         chief = self.cluster.chief
-        probe = "from hetu.ps import pick_root_port; print(pick_root_port())"
         if self.local[chief.host]:
             from hetu.ps import pick_root_port
             return pick_root_port()
-        python = chief.python or sys.executable
-        argv = self.ssh.argv(chief.host, f"{shlex.quote(python)} -c {shlex.quote(probe)}")
+        probe = "from hetu.ps import pick_root_port; print(pick_root_port())"
         try:
-            out = subprocess.run(argv, capture_output=True, timeout=30, check=True, text=True)
+            out = subprocess.run(self.remote_python(chief, probe), capture_output=True, timeout=30, check=True,
+                                 text=True)
             return int(out.stdout.strip())
         except subprocess.TimeoutExpired:
-            raise JobFailed(f"timed out (30 s) asking {chief.host} for a free port over ssh")
+            raise JobFailed(f"timed out (30 s) asking {chief.host} for a free port {self.REMOTE}")
         except (subprocess.CalledProcessError, ValueError) as e:
             err = getattr(e, "stderr", "") or ""
-            raise JobFailed(f"cannot get a free port on chief {chief.host} over ssh: "
+            raise JobFailed(f"cannot get a free port on chief {chief.host} {self.REMOTE}: "
                             f"{err.strip() or e}")
+
+    def remote_python(self, node: Node, code: str) -> List[str]:
+        """A command that runs Python `code` on `node`'s host (over ssh)."""
+        python = node.python or sys.executable
+        return self.ssh.argv(node.host, f"{shlex.quote(python)} -c {shlex.quote(code)}")
 
     # ---- scheduler and servers
 

@@ -119,6 +119,7 @@ class SrunReport:
 class SlurmJob(Job):
     """A Job whose processes are steps of the Slurm job `job_id`."""
     WORKERS_LAUNCHER = "srun"
+    REMOTE = "through srun"
 
     def __init__(self, job_id: str, cluster: Cluster, *args, **kwargs):
         super().__init__(cluster, *args, **kwargs)
@@ -135,21 +136,8 @@ class SlurmJob(Job):
                 f"--nodes={len(hosts)}", f"--ntasks={tasks}", f"--nodelist={','.join(hosts)}",
                 "--kill-on-bad-exit=1", "--export=ALL", "--input=none", *extra]
 
-    # ---- where the scheduler listens
-
-    def free_port(self) -> int:
-        chief = self.cluster.chief
-        if self.local[chief.host]:
-            return super().free_port()
-        probe = "from hetu.ps import pick_root_port; print(pick_root_port())"
-        argv = self.srun("port", [chief.host], 1) + [sys.executable, "-c", probe]
-        try:
-            out = subprocess.run(argv, capture_output=True, timeout=60, text=True)
-            if out.returncode == 0:
-                return int(out.stdout.strip())
-        except (subprocess.TimeoutExpired, ValueError):
-            pass
-        raise JobFailed(f"cannot get a free port on {chief.host} through srun: {out.stderr.strip()[-300:]}")
+    def remote_python(self, node: Node, code: str) -> List[str]:
+        return self.srun("probe", [node.host], 1) + [node.python or sys.executable, "-c", code]
 
     # ---- scheduler and servers: a step each
 
@@ -224,8 +212,11 @@ class SlurmJob(Job):
         super().teardown()
         steps = self.own_steps()
         if steps:
-            subprocess.run(["scancel", "--quiet", *steps], capture_output=True, timeout=SLURM_QUERY_TIMEOUT)
-            self.log(f"cancelled step(s) {', '.join(steps)} that outlived their srun")
+            try:
+                subprocess.run(["scancel", "--quiet", *steps], capture_output=True, timeout=SLURM_QUERY_TIMEOUT)
+                self.log(f"cancelled step(s) {', '.join(steps)} that outlived their srun")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                self.log(f"could not cancel step(s) {', '.join(steps)}, which outlived their srun: {e}")
 
     def own_steps(self) -> List[str]:
         try:
@@ -233,6 +224,5 @@ class SlurmJob(Job):
                                  capture_output=True, text=True, timeout=SLURM_QUERY_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return []
-        mark = f".{self.job_mark}"
-        return [line.split()[0] for line in out.stdout.splitlines()
-                if len(line.split()) == 2 and line.split()[1].endswith(mark)]
+        listed = [line.split() for line in out.stdout.splitlines()]
+        return [step for step, name in (f for f in listed if len(f) == 2) if name.endswith(f".{self.job_mark}")]

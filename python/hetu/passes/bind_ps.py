@@ -51,9 +51,11 @@ def training_feeds(graph, source_type):
     feeds = {}
     for source, uses in lookups.items():
         training = [(name, node) for name, node in uses if graph.is_training(name)]
-        if len(training) == 1 and len({node for _, node in uses}) == 1 and isinstance(training[0][1].inputs[0],
-                                                                                       DataloaderOp):
-            feeds[source] = training[0]
+        if len(training) != 1 or len({node for _, node in uses}) != 1:
+            continue
+        name, node = training[0]
+        if isinstance(node.inputs[0], DataloaderOp):
+            feeds[source] = (name, node)
     return feeds
 
 
