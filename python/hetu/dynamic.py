@@ -77,12 +77,14 @@ class DynamicTable:
 class KeyStep:
     """The directory's decisions at one training step: the global batch's distinct keys
     (ascending) with their slots, the admitted and the evicted (key, slot) pairs."""
-    __slots__ = ("step", "keys", "slots", "admitted_keys", "admitted_slots", "evicted_keys", "evicted_slots")
+    __slots__ = ("step", "keys", "slots", "admitted_keys", "admitted_slots", "evicted_keys", "evicted_slots",
+                 "_by_slot")
 
     def __init__(self, step, result):
         self.step = step
-        for name in self.__slots__[1:]:
+        for name in self.__slots__[1:-1]:
             setattr(self, name, result[name])
+        self._by_slot = None
 
     def reassigned_slots(self):
         """The slots (ascending) whose key changed at this step, evicted or admitted: the rows
@@ -90,10 +92,17 @@ class KeyStep:
         return np.union1d(self.evicted_slots, self.admitted_slots)
 
     def admitted_among(self, slots):
-        """(slots, keys) of this step's admissions whose slot is in `slots` (ascending)."""
-        mask = np.isin(self.admitted_slots, slots, assume_unique=True)
-        order = np.argsort(self.admitted_slots[mask], kind="stable")
-        return self.admitted_slots[mask][order], self.admitted_keys[mask][order]
+        """(slots, keys) of this step's admissions whose slot is in `slots` (ascending), in slot
+        order."""
+        if self._by_slot is None:   # every row source of the step asks: sort once
+            order = np.argsort(self.admitted_slots)
+            self._by_slot = self.admitted_slots[order], self.admitted_keys[order]
+        admitted, keys = self._by_slot
+        if not len(admitted) or not len(slots):
+            return admitted[:0], keys[:0]
+        at = np.minimum(np.searchsorted(slots, admitted), len(slots) - 1)
+        mask = slots[at] == admitted
+        return admitted[mask], keys[mask]
 
 
 class TableKeys:

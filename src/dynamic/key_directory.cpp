@@ -46,6 +46,32 @@ void WaysToGive(const int64_t* key, const int64_t* last_read, int64_t n, int64_t
   ways->insert(ways->end(), old->begin(), old->begin() + more);
 }
 
+// The distinct keys of keys[0, n), ascending. A global batch repeats its popular keys many
+// times (53,248 ids, 7,000 distinct: a Criteo batch of 2,048): dropping the repeats through an
+// open-addressed set first leaves the sort a seventh of the keys.
+void DistinctKeys(const int64_t* keys, int64_t n, std::vector<int64_t>* out) {
+  out->clear();
+  int bits = 4;
+  while ((size_t{1} << bits) < 2 * static_cast<size_t>(n)) ++bits;
+  const size_t cells = size_t{1} << bits;
+  std::vector<int64_t> set(cells, kFree);
+  const size_t mask = cells - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = keys[i];
+    if (k == kFree) throw std::invalid_argument("KeyDirectory: INT64_MIN is not a key");
+    const uint64_t h = static_cast<uint64_t>(k) * 0x9e3779b97f4a7c15ULL;  // Fibonacci hashing: the top bits
+    for (size_t c = h >> (64 - bits);; c = (c + 1) & mask) {
+      if (set[c] == k) break;
+      if (set[c] == kFree) {
+        set[c] = k;
+        out->push_back(k);
+        break;
+      }
+    }
+  }
+  std::sort(out->begin(), out->end());
+}
+
 }  // namespace
 
 uint64_t BucketHash(int64_t key) { return rng::splitmix64(static_cast<uint64_t>(key)); }
@@ -77,10 +103,7 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
   if (stepped_ && t <= step_)
     throw std::invalid_argument("KeyDirectory: step " + std::to_string(t) + " after step " + std::to_string(step_));
   StepResult out;
-  out.keys.assign(keys, keys + n);
-  std::sort(out.keys.begin(), out.keys.end());
-  out.keys.erase(std::unique(out.keys.begin(), out.keys.end()), out.keys.end());
-  if (!out.keys.empty() && out.keys.front() == kFree) throw std::invalid_argument("KeyDirectory: INT64_MIN is not a key");
+  DistinctKeys(keys, n, &out.keys);
   out.slots.assign(out.keys.size(), -1);
   admitted_at_.assign(out.keys.size(), 0);
   step_ = t;

@@ -387,7 +387,8 @@ class EmbeddingLookupGradOp(Op):
         ids, g = ids.reshape(-1), g.reshape(-1, shape[1])
         if getattr(self.table, "dynamic", None) is not None:   # a slot of -1 has no row: its gradient is dropped
             kept = ids >= 0
-            ids, g = ids[kept], g[kept]
+            if not kept.all():
+                ids, g = ids[kept], g[kept]
         if not cuda.is_device_array(g):
             return LookupGradient(ids, g, shape)   # read as occurrences, or fused into the step
         return IndexedSlices(ids, g, shape)
