@@ -318,3 +318,40 @@ def test_buckets_decide_alone_so_servers_holding_some_of_them_agree():
             order = np.argsort(np.concatenate([g[name.replace("slots", "keys")] for g in got]), kind="stable")
             assert np.array_equal(merged[order], want[name]), (t, name)
         assert sum(g["resident"] for g in got) == want["resident"]
+
+
+@pytest.mark.parametrize("capacity,buckets,admit_after,ttl,pways", CASES)
+def test_a_step_taken_ahead_is_kept_or_taken_back_exactly(capacity, buckets, admit_after, ttl, pways):
+    """A revocable step (taken while the step before trains) taken back leaves the directory as it
+    was, its lookups, state and counters; kept, it is the step itself: every later decision equals
+    a directory that only ever stepped in turn."""
+    rng = np.random.default_rng(capacity + 5 * buckets + 11 * ttl + admit_after)
+    kwargs = {} if pways is None else {"probation_ways": pways}
+    plain = _C.KeyDirectory(capacity, buckets, admit_after, ttl, **kwargs)
+    ahead = _C.KeyDirectory(capacity, buckets, admit_after, ttl, **kwargs)
+    probe = np.arange(-5, 6 * capacity, dtype=np.int64)
+    taken_back = 0
+    for t, keys in enumerate(drifting_batches(rng, 80, 3 * capacity, 6 * capacity, max(1, capacity // 8))):
+        if rng.random() < 0.5:   # taken ahead, then taken back (a validation or a checkpoint came first)
+            before, slots, counters = ahead.state(), ahead.lookup(probe), ahead.counters()
+            other = rng.integers(0, 6 * capacity, size=len(keys) + 3)   # any batch: it is undone whole
+            ahead.step(t, other, revocable=True)
+            assert ahead.pending
+            with pytest.raises(RuntimeError):
+                ahead.state()
+            ahead.take_back()
+            assert not ahead.pending and ahead.counters() == counters
+            assert np.array_equal(ahead.lookup(probe), slots)
+            for k, v in ahead.state().items():
+                assert np.array_equal(v, before[k]), (t, k)
+            taken_back += 1
+        revocable = bool(rng.random() < 0.7)
+        got = ahead.step(t, keys, revocable=revocable)
+        if revocable:
+            ahead.keep()
+        want = plain.step(t, keys)
+        for k in want:
+            assert np.array_equal(got[k], want[k]), (t, k)
+    assert taken_back > 10
+    for k, v in plain.state().items():
+        assert np.array_equal(ahead.state()[k], v)

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from . import env
 from .graph import Op
 
 
@@ -249,6 +250,10 @@ class Dataloader:
         hold training up); an in-memory split always can."""
         return self.peek()
 
+    def global_rows_ready(self, step):
+        """global_rows(step) if it can be had without waiting on data, else None."""
+        return self.global_rows(step)
+
 
 def _step_and_rows(loader, step):
     return step, np.asarray(loader.indices(step), np.int64)
@@ -286,6 +291,7 @@ class DataloaderOp(Op):
         return None
 
     keys = None   # hetu.dynamic.TableKeys where the batches are a dynamic table's keys (bind_dynamic)
+    ahead = env.raw("HETU_DYNAMIC_AHEAD") != "0"   # a dynamic table's next step taken ahead
 
     def compute(self, vals, state):
         loader = self.loader(state.subgraph)
@@ -301,7 +307,14 @@ class DataloaderOp(Op):
         batch = loader.next_batch()
         if not state.training:
             return self.keys.lookup(batch)
-        return self.keys.train(step, loader.global_rows(step), batch)
+        slots = self.keys.train(step, functools.partial(loader.global_rows, step), batch)
+        # The next step's decisions, taken on a thread while this one trains (taken back if a
+        # validation or a checkpoint reads the directory first): when its batch is at hand.
+        if self.ahead:
+            following = loader.global_rows_ready(step + 1)
+            if following is not None:
+                self.keys.step_ahead(step + 1, following)
+        return slots
 
     # Checkpoints: the batch each subgraph's loader reads next, and the global batches, which a
     # resumed run must keep.

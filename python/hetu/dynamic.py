@@ -15,6 +15,7 @@ zeros and its gradient is dropped; bag padding stays -1). The step's admissions 
 starts from the key's own initial row, zero optimizer state) and evictions reach the row sources
 through `TableKeys.current`: the single process resets its rows in the lookup (LocalRows), the PS
 row sources send their servers an admit (hetu.rows), caches drop evicted slots."""
+import concurrent.futures
 import os
 from dataclasses import dataclass
 
@@ -108,11 +109,19 @@ class KeyStep:
 class TableKeys:
     """One dynamic table's key directory in this process. `train(step, global_keys, keys)` applies
     training step `step` (steps come in order, once each) and maps this worker's `keys`;
-    `lookup(keys)` maps keys outside training (validation) by the directory as it stands."""
+    `lookup(keys)` maps keys outside training (validation) by the directory as it stands.
+
+    `step_ahead(step, global_keys)` takes the next training step's decisions on a thread while
+    the current step trains, so that train() finds them made. Such a step is revocable
+    (KeyDirectory.step(revocable=True)): train() of that step keeps it, and anything else that
+    reads the directory first (a validation's lookup, a checkpoint, the counters) takes it back,
+    so every reader sees the directory as the steps trained so far left it."""
 
     def __init__(self, table: DynamicTable, name, servers=1):
         self.table, self.name = table, name
-        self.directory = table.directory()
+        self._directory = table.directory()
+        self._ahead = None     # (step, future of its result): a step taken ahead, pending
+        self._pool = None
         self.current = None    # the KeyStep of the step being trained
         self.servers = max(1, int(servers))
         self._server_counts = np.zeros((self.servers, 3), np.int64)   # admitted, evicted, missed
@@ -124,19 +133,53 @@ class TableKeys:
     # --- mapping --------------------------------------------------------------------------------
     def train(self, step, global_keys, keys):
         """Slots of `keys` (any shape) at training step `step`, whose global batch read
-        `global_keys` (any shape; -1 padding ignored)."""
+        `global_keys` (any shape; -1 padding ignored; a callable returning them, called only when
+        the step was not taken ahead)."""
         if self.current is not None and step <= self.current.step:
             raise RuntimeError(f"dynamic table {self.name}: step {step} after step {self.current.step}: "
                                "training steps reach the key directory in order, once each")
-        flat = np.asarray(global_keys, np.int64).reshape(-1)
-        result = self.directory.step(int(step), np.ascontiguousarray(flat[flat != PADDING]))
+        result = self._settle(keep=step)
+        if result is None:
+            result = self._directory.step(int(step), _keys_of(global_keys() if callable(global_keys) else global_keys))
         self.current = KeyStep(step, result)
         self._count(self.current)
-        return self.lookup(keys)   # the directory as the step left it: the step's slots
+        return self._map(keys)   # the directory as the step left it: the step's slots
+
+    def step_ahead(self, step, global_keys):
+        """Takes training step `step`'s decisions now, on a thread, from its global batch's keys
+        (-1 padding ignored): the next train() of `step` keeps them."""
+        self._settle()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"keys-{self.name}")
+        keys = _keys_of(global_keys)
+        self._ahead = step, self._pool.submit(self._directory.step, int(step), keys, True)
+
+    def _settle(self, keep=None):
+        """Ends a step taken ahead: kept if it is step `keep` (its result returned), else taken
+        back (the directory as the trained steps left it)."""
+        if self._ahead is None:
+            return None
+        (step, future), self._ahead = self._ahead, None
+        result = future.result()
+        if step == keep:
+            self._directory.keep()
+            return result
+        self._directory.take_back()
+        return None
+
+    @property
+    def directory(self):
+        """The directory as the trained steps left it (a step taken ahead is taken back)."""
+        self._settle()
+        return self._directory
 
     def lookup(self, keys):
+        self._settle()
+        return self._map(keys)
+
+    def _map(self, keys):
         keys = np.asarray(keys, np.int64)
-        slots = self.directory.lookup(np.ascontiguousarray(keys.reshape(-1))).reshape(keys.shape)
+        slots = self._directory.lookup(np.ascontiguousarray(keys.reshape(-1))).reshape(keys.shape)
         slots[keys == PADDING] = PADDING
         return slots
 
@@ -250,6 +293,11 @@ class TableKeys:
             _, slots = self.resident()
             self._resident = np.bincount(self.server_of_slots(slots), minlength=self.servers)
             self._server_counts[:] = 0
+
+
+def _keys_of(global_keys):
+    flat = np.asarray(global_keys, np.int64).reshape(-1)
+    return np.ascontiguousarray(flat[flat != PADDING])
 
 
 class NotEnoughMemory(MemoryError):

@@ -35,6 +35,10 @@ VARIABLES = (
     Variable("HETU_PLANNER_TRADE_SHARED", "int", "4",
              "Herald's allocator leaves out of its trades the rows more than this many samples per worker read "
              "(0: trades over every row); the launcher passes it to every process alike", "src/herald/trades.cpp"),
+    Variable("HETU_DYNAMIC_AHEAD", "int", "1",
+             "0: a dynamic table's key directory takes each training step's decisions in its turn, not ahead "
+             "on a thread while the step before trains (the same decisions; for measuring the overlap)",
+             "hetu.dataloader"),
     Variable("HETU_MEMORY_AVAILABLE", "int", "MemAvailable or the cgroup limit",
              "bytes of memory this host has for dynamic tables (stands in for the host's figure)",
              "src/common/host_memory.h"),

@@ -247,6 +247,10 @@ class StreamLoader(Dataloader):
     def global_rows(self, step):
         return self.feed.batch(step).sparse
 
+    def global_rows_ready(self, step):
+        """The sparse rows of global batch `step` if the stream already holds them, else None."""
+        return self.feed.batch(step).sparse if self.feed.ready(step, 0) else None
+
     def load(self, step):
         values = getattr(self.feed.batch(step), self.kind)
         positions = self.plan.samples(step) if isinstance(self.plan, WorkerSlice) else self.indices(step)

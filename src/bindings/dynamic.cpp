@@ -99,16 +99,20 @@ void bind_dynamic(py::module_& m) {
       .def_property_readonly("admit_after", [](const KeyDirectory& d) { return d.config().admit_after; })
       .def_property_readonly("ttl", [](const KeyDirectory& d) { return d.config().ttl; })
       .def_property_readonly("probation_ways", [](const KeyDirectory& d) { return d.config().probation_ways; })
-      .def("step", [](KeyDirectory& d, int64_t t, const Array<int64_t>& keys) {
+      .def("step", [](KeyDirectory& d, int64_t t, const Array<int64_t>& keys, bool revocable) {
              dynamic::StepResult r;
              {
                py::gil_scoped_release nogil;
-               r = d.Step(t, keys.data(), keys.size());
+               r = d.Step(t, keys.data(), keys.size(), revocable);
              }
              return StepDict(r, d.counters());
-           }, py::arg("t"), py::arg("keys"),
+           }, py::arg("t"), py::arg("keys"), py::arg("revocable") = false,
            "applies step t to its global batch's keys: dict of keys (distinct, ascending), slots (-1: not "
-           "resident), admitted_keys/slots, evicted_keys/slots, and the running counters")
+           "resident), admitted_keys/slots, evicted_keys/slots, and the running counters; `revocable`: "
+           "pending until keep() or take_back()")
+      .def_property_readonly("pending", &KeyDirectory::pending, "a revocable step neither kept nor taken back")
+      .def("keep", &KeyDirectory::Keep, "makes the pending revocable step final")
+      .def("take_back", &KeyDirectory::TakeBack, "restores the directory as it was before the pending step")
       .def("lookup", [](const KeyDirectory& d, const Array<int64_t>& keys) {
              Array<int64_t> slots(keys.size());
              d.Lookup(keys.data(), keys.size(), slots.mutable_data());

@@ -99,11 +99,24 @@ int64_t KeyDirectory::BucketOf(int64_t key) const {
   return static_cast<int64_t>(BucketHash(key) % static_cast<uint64_t>(config_.buckets));
 }
 
-StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
+StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n, bool revocable) {
+  if (undo_.active)
+    throw std::logic_error("KeyDirectory: step " + std::to_string(t) + " while step " + std::to_string(step_) +
+                           " taken ahead is neither kept nor taken back");
   if (stepped_ && t <= step_)
     throw std::invalid_argument("KeyDirectory: step " + std::to_string(t) + " after step " + std::to_string(step_));
   StepResult out;
   DistinctKeys(keys, n, &out.keys);
+  if (revocable) {
+    undo_ = Undo{};
+    undo_.active = true;
+    undo_.step = step_;
+    undo_.stepped = stepped_;
+    undo_.resident = resident_;
+    undo_.admitted = admitted_;
+    undo_.evicted = evicted_;
+    undo_.missed = missed_;
+  }
   out.slots.assign(out.keys.size(), -1);
   admitted_at_.assign(out.keys.size(), 0);
   step_ = t;
@@ -120,15 +133,20 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
       probation_of_.Prefetch(out.keys[i + kAhead]);
     }
     if (const int64_t* slot = slot_of_.Find(k)) {
+      Remember(*slot);
       ++count_[*slot];
       last_read_[*slot] = t;
       out.slots[i] = *slot;
-      if (expires) reads_.emplace_back(t, *slot);
+      if (expires) {
+        reads_.emplace_back(t, *slot);
+        ++undo_.pushed;
+      }
       continue;
     }
     int64_t count = 1;
     if (const int64_t* p = probation_of_.Find(k)) {
       const int64_t j = *p;
+      RememberProbation(j);
       count += probation_count_[j];
       probation_key_[j] = kFree;
       probation_of_.Erase(k);
@@ -162,12 +180,71 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n) {
     out.admitted_slots.push_back(out.slots[i]);
   }
   SortPairs(&out.evicted_keys, &out.evicted_slots);
-  // Stale reads would pile up under a long ttl: keep the queue within a few times the capacity.
-  if (expires && reads_.size() > 2 * key_.size() + 1024) RebuildExpiryQueue();
+  // Stale reads would pile up under a long ttl: keep the queue within a few times the capacity
+  // (a step taken ahead leaves it to Keep: the rebuilt queue could not be taken back).
+  if (expires && !undo_.active && reads_.size() > 2 * key_.size() + 1024) RebuildExpiryQueue();
   return out;
 }
 
+void KeyDirectory::Remember(int64_t slot) {
+  if (!undo_.active) return;
+  undo_.slots.push_back(slot);
+  undo_.keys.push_back(key_[slot]);
+  undo_.counts.push_back(count_[slot]);
+  undo_.last_reads.push_back(last_read_[slot]);
+}
+
+void KeyDirectory::RememberProbation(int64_t j) {
+  if (!undo_.active) return;
+  undo_.places.push_back(j);
+  undo_.place_keys.push_back(probation_key_[j]);
+  undo_.place_counts.push_back(probation_count_[j]);
+  undo_.place_last_reads.push_back(probation_last_read_[j]);
+}
+
+void KeyDirectory::Keep() {
+  if (!undo_.active) return;
+  undo_ = Undo{};
+  if (config_.ttl > 0 && reads_.size() > 2 * key_.size() + 1024) RebuildExpiryQueue();
+}
+
+void KeyDirectory::TakeBack() {
+  if (!undo_.active) return;
+  Undo u = std::move(undo_);
+  undo_ = Undo{};
+  // Last change first: a slot evicted and re-admitted at the step gets its first key back.
+  for (size_t i = u.slots.size(); i-- > 0;) {
+    const int64_t slot = u.slots[i], now = key_[slot], before = u.keys[i];
+    if (now != before) {
+      if (now != kFree) slot_of_.Erase(now);
+      if (before != kFree) slot_of_.Insert(before, slot);
+    }
+    key_[slot] = before;
+    count_[slot] = u.counts[i];
+    last_read_[slot] = u.last_reads[i];
+  }
+  for (size_t i = u.places.size(); i-- > 0;) {
+    const int64_t j = u.places[i], now = probation_key_[j], before = u.place_keys[i];
+    if (now != before) {
+      if (now != kFree) probation_of_.Erase(now);
+      if (before != kFree) probation_of_.Insert(before, j);
+    }
+    probation_key_[j] = before;
+    probation_count_[j] = u.place_counts[i];
+    probation_last_read_[j] = u.place_last_reads[i];
+  }
+  for (size_t i = 0; i < u.pushed; ++i) reads_.pop_back();
+  for (size_t i = u.popped.size(); i-- > 0;) reads_.push_front(u.popped[i]);
+  step_ = u.step;
+  stepped_ = u.stepped;
+  resident_ = u.resident;
+  admitted_ = u.admitted;
+  evicted_ = u.evicted;
+  missed_ = u.missed;
+}
+
 void KeyDirectory::Evict(int64_t slot, StepResult* out) {
+  Remember(slot);
   out->evicted_keys.push_back(key_[slot]);
   out->evicted_slots.push_back(slot);
   slot_of_.Erase(key_[slot]);
@@ -181,6 +258,7 @@ void KeyDirectory::Evict(int64_t slot, StepResult* out) {
 void KeyDirectory::SweepExpired(int64_t t, StepResult* out) {
   while (!reads_.empty() && t - reads_.front().first > config_.ttl) {
     const auto [read_at, slot] = reads_.front();
+    if (undo_.active) undo_.popped.push_back(reads_.front());
     reads_.pop_front();
     if (key_[slot] != kFree && last_read_[slot] == read_at) Evict(slot, out);
   }
@@ -198,13 +276,17 @@ void KeyDirectory::Admit(int64_t t, const Pending* first, const Pending* last, S
   for (int64_t i = 0; i < admitted; ++i) {
     const Pending& p = first[i];
     const int64_t slot = base + ways[i];
+    Remember(slot);
     key_[slot] = p.key;
     count_[slot] = p.count;
     last_read_[slot] = t;
     slot_of_.Insert(p.key, slot);
     out->slots[p.position] = slot;
     admitted_at_[p.position] = 1;
-    if (config_.ttl > 0) reads_.emplace_back(t, slot);
+    if (config_.ttl > 0) {
+      reads_.emplace_back(t, slot);
+      ++undo_.pushed;
+    }
   }
   resident_ += admitted;
   admitted_ += admitted;
@@ -220,6 +302,7 @@ void KeyDirectory::KeepCounts(int64_t t, const Pending* first, const Pending* la
   const auto kept = static_cast<int64_t>(places.size());
   for (int64_t i = 0; i < kept; ++i) {
     const int64_t j = base + places[i];
+    RememberProbation(j);
     if (probation_key_[j] != kFree) probation_of_.Erase(probation_key_[j]);
     probation_key_[j] = first[i].key;
     probation_count_[j] = first[i].count;
@@ -249,6 +332,9 @@ DirectoryCounters KeyDirectory::counters() const {
 }
 
 DirectoryState KeyDirectory::Save() const {
+  if (undo_.active)
+    throw std::logic_error("KeyDirectory: saved while step " + std::to_string(step_) +
+                           " taken ahead is neither kept nor taken back");
   DirectoryState s;
   s.step = step_;
   s.stepped = stepped_;

@@ -80,8 +80,13 @@ class KeyDirectory {
   int64_t BucketOf(int64_t key) const;
 
   // Applies step t (greater than every step before) to the keys of its global batch (any
-  // order, repeats allowed).
-  StepResult Step(int64_t t, const int64_t* keys, int64_t n);
+  // order, repeats allowed). A step taken `revocable` (ahead of its turn, while the step before
+  // trains) stays pending until Keep() makes it final or TakeBack() restores the directory as it
+  // was before it; nothing else may step, save or load the directory in between.
+  StepResult Step(int64_t t, const int64_t* keys, int64_t n, bool revocable = false);
+  bool pending() const { return undo_.active; }
+  void Keep();
+  void TakeBack();
 
   // slots[i]: the slot of keys[i] now, or -1. Changes nothing.
   void Lookup(const int64_t* keys, int64_t n, int64_t* slots) const;
@@ -100,6 +105,23 @@ class KeyDirectory {
   void Admit(int64_t t, const Pending* first, const Pending* last, StepResult* out, std::vector<Pending>* waiting);
   void KeepCounts(int64_t t, const Pending* first, const Pending* last);
   void RebuildExpiryQueue();
+  // Before a change of slot `slot` (or of probation slot `slot`): its values, for TakeBack.
+  void Remember(int64_t slot);
+  void RememberProbation(int64_t j);
+
+  // What a revocable step changed, in order: every slot's and probation slot's values before
+  // each change (taken back last first), the counters before it, and the expiry queue's reads
+  // popped from its front and pushed at its back.
+  struct Undo {
+    bool active = false;
+    int64_t step = 0, resident = 0, admitted = 0, evicted = 0, missed = 0;
+    bool stepped = false;
+    std::vector<int64_t> slots, keys, counts, last_reads;
+    std::vector<int64_t> places, place_keys, place_counts, place_last_reads;
+    std::vector<std::pair<int64_t, int64_t>> popped;
+    size_t pushed = 0;
+  };
+  Undo undo_;
 
   DirectoryConfig config_;
   int64_t ways_ = 0;
