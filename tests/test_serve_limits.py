@@ -120,3 +120,46 @@ def test_a_large_request_runs_in_parts_between_the_others_on_one_version():
     assert max(len(instances) for _, instances in runs) <= 8
     assert sorted(i for v, instances in runs if v == 1 for i in instances) == list(range(100))
     assert not served._leases   # every lease released
+
+
+def test_a_body_over_a_mebibyte_is_read_on_a_thread_alike(tmp_path, trained):  # noqa: F811
+    """A body larger than PARSE_ON_LOOP_BYTES is parsed and read off the event loop: the same
+    answers, and the same refusals, as a small one."""
+    from hetu.serve.server import PARSE_ON_LOOP_BYTES
+    _, path = trained
+    bundle = Bundle.open(path)
+    url = f"/v1/models/{bundle.name}:predict"
+    instances = random_instances(bundle, 400, seed=5)
+    large = instances * (PARSE_ON_LOOP_BYTES // len(json.dumps(instances)) + 2)
+    body = json.dumps({"instances": large}).encode()
+    assert len(body) > PARSE_ON_LOOP_BYTES
+    with Server(tmp_path, path, "--max-batch", "256", "--max-instances", str(len(large))) as server:
+        server.wait_ready(bundle.name)
+        code, answer = server.post(url, body)
+        assert code == 200, answer
+        np.testing.assert_allclose(answer["predictions"], bundle.predict(large), rtol=1e-5, atol=1e-6)
+        columnar = {"inputs": {c: [row[c] for row in large] for c in large[0]}}
+        code, answer = server.post(url, columnar)
+        assert code == 200 and len(answer["outputs"]) == len(large), answer
+        code, answer = server.post(url, body[:-1])   # cut: not JSON
+        assert code == 400 and "not JSON" in answer["error"], answer
+        code, answer = server.post(url, json.dumps({"instances": large + large[:1]}).encode())
+        assert code == 400 and "--max-instances" in answer["error"], answer
+        assert server.stop() == 0
+    assert "Traceback" not in server.output(), server.output()
+
+
+@pytest.mark.parametrize("text", [
+    '{}', '{"a":1}', ' { "a" : [ ] , "b" : { } } ', '{"a":NaN,"a":2}', '[1,2]', '"x"', '{"a":[[[[1]]]]}',
+    '{"instances":[{"x":1,"y":[1,2]},{"x":"s\\u00e9"}],"signature_name":"serving_default"}',
+    '{"inputs":{"a":[1,2,3],"b":[{"b64":"eA=="},"y"]}}', '{"a":{"b":{"c":[1, 2]}}}',
+    '{"a":[1,2,]}', '{"a":1}}', '{"a" 1}', '{a:1}', '{"a":[1 2]}', '', '{"a":1,}', '{"a":[1,2', '{"a":' + '[' * 5000])
+def test_a_body_read_in_pieces_is_the_body_json_reads(text):
+    from hetu.serve.rest import parse_in_pieces
+    try:
+        want = json.loads(text)
+    except (ValueError, RecursionError):
+        with pytest.raises((ValueError, RecursionError)):
+            parse_in_pieces(text.encode())
+    else:
+        assert parse_in_pieces(text.encode()) == want and parse_in_pieces(text.encode("utf-16")) == want

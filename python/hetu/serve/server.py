@@ -40,6 +40,10 @@ from .bundle import Bundle, InstanceError
 
 PROG = "python -m hetu.serve run"
 DEFAULT_MAX_BODY_BYTES = 64 << 20
+# A body larger than this is parsed (in pieces: rest.parse_in_pieces), and its instances read, on
+# a thread: a 60 MB body takes seconds, which on the event loop, or in one call holding the
+# interpreter's lock, would hold up every other client's request.
+PARSE_ON_LOOP_BYTES = 1 << 20
 
 
 def log(line):
@@ -123,13 +127,14 @@ class Endpoint:
 
     async def document(self, request):
         """(the request's body: a JSON object, read within --max-body-bytes; whether its text may
-        hold a {"b64": ...} value, which rows without one are not searched for)."""
+        hold a {"b64": ...} value, which rows without one are not searched for; its bytes)."""
         limit = request.app["max_body_bytes"]
         if request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
         body = await request.read()
         try:
-            document = json.loads(body)
+            document = json.loads(body) if len(body) <= PARSE_ON_LOOP_BYTES else \
+                await asyncio.get_running_loop().run_in_executor(None, rest.parse_in_pieces, body)
         except ValueError as e:   # not UTF-8, not JSON, or an integer of more digits than Python reads
             raise rest.RestError(400, f"the request body is not JSON: {one_line(e)}") from None
         except RecursionError:
@@ -137,11 +142,11 @@ class Endpoint:
         if not isinstance(document, dict):
             raise rest.RestError(400, 'the request body is not a JSON object: {"instances": [{column: raw value, '
                                       '...}, ...]} or {"inputs": {column: [value, ...], ...}}')
-        return document, b"b64" in body or b"\\u" in body   # "b64" itself, or written in escapes
+        return document, b"b64" in body or b"\\u" in body, len(body)   # "b64" itself, or written in escapes
 
     async def predict(self, request, asked):
         # In TensorFlow Serving's order: the body, its signature's name, the model, then its inputs.
-        document, b64 = await self.document(request)
+        document, b64, size = await self.document(request)
         name = rest.signature_name(document)
         bundle = self.served.bundle
         rest.resolve(asked, bundle, self.labels)
@@ -149,7 +154,9 @@ class Endpoint:
         if self._signature[0] is not bundle:
             self._signature = (bundle, rest.signature(bundle))
         signature = self._signature[1]
-        instances, columnar = rest.instances_of(document, signature, self.lenient, b64)
+        read = functools.partial(rest.instances_of, document, signature, self.lenient, b64)
+        instances, columnar = read() if size <= PARSE_ON_LOOP_BYTES else \
+            await asyncio.get_running_loop().run_in_executor(None, read)
         try:
             predictions, version = await self.batcher.predict(instances)
         except InstanceError as e:
@@ -161,7 +168,7 @@ class Endpoint:
     async def classify(self, request, asked):
         """:classify and :regress: a bundle has no such signature, which TensorFlow Serving answers
         with 400 once the body's "examples" and the model are found."""
-        document, _ = await self.document(request)
+        document, _, _ = await self.document(request)
         name = rest.signature_name(document)
         rest.check_examples(document, asked.action)
         rest.resolve(asked, self.served.bundle, self.labels)
