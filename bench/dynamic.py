@@ -74,6 +74,9 @@ def part_speed(args, work):
     capacity = 1 << int(np.ceil(np.log2(distinct_keys(hashed) * 1.25)))
     tables = {"static": ["--data-dir", static], "dynamic": ["--data-dir", hashed, "--table-capacity", str(capacity)]}
     rates = {(m, t): [] for m in args.modes for t in tables}
+    # --epochs: whole passes (the first admits every key, the later ones few); else the first
+    # --iterations steps of the first, where nearly every key is new.
+    length = ["--nepoch", str(args.epochs)] if args.epochs else ["--iters-per-epoch", str(args.iterations)]
     for _ in range(args.repeats):
         for mode in args.modes:
             script, flags = MODES[mode]
@@ -81,15 +84,18 @@ def part_speed(args, work):
                 cmd = [PYTHON, os.path.join(ROOT, "python/runner.py"), "-w", str(args.workers), "-s", "1",
                        "--timeout", "900", PYTHON, os.path.join(ROOT, "examples/ctr", script), *flags, "--bsp", "0",
                        "--model", "wdl_criteo", "--batch-size", str(args.batch), "--embedding-size", "16",
-                       "--iters-per-epoch", str(args.iterations), "--no-progress", *data]
+                       *length, "--no-progress", *data]
                 rates[mode, table].append(last_summary(run(cmd))["samples_per_second"])
+    steps = f"{args.epochs} epochs" if args.epochs else f"{args.iterations} iterations"
     print(f"\n# speed: wdl_criteo, synthetic Criteo ({args.rows} rows, --scale 0.01), W = {args.workers}, 1 server, "
-          f"b = {args.batch}, {args.iterations} iterations; dynamic capacity {capacity}; samples/s (job), median of "
-          f"{args.repeats}")
-    print(f"{'mode':8} {'static':>10} {'dynamic':>10} {'dynamic/static':>15}")
+          f"b = {args.batch}, {steps}; dynamic capacity {capacity}; samples/s (job), median of {args.repeats}; "
+          f"the ratio of each static run and the dynamic run beside it: median (range)")
+    print(f"{'mode':8} {'static':>10} {'dynamic':>10} {'dynamic/static':>15} {'paired':>20}")
     for mode in args.modes:
         s, d = statistics.median(rates[mode, "static"]), statistics.median(rates[mode, "dynamic"])
-        print(f"{mode:8} {s:10.0f} {d:10.0f} {d / s:15.2f}")
+        paired = [b / a for a, b in zip(rates[mode, "static"], rates[mode, "dynamic"])]
+        spread = f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})"
+        print(f"{mode:8} {s:10.0f} {d:10.0f} {d / s:15.2f} {spread:>20}")
 
 
 # --- directory ----------------------------------------------------------------------------------
@@ -255,6 +261,7 @@ def main():
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--rows", type=int, default=200000)
     p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--epochs", type=int, default=0, help="speed: whole epochs instead of --iterations")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seeds", type=int, default=3, help="quality: seeds per table")
     p.add_argument("--ml100k", default=None, help="folder with MovieLens 100K's u.data, u.user, u.item")

@@ -52,11 +52,20 @@ admitted = emb.pull_with_state(stepped, iteration=1).wait()
 stale = emb.pull_stale(slots, np.full(len(slots), 2, np.int64), bound=0, iteration=1).wait()
 current = emb.pull_stale(slots, admitted[3][:len(slots)], bound=0, iteration=1).wait()
 emb.push(slots, grads(1, len(slots)), iteration=1, lr=lr).wait()
-emb.admit(later_slots, later_keys, iteration=2).wait()
+# The later keys' rows drawn by the worker, as hetu.rows sends them: the server only copies them.
+drawn = np.empty((len(later_keys), ARGS["width"]), np.float32)
+_C.key_rows(2, 0.0, 0.1, 7, _C.name_stream("emb"), later_keys, drawn)
+try:
+    emb.admit(later_slots, later_keys, rows=drawn[:, :-1], iteration=2)
+    wrong_width = None
+except ValueError as e:
+    wrong_width = str(e)
+emb.admit(later_slots, later_keys, rows=drawn, iteration=2).wait()
 errors = {"two keys at one iteration": error_of(
     lambda: emb.admit(later_slots[:1], later_keys[:1] + 1000, iteration=2).wait())}
 after = emb.pull_with_state(np.concatenate([slots, later_slots]), iteration=2).wait()
 errors["late"] = error_of(lambda: emb.admit(slots, keys, iteration=1).wait())
+errors["rows of another width"] = wrong_width
 errors["slot past the rows"] = error_of(lambda: emb.admit([ARGS["rows"]], [1]).wait())
 errors["negative slot"] = error_of(lambda: emb.admit([-1], [1]).wait())
 errors["two keys in one request"] = error_of(lambda: emb.admit([9, 9], [1, 2]).wait())
@@ -135,6 +144,7 @@ def test_admit_resets_rows_once_between_iterations(cluster, tmp_path, storage):
         assert "table 'emb'" in errors["slot past the rows"] and f"slot {ROWS}" in errors["slot past the rows"], errors
         assert "table 'emb'" in errors["negative slot"] and "slot -1" in errors["negative slot"], errors
         assert "disagree" in errors["two keys in one request"], errors
+        assert "initial rows has 14 elements, expected 16" in errors["rows of another width"], errors
         assert "disagree" in errors["two keys at one iteration"] and "iteration 2" in errors["two keys at one iteration"]
         assert "after that iteration's pushes were applied" in errors["late"], errors
         # Each server counts the rows it reset: every slot once (the BSP admits, however many were

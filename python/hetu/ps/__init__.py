@@ -338,15 +338,18 @@ class Table:
         k, v, s, st, va = self._assignment(keys, values, state, steps, version_add)
         return Handle(self._t.assign(keys=k, values=v, state=s, steps=st, version_add=va))
 
-    def admit(self, slots, keys, iteration=None, catch_up_to=0):
+    def admit(self, slots, keys, rows=None, iteration=None, catch_up_to=0):
         """Dynamic tables (docs/design.md section 13): the row at each of `slots` becomes the initial
         row of the key admitted into it (``hetu._C.key_rows`` with the table's initializer, seed
-        and stream, rounded to its storage type), with zero optimizer state and steps and a newer
+        and stream, rounded to its storage type; `rows`: those rows, float32 [len(keys), width],
+        drawn by the caller, else by the servers), with zero optimizer state and steps and a newer
         version. Result: None. With `iteration=t` (BSP table) it lands after every push of t-1
         and before any push of t, once per slot however many workers send it; send it before
         the push of t. A catch-up optimizer's admitted rows start at step `catch_up_to`."""
         self._sparse()
-        return Handle(self._t.admit(slots=_keys(slots), keys=_keys(keys), iteration=_iter(iteration),
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, np.float32)
+        return Handle(self._t.admit(slots=_keys(slots), keys=_keys(keys), rows=rows, iteration=_iter(iteration),
                                     catch_up_to=int(catch_up_to)))
 
     def _assignment(self, keys, values, state=None, steps=None, version_add=1):

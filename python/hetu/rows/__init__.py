@@ -10,6 +10,8 @@ The PS lookup op (hetu.ops.embedding), the sparse updater (hetu.updaters), the e
 hetu.checkpoint use only what RowSource declares. counters.py holds the counters they add to."""
 import abc
 
+from ..dynamic import initial_rows
+
 
 class RowSource(abc.ABC):
     """The rows of one table, as one worker reads and updates them. `remote`: the table's
@@ -33,10 +35,12 @@ class RowSource(abc.ABC):
     def begin_step(self, step, uniq):
         """A dynamic table's step (hetu.dynamic.KeyStep) before the lookup of its distinct slots
         `uniq`: the servers reset the rows of the keys admitted at this step that this worker reads
-        (every worker reading one sends it; the servers apply it once, after the step before)."""
+        (every worker reading one sends it; the servers apply it once, after the step before) to
+        the keys' initial rows, which the worker draws (the same function as the servers'): the
+        draws spread over the workers instead of queueing on the servers."""
         slots, keys = step.admitted_among(uniq)
         if len(slots):
-            self.remote.admit(slots, keys)
+            self.remote.admit(slots, keys, initial_rows(self.param, keys, self.remote.seed))
 
     def read(self, uniq):
         """The rows as the servers hold them, outside training (validation, after a flush);

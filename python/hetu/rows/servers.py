@@ -67,6 +67,7 @@ class RemoteTable:
 
     def __init__(self, client, param, optimizer, seed, sync, counters, dense=False, tier=None, tier_prefetch=True):
         self.param, self.sync, self.counters, self.dense = param, sync, counters, dense
+        self.seed = seed
         self.clock = 0
         # Under a catch-up optimizer (hetu.optim: adam_catchup), the steps taken so far (a
         # callable: the stepping OptimizerOp's count, set by bind_ps): every read and push
@@ -131,14 +132,16 @@ class RemoteTable:
                                         write_back=write_back, catch_up_to=self.catch_up_to())).wait()
         self.clock += 1
 
-    def admit(self, slots, keys):
-        """Dynamic tables: `keys` start from their initial rows in `slots` as of this step (after
+    def admit(self, slots, keys, rows=None):
+        """Dynamic tables: `keys` start from their initial rows (`rows`, float32, drawn here by
+        hetu.dynamic.initial_rows; None: the servers draw them) in `slots` as of this step (after
         every push before it, before this step's push). It does not advance the clock, and it is
         not awaited here: a server serves one worker's requests in the order sent (the van keeps
         each pair's order, the server's data thread its arrival order), so the step's pull that
         follows reads the admitted rows, and the admit's answer is awaited with that request's
         (docs/design.md section 13): one round trip, not two."""
-        self._admits.append(self._table.admit(slots, keys, iteration=self._tag(), catch_up_to=self.catch_up_to()))
+        self._admits.append(self._table.admit(slots, keys, rows=rows, iteration=self._tag(),
+                                              catch_up_to=self.catch_up_to()))
 
     def prefetch(self, keys):
         """A table on disk: the servers read these rows (the next step's) into their caches
