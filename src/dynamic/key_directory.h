@@ -138,7 +138,10 @@ class KeyDirectory {
   // have expired are at its front. An entry is stale once its slot was read again or changed key.
   std::deque<std::pair<int64_t, int64_t>> reads_;
 
+  void DistinctKeys(const int64_t* keys, int64_t n, std::vector<int64_t>* out);
   std::vector<int64_t> scratch_ways_, scratch_old_;  // Admit's and KeepCounts' working lists
+  std::vector<int64_t> scratch_set_;                  // DistinctKeys' open-addressed set
+  std::vector<uint64_t> scratch_sort_a_, scratch_sort_b_;
   std::vector<uint8_t> admitted_at_;                 // per distinct key of the step: admitted now
 
   int64_t step_ = 0;
