@@ -155,3 +155,32 @@ def test_a_checkpoint_resumes_exactly(hashed, tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     other = run_hetu(*FLAGS, "--data-dir", hashed, "--table-capacity", "256", "--nepoch", "2", "--resume", part)
     assert other.returncode != 0 and "--table-capacity" in other.stderr, other.stderr
+
+
+def test_steps_taken_ahead_change_nothing(hashed, tmp_path):
+    """The key directory's next step, taken ahead on a thread (HETU_DYNAMIC_AHEAD, the default), is
+    taken back whenever a validation, a checkpoint or the counters read the directory first:
+    validation after each epoch and a checkpoint every 7 steps, with evictions, a ttl and
+    admission after 2 reads, give the same validation lines, parameters, counters and checkpoint
+    as every step taken in its turn."""
+    flags = (*FLAGS, "--data-dir", hashed, "--table-capacity", "256", "--admit-after", "2", "--evict-ttl", "5",
+             "--nepoch", "3", "--val")
+    outputs = {}
+    for ahead in ("1", "0"):
+        out = tmp_path / ahead
+        out.mkdir()
+        proc = jobs.run([sys.executable, str(REPO / "examples/ctr/run_hetu.py"), "--no-progress", *map(str, flags),
+                         "--checkpoint", out / "ckpt", "--checkpoint-every", "7", "--save-params", out / "p.npz"],
+                        capture_output=True, text=True, timeout=300,
+                        env={"HETU_NUM_THREADS": "1", "HETU_DYNAMIC_AHEAD": ahead})
+        assert proc.returncode == 0, proc.stderr
+        lines = [re.sub(r"\(.*?samples/s\)", "", x) for x in proc.stdout.splitlines()
+                 if x.startswith(("epoch ", "table "))]
+        assert sum("val" in x for x in lines) == 3 and sum(x.startswith("table ") for x in lines) == 2, proc.stdout
+        outputs[ahead] = lines, np.load(out / "p.npz"), np.load(out / "ckpt" / "dynamic.npz")
+    (lines_a, params_a, keys_a), (lines_b, params_b, keys_b) = outputs["1"], outputs["0"]
+    assert lines_a == lines_b
+    for got, want in ((params_a, params_b), (keys_a, keys_b)):
+        assert sorted(got.files) == sorted(want.files)
+        for k in want.files:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from . import env
+from .dynamic import STEP_AHEAD
 from .graph import Op
 
 
@@ -291,7 +291,6 @@ class DataloaderOp(Op):
         return None
 
     keys = None   # hetu.dynamic.TableKeys where the batches are a dynamic table's keys (bind_dynamic)
-    ahead = env.raw("HETU_DYNAMIC_AHEAD") != "0"   # a dynamic table's next step taken ahead
 
     def compute(self, vals, state):
         loader = self.loader(state.subgraph)
@@ -310,7 +309,7 @@ class DataloaderOp(Op):
         slots = self.keys.train(step, functools.partial(loader.global_rows, step), batch)
         # The next step's decisions, taken on a thread while this one trains (taken back if a
         # validation or a checkpoint reads the directory first): when its batch is at hand.
-        if self.ahead:
+        if STEP_AHEAD:
             following = loader.global_rows_ready(step + 1)
             if following is not None:
                 self.keys.step_ahead(step + 1, following)

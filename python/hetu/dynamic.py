@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _C
+from . import _C, env
 
 # A key directory's bytes a slot when full: its arrays (key, count and last read of each slot and
 # of as many probation slots: 48 bytes) and its two hash maps, resident keys and keys on
@@ -30,6 +30,9 @@ DIRECTORY_BYTES_PER_SLOT = 48 + 2 * 32
 # Ways per bucket tried by default, largest first: the first that divides the capacity.
 DEFAULT_WAYS = (16, 8, 4, 2, 1)
 PADDING = -1   # an empty bag slot; also the slot of a key without a row
+# Whether a training step's decisions are taken ahead, while the step before trains
+# (TableKeys.step_ahead); HETU_DYNAMIC_AHEAD=0 takes each in its turn (the same decisions).
+STEP_AHEAD = env.raw("HETU_DYNAMIC_AHEAD") != "0"
 
 
 @dataclass(frozen=True)

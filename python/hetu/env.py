@@ -38,7 +38,7 @@ VARIABLES = (
     Variable("HETU_DYNAMIC_AHEAD", "int", "1",
              "0: a dynamic table's key directory takes each training step's decisions in its turn, not ahead "
              "on a thread while the step before trains (the same decisions; for measuring the overlap)",
-             "hetu.dataloader"),
+             "hetu.dynamic"),
     Variable("HETU_MEMORY_AVAILABLE", "int", "MemAvailable or the cgroup limit",
              "bytes of memory this host has for dynamic tables (stands in for the host's figure)",
              "src/common/host_memory.h"),

@@ -46,7 +46,7 @@ import numpy as np
 
 from .. import _C
 from ..dataloader import SamplePlan
-from ..dynamic import TableKeys
+from ..dynamic import STEP_AHEAD, TableKeys
 from .options import HeraldOptions
 
 
@@ -230,6 +230,9 @@ class Scheduler(SamplePlan):
                     slots = self._planner_keys.train(step, global_keys, global_keys)
                     self._thread.submit_ids(step - self._first, slots,
                                             self._planner_keys.current.reassigned_slots())
+                    following = self._global_keys(step + 1, wait=False)   # its step, taken ahead
+                    if following is not None and STEP_AHEAD:
+                        self._planner_keys.step_ahead(step + 1, following)
                 self._submitted += 1
 
     def _global_keys(self, step, wait):
