@@ -301,6 +301,54 @@ def endpoint_table(args, bundle, work):
     return rows
 
 
+# --- a large body -----------------------------------------------------------------------------------
+
+def post(url, body, timeout=120):
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
+        return response.status
+
+
+def body_table(args, bundle, work):
+    """One client sends --body-instances instances in one request while another sends 4-instance
+    requests back to back: how long the large one takes, and how long the small ones waited."""
+    from hetu_tools.serve_load import random_instances
+    large = random_instances(bundle, 500, seed=1)
+    large = large * -(-args.body_instances // len(large))
+    body = json.dumps({"instances": large[:args.body_instances]}).encode()
+    small = json.dumps({"instances": large[:4]}).encode()
+    server = Server(args, bundle.path, work, "--max-instances", str(args.body_instances),
+                    "--max-body-bytes", str(len(body) + 1024))
+    server.wait_ready(bundle.name)
+    url = f"{server.base}/v1/models/{bundle.name}:predict"
+    waits, stop = [], threading.Event()
+
+    def prober():
+        while not stop.is_set():
+            started = time.perf_counter()
+            post(url, small)
+            waits.append(time.perf_counter() - started)
+
+    thread = threading.Thread(target=prober)
+    thread.start()
+    time.sleep(1.0)
+    started = time.perf_counter()
+    status = post(url, body)
+    large_s = time.perf_counter() - started
+    time.sleep(0.5)
+    stop.set()
+    thread.join()
+    server.stop()
+    waits_ms = sorted(w * 1e3 for w in waits)
+    print(f"\n## a large body: {args.body_instances:,} instances, {len(body) / 1e6:.1f} MB, beside a client sending "
+          f"4 instances a request back to back; --max-batch {args.max_batch}")
+    print(f"{'large status':>13} {'large s':>8} {'small requests':>15} {'small p50 ms':>13} {'small p99 ms':>13} "
+          f"{'small max ms':>13}")
+    print(f"{status:>13} {large_s:>8.2f} {len(waits_ms):>15,} {waits_ms[len(waits_ms) // 2]:>13.1f} "
+          f"{waits_ms[int(len(waits_ms) * 0.99)]:>13.1f} {waits_ms[-1]:>13.0f}")
+
+
 # --- a swap under load ----------------------------------------------------------------------------
 
 class ArrivalWatch(threading.Thread):
@@ -398,7 +446,8 @@ def main():
     p.add_argument("--swap-epochs", type=int, default=12, help="epochs of 30 steps the followed job reaches")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--full-every", type=int, default=4)
-    p.add_argument("--parts", default="dense,endpoint,swap")
+    p.add_argument("--body-instances", type=int, default=157_500, help="body: the large request's instances")
+    p.add_argument("--parts", default="dense,endpoint,swap", help="of dense, endpoint, swap, body")
     args = p.parse_args()
     from hetu.serve.bundle import Bundle
     parts = args.parts.split(",")
@@ -414,6 +463,8 @@ def main():
             endpoint_table(args, bundle, work)
         if "swap" in parts:
             swap_table(args, bundle, ckpt, work)
+        if "body" in parts:
+            body_table(args, bundle, work)
 
 
 if __name__ == "__main__":

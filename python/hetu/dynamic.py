@@ -82,18 +82,23 @@ class KeyStep:
     """The directory's decisions at one training step: the global batch's distinct keys
     (ascending) with their slots, the admitted and the evicted (key, slot) pairs."""
     __slots__ = ("step", "keys", "slots", "admitted_keys", "admitted_slots", "evicted_keys", "evicted_slots",
-                 "_by_slot")
+                 "_by_slot", "_reassigned")
 
     def __init__(self, step, result):
         self.step = step
-        for name in self.__slots__[1:-1]:
+        for name in self.__slots__[1:-2]:
             setattr(self, name, result[name])
-        self._by_slot = None
+        self._by_slot = self._reassigned = None
 
     def reassigned_slots(self):
         """The slots (ascending) whose key changed at this step, evicted or admitted: the rows
-        their old keys left are discarded (a cached copy is dropped, never written back)."""
-        return np.union1d(self.evicted_slots, self.admitted_slots)
+        their old keys left are discarded (a cached copy is dropped, never written back). Every
+        cache of the step asks: computed once, by a sort (a slot evicted and re-admitted at the
+        step is in both lists)."""
+        if self._reassigned is None:
+            both = np.sort(np.concatenate([self.evicted_slots, self.admitted_slots]))
+            self._reassigned = both[np.concatenate([[True], both[1:] != both[:-1]])] if len(both) else both
+        return self._reassigned
 
     def admitted_among(self, slots):
         """(slots, keys) of this step's admissions whose slot is in `slots` (ascending), in slot
