@@ -126,6 +126,7 @@ class Scheduler(SamplePlan):
         # hetu.dynamic.TableKeys): the planner's own replica turns each batch's into slots.
         self._training_keys = table_keys
         self._planner_keys = None
+        self._keys_ahead = None   # (step, global keys) of the step the planner's replica took ahead
         if table_keys is not None and self.plans_here:
             self._planner_keys = TableKeys(table_keys.table, f"{table_keys.name} (Herald's planner)")
         self._lock = threading.Lock()   # submissions come from the training and the loader threads
@@ -149,6 +150,7 @@ class Scheduler(SamplePlan):
             # The training replica has taken exactly the steps before `step` (a new run: none; a
             # resumed one: those its checkpoint restored).
             self._planner_keys.restore(self._training_keys.state(), step)
+            self._keys_ahead = None
         # Data loaders ask for allocations up to a few steps behind the plans taken.
         history = 2 * self.lookahead + 8
         # A batch submitted with its ids (a dynamic table's slots, or ids its loader computes)
@@ -224,14 +226,18 @@ class Scheduler(SamplePlan):
                 elif self._planner_keys is None:
                     self._thread.submit(step - self._first, self.batches.indices(step))
                 else:
-                    global_keys = self._global_keys(step, wait)
+                    ahead, self._keys_ahead = self._keys_ahead, None
+                    global_keys = ahead[1] if ahead is not None and ahead[0] == step else self._global_keys(step, wait)
                     if global_keys is None:
                         return
                     slots = self._planner_keys.train(step, global_keys, global_keys)
                     self._thread.submit_ids(step - self._first, slots,
                                             self._planner_keys.current.reassigned_slots())
-                    following = self._global_keys(step + 1, wait=False)   # its step, taken ahead
-                    if following is not None and STEP_AHEAD:
+                    # The next step's decisions, taken on a thread until it is submitted; its keys
+                    # kept for it (a sequence model's are computed, negatives drawn: once).
+                    following = self._global_keys(step + 1, wait=False) if STEP_AHEAD else None
+                    if following is not None:
+                        self._keys_ahead = step + 1, following
                         self._planner_keys.step_ahead(step + 1, following)
                 self._submitted += 1
 
