@@ -357,10 +357,8 @@ def _value(text, i, depth):
 
 def _object(text, i, depth):
     out = {}
-    i = _SPACE.match(text, i + 1).end()
-    if text.startswith("}", i):
-        return out, i + 1
-    while True:
+
+    def member(i):
         if not text.startswith('"', i):
             raise ValueError(f"Expecting property name enclosed in double quotes: char {i}")
         key, i = _DECODER.raw_decode(text, i)
@@ -368,25 +366,32 @@ def _object(text, i, depth):
         if not text.startswith(":", i):
             raise ValueError(f"Expecting ':' delimiter: char {i}")
         out[key], i = _value(text, _SPACE.match(text, i + 1).end(), depth)
-        i = _SPACE.match(text, i).end()
-        if text.startswith("}", i):
-            return out, i + 1
-        if not text.startswith(",", i):
-            raise ValueError(f"Expecting ',' delimiter: char {i}")
-        i = _SPACE.match(text, i + 1).end()
+        return i
+
+    return out, _items(text, i, "}", member)
 
 
 def _array(text, i):
     out = []
-    i = _SPACE.match(text, i + 1).end()
-    if text.startswith("]", i):
-        return out, i + 1
-    while True:
+
+    def element(i):
         value, i = _DECODER.raw_decode(text, i)
         out.append(value)
-        i = _SPACE.match(text, i).end()
-        if text.startswith("]", i):
-            return out, i + 1
+        return i
+
+    return out, _items(text, i, "]", element)
+
+
+def _items(text, i, close, read):
+    """Reads the comma-separated items of the object or array opened at text[i] with `read`
+    (an item's start -> its end), to `close`: the index past it."""
+    i = _SPACE.match(text, i + 1).end()
+    if text.startswith(close, i):
+        return i + 1
+    while True:
+        i = _SPACE.match(text, read(i)).end()
+        if text.startswith(close, i):
+            return i + 1
         if not text.startswith(",", i):
             raise ValueError(f"Expecting ',' delimiter: char {i}")
         i = _SPACE.match(text, i + 1).end()
