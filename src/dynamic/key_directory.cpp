@@ -217,20 +217,35 @@ StepResult KeyDirectory::Step(int64_t t, const int64_t* keys, int64_t n, bool re
   return out;
 }
 
+void KeyDirectory::SlotLog::Record(int64_t i, const std::vector<int64_t>& key, const std::vector<int64_t>& count,
+                                   const std::vector<int64_t>& last_read) {
+  at.push_back(i);
+  keys.push_back(key[i]);
+  counts.push_back(count[i]);
+  last_reads.push_back(last_read[i]);
+}
+
+void KeyDirectory::SlotLog::Restore(std::vector<int64_t>* key, std::vector<int64_t>* count,
+                                    std::vector<int64_t>* last_read, FlatMap<int64_t>* where) const {
+  // Last change first: a slot evicted and re-admitted at the step gets its first key back.
+  for (size_t j = at.size(); j-- > 0;) {
+    const int64_t i = at[j], now = (*key)[i], before = keys[j];
+    if (now != before) {
+      if (now != kFree) where->Erase(now);
+      if (before != kFree) where->Insert(before, i);
+    }
+    (*key)[i] = before;
+    (*count)[i] = counts[j];
+    (*last_read)[i] = last_reads[j];
+  }
+}
+
 void KeyDirectory::Remember(int64_t slot) {
-  if (!undo_.active) return;
-  undo_.slots.push_back(slot);
-  undo_.keys.push_back(key_[slot]);
-  undo_.counts.push_back(count_[slot]);
-  undo_.last_reads.push_back(last_read_[slot]);
+  if (undo_.active) undo_.slots.Record(slot, key_, count_, last_read_);
 }
 
 void KeyDirectory::RememberProbation(int64_t j) {
-  if (!undo_.active) return;
-  undo_.places.push_back(j);
-  undo_.place_keys.push_back(probation_key_[j]);
-  undo_.place_counts.push_back(probation_count_[j]);
-  undo_.place_last_reads.push_back(probation_last_read_[j]);
+  if (undo_.active) undo_.places.Record(j, probation_key_, probation_count_, probation_last_read_);
 }
 
 void KeyDirectory::Keep() {
@@ -243,27 +258,8 @@ void KeyDirectory::TakeBack() {
   if (!undo_.active) return;
   Undo u = std::move(undo_);
   undo_ = Undo{};
-  // Last change first: a slot evicted and re-admitted at the step gets its first key back.
-  for (size_t i = u.slots.size(); i-- > 0;) {
-    const int64_t slot = u.slots[i], now = key_[slot], before = u.keys[i];
-    if (now != before) {
-      if (now != kFree) slot_of_.Erase(now);
-      if (before != kFree) slot_of_.Insert(before, slot);
-    }
-    key_[slot] = before;
-    count_[slot] = u.counts[i];
-    last_read_[slot] = u.last_reads[i];
-  }
-  for (size_t i = u.places.size(); i-- > 0;) {
-    const int64_t j = u.places[i], now = probation_key_[j], before = u.place_keys[i];
-    if (now != before) {
-      if (now != kFree) probation_of_.Erase(now);
-      if (before != kFree) probation_of_.Insert(before, j);
-    }
-    probation_key_[j] = before;
-    probation_count_[j] = u.place_counts[i];
-    probation_last_read_[j] = u.place_last_reads[i];
-  }
+  u.slots.Restore(&key_, &count_, &last_read_, &slot_of_);
+  u.places.Restore(&probation_key_, &probation_count_, &probation_last_read_, &probation_of_);
   for (size_t i = 0; i < u.pushed; ++i) reads_.pop_back();
   for (size_t i = u.popped.size(); i-- > 0;) reads_.push_front(u.popped[i]);
   step_ = u.step;

@@ -109,15 +109,23 @@ class KeyDirectory {
   void Remember(int64_t slot);
   void RememberProbation(int64_t j);
 
-  // What a revocable step changed, in order: every slot's and probation slot's values before
-  // each change (taken back last first), the counters before it, and the expiry queue's reads
-  // popped from its front and pushed at its back.
+  // One kind of slot (resident, or probation) as a revocable step found it before each change:
+  // Restore puts the values back, last change first, and the slot's key in `where`.
+  struct SlotLog {
+    std::vector<int64_t> at, keys, counts, last_reads;
+    void Record(int64_t i, const std::vector<int64_t>& key, const std::vector<int64_t>& count,
+                const std::vector<int64_t>& last_read);
+    void Restore(std::vector<int64_t>* key, std::vector<int64_t>* count, std::vector<int64_t>* last_read,
+                 FlatMap<int64_t>* where) const;
+  };
+  // What a revocable step changed, in order: the slots' and probation slots' values before
+  // each change, the counters before it, and the expiry queue's reads popped from its front and
+  // pushed at its back.
   struct Undo {
     bool active = false;
     int64_t step = 0, resident = 0, admitted = 0, evicted = 0, missed = 0;
     bool stepped = false;
-    std::vector<int64_t> slots, keys, counts, last_reads;
-    std::vector<int64_t> places, place_keys, place_counts, place_last_reads;
+    SlotLog slots, places;
     std::vector<std::pair<int64_t, int64_t>> popped;
     size_t pushed = 0;
   };
