@@ -15,8 +15,6 @@ deterministic.
     python bench/compare_modes.py --plot rows.png    # also plot rows moved per iteration
 """
 import argparse
-import csv
-import glob
 import itertools
 import json
 import os
@@ -26,7 +24,7 @@ import sys
 import tempfile
 
 from common.launch import ROOT
-from common.summaries import worker_summaries
+from common.summaries import cache_perf_rows, worker_summaries
 
 MODES = {
     "PS": ("run_hetu.py", ["--comm", "Hybrid"]),
@@ -97,18 +95,6 @@ def aggregate(summaries, batch):
             "seconds": seconds}
 
 
-def per_iteration_rows(csv_dir, mode_tag):
-    rows = {}
-    for path in glob.glob(os.path.join(csv_dir, f"*-{mode_tag}-worker*.csv")):
-        with open(path) as f:
-            for r in csv.DictReader(f):
-                if r["iteration"] == "end":   # the final flush: not an iteration of the plot
-                    continue
-                it = int(r["iteration"])
-                rows[it] = rows.get(it, 0) + int(float(r["rows_pulled"])) + int(float(r["rows_pushed"]))
-    return [rows[k] for k in sorted(rows)]
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one configuration: W=2, b=256, ratio 0.1, embedding 32")
@@ -147,7 +133,7 @@ def main():
                 with tempfile.TemporaryDirectory() as csv_dir:
                     runs[mode].append(aggregate(run_mode(mode, workers, batch, ratio, args, csv_dir), batch))
                     if args.plot and mode in CSV_TAGS and not plot_series.get(mode) and r == 0:
-                        plot_series[mode] = per_iteration_rows(csv_dir, CSV_TAGS[mode])
+                        plot_series[mode] = cache_perf_rows(csv_dir, f"*-{CSV_TAGS[mode]}")[0]
         base = {}
         for mode in args.modes:
             agg = dict(runs[mode][0], samples_per_s=statistics.median(x["samples_per_s"] for x in runs[mode]))

@@ -6,7 +6,8 @@ PS and the HET cache move on user histories.
                   windows (the machine idles --settle s before each), medians over --windows
   --part quality  HR@10 / NDCG@10 after each epoch, hetu and PyTorch trained side by side
   --part rows     PS, HET (bound 0) and Herald at W workers under python/runner.py: rows moved
-                  and samples/s from the workers' summary lines; with --rate, every worker on a
+                  and samples/s from the workers' summary lines and --cache-perf CSVs (with
+                  --epochs E > 1, the last epoch's apart: the caches warm); with --rate, every worker on a
                   network-namespace host of its own and the server on another, each host's link
                   shaped to the rate (hetu_tools.netns: needs root, iproute2, sshd and mpirun)
 
@@ -15,12 +16,14 @@ Examples:
   python bench/seqrec.py --part quality --model sasrec --dataset movielens-sequences --epochs 20
   python bench/seqrec.py --part rows --model sasrec --dataset synthetic-sequences --workers 2
   python bench/seqrec.py --part rows --model sasrec --dataset data/longtail --workers 2 4 --rate 1gbit
+  python bench/seqrec.py --part rows --model sasrec --dataset data/longtail --kinds shared --iters 0 --epochs 5
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +36,7 @@ import hetu as ht  # noqa: E402
 from hetu.data import load_dataset  # noqa: E402
 from hetu.models.sequential import SequenceConfig, build  # noqa: E402
 from hetu.run.sequence_training import RANKS, TrainingColumns, first_columns  # noqa: E402
-from common.summaries import WORKER_SUMMARY  # noqa: E402
+from common.summaries import WORKER_SUMMARY, cache_perf_rows  # noqa: E402
 
 
 def parse():
@@ -53,9 +56,14 @@ def parse():
     p.add_argument("--windows", type=int, default=5, help="speed: alternating windows per framework")
     p.add_argument("--steps", type=int, default=3, help="speed: steps a window")
     p.add_argument("--settle", type=float, default=0.5, help="speed: idle seconds before each window")
-    p.add_argument("--epochs", type=int, default=10, help="quality: epochs")
+    p.add_argument("--twin-dropout", choices=("hetu", "torch"), default="hetu",
+                   help="quality: the PyTorch twin's dropout masks, hetu's (the same op, step and samples: the two "
+                        "trainings differ by float rounding alone) or PyTorch's own (another draw each)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="quality: epochs (default 10); rows: epochs a run (default 1; with more, the last epoch's rows "
+                        "are shown apart: the caches warm)")
     p.add_argument("--workers", type=int, nargs="+", default=[2], help="rows: worker counts")
-    p.add_argument("--iters", type=int, default=20, help="rows: iterations a run")
+    p.add_argument("--iters", type=int, default=20, help="rows: iterations an epoch at most (0: whole epochs)")
     p.add_argument("--cache-ratio", type=float, default=0.1, help="rows: HET's and Herald's cache, a share of the rows")
     p.add_argument("--rate", default=None, help="rows: a tc rate (e.g. 1gbit): namespace hosts, links shaped")
     p.add_argument("--kinds", nargs="+", default=["uniform"], choices=("uniform", "shared", "in-batch"),
@@ -68,7 +76,7 @@ class Pair:
 
     def __init__(self, kind, data, args):
         import torch
-        from common.torch_seqrec import TorchSequential
+        from common.torch_seqrec import TorchSequential, hetu_dropout_masks
         self.torch = torch
         torch.set_num_threads(ht.threads.configure(None)[0])
         self.kind, self.data, self.args = kind, data, args
@@ -96,6 +104,9 @@ class Pair:
                                           eps=optimizer.config.eps)
         self.batches = self.ids.loader("train").batches
         self.step = 0   # the twin's
+        # quality: the twin drops what hetu drops (a twin of the same computation); speed: its own
+        # F.dropout, PyTorch at its best.
+        self.masks_of = hetu_dropout_masks if args.part == "quality" and args.twin_dropout == "hetu" else None
 
     def hetu_step(self):
         return float(self.executor.run("train", convert_to_numpy_ret_vals=True)[0])
@@ -107,6 +118,8 @@ class Pair:
         ids = self.columns.ids(self.step, rows, stored)
         index = self.columns.index(self.step, rows, stored)
         times = torch.tensor(np.asarray(self.data.train.times[rows])[:, :L]) if self.kind == "hstu" else None
+        if self.masks_of is not None:   # the masks hetu's ops draw for these samples at this step
+            self.twin.dropout_masks = self.masks_of(self.args.seed, self.step, rows, 1.0 - self.args.dropout)
         self.twin.train()
         self.twin_opt.zero_grad()
         loss = self.twin.loss(torch.tensor(ids), torch.tensor(index), times)
@@ -156,7 +169,7 @@ class Pair:
 
 
 def speed(args, data):
-    print(f"| model | dataset | batch | hetu ms/step | PyTorch ms/step | PyTorch / hetu |")
+    print("| model | dataset | batch | hetu ms/step | PyTorch ms/step | PyTorch / hetu |")
     print("|---|---|---|---|---|---|")
     for kind in args.model:
         pair = Pair(kind, data, args)
@@ -184,7 +197,7 @@ def quality(args, data):
         print(f"{kind} on {args.dataset}: {per_epoch} steps an epoch, batch {args.batch}", flush=True)
         print("| epoch | hetu loss | PyTorch loss | hetu HR@10 | PyTorch HR@10 | hetu NDCG@10 | PyTorch NDCG@10 |")
         print("|---|---|---|---|---|---|---|")
-        for epoch in range(args.epochs):
+        for epoch in range(args.epochs or 10):
             losses = [(pair.hetu_step(), pair.twin_step()) for _ in range(per_epoch)]
             h_loss, t_loss = np.mean(losses, axis=0)
             m = pair.evaluate()
@@ -196,7 +209,6 @@ def rows(args):
     if args.rate is None:
         return rows_table(args, lambda w: ["-w", str(w), "-s", "1"])
     from hetu_tools.netns import NamespaceHosts, NetnsUnavailable, shape
-    import tempfile
     try:
         with NamespaceHosts(max(args.workers) + 1) as hosts, tempfile.TemporaryDirectory() as d:
             for h in hosts:
@@ -211,32 +223,54 @@ def rows(args):
 
 
 def rows_table(args, where):
-    """The rows table, each run's cluster given by where(W) (runner.py's flags)."""
+    """The rows table, each run's cluster given by where(W) (runner.py's flags), then Herald's rows
+    against HET's."""
     env = dict(os.environ, HETU_NUM_THREADS="1")
     # An absolute folder: the runs may start on other (namespace) hosts, in another folder.
+    epochs = args.epochs or 1
     common = ["--no-progress", "--data-dir", str(load_dataset(args.dataset).path.resolve()), "--embedding-size", str(args.embedding), "--num-negatives",
-              str(args.negatives), "--iters-per-epoch", str(args.iters), "--dropout", str(args.dropout)]
+              str(args.negatives), "--nepoch", str(epochs), "--dropout", str(args.dropout)]
+    if args.iters:
+        common += ["--iters-per-epoch", str(args.iters)]
     cache = ["--comm", "Hybrid", "--cache", "lru", "--cache-limit-ratio", str(args.cache_ratio)]
     modes = {"PS": (["--comm", "PS"], "run_hetu.py"), "HET": ([*cache, "--bound", "0"], "run_hetu.py"),
              "Herald": (cache, "run_laia.py")}
-    print("| model | dataset | negatives | W | link | mode | rows moved / iteration | MB moved / iteration | samples/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    warm = epochs > 1
+    print("Rows moved: all workers' rows pulled and pushed, per iteration; 'run' counts every iteration and the "
+          "final flush, 'last epoch' the iterations of the last epoch alone (the caches warm, no flush).")
+    print(f"| model | dataset | negatives | W | link | mode | rows / iteration, run |{' last epoch |' if warm else ''} "
+          "MB / iteration, run | samples/s |")
+    print(f"|---|---|---|---|---|---|---|{'---|' if warm else ''}---|---|")
+    moved = {}
     for kind, negatives, w in ((k, n, w) for k in args.model for n in args.kinds for w in args.workers):
         for mode, (flags, script) in modes.items():
-            cmd = [sys.executable, str(REPO / "python/runner.py"), *where(w), sys.executable,
-                   str(REPO / "examples/ctr" / script), "--model", kind, *common, "--negatives", negatives, *flags,
-                   "--bsp", "0", "--batch-size", str(args.batch)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+            with tempfile.TemporaryDirectory() as csv_dir:
+                cmd = [sys.executable, str(REPO / "python/runner.py"), *where(w), sys.executable,
+                       str(REPO / "examples/ctr" / script), "--model", kind, *common, "--negatives", negatives, *flags,
+                       "--bsp", "0", "--batch-size", str(args.batch), "--cache-perf", "--csv-dir", csv_dir]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+                per_iteration, flush = cache_perf_rows(csv_dir)
             # Every worker prints its summary: the rows of all of them.
             lines = [json.loads(s) for _, s in WORKER_SUMMARY.findall(proc.stdout)]
             row = f"| {kind} | {args.dataset} | {negatives} | {w} | {args.rate or 'loopback'} | {mode} |"
-            if proc.returncode or len(lines) != w:
+            if proc.returncode or len(lines) != w or not per_iteration:
                 print(f"{row} failed: {proc.stderr.strip()[-200:]} |")
                 continue
-            it = max(1, lines[0]["iterations"])
-            moved = sum(x["counters"]["rows_pulled"] + x["counters"]["rows_pushed"] for x in lines) / it
-            mb = sum(x["counters"]["bytes_pulled"] + x["counters"]["bytes_pushed"] for x in lines) / it / 2**20
-            print(f"{row} {moved:,.0f} | {mb:.1f} | {lines[0]['samples_per_second']:.0f} |", flush=True)
+            run = (sum(per_iteration) + flush) / len(per_iteration)
+            per_epoch = -(-len(per_iteration) // epochs)   # iterations an epoch
+            last = per_iteration[-per_epoch:]
+            moved[kind, negatives, w, mode] = run, sum(last) / len(last)
+            mb = sum(x["counters"]["bytes_pulled"] + x["counters"]["bytes_pushed"] for x in lines) / len(per_iteration) / 2**20
+            print(f"{row} {run:,.0f} |{f' {sum(last) / len(last):,.0f} |' if warm else ''} {mb:.1f} | "
+                  f"{lines[0]['samples_per_second']:.0f} |", flush=True)
+    print()
+    print(f"| model | dataset | negatives | W | Herald / HET, run |{' last epoch |' if warm else ''}")
+    print(f"|---|---|---|---|---|{'---|' if warm else ''}")
+    for kind, negatives, w in ((k, n, w) for k in args.model for n in args.kinds for w in args.workers):
+        het, herald = moved.get((kind, negatives, w, "HET")), moved.get((kind, negatives, w, "Herald"))
+        if het and herald:
+            print(f"| {kind} | {args.dataset} | {negatives} | {w} | {herald[0] / het[0]:.2f} |"
+                  f"{f' {herald[1] / het[1]:.2f} |' if warm else ''}")
 
 
 def main():

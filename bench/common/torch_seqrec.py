@@ -4,7 +4,9 @@ the model tests to compare hetu with.
 Built from a dict of hetu's parameters (name -> array: the same initial weights) and reading the
 same ids rows [inputs | targets | distinct negatives] and negatives' index
 (hetu.data.sequences.draw_negatives and distinct_candidates: the same negatives), so that with dropout 0 the two compute the same losses and gradients up to float
-rounding. hetu's Linear weights are [in, out]; here they stay so (x @ W + b)."""
+rounding. With `dropout_masks` set (hetu_dropout_masks), each dropout draws hetu's mask for the
+same op, step and samples instead of PyTorch's own: then with dropout too. hetu's Linear weights
+are [in, out]; here they stay so (x @ W + b)."""
 import math
 
 import numpy as np
@@ -36,6 +38,7 @@ class TorchSequential(nn.Module):
         self.p = nn.ParameterDict({name.replace(".", "_"): nn.Parameter(torch.tensor(np.asarray(v, np.float32)))
                                    for name, v in params.items()})
         self.training_dropout = config.dropout
+        self.dropout_masks = None   # (hetu's dropout op name, shape) -> its scaled mask; None: F.dropout
 
     def _w(self, name):
         return self.p[name]
@@ -47,8 +50,13 @@ class TorchSequential(nn.Module):
     def _norm(self, x, name, eps):
         return F.layer_norm(x, (x.shape[-1],), self._w(f"{name}_scale"), self._w(f"{name}_bias"), eps)
 
-    def _drop(self, x):
-        return F.dropout(x, self.training_dropout, self.training) if self.training_dropout else x
+    def _drop(self, x, name):
+        """Dropout where hetu's model has its op `name` (hetu.models.sequential, hetu.layers)."""
+        if not self.training_dropout or not self.training:
+            return x
+        if self.dropout_masks is None:
+            return F.dropout(x, self.training_dropout, True)
+        return x * torch.from_numpy(self.dropout_masks(name, tuple(x.shape)))
 
     def encode(self, ids, times=None):
         c = self.config
@@ -57,7 +65,7 @@ class TorchSequential(nn.Module):
         mask = (inputs >= 0).float()
         table = self._w("item_embedding")
         x = table[inputs.clamp(min=0)] * mask[..., None] * math.sqrt(d) + self._w("position_embedding")
-        x = self._drop(x) * mask[..., None]
+        x = self._drop(x, "input_dropout") * mask[..., None]
         allowed = _allowed(mask, L)
         for i in range(c.blocks):
             x = (self._sasrec_block if self.kind == "sasrec" else self._hstu_block)(x, mask, allowed, i, times)
@@ -81,10 +89,10 @@ class TorchSequential(nn.Module):
                       for part, src in (("q", q), ("k", x), ("v", x)))
         scores = (qh @ kh.transpose(-1, -2)) * (qh.shape[-1] ** -0.5)
         weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
-        x = q + self._linear(self._merge(self._drop(weights) @ vh), f"{name}_out")
+        x = q + self._linear(self._merge(self._drop(weights, f"{name}_dropout") @ vh), f"{name}_out")
         x = self._norm(x, f"sasrec{i}_ffn_norm", 1e-8)
-        hidden = self._drop(torch.relu(self._linear(x, f"sasrec{i}_ffn1")))
-        return (x + self._drop(self._linear(hidden, f"sasrec{i}_ffn2"))) * mask[..., None]
+        hidden = self._drop(torch.relu(self._linear(x, f"sasrec{i}_ffn1")), f"sasrec{i}_ffn_dropout1")
+        return (x + self._drop(self._linear(hidden, f"sasrec{i}_ffn2"), f"sasrec{i}_ffn_dropout2")) * mask[..., None]
 
     def _hstu_block(self, x, mask, allowed, i, times):
         c = self.config
@@ -102,7 +110,7 @@ class TorchSequential(nn.Module):
         weights = torch.where(allowed, F.silu(scores + bias) / L, torch.zeros(()))
         attended = self._merge(weights @ self._heads(v, h))
         gated = u * F.layer_norm(attended, (h * lin,), eps=1e-6)
-        return (x + self._linear(self._drop(gated), f"{name}_out")) * mask[..., None]
+        return (x + self._linear(self._drop(gated, f"{name}_dropout"), f"{name}_out")) * mask[..., None]
 
     def loss(self, ids, index, times=None):
         """The mean over batch x L of the positions' sampled softmax losses (hetu's loss), computed
@@ -137,3 +145,14 @@ class TorchSequential(nn.Module):
 
     def parameters_by_name(self):
         return {k: v.detach().numpy() for k, v in self.p.items()}
+
+
+def hetu_dropout_masks(seed, step, rows, keep_prob):
+    """A TorchSequential.dropout_masks drawing hetu's per-sample masks (hetu.ops.norm.DropoutOp)
+    of a run seeded `seed` at `step` for the global samples `rows`: 1 / keep_prob where kept."""
+    from hetu.ops.norm import per_sample_uniforms
+    keep = np.float32(keep_prob)
+
+    def masks(name, shape):
+        return (per_sample_uniforms(seed, step, name, rows, shape) < keep).astype(np.float32) / keep
+    return masks

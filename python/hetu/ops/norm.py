@@ -233,11 +233,7 @@ class DropoutOp(Op):
             (state.iteration, np.arange(shape[0], dtype=np.int64))   # fed values: rows by position
         if len(rows) != shape[0]:
             raise ValueError(f"{self.name}: per-sample dropout over {shape[0]} rows, but the step has {len(rows)} samples")
-        seed = int(np.random.SeedSequence([state.executor.config.seed, int(step)]).generate_state(1, np.uint64)[0])
-        stream = _C.name_stream(self.name)
-        out = np.empty((shape[0], int(np.prod(shape[1:], dtype=np.int64))), np.float32)
-        _C.init_fill_rows(_UNIFORM, 0.0, 1.0, seed, stream, np.ascontiguousarray(rows, np.int64), out)
-        return out.reshape(shape)
+        return per_sample_uniforms(state.executor.config.seed, step, self.name, rows, shape)
 
     def compute(self, vals, state):
         x = vals[0]
@@ -277,6 +273,16 @@ def layer_normalization_op(x, scale, bias, eps=0.01, ctx=None):
 
 def l2_normalize_op(x, eps=1e-6, ctx=None):
     return L2NormalizeOp(x, eps, ctx=ctx)
+
+
+def per_sample_uniforms(seed, step, name, rows, shape):
+    """float32 uniforms in [0, 1) of `shape`, row i sample rows[i]'s: a function of the run's
+    `seed`, the `step`, the op's `name` and the sample alone (so of no worker count or plan): the
+    draws of a per-sample DropoutOp, which keeps where they fall below its keep_prob."""
+    seed = int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1, np.uint64)[0])
+    out = np.empty((shape[0], int(np.prod(shape[1:], dtype=np.int64))), np.float32)
+    _C.init_fill_rows(_UNIFORM, 0.0, 1.0, seed, _C.name_stream(name), np.ascontiguousarray(rows, np.int64), out)
+    return out.reshape(shape)
 
 
 def dropout_op(x, keep_prob, per_sample=False, ctx=None, name=None):
