@@ -55,6 +55,38 @@ def test_an_integer_outside_int64_fails_its_own_request_alone(tmp_path, trained)
     assert "Traceback" not in server.output(), server.output()
 
 
+def test_a_column_read_at_once_is_the_column_read_value_by_value():
+    """The encoder reads a column of plain numbers at once (dense_values, id_values): the same
+    numbers, and for anything else the same refusal, as reading it value by value."""
+    from hetu.serve.encode import dense_value, dense_values, id_value, id_values
+    pool = [0, 1, -5, 2 ** 53 + 1, 2 ** 63 - 1, -2 ** 63, 2 ** 63, 10 ** 30, 10 ** 400,   # ints first
+            0.5, -2.25, 1e308, float("inf"), float("nan"), True, None, "", "7", "x", [1]]
+    rng = np.random.default_rng(0)
+
+    def outcome(read):
+        try:
+            return read()
+        except InstanceError as e:
+            return str(e)
+
+    fast_paths = 0
+    for trial in range(400):
+        values = [pool[k] for k in rng.integers(0, 9 if trial % 2 else len(pool), rng.integers(1, 6))]
+        owners = list(range(10, 10 + len(values)))
+        for integer in (False, True):
+            got = outcome(lambda: dense_values("c", values, integer))
+            want = outcome(lambda: np.array([dense_value(i, "c", v, integer) for i, v in enumerate(values)],
+                                            np.float64))
+            assert type(got) is type(want) and (np.array_equal(got, want) if isinstance(got, np.ndarray)
+                                                else got == want), (values, integer, got, want)
+        got = outcome(lambda: id_values("c", values, owners))
+        want = outcome(lambda: np.array([id_value(i, "c", v) for i, v in zip(owners, values)], np.int64))
+        assert type(got) is type(want) and (np.array_equal(got, want) if isinstance(got, np.ndarray)
+                                            else got == want), (values, got, want)
+        fast_paths += isinstance(got, np.ndarray)
+    assert fast_paths > 50
+
+
 def test_a_request_over_max_instances_is_refused_and_a_large_one_runs_in_parts(tmp_path, trained):  # noqa: F811
     _, path = trained
     bundle = Bundle.open(path)

@@ -29,7 +29,7 @@ from ..data.movielens_side import RELEASE_DATE, TITLE_YEAR, UNKNOWN_YEAR, ZIP_PR
 from ..data.store import BAG_PADDING
 from ..data.tabular import dense_transform
 
-INT64 = np.iinfo(np.int64)
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1   # plain ints: np.iinfo's are properties
 UNSEEN = "vocabulary"   # where an unknown id was found: a value outside the vocabulary (else a dynamic table's name)
 
 
@@ -73,6 +73,20 @@ def dense_value(i, column, value, integer):
     return value
 
 
+def dense_values(column, values, integer):
+    """float64 [n]: dense_value of each of a column's `values`. A column of plain numbers (the
+    usual request) is converted at once; anything else, or a number a double cannot hold, goes
+    value by value, which names the first bad one."""
+    if set(map(type, values)) <= ({int} if integer else {int, float}):   # bool is not int here
+        try:
+            converted = np.array(values, np.float64)
+        except OverflowError:
+            converted = None
+        if converted is not None and np.isfinite(converted).all():
+            return converted
+    return np.array([dense_value(i, column, v, integer) for i, v in enumerate(values)], np.float64)
+
+
 def text_value(i, column, value):
     """A categorical value's text: a string as it is, an integer as its decimal text, null as ""."""
     if value is None:
@@ -92,10 +106,22 @@ def id_value(i, column, value):
         except ValueError:
             value = None
     if _is_int(value):
-        if not INT64.min <= value <= INT64.max:
+        if not INT64_MIN <= value <= INT64_MAX:
             raise _bad(i, column, f"id {_integer(value)} is outside int64")
         return value
     raise _bad(i, column, f"expected a field-local id (an integer), found {value!r}")
+
+
+def id_values(column, values, owners):
+    """int64 [n]: id_value of each of a column's `values` (each from instance owners[k]). Plain
+    integers (the usual request) are converted at once; anything else, or one outside int64, goes
+    value by value, which names the first bad one."""
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, np.int64)
+        except OverflowError:
+            pass
+    return np.array([id_value(i, column, v) for i, v in zip(owners, values)], np.int64)
 
 
 def derived(i, column, derive, text, instance):
@@ -169,14 +195,12 @@ class InstanceEncoder:
         sparse = np.full((n, int(self.slot_offsets[-1])), BAG_PADDING, np.int64)
         for column in self.columns:
             name = column["name"]
-            raw = []
-            for i, instance in enumerate(instances):
-                if name not in instance:
-                    raise _bad(i, name, "missing")
-                raw.append(instance[name])
+            try:
+                raw = [instance[name] for instance in instances]
+            except KeyError:
+                raise _bad(next(i for i, x in enumerate(instances) if name not in x), name, "missing") from None
             if column["kind"] == "dense":
-                values = np.array([dense_value(i, name, v, column.get("value") == "integer")
-                                   for i, v in enumerate(raw)], np.float64)
+                values = dense_values(name, raw, column.get("value") == "integer")
                 dense[:, column["output"]] = dense_transform(values) if column.get("transform") == "log1p" \
                     else values.astype(np.float32)
             elif column["kind"] == "categorical":
@@ -215,7 +239,7 @@ class InstanceEncoder:
         """The ids of one column's `values` (each from instance owners[k])."""
         name, field = column["name"], int(column["field"])
         if column.get("value") == "id":
-            local = np.array([id_value(i, name, v) for i, v in zip(owners, values)], np.int64)
+            local = id_values(name, values, owners)
             if self.hashed:
                 return hash_ids(field, local)
             size = int(self.field_info[field]["size"])
