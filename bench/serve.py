@@ -12,7 +12,9 @@
 - endpoint: python -m hetu.serve run on the bundle, asked by 1 and 8 concurrent clients (aiohttp,
   in this process, on the same cores) sending batches of 1 and 64 raw instances one request
   after another for --seconds, --rounds times: p50 / p99 latency, requests/s, predictions/s and
-  the server's mean batch; then predictions/s at saturation (batch 64, 32 clients).
+  the server's mean batch; then predictions/s at saturation (batch 64, 32 clients). With
+  --baseline DIR, a second server runs the hetu package in DIR (e.g. a worktree's python/ with
+  its _C and _ps) in the same rounds, and this build's predictions/s over it, paired by round.
 - swap: the server follows a training job (run_hetu.py --resume, a save every --save-every steps,
   every --full-every-th full, deltas between) while 8 clients send batches of 1: requests answered
   during the job, failures, versions written and served, and per new version served the seconds
@@ -32,6 +34,8 @@ import time
 import urllib.request
 
 import numpy as np
+
+from common.launch import baseline_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCHES = (1, 64, 1024)
@@ -214,14 +218,14 @@ def free_port():
 
 
 class Server:
-    def __init__(self, args, bundle_path, work, *extra):
+    def __init__(self, args, bundle_path, work, *extra, env=None):
         self.port = free_port()
         self.log_path = os.path.join(work, f"server-{self.port}.log")
         self.log = open(self.log_path, "w")
         cmd = [sys.executable, "-m", "hetu.serve", "run", bundle_path, "--port", str(self.port),
                "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
                "--model-threads", str(args.model_threads), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base = f"http://127.0.0.1:{self.port}"
 
     def get(self, path):
@@ -269,35 +273,51 @@ def endpoint_case(server, url, stats_path, batches, count, seconds):
 
 def endpoint_table(args, bundle, work):
     """Each case --rounds times, the rounds of all cases interleaved (a neighbour's burst of load
-    falls on one round of a case, not on all): the median round's figures, and the p99's range."""
+    falls on one round of a case, not on all): the median round's figures, and the p99's range.
+    With --baseline, a second server runs another build of hetu on the same bundle, each case's
+    round sent to both in turn (which first alternates by round), and the table adds this
+    build's predictions/s over the baseline's, paired round by round."""
     from hetu_tools.serve_load import random_instances
-    server = Server(args, bundle.path, work)
-    server.wait_ready(bundle.name)
-    url = f"{server.base}/v1/models/{bundle.name}:predict"
+    servers = {"this build": Server(args, bundle.path, work)}
+    if args.baseline:
+        servers[f"baseline ({args.baseline})"] = Server(args, bundle.path, work, env=baseline_env(args.baseline))
+    for server in servers.values():
+        server.wait_ready(bundle.name)
     stats_path = f"/v1/models/{bundle.name}/stats"
     cases = [(1, 1), (1, 8), (64, 1), (64, 8), (64, 32)]
     batches = {batch: [random_instances(bundle, batch, seed=1000 + k) for k in range(64)] for batch in (1, 64)}
-    results = {case: [] for case in cases}
-    for _ in range(args.rounds):
+    results = {(name, case): [] for name in servers for case in cases}
+    for r in range(args.rounds):
         for batch, count in cases:
-            load(url, batches[batch], count, 0.3)   # warm up
-            results[batch, count].append(endpoint_case(server, url, stats_path, batches[batch], count, args.seconds))
-    server.stop()
-    print(f"\n## endpoint: python -m hetu.serve run, --max-batch {args.max_batch} --max-wait-ms {args.max_wait_ms} "
-          f"--model-threads {args.model_threads}; aiohttp clients in one process on the same cores; "
-          f"{args.rounds} rounds of {args.seconds} s a case, the median round (by p99) and the p99's range")
-    print(f"{'batch':>6} {'clients':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 range':>13} {'requests/s':>11} "
-          f"{'predictions/s':>14} {'mean batch':>11} {'failed':>7}")
+            for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
+                url = f"{servers[name].base}/v1/models/{bundle.name}:predict"
+                load(url, batches[batch], count, 0.3)   # warm up
+                results[name, (batch, count)].append(endpoint_case(servers[name], url, stats_path, batches[batch],
+                                                                   count, args.seconds))
+    for server in servers.values():
+        server.stop()
     rows = []
-    for batch, count in cases:
-        rounds = sorted(results[batch, count], key=lambda r: r[1])
-        p50, p99, rps, pps, mean_batch, _ = rounds[len(rounds) // 2]
-        failed = sum(r[5] for r in rounds)
-        spread = f"{rounds[0][1]:.2f}-{rounds[-1][1]:.2f}"
-        line = (f"{batch:>6} {count:>8} {p50:>8.2f} {p99:>8.2f} {spread:>13} {rps:>11,.0f} {pps:>14,.0f} "
-                f"{mean_batch:>11.1f} {failed:>7}")
-        print(line + ("   <- saturation" if count == 32 else ""), flush=True)
-        rows.append(line)
+    for name in servers:
+        print(f"\n## endpoint ({name}): python -m hetu.serve run, --max-batch {args.max_batch} --max-wait-ms "
+              f"{args.max_wait_ms} --model-threads {args.model_threads}; aiohttp clients in one process on the same "
+              f"cores; {args.rounds} rounds of {args.seconds} s a case, the median round (by p99) and the p99's range")
+        print(f"{'batch':>6} {'clients':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99 range':>13} {'requests/s':>11} "
+              f"{'predictions/s':>14} {'mean batch':>11} {'failed':>7}")
+        for batch, count in cases:
+            rounds = sorted(results[name, (batch, count)], key=lambda r: r[1])
+            p50, p99, rps, pps, mean_batch, _ = rounds[len(rounds) // 2]
+            failed = sum(r[5] for r in rounds)
+            spread = f"{rounds[0][1]:.2f}-{rounds[-1][1]:.2f}"
+            line = (f"{batch:>6} {count:>8} {p50:>8.2f} {p99:>8.2f} {spread:>13} {rps:>11,.0f} {pps:>14,.0f} "
+                    f"{mean_batch:>11.1f} {failed:>7}")
+            print(line + ("   <- saturation" if count == 32 else ""), flush=True)
+            rows.append(line)
+    if args.baseline:
+        this, base = servers
+        print("\n## predictions/s, this build / the baseline, paired round by round: median (range)")
+        for batch, count in cases:
+            ratios = [a[3] / b[3] for a, b in zip(results[this, (batch, count)], results[base, (batch, count)])]
+            print(f"{batch:>6} {count:>8} {np.median(ratios):>8.2f}x ({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
     return rows
 
 
@@ -448,6 +468,9 @@ def main():
     p.add_argument("--full-every", type=int, default=4)
     p.add_argument("--body-instances", type=int, default=157_500, help="body: the large request's instances")
     p.add_argument("--parts", default="dense,endpoint,swap", help="of dense, endpoint, swap, body")
+    p.add_argument("--baseline", default=None,
+                   help="endpoint: also serve with the hetu package in this folder (another build, e.g. a worktree's "
+                        "python/ with its _C and _ps), the two in turn (bench/common/launch.baseline_env)")
     args = p.parse_args()
     from hetu.serve.bundle import Bundle
     parts = args.parts.split(",")

@@ -49,6 +49,7 @@ import sys
 import time
 
 import step_profile
+from common.launch import baseline_env
 
 THREADS = 2
 LR = {"sgd": 0.01, "adam": 0.001, "rowwise_adagrad": 0.01}
@@ -248,8 +249,8 @@ class Worker:
             env.pop(k, None)
         if tuned_malloc:
             env.update(TUNED_MALLOC)
-        if hetu_from:   # another build of hetu: the folder that holds its package, searched first
-            env["PYTHONPATH"] = os.pathsep.join([hetu_from] + [p for p in [env.get("PYTHONPATH")] if p])
+        if hetu_from:   # another build of hetu: the folder that holds its package
+            env = baseline_env(hetu_from, env)
         self.name = framework + (" (tuned malloc)" if tuned_malloc else "") + (f" from {hetu_from}" if hetu_from else "")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker",
                                       json.dumps(dict(cfg, framework=framework))],

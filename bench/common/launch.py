@@ -1,7 +1,9 @@
-"""The command lines of a training run, and running one with its failure named."""
+"""The command lines of a training run, running one with its failure named, and the environment
+of a process that imports another build of hetu (a baseline)."""
 import os
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
@@ -31,3 +33,27 @@ def run(cmd, what, timeout, env=None, **kwargs):
     if proc.returncode != 0:
         sys.exit(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+# Written where a baseline's processes find it first: Python imports it at start-up, after the
+# site's .pth files, one of which installs an editable install's finder (scikit-build-core's),
+# which would otherwise answer every `import hetu` with this checkout's package.
+_BASELINE_SITE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ScikitBuildRedirectingFinder"]
+sys.path.insert(0, {folder!r})
+"""
+
+
+def baseline_env(folder, env=None):
+    """A copy of `env` (default os.environ) whose Python processes import hetu from `folder` (a
+    folder holding another build's `hetu` package with its compiled modules, e.g. a worktree's
+    python/ with _C and _ps copied in), even where this checkout is installed editable."""
+    folder = os.path.abspath(folder)
+    if not os.path.isdir(os.path.join(folder, "hetu")):
+        sys.exit(f"--baseline {folder}: no hetu package there")
+    site = tempfile.mkdtemp(prefix="hetu-baseline-")
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(_BASELINE_SITE.format(folder=folder))
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([site, folder] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
