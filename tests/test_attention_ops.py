@@ -191,6 +191,48 @@ def test_silu_against_pytorch_and_finite_differences():
     check_gradients(ht.silu_op, [f32(rng, 3, 4)])
 
 
+def test_silu_same_bits_in_every_version_within_an_ulp_of_float64():
+    """_C.silu's AVX-512, AVX2 and baseline versions (and any tail length) give the same bits, its
+    forward within one float32 ulp of SiLU computed in float64 (NumPy's exp) and rounded, and
+    the gradient the same; infinities and NaN as x * sigmoid(x) gives them (a NaN's sign aside)."""
+    from hetu import _C
+    rng = np.random.default_rng(7)
+    edges = [0.0, -0.0, 1e-30, -1e-30, 88, -88, 700, -700, 708, -708, 709, -709, 745, -745, 746, -746, 1e4,
+             -1e4, 3e38, -3e38, np.inf, -np.inf, np.nan]
+    x = np.concatenate([(rng.standard_normal(100_003) * 8).astype(np.float32), np.array(edges, np.float32)])
+    g = rng.standard_normal(x.size).astype(np.float32)
+    versions = []
+    for v in _C.MATMUL_VARIANTS:
+        try:
+            if _C.matmul_variant(v) == v:
+                versions.append(v)
+        except ValueError:
+            pass
+    assert "default" in versions
+    outs = {}
+    with np.errstate(all="ignore"):
+        for v in versions:
+            for n in (x.size, 5):   # a tail shorter than any vector
+                f, b = np.empty(n, np.float32), np.empty(n, np.float32)
+                _C.silu(x[:n], None, f, v)
+                _C.silu(x[:n], g[:n], b, v)
+                outs[v, n] = f, b
+        for (v, n), pair in outs.items():
+            for got, want in zip(pair, outs["default", n]):   # a NaN's sign bit is no value's
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=v)
+                number = ~np.isnan(want)
+                np.testing.assert_array_equal(got[number].view(np.int32), want[number].view(np.int32), err_msg=v)
+        f, b = outs["default", x.size]
+        xd, gd = x.astype(np.float64), g.astype(np.float64)
+        e = np.exp(-np.abs(xd))
+        s = np.where(xd >= 0, 1.0, e) / (e + 1.0)
+        for got, want in ((f, (s * xd).astype(np.float32)), (b, (s * ((1 - s) * xd + 1) * gd).astype(np.float32))):
+            finite = np.isfinite(x)
+            ulps = np.abs(got[finite].view(np.int32).astype(np.int64) - want[finite].view(np.int32).astype(np.int64))
+            assert ulps.max() <= 1, ulps.max()
+            np.testing.assert_array_equal(got[~finite], want[~finite])
+
+
 def test_l2_normalize_against_pytorch_and_finite_differences():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)

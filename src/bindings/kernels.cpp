@@ -210,18 +210,19 @@ int64_t bucket_sums(Array<int64_t> index, Array<float> values, Array<float> out)
 }
 
 // out = silu(x), or with g its gradient g * silu'(x): float32 arrays of one size.
-void silu(Array<float> x, py::object g, Array<float> out) {
+void silu(Array<float> x, py::object g, Array<float> out, const std::string& simd) {
   Array<float> grad;
   if (!g.is_none()) grad = g.cast<Array<float>>();
   if (out.size() != x.size() || (!g.is_none() && grad.size() != x.size()))
     throw std::invalid_argument("silu: x, g and out must hold as many float32 values");
   float* o = mutable_data(out, "out");
   const float* gd = g.is_none() ? nullptr : grad.data();
+  const std::string variant = hetu::kernels::runnable_matmul_variant(simd);   // checked with the GIL held
   py::gil_scoped_release nogil;
   if (gd == nullptr)
-    hetu::kernels::silu(x.data(), x.size(), o);
+    hetu::kernels::silu(x.data(), x.size(), o, variant);
   else
-    hetu::kernels::silu_backward(gd, x.data(), x.size(), o);
+    hetu::kernels::silu_backward(gd, x.data(), x.size(), o, variant);
 }
 
 // The kernels' AttentionShape of scores [batch, ..., lq, lk] (2-D without a mask: a batch of
@@ -338,8 +339,9 @@ void bind_kernels(py::module_& m) {
   m.def("bucket_sums", &bucket_sums, py::arg("index"), py::arg("values"), py::arg("out"),
         "out[k] = sum of values[i] with index[i] == k, in double in index order (np.bincount's bits); returns -1 "
         "or the first i whose index is outside out");
-  m.def("silu", &silu, py::arg("x"), py::arg("g"), py::arg("out"),
-        "out = x * sigmoid(x) (g None), or g * d silu / dx at x; elementwise on the threads");
+  m.def("silu", &silu, py::arg("x"), py::arg("g"), py::arg("out"), py::arg("simd") = "",
+        "out = x * sigmoid(x) (g None), or g * d silu / dx at x; elementwise on the threads (the same bits on "
+        "every CPU and thread count); simd: a version of MATMUL_VARIANTS, '' HETU_SIMD's or the best this CPU runs");
   const auto forward = [&m](const char* name, AttentionForward kernel, const char* doc) {
     m.def(name, [kernel, name](Array<float> scores, py::object mask, bool causal, float scale, Array<float> out) {
       attention_forward(kernel, name, scores, mask, causal, scale, out);

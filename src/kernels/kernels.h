@@ -81,10 +81,11 @@ inline float sigmoid(float z) {
   const float e = std::exp(-std::fabs(z));
   return (z >= 0.0f ? 1.0f : e) / (e + 1.0f);
 }
-// out[i] = silu(x[i]) = x[i] sigmoid(x[i]) (kernels/activation.cpp), threaded.
-void silu(const float* x, int64_t n, float* out);
+// out[i] = silu(x[i]) = x[i] sigmoid(x[i]) (kernels/activation.cpp), threaded; `variant` one of
+// matmul_variants() ("": runnable_matmul_variant("")), checked by the caller.
+void silu(const float* x, int64_t n, float* out, const std::string& variant = "");
 // out[i] = g[i] d silu / dx at x[i] = g[i] sigmoid(x[i]) (1 + x[i] (1 - sigmoid(x[i]))).
-void silu_backward(const float* g, const float* x, int64_t n, float* out);
+void silu_backward(const float* g, const float* x, int64_t n, float* out, const std::string& variant = "");
 
 // Attention weights over scores [batch, heads, lq, lk] (kernels/attention.cpp): key j is allowed
 // for query i iff mask[b, j] != 0 (mask [batch, lk], or null: every key) and, when causal,
