@@ -87,6 +87,26 @@ def test_shape_ops():
     check_gradients(lambda x: ht.transpose_op(x), [f32(2, 3)])
 
 
+def test_slices_of_one_input_sum_their_gradients_in_one_buffer():
+    """The gradient of several slices of one x (disjoint, overlapping, one axis and two) is one
+    SlicesGradOp, numerically right and with the bits of the SliceGradOps summed by a SumOp."""
+    from hetu.ops.shape import SliceGradOp, SlicesGradOp
+    slices = [((0, 0, 0), (-1, -1, 3)), ((0, 0, 3), (-1, -1, 2)), ((0, 1, 2), (-1, 2, 4)), ((1, 0, 0), (1, -1, 8))]
+
+    def f(x):
+        parts = [ht.slice_op(x, b, n) for b, n in slices]
+        return ht.sum_op([ht.reduce_sum_op(p * p, axes=[0, 1, 2]) for p in parts])
+    check_gradients(f, [f32(2, 3, 8)])
+    x = ht.Variable("x", value=f32(2, 3, 8) - np.float32(0.5))
+    parts = [ht.slice_op(x, b, n) for b, n in slices]
+    loss = ht.sum_op([ht.reduce_sum_op(p * p * p, axes=[0, 1, 2]) for p in parts])
+    (grad,) = ht.gradients(loss, [x])
+    assert isinstance(grad, SlicesGradOp)
+    separate = ht.sum_op([SliceGradOp(g, x, fwd) for g, fwd in zip(grad.inputs[:-1], grad.fwds)])
+    got, want = ht.Executor([grad, separate]).run(convert_to_numpy_ret_vals=True)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
 def test_where():
     cond = (rng.uniform(size=(3, 4)) > 0.5).astype(np.float32)
     check_gradients(lambda c, a, b: ht.where_op(c, a, b), [cond, f32(3, 4), f32(3, 4)], wrt=[1, 2])

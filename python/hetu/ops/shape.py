@@ -158,6 +158,28 @@ class SliceGradOp(GradIntoZerosOp):
         out[self.fwd._index(out.shape)] = g
 
 
+class SlicesGradOp(Op):
+    """Inputs (g_1, ..., g_n, x): the sum of the gradients of n slices of one x (HSTU's u, v, q
+    and k of one projection), each g added into its place in one buffer of zeros. The sum of
+    their SliceGradOps (a buffer of zeros each, then a SumOp) had the same bits at n times the
+    memory traffic (autodiff's fan-in sums choose this one)."""
+
+    def __init__(self, grads, x, fwds):
+        super().__init__(*grads, x, ctx=fwds[0].ctx)
+        self.fwds = tuple(fwds)
+
+    def infer_shape(self, s):
+        return s[-1]
+
+    def compute(self, vals, state):
+        *grads, x = vals
+        out = state.buffer(self, x.shape, np.float32)
+        out.fill(0)
+        for fwd, g in zip(self.fwds, grads):
+            out[fwd._index(out.shape)] += g
+        return out
+
+
 class TransposeOp(Op):
     def __init__(self, x, perm=None, ctx=None):
         super().__init__(x, ctx=ctx)
