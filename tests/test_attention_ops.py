@@ -322,14 +322,16 @@ def test_time_buckets_are_hstus_log_buckets():
 
 @pytest.mark.parametrize("num_buckets", [8, 128])
 def test_the_time_bucket_kernel_is_the_definition_at_every_boundary(num_buckets):
-    """_C.time_buckets (a binary search over each bucket's least gap) against time_buckets' logarithm:
-    every bucket's first gap and the gap before it, gaps past the last bucket, padding's zeros."""
+    """_C.time_buckets (each bucket's least gap, stepped to from the previous key's bucket) against
+    time_buckets' logarithm: every bucket's first gap and the gap before it, gaps past the last
+    bucket, padding's zeros, times in order and out of it."""
     edges = attention.bucket_thresholds(num_buckets)
     assert len(edges) == num_buckets - 1 and (np.diff(edges) >= 0).all()
     gaps = np.unique(np.r_[0, 1, edges - 1, edges, edges + 1, 10 ** 9, 2 ** 62])
-    times = np.zeros((2, len(gaps) + 3), np.int64)
+    times = np.zeros((3, len(gaps) + 3), np.int64)
     times[0, :len(gaps)] = gaps                       # every gap from 0, and from one another
     times[1, 3:] = 10 ** 12 - gaps[::-1]              # a later start; zeros (padding) before it
+    times[2, :len(gaps)] = np.random.default_rng(num_buckets).permutation(gaps)   # out of time order
     node = ht.time_bucket_op(ht.Variable("t", dtype=np.int64), num_buckets)
     got = ht.Executor([node]).run(feed_dict={node.inputs[0]: times}, convert_to_numpy_ret_vals=True)[0]
     np.testing.assert_array_equal(got, attention.time_buckets(times, times, num_buckets))
