@@ -308,3 +308,22 @@ def test_a_stopped_worker_names_itself_not_the_scheduler(cluster, tmp_path):
     assert dead, c.log("scheduler")
     assert f"{dead.group(1)} did not run for" in log or f"{dead.group(1)} was counted dead by the scheduler" in log, log
     assert "stopped or starved" in log, log
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_scheduler_names_itself_not_a_node(cluster, tmp_path):
+    """A scheduler stopped past the heartbeat timeout is counted dead by every node; once it runs
+    again its own line must say that it was stopped, not that a worker or server died."""
+    c = cluster(1, 1, heartbeat_timeout=2.0)
+    c.start_servers().start_workers(PULL_LOOP)
+    wait_for_file(str(tmp_path / "worker0.ready"), 45, c)
+    c.kill("scheduler", signal.SIGSTOP)
+    time.sleep(5)
+    c.kill("scheduler", signal.SIGCONT)
+    codes = c.wait(["worker0", "server0", "scheduler"], timeout=30)
+    assert codes["worker0"] != 0 and codes["server0"] != 0 and codes["scheduler"] != 0, c.logs()
+    for n in ("server0", "worker0"):
+        assert "scheduler (node 0" in c.log(n) and "is dead" in c.log(n), c.log(n)
+    log = c.log("scheduler")
+    assert "scheduler (node 0" in log and "did not run for" in log and "stopped or starved" in log, log
+    assert not re.search(r"(worker|server) \d \(node \d+ at [^)]*\) is dead", log), log

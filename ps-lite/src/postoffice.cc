@@ -380,16 +380,18 @@ void Postoffice::HeartbeatLoop() {
     lk.unlock();
     const double now = NowSeconds(), paused = now - last_tick;
     last_tick = now;
-    if (scheduler_) {
-      scheduler_->CheckHeartbeats();
-    } else if (paused > cfg_.heartbeat_timeout) {
-      // This loop itself did not run (SIGSTOP, a starved host): the scheduler's answers were
-      // not missing, this node's heartbeats were, and the scheduler counts it dead.
+    if (paused > cfg_.heartbeat_timeout) {
+      // This loop itself did not run (SIGSTOP, a starved host): the peers' heartbeats or answers
+      // were not missing, this node's were. A node is counted dead by the scheduler; the
+      // scheduler by every node, and its own check would now blame the first node it looks at.
       std::string why = Describe(my_id_) + " did not run for " + std::to_string(paused) +
-                        " s (stopped or starved) and sent no heartbeat, past PS_HEARTBEAT_TIMEOUT=" +
-                        std::to_string(cfg_.heartbeat_timeout) + ": the scheduler counts it dead";
+                        " s (stopped or starved) and " + (scheduler_ ? "answered" : "sent") +
+                        " no heartbeat, past PS_HEARTBEAT_TIMEOUT=" + std::to_string(cfg_.heartbeat_timeout) +
+                        (scheduler_ ? ": the nodes count it dead" : ": the scheduler counts it dead");
       Fail(why);
       EndJob(why);
+    } else if (scheduler_) {
+      scheduler_->CheckHeartbeats();
     } else {
       Message msg;
       msg.meta.set_control(kHeartbeat);
