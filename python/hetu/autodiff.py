@@ -46,8 +46,8 @@ def _sum_gradients(grads):
         return grads[0]
     if all(_is_sparse(g) for g in grads):
         return SparseSumOp(*grads)
-    if all(isinstance(g, SliceGradOp) for g in grads) and len({g.inputs[1].id for g in grads}) == 1:
-        return SlicesGradOp([g.inputs[0] for g in grads], grads[0].inputs[1], [g.fwd for g in grads])
+    if all(isinstance(g, SliceGradOp) for g in grads) and len({g.inputs[-1].id for g in grads}) == 1:
+        return SlicesGradOp([g.inputs[0] for g in grads], grads[0].inputs[-1], [g.fwd for g in grads])
     return sum_op([SparseToDenseOp(g) if _is_sparse(g) else g for g in grads])
 
 

@@ -135,17 +135,18 @@ class SliceOp(Op):
 
 
 class GradIntoZerosOp(Op):
-    """Inputs (g, x): g written into zeros shaped like x where the forward op took it from
-    (`write`): the gradient of an op that picks some of x's elements."""
+    """Inputs (g, ..., x): the gradients written into one buffer of zeros shaped like x where the
+    forward op (or ops) took them from (`write(out, *grads)`): the gradient of an op that picks
+    some of x's elements."""
 
     def infer_shape(self, s):
-        return s[1]
+        return s[-1]
 
     def compute(self, vals, state):
-        g, x = vals
+        *grads, x = vals
         out = state.buffer(self, x.shape, np.float32)
         out.fill(0)
-        self.write(out, g)
+        self.write(out, *grads)
         return out
 
 
@@ -158,26 +159,19 @@ class SliceGradOp(GradIntoZerosOp):
         out[self.fwd._index(out.shape)] = g
 
 
-class SlicesGradOp(Op):
+class SlicesGradOp(GradIntoZerosOp):
     """Inputs (g_1, ..., g_n, x): the sum of the gradients of n slices of one x (HSTU's u, v, q
-    and k of one projection), each g added into its place in one buffer of zeros. The sum of
-    their SliceGradOps (a buffer of zeros each, then a SumOp) had the same bits at n times the
-    memory traffic (autodiff's fan-in sums choose this one)."""
+    and k of one projection), each g added into its place. The sum of their SliceGradOps (a
+    buffer of zeros each, then a SumOp) had the same bits at n times the memory traffic
+    (autodiff's fan-in sums choose this one)."""
 
     def __init__(self, grads, x, fwds):
         super().__init__(*grads, x, ctx=fwds[0].ctx)
         self.fwds = tuple(fwds)
 
-    def infer_shape(self, s):
-        return s[-1]
-
-    def compute(self, vals, state):
-        *grads, x = vals
-        out = state.buffer(self, x.shape, np.float32)
-        out.fill(0)
+    def write(self, out, *grads):
         for fwd, g in zip(self.fwds, grads):
             out[fwd._index(out.shape)] += g
-        return out
 
 
 class TransposeOp(Op):
