@@ -127,8 +127,7 @@ SiluFn version_of(const std::string& variant) {
 
 void silu_lanes(const float* x, const float* g, int64_t n, float* out, const std::string& variant) {
   // "": the version HETU_SIMD names, else the best this CPU runs (as the batched products choose).
-  static const SiluFn chosen = version_of(runnable_matmul_variant(""));
-  const SiluFn run = variant.empty() ? chosen : version_of(variant);
+  const SiluFn run = version_of(variant.empty() ? runnable_matmul_variant("") : variant);
   parallel_for(n, kChunk, [&](int64_t begin, int64_t end) { run(x, g, out, begin, end); });
 }
 

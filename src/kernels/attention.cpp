@@ -105,7 +105,6 @@ void pointwise_attention_backward(const AttentionShape& s, const float* grad, co
 
 void time_buckets(const int64_t* times, int64_t batch, int64_t length, const int64_t* thresholds,
                   int64_t num_thresholds, int64_t* out) {
-  const int64_t* first = thresholds;
   parallel_for(batch * length, std::max<int64_t>(1, kChunkScores / std::max<int64_t>(1, length)),
                [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -119,8 +118,8 @@ void time_buckets(const int64_t* times, int64_t batch, int64_t length, const int
       int64_t b = 0;
       for (int64_t j = 0; j < length; ++j) {
         const int64_t gap = ti >= t[j] ? ti - t[j] : t[j] - ti;
-        while (b < num_thresholds && first[b] <= gap) ++b;
-        while (b > 0 && first[b - 1] > gap) --b;
+        while (b < num_thresholds && thresholds[b] <= gap) ++b;
+        while (b > 0 && thresholds[b - 1] > gap) --b;
         o[j] = b;
       }
     }
